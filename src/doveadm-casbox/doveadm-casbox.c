@@ -1,0 +1,53 @@
+/* doveadm casbox: command registration. */
+
+#include "lib.h"
+#include "module-dir.h"
+#include "doveadm.h"
+#include "doveadm-cmd.h"
+#include "doveadm-print.h"
+
+#include <zstd.h>
+#include <sodium.h>
+
+const char *doveadm_casbox_plugin_version = DOVECOT_ABI_VERSION;
+
+void doveadm_casbox_plugin_init(struct module *module);
+void doveadm_casbox_plugin_deinit(void);
+
+static void cmd_casbox_version(struct doveadm_cmd_context *cctx ATTR_UNUSED)
+{
+	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
+	doveadm_print_header_simple("component");
+	doveadm_print_header_simple("version");
+
+	doveadm_print("casbox");
+	doveadm_print(CASBOX_VERSION);
+	doveadm_print("dovecot-abi");
+	doveadm_print(DOVECOT_ABI_VERSION);
+	doveadm_print("zstd");
+	doveadm_print(ZSTD_versionString());
+	doveadm_print("libsodium");
+	doveadm_print(sodium_version_string());
+}
+
+static struct doveadm_cmd_ver2 casbox_commands[] = {
+	{
+		.name = "casbox version",
+		.cmd = cmd_casbox_version,
+		.usage = "",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_PARAMS_END
+	},
+};
+
+void doveadm_casbox_plugin_init(struct module *module ATTR_UNUSED)
+{
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(casbox_commands); i++)
+		doveadm_cmd_register_ver2(&casbox_commands[i]);
+}
+
+void doveadm_casbox_plugin_deinit(void)
+{
+}
