@@ -1,0 +1,106 @@
+#ifndef CASBOX_PACK_H
+#define CASBOX_PACK_H
+
+/* casbox-pack: the blob store. Blobs are compressed (zstd, optionally
+   with a trained dictionary), encrypted (XChaCha20-Poly1305 under a
+   per-blob DEK, in 64 KiB chunks) and appended as self-describing,
+   CRC32C-framed records to append-only pack files under
+   <root>/packs/. See doc/casbox-format.md for the byte layout.
+
+   Which blobs exist, their refcounts and their locations live in the
+   LSM, not here: this layer only writes and reads bytes, and can scan
+   packs without any key (scrub, rebuild --from-packs). */
+
+#include "cas-key.h"
+
+struct istream;
+struct casbox_pack_store;
+struct casbox_pack_txn;
+struct casbox_pack_scan;
+
+/* Where a blob is and how to open it. Stored in the LSM blob record
+   (casbox_blob_record_export/import), so the format is fixed and
+   versioned. Key rotation rewrites only wrapped_dek. */
+struct casbox_blob_record {
+	uint32_t pack_id;
+	uint64_t offset;	/* of the frame in the pack */
+	uint32_t frame_size;	/* whole frame, header included */
+	uint64_t plain_size;	/* bytes of plaintext */
+	uint32_t dict_id;	/* 0 = no dictionary */
+	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+};
+
+struct casbox_pack_settings {
+	const char *dir;	/* <root>/packs, created if missing */
+	bool fsync;		/* FALSE only for mail_fsync=never */
+	uint64_t max_pack_size;	/* rotate to a new pack past this (0=64MiB) */
+	int zstd_level;		/* 0 = default (3) */
+	/* Blobs up to this size use the current dictionary, if any
+	   (0 = 16 KiB). */
+	size_t dict_max_blob_size;
+};
+
+/* Returns 1 ok, -1 error. Loads the dictionaries (sealed with the
+   keyring's index key). */
+int casbox_pack_store_open(const struct casbox_pack_settings *set,
+			   const struct cas_keyring *keyring,
+			   struct casbox_pack_store **store_r,
+			   const char **error_r);
+void casbox_pack_store_close(struct casbox_pack_store **store);
+
+/* Append blobs. begin takes the pack append lock (so several processes
+   can append to one store). Blobs added are durable only after commit
+   returns 1 (pack fdatasync()ed). A rolled back or crashed txn leaves
+   unreferenced frames that gc reclaims; never a torn frame that a
+   reader accepts. */
+int casbox_pack_txn_begin(struct casbox_pack_store *store,
+			  struct casbox_pack_txn **txn_r,
+			  const char **error_r);
+/* Read input to EOF, encode and append it as blob id. The input may be
+   of any size; memory use is bounded by the chunk size. Returns 1 ok,
+   -1 error (input stream errors included). */
+int casbox_pack_txn_add(struct casbox_pack_txn *txn,
+			const struct cas_blob_id *id, struct istream *input,
+			struct casbox_blob_record *rec_r,
+			const char **error_r);
+int casbox_pack_txn_commit(struct casbox_pack_txn **txn,
+			   const char **error_r);
+void casbox_pack_txn_rollback(struct casbox_pack_txn **txn);
+
+/* Open a blob for reading: a seekable istream of the plaintext, with
+   size known. Seeking decodes only the chunks needed. Every chunk is
+   CRC- and AEAD-verified before a byte of it is returned; damage or a
+   wrong key fails the stream (stream_errno = EIO, i_stream_get_error()
+   names pack, offset, blob id and cause). */
+struct istream *
+casbox_pack_blob_open(struct casbox_pack_store *store,
+		      const struct cas_blob_id *id,
+		      const struct casbox_blob_record *rec);
+
+/* Fixed-size serialisation of a blob record for the LSM. */
+#define CASBOX_BLOB_RECORD_EXPORT_SIZE (1 + 4 + 8 + 4 + 8 + 4 + \
+					CAS_WRAPPED_DEK_SIZE)
+void casbox_blob_record_export(const struct casbox_blob_record *rec,
+			       buffer_t *dest);
+/* Returns 1 ok, -1 malformed. */
+int casbox_blob_record_import(const void *data, size_t size,
+			      struct casbox_blob_record *rec_r,
+			      const char **error_r);
+
+/* Walk every frame of every pack without keys, verifying CRCs and
+   resynchronising after damage (scrub, rebuild --from-packs). */
+struct casbox_pack_frame_info {
+	uint32_t pack_id;
+	uint64_t offset;
+	uint32_t frame_size;
+	struct cas_blob_id id;
+	/* NULL if the frame is intact, else why not */
+	const char *damage;
+};
+struct casbox_pack_scan *casbox_pack_scan_init(struct casbox_pack_store *store);
+bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
+			   struct casbox_pack_frame_info *info_r);
+int casbox_pack_scan_deinit(struct casbox_pack_scan **scan,
+			    const char **error_r);
+
+#endif
