@@ -14,6 +14,9 @@
    Nothing here logs key bytes. */
 
 #define CAS_BLOB_ID_SIZE 32
+#define CAS_KEK_SIZE 32
+#define CAS_AEAD_NONCE_SIZE 24
+#define CAS_AEAD_TAG_SIZE 16
 #define CAS_DEK_SIZE 32
 /* key id (4) | nonce (24) | wrapped DEK (32) | tag (16) */
 #define CAS_WRAPPED_DEK_SIZE (4 + 24 + CAS_DEK_SIZE + 16)
@@ -26,7 +29,7 @@ struct cas_blob_id {
 
 struct cas_blob_id_ctx {
 	/* crypto_generichash_state, kept opaque and aligned */
-	unsigned char state[384] ATTR_ALIGNED(64);
+	unsigned char state[384] __attribute__((aligned(64)));
 };
 
 /* Load the key ring from path. Returns 1 ok, 0 the file does not exist,
@@ -39,6 +42,13 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 int cas_keyring_create(const char *path, struct cas_keyring **keyring_r,
 		       const char **error_r);
 void cas_keyring_free(struct cas_keyring **keyring);
+/* Key ring from raw KEK bytes (tests, benchmarks, fuzzers). */
+struct cas_keyring *
+cas_keyring_create_from_kek(const unsigned char kek[CAS_KEK_SIZE]);
+/* Parse an in-memory key file image (what cas_keyring_load() reads).
+   Returns 1 ok, -1 damaged (error_r says why, without key bytes). */
+int cas_key_file_parse(const void *data, size_t size,
+		       struct cas_keyring **keyring_r, const char **error_r);
 /* Short public identifier of the KEK (e.g. stored next to wrapped DEKs
    so rotation can tell old from new). */
 uint32_t cas_keyring_key_id(const struct cas_keyring *keyring);
@@ -53,6 +63,7 @@ void cas_blob_id_compute(const struct cas_keyring *keyring, const void *data,
 			 size_t size, struct cas_blob_id *id_r);
 /* Lowercase hex, 64 chars, for logs and doveadm output. */
 const char *cas_blob_id_to_hex(const struct cas_blob_id *id);
+/* Returns 0 ok, -1 not 64 lowercase hex digits. */
 int cas_blob_id_from_hex(const char *hex, struct cas_blob_id *id_r);
 
 /* Envelope: a fresh random DEK per blob, wrapped by the KEK with the
@@ -79,5 +90,19 @@ int cas_record_open(const struct cas_keyring *keyring,
 		    const void *aad, size_t aad_size,
 		    const void *sealed, size_t sealed_size,
 		    buffer_t *plain, const char **error_r);
+
+/* XChaCha20-Poly1305 with a caller-held key (the per-blob DEK).
+   dest has size + CAS_AEAD_TAG_SIZE bytes (ciphertext | tag). decrypt
+   writes cipher_size - CAS_AEAD_TAG_SIZE bytes, verifying the tag
+   first; returns 0 ok, -1 authentication failed (dest zeroed). */
+void cas_aead_encrypt(const unsigned char key[CAS_DEK_SIZE],
+		      const unsigned char nonce[CAS_AEAD_NONCE_SIZE],
+		      const void *aad, size_t aad_size,
+		      const void *plain, size_t size, unsigned char *dest);
+int cas_aead_decrypt(const unsigned char key[CAS_DEK_SIZE],
+		     const unsigned char nonce[CAS_AEAD_NONCE_SIZE],
+		     const void *aad, size_t aad_size,
+		     const void *cipher, size_t cipher_size,
+		     unsigned char *dest);
 
 #endif
