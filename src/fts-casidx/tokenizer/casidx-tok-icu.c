@@ -1,0 +1,280 @@
+/* ICU adapter for the casidx tokenizer: UAX #29 word boundaries (with
+   ICU's dictionaries for Thai, Lao, Khmer, Burmese, Chinese, Japanese),
+   NFKC_Casefold and accent folding. ICU errors on valid input are bugs
+   or out of memory, so they panic or fail like Dovecot's allocators. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "casidx-tokenizer-private.h"
+
+#include <unicode/ubrk.h>
+#include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/uscript.h>
+#include <unicode/ustring.h>
+#include <unicode/utf16.h>
+
+struct casidx_tok_icu {
+	UBreakIterator *bi;
+	const UNormalizer2 *nfkc_cf, *nfd, *nfc;
+	buffer_t *text;		/* UChar: the range being segmented */
+	buffer_t *norm1, *norm2;	/* UChar scratch */
+	buffer_t *utf8;		/* normalised word handed to the core */
+};
+
+static const UChar empty_text[1] = { 0 };
+
+enum segment_kind {
+	SEGMENT_NONE,
+	SEGMENT_WORD,
+	SEGMENT_CJK,
+};
+
+static void icu_check(UErrorCode err, const char *func)
+{
+	if (U_SUCCESS(err))
+		return;
+	if (err == U_MEMORY_ALLOCATION_ERROR)
+		i_fatal_status(FATAL_OUTOFMEM, "ICU %s: out of memory", func);
+	i_panic("ICU %s failed: %s", func, u_errorName(err));
+}
+
+struct casidx_tok_icu *casidx_tok_icu_create(void)
+{
+	struct casidx_tok_icu *icu;
+	UErrorCode err = U_ZERO_ERROR;
+
+	icu = i_new(struct casidx_tok_icu, 1);
+	icu->bi = ubrk_open(UBRK_WORD, "", NULL, 0, &err);
+	if (U_FAILURE(err))
+		i_fatal("ICU ubrk_open(UBRK_WORD) failed: %s", u_errorName(err));
+	icu->nfkc_cf = unorm2_getNFKCCasefoldInstance(&err);
+	icu->nfd = unorm2_getNFDInstance(&err);
+	icu->nfc = unorm2_getNFCInstance(&err);
+	if (U_FAILURE(err))
+		i_fatal("ICU unorm2_get*Instance() failed: %s",
+			u_errorName(err));
+	icu->text = buffer_create_dynamic(default_pool, 1024);
+	icu->norm1 = buffer_create_dynamic(default_pool, 256);
+	icu->norm2 = buffer_create_dynamic(default_pool, 256);
+	icu->utf8 = buffer_create_dynamic(default_pool, 256);
+	return icu;
+}
+
+void casidx_tok_icu_destroy(struct casidx_tok_icu **_icu)
+{
+	struct casidx_tok_icu *icu = *_icu;
+
+	if (icu == NULL)
+		return;
+	*_icu = NULL;
+	ubrk_close(icu->bi);
+	buffer_free(&icu->text);
+	buffer_free(&icu->norm1);
+	buffer_free(&icu->norm2);
+	buffer_free(&icu->utf8);
+	i_free(icu);
+}
+
+static UChar *uchar_space(buffer_t *buf, int32_t units)
+{
+	buffer_set_used_size(buf, 0);
+	return buffer_get_space_unsafe(buf, 0, (size_t)units * sizeof(UChar));
+}
+
+/* Normalise src into dest (UChar), growing dest as needed. */
+static int32_t normalize(const UNormalizer2 *norm, const UChar *src,
+			 int32_t len, buffer_t *dest)
+{
+	UErrorCode err = U_ZERO_ERROR;
+	int32_t cap = len * 2 + 16, out;
+
+	out = unorm2_normalize(norm, src, len, uchar_space(dest, cap), cap,
+			       &err);
+	if (err == U_BUFFER_OVERFLOW_ERROR) {
+		err = U_ZERO_ERROR;
+		cap = out;
+		out = unorm2_normalize(norm, src, len,
+				       uchar_space(dest, cap), cap, &err);
+	}
+	icu_check(err, "unorm2_normalize");
+	return out;
+}
+
+/* Scripts whose nonspacing marks are accents or optional vowel points
+   (Vietnamese tones, Greek tonos, Hebrew niqqud, Arabic harakat). Other
+   scripts keep them: kana voicing marks and Indic or Thai vowel signs
+   change the word. */
+static bool script_folds_marks(UScriptCode script)
+{
+	switch (script) {
+	case USCRIPT_COMMON:
+	case USCRIPT_INHERITED:
+	case USCRIPT_LATIN:
+	case USCRIPT_GREEK:
+	case USCRIPT_CYRILLIC:
+	case USCRIPT_ARABIC:
+	case USCRIPT_HEBREW:
+		return TRUE;
+	default:
+		return FALSE;
+	}
+}
+
+static bool is_apostrophe(UChar32 c)
+{
+	return c == 0x2019 || c == 0x2018 || c == 0x02bc || c == 0x2032;
+}
+
+/* In place: drop foldable nonspacing marks, unify apostrophes. */
+static int32_t strip_marks(UChar *s, int32_t len)
+{
+	UScriptCode base = USCRIPT_COMMON;
+	UErrorCode err = U_ZERO_ERROR;
+	int32_t i = 0, o = 0, start;
+	UChar32 c;
+
+	while (i < len) {
+		start = i;
+		U16_NEXT(s, i, len, c);
+		if (u_charType(c) == U_NON_SPACING_MARK) {
+			if (script_folds_marks(base))
+				continue;
+		} else if (is_apostrophe(c)) {
+			s[o++] = '\'';
+			continue;
+		} else {
+			base = uscript_getScript(c, &err);
+		}
+		while (start < i)
+			s[o++] = s[start++];
+	}
+	icu_check(err, "uscript_getScript");
+	return o;
+}
+
+static bool needs_fold(const UChar *s, int32_t len)
+{
+	int32_t i;
+
+	for (i = 0; i < len; i++) {
+		if (s[i] >= 0xc0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+static void emit_normalized(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const UChar *seg, int32_t len, bool cjk)
+{
+	UErrorCode err = U_ZERO_ERROR;
+	const UChar *word;
+	int32_t wlen, cap, out;
+
+	if (!cjk && len > CASIDX_TOK_WORD_INPUT_MAX) {
+		len = CASIDX_TOK_WORD_INPUT_MAX;
+		if (U16_IS_TRAIL(seg[len]) && U16_IS_LEAD(seg[len - 1]))
+			len--;
+	}
+	wlen = normalize(icu->nfkc_cf, seg, len, icu->norm1);
+	word = icu->norm1->data;
+	if (!cjk && needs_fold(word, wlen)) {
+		wlen = normalize(icu->nfd, word, wlen, icu->norm2);
+		wlen = strip_marks(buffer_get_modifiable_data(icu->norm2,
+							      NULL), wlen);
+		wlen = normalize(icu->nfc, icu->norm2->data, wlen,
+				 icu->norm1);
+		word = icu->norm1->data;
+	}
+	cap = wlen * 3 + 1;
+	buffer_set_used_size(icu->utf8, 0);
+	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
+		    word, wlen, &err);
+	icu_check(err, "u_strToUTF8");
+	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk);
+}
+
+static bool script_is_cjk(UScriptCode script)
+{
+	return script == USCRIPT_HAN || script == USCRIPT_HIRAGANA ||
+		script == USCRIPT_KATAKANA || script == USCRIPT_HANGUL;
+}
+
+/* A segment is a word if it has a letter, digit or emoji; it is CJK if
+   its letters are all Han, kana or Hangul (Common ones like U+30FC are
+   neutral). */
+static enum segment_kind
+classify(const UChar *text, int32_t start, int32_t end)
+{
+	UErrorCode err = U_ZERO_ERROR;
+	bool word = FALSE, cjk = FALSE, other = FALSE;
+	UScriptCode script;
+	UChar32 c;
+
+	while (start < end) {
+		U16_NEXT(text, start, end, c);
+		if (u_isUAlphabetic(c) ||
+		    (U_GET_GC_MASK(c) & U_GC_N_MASK) != 0) {
+			word = TRUE;
+			script = uscript_getScript(c, &err);
+			if (script_is_cjk(script))
+				cjk = TRUE;
+			else if (script != USCRIPT_COMMON &&
+				 script != USCRIPT_INHERITED)
+				other = TRUE;
+		} else if (u_hasBinaryProperty(c, UCHAR_EXTENDED_PICTOGRAPHIC)) {
+			word = TRUE;
+			other = TRUE;
+		}
+	}
+	icu_check(err, "uscript_getScript");
+	if (!word)
+		return SEGMENT_NONE;
+	return cjk && !other ? SEGMENT_CJK : SEGMENT_WORD;
+}
+
+void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const unsigned char *data, size_t size)
+{
+	UErrorCode err = U_ZERO_ERROR;
+	const UChar *text;
+	int32_t len, start, end, run_start = -1;
+	enum segment_kind kind;
+
+	i_assert(size <= INT32_MAX);
+	/* UTF-16 never needs more units than UTF-8 has bytes */
+	u_strFromUTF8(uchar_space(icu->text, (int32_t)size), (int32_t)size,
+		      &len, (const char *)data, (int32_t)size, &err);
+	icu_check(err, "u_strFromUTF8");
+	text = icu->text->data;
+	ubrk_setText(icu->bi, text, len, &err);
+	icu_check(err, "ubrk_setText");
+
+	start = ubrk_first(icu->bi);
+	while ((end = ubrk_next(icu->bi)) != UBRK_DONE) {
+		kind = classify(text, start, end);
+		if (kind == SEGMENT_CJK) {
+			if (run_start < 0)
+				run_start = start;
+		} else {
+			if (run_start >= 0) {
+				emit_normalized(icu, tok, text + run_start,
+						start - run_start, TRUE);
+				run_start = -1;
+			}
+			if (kind == SEGMENT_WORD) {
+				emit_normalized(icu, tok, text + start,
+						end - start, FALSE);
+			}
+		}
+		start = end;
+	}
+	if (run_start >= 0)
+		emit_normalized(icu, tok, text + run_start, len - run_start,
+				TRUE);
+	/* don't keep a pointer to our scratch text */
+	ubrk_setText(icu->bi, empty_text, 0, &err);
+	icu_check(err, "ubrk_setText");
+}

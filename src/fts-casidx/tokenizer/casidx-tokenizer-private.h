@@ -1,0 +1,44 @@
+#ifndef CASIDX_TOKENIZER_PRIVATE_H
+#define CASIDX_TOKENIZER_PRIVATE_H
+
+#include "casidx-tokenizer.h"
+
+/* Internals shared by casidx-tokenizer.c and the ICU adapter
+   casidx-tok-icu.c. Only tests include this besides the library. */
+
+/* A piece is a run of valid UTF-8 without ASCII whitespace. Longer runs
+   are cut, deterministically from the text, near this many bytes. */
+#define CASIDX_TOK_PIECE_MAX 8192
+/* Words are normalised from at most this many UTF-16 units. */
+#define CASIDX_TOK_WORD_INPUT_MAX 256
+/* Runs of base64/hex alphabet at least this long may be skipped. */
+#define CASIDX_TOK_BASE64_MIN 40
+#define CASIDX_TOK_BASE64_ALWAYS 60
+/* Compounds emit at most this many atom parts. */
+#define CASIDX_TOK_MAX_PARTS 32
+
+struct casidx_tok_icu;
+
+/* Called by the ICU adapter for each normalised word (cjk=FALSE) or for
+   each normalised run of CJK characters (cjk=TRUE). */
+void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
+				const char *word, size_t len, bool cjk);
+
+struct casidx_tok_icu *casidx_tok_icu_create(void);
+void casidx_tok_icu_destroy(struct casidx_tok_icu **icu);
+/* Segment valid UTF-8 (UAX #29 with ICU's dictionaries for Thai and
+   CJK), normalise each word and pass it to casidx_tokenizer_emit_word(). */
+void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const unsigned char *data, size_t size);
+
+/* Test hook: when FALSE, pure-ASCII text also goes through ICU (the
+   fast path must give identical tokens). Default TRUE. */
+void casidx_tokenizer_set_ascii_fast_path(struct casidx_tokenizer *tok,
+					  bool enable);
+
+/* Returns the length of the valid UTF-8 sequence at data, 0 if data is a
+   valid but incomplete prefix, -1 if invalid. size must be > 0. */
+int casidx_tok_utf8_seq_len(const unsigned char *data, size_t size);
+
+#endif

@@ -1,0 +1,670 @@
+/* casidx tokenizer core: buffering, pieces, compounds, ASCII fast path.
+   See doc/tokenizer.md for the rules; the ICU side is casidx-tok-icu.c. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "casidx-tokenizer-private.h"
+
+enum casidx_compound_kind {
+	CASIDX_COMPOUND_EMAIL,
+	CASIDX_COMPOUND_URL,
+};
+
+struct casidx_tokenizer {
+	buffer_t *pending;	/* bytes after the last processed piece */
+	buffer_t *term;		/* scratch for a lower-cased ASCII word */
+	buffer_t *pair;		/* scratch for a CJK bigram */
+	struct casidx_tok_icu *icu;
+	uint32_t position;
+	bool ascii_fast_path;
+
+	casidx_token_callback_t *callback;
+	void *context;
+};
+
+static inline bool ascii_is_space(unsigned char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' ||
+		c == '\f' || c == '\v';
+}
+
+static inline bool ascii_is_alnum(unsigned char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+		(c >= 'A' && c <= 'Z');
+}
+
+/* An ASCII byte that is neither a letter nor a digit: parts are split
+   and whole words trimmed at these. Non-ASCII bytes never count. */
+static inline bool ascii_is_punct(unsigned char c)
+{
+	return c < 0x80 && !ascii_is_alnum(c);
+}
+
+static inline unsigned char ascii_lower(unsigned char c)
+{
+	return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+int casidx_tok_utf8_seq_len(const unsigned char *data, size_t size)
+{
+	unsigned char c = data[0], lo = 0x80, hi = 0xbf;
+	size_t len, i;
+
+	if (c < 0x80)
+		return 1;
+	if (c >= 0xc2 && c <= 0xdf)
+		len = 2;
+	else if (c >= 0xe0 && c <= 0xef) {
+		len = 3;
+		if (c == 0xe0)
+			lo = 0xa0;	/* overlong */
+		else if (c == 0xed)
+			hi = 0x9f;	/* surrogates */
+	} else if (c >= 0xf0 && c <= 0xf4) {
+		len = 4;
+		if (c == 0xf0)
+			lo = 0x90;	/* overlong */
+		else if (c == 0xf4)
+			hi = 0x8f;	/* > U+10FFFF */
+	} else
+		return -1;
+	for (i = 1; i < len; i++) {
+		if (i == size)
+			return 0;
+		if (data[i] < lo || data[i] > hi)
+			return -1;
+		lo = 0x80; hi = 0xbf;
+	}
+	return (int)len;
+}
+
+struct casidx_tokenizer *casidx_tokenizer_create(void)
+{
+	struct casidx_tokenizer *tok;
+
+	tok = i_new(struct casidx_tokenizer, 1);
+	tok->pending = buffer_create_dynamic(default_pool, 1024);
+	tok->term = buffer_create_dynamic(default_pool, 128);
+	tok->pair = buffer_create_dynamic(default_pool, 16);
+	tok->icu = casidx_tok_icu_create();
+	tok->ascii_fast_path = TRUE;
+	return tok;
+}
+
+void casidx_tokenizer_destroy(struct casidx_tokenizer **_tok)
+{
+	struct casidx_tokenizer *tok = *_tok;
+
+	if (tok == NULL)
+		return;
+	*_tok = NULL;
+	casidx_tok_icu_destroy(&tok->icu);
+	buffer_free(&tok->pending);
+	buffer_free(&tok->term);
+	buffer_free(&tok->pair);
+	i_free(tok);
+}
+
+void casidx_tokenizer_set_ascii_fast_path(struct casidx_tokenizer *tok,
+					  bool enable)
+{
+	tok->ascii_fast_path = enable;
+}
+
+void casidx_tokenizer_reset(struct casidx_tokenizer *tok)
+{
+	buffer_set_used_size(tok->pending, 0);
+	tok->position = 0;
+}
+
+/* Cut a term to CASIDX_TOKEN_MAX_BYTES at a UTF-8 character boundary. */
+static size_t term_truncate(const char *term, size_t len)
+{
+	if (len <= CASIDX_TOKEN_MAX_BYTES)
+		return len;
+	len = CASIDX_TOKEN_MAX_BYTES;
+	while (len > 0 && ((unsigned char)term[len] & 0xc0) == 0x80)
+		len--;
+	return len;
+}
+
+static void emit(struct casidx_tokenizer *tok, const char *term, size_t len,
+		 uint32_t position, enum casidx_token_flags flags)
+{
+	struct casidx_token token;
+
+	i_zero(&token);
+	token.term = term;
+	token.term_len = term_truncate(term, len);
+	token.position = position;
+	token.flags = flags;
+	if (token.term_len > 0)
+		tok->callback(&token, tok->context);
+}
+
+/* Alphabet of base64 (with the URL-safe variant and padding) and hex. */
+static inline bool is_base64_char(unsigned char c)
+{
+	return ascii_is_alnum(c) || c == '+' || c == '/' || c == '=' ||
+		c == '-' || c == '_';
+}
+
+/* A run of the base64 alphabet that is no natural word: long and either
+   with a digit or symbol in it, or longer than any dictionary word. */
+static bool is_base64_run(const unsigned char *data, size_t len)
+{
+	size_t i;
+
+	if (len < CASIDX_TOK_BASE64_MIN)
+		return FALSE;
+	if (len >= CASIDX_TOK_BASE64_ALWAYS)
+		return TRUE;
+	for (i = 0; i < len; i++) {
+		if (!((data[i] >= 'a' && data[i] <= 'z') ||
+		      (data[i] >= 'A' && data[i] <= 'Z')))
+			return TRUE;
+	}
+	return FALSE;
+}
+
+/* Emit the alphanumeric atoms of a word or compound as parts. */
+static void emit_parts(struct casidx_tokenizer *tok, const char *word,
+		       size_t len)
+{
+	size_t i = 0, start, count = 0;
+
+	while (i < len && count < CASIDX_TOK_MAX_PARTS) {
+		while (i < len && ascii_is_punct((unsigned char)word[i]))
+			i++;
+		start = i;
+		while (i < len && !ascii_is_punct((unsigned char)word[i]))
+			i++;
+		if (i > start && !is_base64_run((const void *)(word + start),
+						i - start)) {
+			emit(tok, word + start, i - start, tok->position,
+			     CASIDX_TOKEN_FLAG_PART);
+			count++;
+		}
+	}
+}
+
+static bool has_inner_punct(const char *word, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		if (ascii_is_punct((unsigned char)word[i]))
+			return TRUE;
+	}
+	return FALSE;
+}
+
+/* Length of the character (code point plus following combining marks
+   that NFC left uncomposed) at word[0]. */
+static size_t cjk_char_len(const char *word, size_t len)
+{
+	const unsigned char *p = (const void *)word;
+	size_t i = 1;
+
+	while (i < len && (p[i] & 0xc0) == 0x80)
+		i++;
+	/* U+3099/U+309A (kana voicing marks) and U+0300..U+036F */
+	for (;;) {
+		if (i + 3 <= len && p[i] == 0xe3 && p[i + 1] == 0x82 &&
+		    (p[i + 2] == 0x99 || p[i + 2] == 0x9a))
+			i += 3;
+		else if (i + 2 <= len &&
+			 (p[i] == 0xcc || (p[i] == 0xcd && p[i + 1] < 0xb0)))
+			i += 2;
+		else
+			break;
+	}
+	return i;
+}
+
+static void emit_cjk_run(struct casidx_tokenizer *tok, const char *run,
+			 size_t len)
+{
+	size_t first, second;
+
+	first = cjk_char_len(run, len);
+	if (first == len) {
+		emit(tok, run, len, tok->position++, CASIDX_TOKEN_FLAG_CJK);
+		return;
+	}
+	while (first < len) {
+		second = cjk_char_len(run + first, len - first);
+		emit(tok, run, first + second, tok->position,
+		     CASIDX_TOKEN_FLAG_CJK);
+		run += first;
+		len -= first;
+		first = second;
+		if (first < len)
+			tok->position++;
+	}
+	/* The last character also as a unigram at the last bigram's
+	   position, so a one-character query (a prefix lookup over CJK
+	   terms) finds every character of a run. */
+	emit(tok, run, len, tok->position++,
+	     CASIDX_TOKEN_FLAG_CJK | CASIDX_TOKEN_FLAG_PART);
+}
+
+void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
+				const char *word, size_t len, bool cjk)
+{
+	if (cjk) {
+		emit_cjk_run(tok, word, len);
+		return;
+	}
+	while (len > 0 && ascii_is_punct((unsigned char)word[0])) {
+		word++;
+		len--;
+	}
+	while (len > 0 && ascii_is_punct((unsigned char)word[len - 1]))
+		len--;
+	if (len == 0)
+		return;
+	emit(tok, word, len, tok->position, 0);
+	if (has_inner_punct(word, len))
+		emit_parts(tok, word, len);
+	tok->position++;
+}
+
+/* Word_Break classes of ASCII as ICU 72 applies them (there '@' is
+   ALetter and ':' is not MidLetter); tests compare with ICU. */
+enum ascii_wb {
+	WB_OTHER,
+	WB_LETTER,
+	WB_NUMERIC,
+	WB_MIDNUMLETQ,	/* . ' */
+	WB_MIDNUM,	/* , ; */
+	WB_EXTENDNUMLET	/* _ */
+};
+
+static enum ascii_wb ascii_wb_class(unsigned char c)
+{
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '@')
+		return WB_LETTER;
+	if (c >= '0' && c <= '9')
+		return WB_NUMERIC;
+	switch (c) {
+	case '.':
+	case '\'':
+		return WB_MIDNUMLETQ;
+	case ',':
+	case ';':
+		return WB_MIDNUM;
+	case '_':
+		return WB_EXTENDNUMLET;
+	}
+	return WB_OTHER;
+}
+
+static bool ascii_wb_is_wordish(enum ascii_wb c)
+{
+	return c == WB_LETTER || c == WB_NUMERIC || c == WB_EXTENDNUMLET;
+}
+
+/* End of the UAX #29 word that starts at data[0] (rules WB5-WB13b). */
+static size_t ascii_word_end(const unsigned char *data, size_t len)
+{
+	enum ascii_wb prev = ascii_wb_class(data[0]), cur, next;
+	size_t i = 1;
+
+	while (i < len) {
+		cur = ascii_wb_class(data[i]);
+		if (ascii_wb_is_wordish(cur)) {
+			prev = cur;
+			i++;
+			continue;
+		}
+		if (i + 1 >= len)
+			break;
+		next = ascii_wb_class(data[i + 1]);
+		if (prev == WB_LETTER && cur == WB_MIDNUMLETQ &&
+		    next == WB_LETTER) {
+			/* WB6, WB7 */
+		} else if (prev == WB_NUMERIC && next == WB_NUMERIC &&
+			   (cur == WB_MIDNUM || cur == WB_MIDNUMLETQ)) {
+			/* WB11, WB12 */
+		} else {
+			break;
+		}
+		prev = next;
+		i += 2;
+	}
+	return i;
+}
+
+static void ascii_segment(struct casidx_tokenizer *tok,
+			  const unsigned char *data, size_t len)
+{
+	size_t i = 0, end, j;
+	bool alnum;
+	char *term;
+
+	while (i < len) {
+		if (!ascii_wb_is_wordish(ascii_wb_class(data[i]))) {
+			i++;
+			continue;
+		}
+		end = i + ascii_word_end(data + i, len - i);
+		alnum = FALSE;
+		term = buffer_get_space_unsafe(tok->term, 0, end - i);
+		for (j = i; j < end; j++) {
+			term[j - i] = ascii_lower(data[j]);
+			alnum = alnum || ascii_is_alnum(data[j]);
+		}
+		if (alnum)
+			casidx_tokenizer_emit_word(tok, term, end - i, FALSE);
+		i = end;
+	}
+}
+
+static void segment_range(struct casidx_tokenizer *tok,
+			  const unsigned char *data, size_t len)
+{
+	size_t i;
+
+	if (len == 0)
+		return;
+	if (tok->ascii_fast_path) {
+		for (i = 0; i < len; i++) {
+			if (data[i] >= 0x80)
+				break;
+		}
+		if (i == len) {
+			ascii_segment(tok, data, len);
+			return;
+		}
+	}
+	casidx_tok_icu_segment(tok->icu, tok, data, len);
+}
+
+/* Text between compounds: drop base64/hex runs, segment the rest. */
+static void process_range(struct casidx_tokenizer *tok,
+			  const unsigned char *data, size_t len)
+{
+	size_t i = 0, start = 0, run;
+
+	while (i < len) {
+		if (!is_base64_char(data[i])) {
+			i++;
+			continue;
+		}
+		run = i;
+		while (i < len && is_base64_char(data[i]))
+			i++;
+		if (is_base64_run(data + run, i - run)) {
+			segment_range(tok, data + start, run - start);
+			start = i;
+		}
+	}
+	segment_range(tok, data + start, len - start);
+}
+
+static void emit_compound(struct casidx_tokenizer *tok,
+			  const unsigned char *data, size_t len,
+			  size_t sub_start, size_t sub_len, bool email)
+{
+	char *term;
+	size_t i;
+
+	term = buffer_get_space_unsafe(tok->term, 0, len);
+	for (i = 0; i < len; i++)
+		term[i] = ascii_lower(data[i]);
+	emit(tok, term, len, tok->position, 0);
+	if (email && has_inner_punct(term, sub_start - 1)) {
+		/* the local part; the domain follows */
+		emit(tok, term, sub_start - 1, tok->position,
+		     CASIDX_TOKEN_FLAG_PART);
+	}
+	if (sub_len > 0 && sub_len < len &&
+	    has_inner_punct(term + sub_start, sub_len)) {
+		emit(tok, term + sub_start, sub_len, tok->position,
+		     CASIDX_TOKEN_FLAG_PART);
+	}
+	emit_parts(tok, term, len);
+	tok->position++;
+}
+
+static inline bool is_email_local_char(unsigned char c)
+{
+	return ascii_is_alnum(c) || (c != '@' && c >= '!' && c <= '~' &&
+				     strchr(".!#$%&'*+/=?^_`{|}~-", c) != NULL);
+}
+
+static inline bool is_host_char(unsigned char c)
+{
+	return ascii_is_alnum(c) || c == '.' || c == '-';
+}
+
+static inline bool is_url_char(unsigned char c)
+{
+	return c > ' ' && c < 0x7f && strchr("<>\"{}|\\^`", c) == NULL;
+}
+
+static bool range_has_alnum(const unsigned char *data, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		if (ascii_is_alnum(data[i]))
+			return TRUE;
+	}
+	return FALSE;
+}
+
+/* Try an e-mail address around the '@' at data[at]; the address may
+   not start before data[min]. */
+static bool find_email(const unsigned char *data, size_t len, size_t min,
+		       size_t at, size_t *start_r, size_t *end_r)
+{
+	size_t s = at, e = at + 1;
+
+	while (s > min && is_email_local_char(data[s - 1]))
+		s--;
+	while (e < len && is_host_char(data[e]))
+		e++;
+	/* glued to non-ASCII letters: leave it to the word segmenter */
+	if ((s > min && data[s - 1] >= 0x80) || (e < len && data[e] >= 0x80))
+		return FALSE;
+	while (s < at && !ascii_is_alnum(data[s]))
+		s++;
+	while (e > at + 1 && !ascii_is_alnum(data[e - 1]))
+		e--;
+	if (s == at || !range_has_alnum(data + at + 1, e - at - 1))
+		return FALSE;
+	*start_r = s;
+	*end_r = e;
+	return TRUE;
+}
+
+/* Trim trailing punctuation that usually closes the sentence, not the
+   URL; a ')' stays if the URL opened one. */
+static size_t url_trim(const unsigned char *data, size_t start, size_t end)
+{
+	size_t i, opens = 0;
+
+	for (i = start; i < end; i++) {
+		if (data[i] == '(')
+			opens++;
+	}
+	while (end > start) {
+		unsigned char c = data[end - 1];
+
+		if (c == ')' && opens > 0)
+			break;
+		if (strchr(".,;:!?')]*", c) == NULL)
+			break;
+		end--;
+	}
+	return end;
+}
+
+static bool
+find_url(const unsigned char *data, size_t len, size_t min, size_t i,
+	 size_t *start_r, size_t *end_r, size_t *host_start_r,
+	 size_t *host_len_r)
+{
+	size_t s = i, e, host;
+
+	if (i + 3 < len && data[i] == ':' && data[i + 1] == '/' &&
+	    data[i + 2] == '/') {
+		while (s > min && (ascii_is_alnum(data[s - 1]) ||
+				   data[s - 1] == '+' || data[s - 1] == '-' ||
+				   data[s - 1] == '.'))
+			s--;
+		while (s < i && !ascii_is_alnum(data[s]))
+			s++;
+		if (i - s < 2 || (s > min && data[s - 1] >= 0x80))
+			return FALSE;
+		host = i + 3;
+	} else if (i + 4 < len &&
+		   (i == min || !is_email_local_char(data[i - 1])) &&
+		   (i == 0 || data[i - 1] < 0x80) &&
+		   ascii_lower(data[i]) == 'w' &&
+		   ascii_lower(data[i + 1]) == 'w' &&
+		   ascii_lower(data[i + 2]) == 'w' && data[i + 3] == '.' &&
+		   ascii_is_alnum(data[i + 4])) {
+		host = i;
+	} else {
+		return FALSE;
+	}
+	e = host;
+	while (e < len && is_url_char(data[e]))
+		e++;
+	if (e < len && data[e] >= 0x80)
+		return FALSE;
+	e = url_trim(data, s, e);
+	*host_start_r = host;
+	while (host < e && is_host_char(data[host]))
+		host++;
+	*host_len_r = host - *host_start_r;
+	if (*host_len_r == 0 ||
+	    !range_has_alnum(data + *host_start_r, *host_len_r))
+		return FALSE;
+	*start_r = s;
+	*end_r = e;
+	return TRUE;
+}
+
+/* A piece: valid UTF-8 without ASCII whitespace. Addresses and URLs in
+   it are compounds; the text between them is segmented into words. */
+static void process_piece(struct casidx_tokenizer *tok,
+			  const unsigned char *data, size_t len)
+{
+	size_t i, done = 0, start, end, sub_start, sub_len;
+	bool email;
+
+	for (i = 0; i < len; i++) {
+		if (data[i] == '@') {
+			if (!find_email(data, len, done, i, &start, &end))
+				continue;
+			email = TRUE;
+			sub_start = i + 1;
+			sub_len = end - sub_start;
+		} else if (data[i] == ':' || data[i] == 'w' ||
+			   data[i] == 'W') {
+			if (!find_url(data, len, done, i, &start, &end,
+				      &sub_start, &sub_len))
+				continue;
+			email = FALSE;
+		} else {
+			continue;
+		}
+		process_range(tok, data + done, start - done);
+		emit_compound(tok, data + start, end - start,
+			      sub_start - start, sub_len, email);
+		done = end;
+		i = end - 1;
+	}
+	process_range(tok, data + done, len - done);
+}
+
+/* Where to cut a piece that reached CASIDX_TOK_PIECE_MAX bytes: after the
+   last ASCII punctuation in the second half, else at a character start.
+   Depends only on the piece's bytes, so chunking cannot change it. */
+static size_t piece_force_cut(const unsigned char *data, size_t avail)
+{
+	size_t i = CASIDX_TOK_PIECE_MAX;
+
+	for (; i > CASIDX_TOK_PIECE_MAX / 2; i--) {
+		if (ascii_is_punct(data[i - 1]))
+			return i;
+	}
+	i = CASIDX_TOK_PIECE_MAX;
+	while (i < avail && (data[i] & 0xc0) == 0x80)
+		i--;
+	return i;
+}
+
+/* Process all complete pieces in pending; keep the incomplete tail. */
+static void process_pending(struct casidx_tokenizer *tok, bool final)
+{
+	const unsigned char *data = tok->pending->data;
+	size_t len = tok->pending->used, pos = 0, end;
+	int n;
+
+	while (pos < len) {
+		if (ascii_is_space(data[pos])) {
+			pos++;
+			continue;
+		}
+		n = casidx_tok_utf8_seq_len(data + pos, len - pos);
+		if (n < 0 || (n == 0 && final)) {
+			pos++;
+			continue;
+		}
+		if (n == 0)
+			break;
+		end = pos;
+		while (end < len && end - pos < CASIDX_TOK_PIECE_MAX &&
+		       !ascii_is_space(data[end])) {
+			n = casidx_tok_utf8_seq_len(data + end, len - end);
+			if (n <= 0)
+				break;
+			end += n;
+		}
+		if (end - pos >= CASIDX_TOK_PIECE_MAX)
+			end = pos + piece_force_cut(data + pos, end - pos);
+		else if (end == len && !final)
+			break;
+		else if (end < len && n == 0 && !final)
+			break;
+		process_piece(tok, data + pos, end - pos);
+		pos = end;
+	}
+	buffer_delete(tok->pending, 0, pos);
+}
+
+void casidx_tokenizer_feed(struct casidx_tokenizer *tok,
+			   const unsigned char *data, size_t size,
+			   casidx_token_callback_t *callback, void *context)
+{
+	tok->callback = callback;
+	tok->context = context;
+	buffer_append(tok->pending, data, size);
+	process_pending(tok, FALSE);
+}
+
+void casidx_tokenizer_final(struct casidx_tokenizer *tok,
+			    casidx_token_callback_t *callback, void *context)
+{
+	tok->callback = callback;
+	tok->context = context;
+	process_pending(tok, TRUE);
+	i_assert(tok->pending->used == 0);
+}
+
+void casidx_tokenizer_tokenize(struct casidx_tokenizer *tok,
+			       const char *str, size_t size,
+			       casidx_token_callback_t *callback,
+			       void *context)
+{
+	casidx_tokenizer_reset(tok);
+	casidx_tokenizer_feed(tok, (const unsigned char *)str, size,
+			      callback, context);
+	casidx_tokenizer_final(tok, callback, context);
+}
