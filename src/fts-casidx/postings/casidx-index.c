@@ -1,0 +1,906 @@
+/* casidx index directory: manifest, writer lock, snapshot, merge.
+   Layout in casidx-index.h and doc/casidx-format.md. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "str.h"
+#include "file-lock.h"
+#include "mkdir-parents.h"
+#include "unlink-directory.h"
+#include "write-full.h"
+#include "cas-crc32c.h"
+#include "casidx-index.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#define MANIFEST_NAME "manifest"
+#define MANIFEST_MAGIC "CXMANIF1"
+#define MANIFEST_VERSION 1
+#define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
+#define LOCK_NAME "write.lock"
+#define REFRESH_RETRIES 5
+
+struct manifest {
+	uint64_t generation;
+	uint32_t last_uid;
+	uint32_t next_seg_id;
+	ARRAY(uint32_t) seg_ids;
+	roaring_bitmap_t *expunged;
+};
+
+struct open_segment {
+	uint32_t id;
+	struct casidx_segment *seg;
+};
+
+struct casidx_index {
+	char *dir;
+	struct casidx_index_settings set;
+
+	bool loaded;
+	struct manifest manifest;
+	ARRAY(struct open_segment) segments;
+};
+
+struct casidx_index_writer {
+	struct casidx_index *index;
+	struct casidx_builder *builder;
+	roaring_bitmap_t *expunges;
+	unsigned int flushes;
+};
+
+static roaring_bitmap_t *bitmap_create(void)
+{
+	roaring_bitmap_t *bm = roaring_bitmap_create();
+
+	if (bm == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+	return bm;
+}
+
+static void manifest_init(struct manifest *m)
+{
+	i_zero(m);
+	m->next_seg_id = 1;
+	i_array_init(&m->seg_ids, 8);
+	m->expunged = bitmap_create();
+}
+
+static void manifest_free(struct manifest *m)
+{
+	if (m->expunged != NULL) {
+		array_free(&m->seg_ids);
+		roaring_bitmap_free(m->expunged);
+		m->expunged = NULL;
+	}
+}
+
+static void manifest_move(struct manifest *dest, struct manifest *src)
+{
+	manifest_free(dest);
+	*dest = *src;
+	i_zero(src);
+}
+
+static const char *seg_path(struct casidx_index *index, uint32_t id)
+{
+	return t_strdup_printf("%s/seg-%08x.cxs", index->dir, id);
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+	return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static void put_u32(buffer_t *buf, uint32_t v)
+{
+	uint8_t b[4] = { v & 0xff, (v >> 8) & 0xff, (v >> 16) & 0xff,
+			 (v >> 24) & 0xff };
+	buffer_append(buf, b, sizeof(b));
+}
+
+static int manifest_parse(const unsigned char *data, size_t size,
+			  struct manifest *m, const char **error_r)
+{
+	const unsigned char *p = data, *end;
+	uint32_t i, nseg, exp_len, id;
+
+	if (size < 8 + 4 + 8 + 3 * 4 + 4 + 4) {
+		*error_r = "corrupted manifest: too small";
+		return -1;
+	}
+	end = data + size - 4;
+	if (cas_crc32c(data, size - 4) != get_u32(end)) {
+		*error_r = "corrupted manifest: checksum mismatch";
+		return -1;
+	}
+	if (memcmp(p, MANIFEST_MAGIC, 8) != 0 ||
+	    get_u32(p + 8) != MANIFEST_VERSION) {
+		*error_r = "corrupted manifest: bad magic or version";
+		return -1;
+	}
+	p += 12;
+	m->generation = get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+	m->last_uid = get_u32(p + 8);
+	m->next_seg_id = get_u32(p + 12);
+	nseg = get_u32(p + 16);
+	p += 20;
+	if (nseg > (size_t)(end - p) / 4) {
+		*error_r = "corrupted manifest: segment count";
+		return -1;
+	}
+	for (i = 0; i < nseg; i++, p += 4) {
+		id = get_u32(p);
+		if (id == 0 || id >= m->next_seg_id) {
+			*error_r = "corrupted manifest: segment id";
+			return -1;
+		}
+		array_push_back(&m->seg_ids, &id);
+	}
+	if ((size_t)(end - p) < 4 ||
+	    (exp_len = get_u32(p)) != (size_t)(end - p) - 4) {
+		*error_r = "corrupted manifest: expunge bitmap size";
+		return -1;
+	}
+	p += 4;
+	roaring_bitmap_free(m->expunged);
+	m->expunged = roaring_bitmap_portable_deserialize_safe(
+		(const char *)p, exp_len);
+	if (m->expunged == NULL ||
+	    roaring_bitmap_portable_size_in_bytes(m->expunged) != exp_len) {
+		if (m->expunged == NULL)
+			m->expunged = bitmap_create();
+		*error_r = "corrupted manifest: expunge bitmap";
+		return -1;
+	}
+	return 0;
+}
+
+/* Returns 1 if read, 0 if there is no manifest, -1 on error. */
+static int manifest_read(struct casidx_index *index, struct manifest *m,
+			 const char **error_r)
+{
+	const char *path = t_strdup_printf("%s/"MANIFEST_NAME, index->dir);
+	buffer_t *buf;
+	struct stat st;
+	ssize_t ret;
+	int fd, result;
+
+	manifest_init(m);
+	fd = open(path, O_RDONLY);
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	if (st.st_size > MANIFEST_MAX_SIZE) {
+		*error_r = t_strdup_printf("%s: corrupted manifest: too large",
+					   path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	buf = t_buffer_create(st.st_size + 1);
+	ret = pread(fd, buffer_append_space_unsafe(buf, st.st_size),
+		    st.st_size, 0);
+	i_close_fd(&fd);
+	if (ret != st.st_size) {
+		*error_r = ret < 0 ?
+			t_strdup_printf("read(%s) failed: %m", path) :
+			t_strdup_printf("read(%s): short read", path);
+		return -1;
+	}
+	result = manifest_parse(buf->data, buf->used, m, error_r);
+	if (result < 0) {
+		*error_r = t_strdup_printf("%s: %s", path, *error_r);
+		return -1;
+	}
+	return 1;
+}
+
+static int fsync_dir(const char *dir, const char **error_r)
+{
+	int fd = open(dir, O_RDONLY);
+
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
+		return -1;
+	}
+	if (fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
+		i_close_fd(&fd);
+		return -1;
+	}
+	i_close_fd(&fd);
+	return 0;
+}
+
+static int manifest_write(struct casidx_index *index,
+			  const struct manifest *m, const char **error_r)
+{
+	const char *path = t_strdup_printf("%s/"MANIFEST_NAME, index->dir);
+	const char *tmp_path = t_strdup_printf("%s.tmp", path);
+	buffer_t *buf = t_buffer_create(256);
+	const uint32_t *id;
+	size_t exp_len;
+	int fd, ret = 0;
+
+	buffer_append(buf, MANIFEST_MAGIC, 8);
+	put_u32(buf, MANIFEST_VERSION);
+	put_u32(buf, (uint32_t)m->generation);
+	put_u32(buf, (uint32_t)(m->generation >> 32));
+	put_u32(buf, m->last_uid);
+	put_u32(buf, m->next_seg_id);
+	put_u32(buf, array_count(&m->seg_ids));
+	array_foreach(&m->seg_ids, id)
+		put_u32(buf, *id);
+	exp_len = roaring_bitmap_portable_size_in_bytes(m->expunged);
+	put_u32(buf, exp_len);
+	roaring_bitmap_portable_serialize(m->expunged,
+		buffer_append_space_unsafe(buf, exp_len));
+	put_u32(buf, cas_crc32c(buf->data, buf->used));
+
+	fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
+		return -1;
+	}
+	if (write_full(fd, buf->data, buf->used) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m", tmp_path);
+		ret = -1;
+	} else if (!index->set.no_fsync && fdatasync(fd) < 0) {
+		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
+					   tmp_path);
+		ret = -1;
+	}
+	if (close(fd) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
+		ret = -1;
+	}
+	if (ret == 0 && rename(tmp_path, path) < 0) {
+		*error_r = t_strdup_printf("rename(%s) failed: %m", tmp_path);
+		ret = -1;
+	}
+	if (ret < 0) {
+		i_unlink_if_exists(tmp_path);
+		return -1;
+	}
+	if (!index->set.no_fsync)
+		return fsync_dir(index->dir, error_r);
+	return 0;
+}
+
+struct casidx_index *
+casidx_index_init(const char *dir, const struct casidx_index_settings *set)
+{
+	struct casidx_index *index = i_new(struct casidx_index, 1);
+
+	index->dir = i_strdup(dir);
+	index->set = *set;
+	if (index->set.memory_budget == 0)
+		index->set.memory_budget = 64 * 1024 * 1024;
+	if (index->set.merge_threshold == 0)
+		index->set.merge_threshold = 8;
+	if (index->set.lock_timeout_secs == 0)
+		index->set.lock_timeout_secs = 60;
+	manifest_init(&index->manifest);
+	i_array_init(&index->segments, 8);
+	return index;
+}
+
+static void index_close_segments(struct casidx_index *index)
+{
+	struct open_segment *os;
+
+	array_foreach_modifiable(&index->segments, os)
+		casidx_segment_close(&os->seg);
+	array_clear(&index->segments);
+}
+
+void casidx_index_deinit(struct casidx_index **_index)
+{
+	struct casidx_index *index = *_index;
+
+	*_index = NULL;
+	index_close_segments(index);
+	array_free(&index->segments);
+	manifest_free(&index->manifest);
+	i_free(index->dir);
+	i_free(index);
+}
+
+const char *casidx_index_get_dir(const struct casidx_index *index)
+{
+	return index->dir;
+}
+
+static struct casidx_segment *
+index_find_open(struct casidx_index *index, uint32_t id)
+{
+	struct open_segment *os;
+
+	array_foreach_modifiable(&index->segments, os) {
+		if (os->id == id)
+			return os->seg;
+	}
+	return NULL;
+}
+
+/* Open every segment of m; 0 if one vanished (concurrent merge). */
+static int index_open_segments(struct casidx_index *index,
+			       const struct manifest *m,
+			       struct open_segment **segs_r,
+			       const char **error_r)
+{
+	struct open_segment *segs;
+	const uint32_t *ids;
+	unsigned int i, j, count;
+	int ret;
+
+	ids = array_get(&m->seg_ids, &count);
+	segs = i_new(struct open_segment, count + 1);
+	for (i = 0; i < count; i++) {
+		segs[i].id = ids[i];
+		segs[i].seg = index_find_open(index, ids[i]);
+		if (segs[i].seg != NULL)
+			continue;
+		ret = casidx_segment_open(seg_path(index, ids[i]),
+					  &segs[i].seg, error_r);
+		if (ret <= 0 || (!roaring_bitmap_is_empty(
+				casidx_segment_get_docs(segs[i].seg)) &&
+			roaring_bitmap_maximum(casidx_segment_get_docs(
+				segs[i].seg)) > m->last_uid)) {
+			if (ret > 0) {
+				*error_r = t_strdup_printf(
+					"%s: corrupted segment: "
+					"UID above last indexed UID",
+					seg_path(index, ids[i]));
+				casidx_segment_close(&segs[i].seg);
+				ret = -1;
+			}
+			for (j = 0; j < i; j++) {
+				if (index_find_open(index, segs[j].id) == NULL)
+					casidx_segment_close(&segs[j].seg);
+			}
+			i_free(segs);
+			return ret;
+		}
+	}
+	*segs_r = segs;
+	return 1;
+}
+
+static void index_set_snapshot(struct casidx_index *index,
+			       struct manifest *m,
+			       struct open_segment *segs)
+{
+	struct open_segment *os;
+	unsigned int i, count = array_count(&m->seg_ids);
+	bool keep;
+
+	/* close segments not in the new snapshot */
+	array_foreach_modifiable(&index->segments, os) {
+		keep = FALSE;
+		for (i = 0; i < count; i++) {
+			if (segs[i].id == os->id)
+				keep = TRUE;
+		}
+		if (!keep)
+			casidx_segment_close(&os->seg);
+	}
+	array_clear(&index->segments);
+	for (i = 0; i < count; i++)
+		array_push_back(&index->segments, &segs[i]);
+	manifest_move(&index->manifest, m);
+	index->loaded = TRUE;
+}
+
+static void index_set_empty(struct casidx_index *index)
+{
+	index_close_segments(index);
+	manifest_free(&index->manifest);
+	manifest_init(&index->manifest);
+	index->loaded = FALSE;
+}
+
+int casidx_index_refresh(struct casidx_index *index, const char **error_r)
+{
+	struct manifest m;
+	struct open_segment *segs;
+	unsigned int try;
+	int ret;
+
+	for (try = 0; try < REFRESH_RETRIES; try++) {
+		ret = manifest_read(index, &m, error_r);
+		if (ret <= 0) {
+			manifest_free(&m);
+			index_set_empty(index);
+			return ret;
+		}
+		if (index->loaded &&
+		    m.generation == index->manifest.generation) {
+			manifest_free(&m);
+			return 1;
+		}
+		ret = index_open_segments(index, &m, &segs, error_r);
+		if (ret > 0) {
+			index_set_snapshot(index, &m, segs);
+			i_free(segs);
+			return 1;
+		}
+		manifest_free(&m);
+		if (ret < 0) {
+			index_set_empty(index);
+			return -1;
+		}
+	}
+	*error_r = t_strdup_printf("%s: segments keep vanishing", index->dir);
+	index_set_empty(index);
+	return -1;
+}
+
+uint32_t casidx_index_get_last_uid(const struct casidx_index *index)
+{
+	return index->manifest.last_uid;
+}
+
+const roaring_bitmap_t *
+casidx_index_get_expunged(const struct casidx_index *index)
+{
+	return index->manifest.expunged;
+}
+
+roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index)
+{
+	roaring_bitmap_t *all = bitmap_create();
+	const struct open_segment *os;
+
+	array_foreach(&index->segments, os)
+		roaring_bitmap_or_inplace(all, casidx_segment_get_docs(os->seg));
+	roaring_bitmap_andnot_inplace(all, index->manifest.expunged);
+	return all;
+}
+
+unsigned int casidx_index_get_segment_count(const struct casidx_index *index)
+{
+	return array_count(&index->segments);
+}
+
+double casidx_index_get_avg_len(const struct casidx_index *index,
+				enum casidx_field field)
+{
+	const struct open_segment *os;
+	uint64_t total = 0, docs = 0;
+
+	array_foreach(&index->segments, os) {
+		total += casidx_segment_field_total(os->seg, field);
+		docs += roaring_bitmap_get_cardinality(
+			casidx_segment_get_docs(os->seg));
+	}
+	return docs == 0 ? 0 : (double)total / docs;
+}
+
+uint32_t casidx_index_get_doc_len(const struct casidx_index *index,
+				  uint32_t uid, enum casidx_field field)
+{
+	const struct open_segment *os;
+	uint32_t len = 0;
+
+	array_foreach(&index->segments, os)
+		len += casidx_segment_doc_len(os->seg, uid, field);
+	return len;
+}
+
+static bool mem_contains(const unsigned char *hay, size_t hay_len,
+			 const char *needle, size_t needle_len)
+{
+	size_t i;
+
+	if (needle_len == 0)
+		return TRUE;
+	for (i = 0; i + needle_len <= hay_len; i++) {
+		if (hay[i] == (unsigned char)needle[0] &&
+		    memcmp(hay + i, needle, needle_len) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+static bool term_matches(const struct casidx_term_entry *entry,
+			 const char *token, size_t token_len,
+			 enum casidx_match match)
+{
+	switch (match) {
+	case CASIDX_MATCH_EXACT:
+		return entry->key_len == token_len + 1;
+	case CASIDX_MATCH_PREFIX:
+		return TRUE;
+	case CASIDX_MATCH_SUBSTRING:
+		return mem_contains(entry->key + 1, entry->key_len - 1,
+				    token, token_len);
+	}
+	i_unreached();
+}
+
+static int
+index_scan_segment(struct casidx_segment *seg, const unsigned char *prefix,
+		   size_t prefix_len, const char *token, size_t token_len,
+		   enum casidx_match match,
+		   casidx_index_term_callback_t *callback, void *context,
+		   const char **error_r)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *entry;
+	ARRAY_TYPE(uint32_t) tfs;
+	roaring_bitmap_t *docs;
+	int ret, found = 0;
+
+	i_array_init(&tfs, 64);
+	iter = casidx_segment_iter_init(seg, prefix, prefix_len);
+	while ((ret = casidx_segment_iter_next(iter, &entry)) > 0) {
+		if (!term_matches(entry, token, token_len, match))
+			continue;
+		if (casidx_segment_read_postings(seg, entry, &docs, &tfs,
+						 error_r) < 0) {
+			found = -1;
+			break;
+		}
+		found = 1;
+		callback(seg, entry->key + 1, entry->key_len - 1, docs,
+			 array_front(&tfs), context);
+		roaring_bitmap_free(docs);
+	}
+	if (casidx_segment_iter_deinit(&iter, error_r) < 0)
+		found = -1;
+	array_free(&tfs);
+	return found;
+}
+
+int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
+		      const char *token, size_t token_len,
+		      enum casidx_match match,
+		      casidx_index_term_callback_t *callback, void *context,
+		      const char **error_r)
+{
+	const struct open_segment *os;
+	buffer_t *prefix;
+	int ret, found = 0;
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	prefix = t_buffer_create(token_len + 1);
+	buffer_append_c(prefix, CASIDX_FIELD_KEY_CHAR(field));
+	if (match != CASIDX_MATCH_SUBSTRING)
+		buffer_append(prefix, token, token_len);
+
+	array_foreach(&index->segments, os) {
+		ret = index_scan_segment(os->seg, prefix->data, prefix->used,
+					 token, token_len, match,
+					 callback, context, error_r);
+		if (ret < 0) {
+			*error_r = t_strdup_printf("%s: %s", index->dir,
+						   *error_r);
+			return -1;
+		}
+		if (ret > 0)
+			found = 1;
+	}
+	return found;
+}
+
+/* ---- writing ---- */
+
+static int index_lock(struct casidx_index *index, int *fd_r,
+		      struct file_lock **lock_r, const char **error_r)
+{
+	struct file_lock_settings lock_set = {
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+	};
+	const char *path = t_strdup_printf("%s/"LOCK_NAME, index->dir);
+	int fd, ret;
+
+	if (mkdir_parents(index->dir, 0700) < 0 && errno != EEXIST) {
+		*error_r = t_strdup_printf("mkdir(%s) failed: %m", index->dir);
+		return -1;
+	}
+	fd = open(path, O_RDWR | O_CREAT, 0600);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	ret = file_wait_lock(fd, path, F_WRLCK, &lock_set,
+			     index->set.lock_timeout_secs, lock_r, error_r);
+	if (ret <= 0) {
+		if (ret == 0)
+			*error_r = t_strdup_printf("%s: lock timeout", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	*fd_r = fd;
+	return 0;
+}
+
+static void index_unlock(int *fd, struct file_lock **lock)
+{
+	file_unlock(lock);
+	i_close_fd(fd);
+}
+
+static int merge_segment(struct casidx_builder *builder,
+			 struct casidx_segment *seg,
+			 const roaring_bitmap_t *expunged,
+			 const char **error_r)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *entry;
+	ARRAY_TYPE(uint32_t) tfs;
+	roaring_uint32_iterator_t *it;
+	uint32_t lens[CASIDX_FIELD_COUNT], uid;
+	roaring_bitmap_t *docs;
+	unsigned int i, f;
+	int ret;
+
+	it = roaring_create_iterator(casidx_segment_get_docs(seg));
+	for (; it->has_value; roaring_advance_uint32_iterator(it)) {
+		uid = it->current_value;
+		if (roaring_bitmap_contains(expunged, uid))
+			continue;
+		for (f = 0; f < CASIDX_FIELD_COUNT; f++)
+			lens[f] = casidx_segment_doc_len(seg, uid, f);
+		casidx_builder_add_doc_lens(builder, uid, lens);
+	}
+	roaring_free_uint32_iterator(it);
+
+	i_array_init(&tfs, 64);
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	while ((ret = casidx_segment_iter_next(iter, &entry)) > 0) {
+		if (casidx_segment_read_postings(seg, entry, &docs, &tfs,
+						 error_r) < 0)
+			break;
+		it = roaring_create_iterator(docs);
+		for (i = 0; it->has_value;
+		     roaring_advance_uint32_iterator(it), i++) {
+			uid = it->current_value;
+			if (roaring_bitmap_contains(expunged, uid))
+				continue;
+			casidx_builder_add_posting(builder, entry->key,
+				entry->key_len, uid, (array_front(&tfs))[i]);
+		}
+		roaring_free_uint32_iterator(it);
+		roaring_bitmap_free(docs);
+	}
+	array_free(&tfs);
+	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0)
+		return -1;
+	return 0;
+}
+
+/* Merge every segment of m into one new segment; m is updated. */
+static int index_merge_locked(struct casidx_index *index, struct manifest *m,
+			      const char **error_r)
+{
+	struct casidx_builder *builder;
+	struct casidx_segment *seg;
+	const uint32_t *id;
+	uint32_t new_id;
+	int ret = 0;
+
+	builder = casidx_builder_create();
+	array_foreach(&m->seg_ids, id) {
+		if (casidx_segment_open(seg_path(index, *id), &seg,
+					error_r) <= 0) {
+			if (ret == 0)
+				*error_r = t_strdup_printf(
+					"%s: segment missing", index->dir);
+			ret = -1;
+			break;
+		}
+		ret = merge_segment(builder, seg, m->expunged, error_r);
+		casidx_segment_close(&seg);
+		if (ret < 0)
+			break;
+	}
+	if (ret == 0 && casidx_builder_doc_count(builder) > 0) {
+		new_id = m->next_seg_id++;
+		ret = casidx_builder_write(builder, seg_path(index, new_id),
+					   !index->set.no_fsync, error_r);
+		if (ret == 0) {
+			array_clear(&m->seg_ids);
+			array_push_back(&m->seg_ids, &new_id);
+		}
+	} else if (ret == 0) {
+		array_clear(&m->seg_ids);
+	}
+	casidx_builder_destroy(&builder);
+	if (ret == 0 && m->last_uid > 0) {
+		/* merged docs are gone: only future UIDs stay expunged */
+		roaring_bitmap_remove_range_closed(m->expunged, 0,
+						   m->last_uid);
+	}
+	return ret;
+}
+
+static void index_unlink_unused(struct casidx_index *index,
+				const struct manifest *old,
+				const struct manifest *new)
+{
+	const uint32_t *id, *id2;
+	bool used;
+
+	array_foreach(&old->seg_ids, id) {
+		used = FALSE;
+		array_foreach(&new->seg_ids, id2) {
+			if (*id == *id2)
+				used = TRUE;
+		}
+		if (!used)
+			i_unlink_if_exists(seg_path(index, *id));
+	}
+}
+
+/* Commit builder (may be NULL) and expunges under the writer lock. */
+static int index_commit(struct casidx_index *index,
+			struct casidx_builder *builder,
+			const roaring_bitmap_t *expunges, bool merge_all,
+			const char **error_r)
+{
+	struct manifest m, old;
+	struct file_lock *lock;
+	uint32_t id;
+	int fd, ret;
+
+	if (index_lock(index, &fd, &lock, error_r) < 0)
+		return -1;
+	ret = manifest_read(index, &m, error_r);
+	if (ret >= 0) {
+		manifest_init(&old);
+		array_append_array(&old.seg_ids, &m.seg_ids);
+		ret = 0;
+	} else {
+		manifest_free(&m);
+		index_unlock(&fd, &lock);
+		return -1;
+	}
+	if (builder != NULL && casidx_builder_doc_count(builder) > 0) {
+		id = m.next_seg_id++;
+		ret = casidx_builder_write(builder, seg_path(index, id),
+					   !index->set.no_fsync, error_r);
+		if (ret == 0) {
+			array_push_back(&m.seg_ids, &id);
+			m.last_uid = I_MAX(m.last_uid,
+					   casidx_builder_max_uid(builder));
+		}
+	}
+	if (ret == 0 && expunges != NULL)
+		roaring_bitmap_or_inplace(m.expunged, expunges);
+	if (ret == 0 && (merge_all ||
+			 array_count(&m.seg_ids) > index->set.merge_threshold))
+		ret = index_merge_locked(index, &m, error_r);
+	if (ret == 0) {
+		m.generation++;
+		ret = manifest_write(index, &m, error_r);
+	}
+	if (ret == 0)
+		index_unlink_unused(index, &old, &m);
+	index_unlock(&fd, &lock);
+	manifest_free(&m);
+	manifest_free(&old);
+	if (ret < 0)
+		return -1;
+	return casidx_index_refresh(index, error_r) < 0 ? -1 : 0;
+}
+
+struct casidx_index_writer *casidx_index_writer_begin(struct casidx_index *index)
+{
+	struct casidx_index_writer *writer;
+
+	writer = i_new(struct casidx_index_writer, 1);
+	writer->index = index;
+	writer->builder = casidx_builder_create();
+	writer->expunges = bitmap_create();
+	return writer;
+}
+
+void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
+				 uint32_t uid)
+{
+	casidx_builder_add_doc(writer->builder, uid);
+}
+
+void casidx_index_writer_add_term(struct casidx_index_writer *writer,
+				  enum casidx_field field,
+				  const void *term, size_t term_len)
+{
+	casidx_builder_add_term(writer->builder, field, term, term_len);
+}
+
+void casidx_index_writer_expunge(struct casidx_index_writer *writer,
+				 uint32_t uid)
+{
+	roaring_bitmap_add(writer->expunges, uid);
+}
+
+static int writer_flush(struct casidx_index_writer *writer,
+			const char **error_r)
+{
+	int ret;
+
+	ret = index_commit(writer->index, writer->builder,
+			   writer->expunges, FALSE, error_r);
+	casidx_builder_destroy(&writer->builder);
+	writer->builder = casidx_builder_create();
+	roaring_bitmap_free(writer->expunges);
+	writer->expunges = bitmap_create();
+	writer->flushes++;
+	return ret;
+}
+
+int casidx_index_writer_doc_done(struct casidx_index_writer *writer,
+				 const char **error_r)
+{
+	if (casidx_builder_memory_used(writer->builder) <
+	    writer->index->set.memory_budget)
+		return 0;
+	return writer_flush(writer, error_r);
+}
+
+int casidx_index_writer_commit(struct casidx_index_writer **_writer,
+			       const char **error_r)
+{
+	struct casidx_index_writer *writer = *_writer;
+	int ret = 0;
+
+	if (casidx_builder_doc_count(writer->builder) > 0 ||
+	    !roaring_bitmap_is_empty(writer->expunges))
+		ret = writer_flush(writer, error_r);
+	casidx_index_writer_rollback(_writer);
+	return ret;
+}
+
+void casidx_index_writer_rollback(struct casidx_index_writer **_writer)
+{
+	struct casidx_index_writer *writer = *_writer;
+
+	*_writer = NULL;
+	casidx_builder_destroy(&writer->builder);
+	roaring_bitmap_free(writer->expunges);
+	i_free(writer);
+}
+
+unsigned int
+casidx_index_writer_get_flushes(const struct casidx_index_writer *writer)
+{
+	return writer->flushes;
+}
+
+int casidx_index_optimize(struct casidx_index *index, const char **error_r)
+{
+	return index_commit(index, NULL, NULL, TRUE, error_r);
+}
+
+int casidx_index_delete(struct casidx_index *index, const char **error_r)
+{
+	struct file_lock *lock;
+	const char *error;
+	int fd, ret = 0;
+
+	if (index_lock(index, &fd, &lock, error_r) < 0)
+		return -1;
+	/* the manifest goes first, so no reader sees a partial index */
+	i_unlink_if_exists(t_strdup_printf("%s/"MANIFEST_NAME, index->dir));
+	if (unlink_directory(index->dir, UNLINK_DIRECTORY_FLAG_FILES_ONLY,
+			     &error) < 0) {
+		*error_r = error;
+		ret = -1;
+	}
+	index_unlock(&fd, &lock);
+	index_set_empty(index);
+	return ret;
+}

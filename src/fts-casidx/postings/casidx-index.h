@@ -1,0 +1,107 @@
+#ifndef CASIDX_INDEX_H
+#define CASIDX_INDEX_H
+
+/* casidx per-mailbox index directory (doc/casidx-format.md):
+
+     manifest          "CXMANIF1" | u32 version | u64 generation |
+                       u32 last_uid | u32 next_seg_id | u32 nseg |
+                       u32 seg_id * nseg | u32 len | expunged roaring |
+                       u32 crc32c of everything before
+     seg-XXXXXXXX.cxs  immutable segments (casidx-segment.h)
+     write.lock        fcntl lock held by a writer while it commits
+
+   Writers build segments in memory and commit them under write.lock:
+   segment written (tmp, fsync, rename), then a new manifest (tmp, fsync,
+   rename, fsync dir). Readers never lock: refresh() reads the manifest
+   and opens the segments it names, keeping already open ones. A reader
+   that loses a race with a merge that deleted a segment re-reads the
+   manifest. */
+
+#include "casidx-segment.h"
+
+struct casidx_index;
+struct casidx_index_writer;
+
+struct casidx_index_settings {
+	/* Flush a segment when the in-memory builder passes this. */
+	size_t memory_budget;
+	/* Merge all segments at commit when there are more than this. */
+	unsigned int merge_threshold;
+	unsigned int lock_timeout_secs;
+	bool no_fsync;
+};
+
+enum casidx_match {
+	CASIDX_MATCH_EXACT,
+	CASIDX_MATCH_PREFIX,
+	CASIDX_MATCH_SUBSTRING,
+};
+
+/* Called for each matching term of each segment. docs may contain
+   expunged UIDs (see casidx_index_get_expunged()); tfs[i] is the term
+   frequency of the i-th doc in bitmap order. term excludes the field
+   char. */
+typedef void casidx_index_term_callback_t(struct casidx_segment *seg,
+					  const unsigned char *term,
+					  size_t term_len,
+					  const roaring_bitmap_t *docs,
+					  const uint32_t *tfs, void *context);
+
+struct casidx_index *
+casidx_index_init(const char *dir, const struct casidx_index_settings *set);
+void casidx_index_deinit(struct casidx_index **index);
+const char *casidx_index_get_dir(const struct casidx_index *index);
+
+/* Load the newest manifest. Returns 1 if ok, 0 if no index exists yet
+   (empty snapshot), -1 on error (the snapshot is left empty). */
+int casidx_index_refresh(struct casidx_index *index, const char **error_r);
+/* Highest committed UID of the current snapshot. */
+uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
+const roaring_bitmap_t *
+casidx_index_get_expunged(const struct casidx_index *index);
+/* Every indexed, not expunged UID (including docs that had no terms).
+   The caller frees the returned bitmap. */
+roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index);
+unsigned int casidx_index_get_segment_count(const struct casidx_index *index);
+/* Average token count per document of field over the snapshot. */
+double casidx_index_get_avg_len(const struct casidx_index *index,
+				enum casidx_field field);
+/* Token count of uid's field, 0 if unknown. */
+uint32_t casidx_index_get_doc_len(const struct casidx_index *index,
+				  uint32_t uid, enum casidx_field field);
+
+/* Find terms of field matching token. Returns 1 if some term matched,
+   0 if none, -1 on error (corruption). */
+int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
+		      const char *token, size_t token_len,
+		      enum casidx_match match,
+		      casidx_index_term_callback_t *callback, void *context,
+		      const char **error_r);
+
+/* Writer. Only one writer per index object at a time. */
+struct casidx_index_writer *casidx_index_writer_begin(struct casidx_index *index);
+/* Start a new document; a uid already indexed may be added again. */
+void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
+				 uint32_t uid);
+void casidx_index_writer_add_term(struct casidx_index_writer *writer,
+				  enum casidx_field field,
+				  const void *term, size_t term_len);
+void casidx_index_writer_expunge(struct casidx_index_writer *writer,
+				 uint32_t uid);
+/* Call between documents: commits a segment when the memory budget is
+   exceeded. Returns -1 on error. */
+int casidx_index_writer_doc_done(struct casidx_index_writer *writer,
+				 const char **error_r);
+/* Commit pending docs and expunges. Frees the writer in all cases. */
+int casidx_index_writer_commit(struct casidx_index_writer **writer,
+			       const char **error_r);
+void casidx_index_writer_rollback(struct casidx_index_writer **writer);
+/* Number of segment commits done by this writer so far. */
+unsigned int casidx_index_writer_get_flushes(const struct casidx_index_writer *writer);
+
+/* Merge every segment into one and drop expunged docs (under lock). */
+int casidx_index_optimize(struct casidx_index *index, const char **error_r);
+/* Remove the whole index (rescan: everything gets reindexed). */
+int casidx_index_delete(struct casidx_index *index, const char **error_r);
+
+#endif

@@ -1,0 +1,1049 @@
+/* casidx segment builder and reader; layout in casidx-segment.h and
+   doc/casidx-format.md. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "hash.h"
+#include "str.h"
+#include "sort.h"
+#include "write-full.h"
+#include "cas-crc32c.h"
+#include "casidx-segment.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#define SEG_MAGIC "CXSEG001"
+#define SEG_END_MAGIC "CXSEGEND"
+#define SEG_VERSION 1
+#define SEG_HEADER_SIZE 16
+#define SEG_BLOCK_TERMS 16
+
+enum seg_footer_idx {
+	F_DOCS_OFF, F_DOCS_LEN, F_DOCS_CRC,
+	F_DOCLEN_OFF, F_DOCLEN_LEN, F_DOCLEN_CRC,
+	F_SPARSE_OFF, F_SPARSE_LEN, F_SPARSE_CRC,
+	F_DICT_OFF, F_DICT_LEN,
+	F_POST_OFF, F_POST_LEN,
+	F_NDOCS, F_NTERMS, F_NBLOCKS,
+	F_FIELD_TOTAL,
+	F_COUNT = F_FIELD_TOTAL + CASIDX_FIELD_COUNT
+};
+#define SEG_FOOTER_SIZE (F_COUNT * 8 + 4 + 4 + 8)
+
+struct builder_term {
+	char *key;
+	uint32_t *pairs;	/* uid, tf */
+	unsigned int count, alloc;
+	bool unsorted;
+};
+
+struct builder_doc {
+	uint32_t uid;
+	uint32_t lens[CASIDX_FIELD_COUNT];
+};
+
+struct casidx_builder {
+	pool_t pool;
+	HASH_TABLE(char *, struct builder_term *) terms;
+	ARRAY(struct builder_doc) docs;
+	size_t memory_used;
+	uint32_t max_uid;
+	bool docs_unsorted;
+};
+
+struct sparse_entry {
+	const unsigned char *key;
+	size_t key_len;
+	uint64_t offset, size;
+};
+
+struct casidx_segment {
+	int fd;
+	void *mmap_base;
+	size_t mmap_size;
+	const unsigned char *data;
+	size_t size;
+
+	uint64_t footer[F_COUNT];
+	roaring_bitmap_t *docs;
+	const unsigned char *doclens;
+	ARRAY(struct sparse_entry) sparse;
+};
+
+struct casidx_segment_iter {
+	struct casidx_segment *seg;
+	const unsigned char *prefix;
+	size_t prefix_len;
+	unsigned int block_idx;
+	const unsigned char *p, *end;
+	unsigned int block_terms_left;
+	buffer_t *key;
+	struct casidx_term_entry entry;
+	const char *error;
+	bool started, finished;
+};
+
+/* ---- little helpers ---- */
+
+static void put_u32(buffer_t *buf, uint32_t v)
+{
+	uint8_t b[4] = { v & 0xff, (v >> 8) & 0xff, (v >> 16) & 0xff,
+			 (v >> 24) & 0xff };
+	buffer_append(buf, b, sizeof(b));
+}
+
+static void put_u64(buffer_t *buf, uint64_t v)
+{
+	put_u32(buf, (uint32_t)v);
+	put_u32(buf, (uint32_t)(v >> 32));
+}
+
+static void put_varint(buffer_t *buf, uint64_t v)
+{
+	uint8_t b[10];
+	unsigned int n = 0;
+
+	while (v >= 0x80) {
+		b[n++] = (v & 0x7f) | 0x80;
+		v >>= 7;
+	}
+	b[n++] = v;
+	buffer_append(buf, b, n);
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+	return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+	return get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
+
+/* Returns FALSE if the varint is truncated or too long. */
+static bool get_varint(const unsigned char **p, const unsigned char *end,
+		       uint64_t *value_r)
+{
+	uint64_t v = 0;
+	unsigned int shift = 0;
+
+	while (*p < end && shift < 64) {
+		unsigned char c = *(*p)++;
+
+		v |= (uint64_t)(c & 0x7f) << shift;
+		if ((c & 0x80) == 0) {
+			*value_r = v;
+			return TRUE;
+		}
+		shift += 7;
+	}
+	return FALSE;
+}
+
+/* ---- builder ---- */
+
+struct casidx_builder *casidx_builder_create(void)
+{
+	struct casidx_builder *builder;
+	pool_t pool;
+
+	pool = pool_alloconly_create("casidx builder", 1024*64);
+	builder = p_new(pool, struct casidx_builder, 1);
+	builder->pool = pool;
+	hash_table_create(&builder->terms, pool, 0, str_hash, strcmp);
+	i_array_init(&builder->docs, 128);
+	return builder;
+}
+
+void casidx_builder_destroy(struct casidx_builder **_builder)
+{
+	struct casidx_builder *builder = *_builder;
+	struct hash_iterate_context *iter;
+	char *key;
+	struct builder_term *term;
+
+	*_builder = NULL;
+	iter = hash_table_iterate_init(builder->terms);
+	while (hash_table_iterate(iter, builder->terms, &key, &term))
+		i_free(term->pairs);
+	hash_table_iterate_deinit(&iter);
+	hash_table_destroy(&builder->terms);
+	array_free(&builder->docs);
+	pool_unref(&builder->pool);
+}
+
+static struct builder_doc *builder_doc_get(struct casidx_builder *builder,
+					   uint32_t uid)
+{
+	struct builder_doc *doc;
+
+	if (array_count(&builder->docs) > 0) {
+		doc = array_back_modifiable(&builder->docs);
+		if (doc->uid == uid)
+			return doc;
+		if (doc->uid > uid)
+			builder->docs_unsorted = TRUE;
+	}
+	doc = array_append_space(&builder->docs);
+	doc->uid = uid;
+	builder->memory_used += sizeof(*doc);
+	if (uid > builder->max_uid)
+		builder->max_uid = uid;
+	return doc;
+}
+
+void casidx_builder_add_doc(struct casidx_builder *builder, uint32_t uid)
+{
+	(void)builder_doc_get(builder, uid);
+}
+
+void casidx_builder_add_doc_lens(struct casidx_builder *builder, uint32_t uid,
+				 const uint32_t lens[CASIDX_FIELD_COUNT])
+{
+	struct builder_doc *doc = builder_doc_get(builder, uid);
+	unsigned int i;
+
+	for (i = 0; i < CASIDX_FIELD_COUNT; i++)
+		doc->lens[i] += lens[i];
+}
+
+static struct builder_term *
+builder_term_get(struct casidx_builder *builder,
+		 const unsigned char *key, size_t key_len)
+{
+	struct builder_term *term;
+	const char *lookup_key = t_strndup(key, key_len);
+
+	term = hash_table_lookup(builder->terms, lookup_key);
+	if (term == NULL) {
+		term = p_new(builder->pool, struct builder_term, 1);
+		term->key = p_strndup(builder->pool, key, key_len);
+		hash_table_insert(builder->terms, term->key, term);
+		builder->memory_used += key_len + 1 + sizeof(*term) + 32;
+	}
+	return term;
+}
+
+static void builder_term_add(struct casidx_builder *builder,
+			     struct builder_term *term,
+			     uint32_t uid, uint32_t tf)
+{
+	if (term->count > 0) {
+		uint32_t last = term->pairs[(term->count - 1) * 2];
+
+		if (last == uid) {
+			term->pairs[(term->count - 1) * 2 + 1] += tf;
+			return;
+		}
+		if (last > uid)
+			term->unsorted = TRUE;
+	}
+	if (term->count == term->alloc) {
+		unsigned int new_alloc = term->alloc == 0 ? 2 : term->alloc * 2;
+
+		term->pairs = i_realloc_type(term->pairs, uint32_t,
+					     term->alloc * 2, new_alloc * 2);
+		builder->memory_used += (new_alloc - term->alloc) * 8;
+		term->alloc = new_alloc;
+	}
+	term->pairs[term->count * 2] = uid;
+	term->pairs[term->count * 2 + 1] = tf;
+	term->count++;
+}
+
+void casidx_builder_add_posting(struct casidx_builder *builder,
+				const unsigned char *key, size_t key_len,
+				uint32_t uid, uint32_t tf)
+{
+	T_BEGIN {
+		builder_term_add(builder,
+				 builder_term_get(builder, key, key_len),
+				 uid, tf);
+	} T_END;
+}
+
+static size_t utf8_cut_len(const unsigned char *s, size_t len, size_t max)
+{
+	if (len <= max)
+		return len;
+	len = max;
+	/* don't end in the middle of a UTF-8 sequence */
+	while (len > 0 && (s[len] & 0xc0) == 0x80)
+		len--;
+	return len;
+}
+
+void casidx_builder_add_term(struct casidx_builder *builder,
+			     enum casidx_field field,
+			     const void *term, size_t term_len)
+{
+	struct builder_doc *doc;
+	unsigned char key[CASIDX_TERM_MAX_BYTES + 1];
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	i_assert(array_count(&builder->docs) > 0);
+
+	if (term_len == 0 || memchr(term, '\0', term_len) != NULL)
+		return;
+	term_len = utf8_cut_len(term, term_len, CASIDX_TERM_MAX_BYTES);
+	if (term_len == 0)
+		return;
+	doc = array_back_modifiable(&builder->docs);
+	doc->lens[field]++;
+	key[0] = CASIDX_FIELD_KEY_CHAR(field);
+	memcpy(key + 1, term, term_len);
+	casidx_builder_add_posting(builder, key, term_len + 1, doc->uid, 1);
+}
+
+size_t casidx_builder_memory_used(const struct casidx_builder *builder)
+{
+	return builder->memory_used;
+}
+
+unsigned int casidx_builder_doc_count(const struct casidx_builder *builder)
+{
+	return array_count(&builder->docs);
+}
+
+uint32_t casidx_builder_max_uid(const struct casidx_builder *builder)
+{
+	return builder->max_uid;
+}
+
+static int pair_cmp(const uint32_t *a, const uint32_t *b)
+{
+	return a[0] < b[0] ? -1 : (a[0] > b[0] ? 1 : 0);
+}
+
+static int builder_doc_cmp(const struct builder_doc *a,
+			   const struct builder_doc *b)
+{
+	return a->uid < b->uid ? -1 : (a->uid > b->uid ? 1 : 0);
+}
+
+static int term_ptr_cmp(struct builder_term *const *a,
+			struct builder_term *const *b)
+{
+	return strcmp((*a)->key, (*b)->key);
+}
+
+/* Sort a term's pairs by uid and merge duplicates. */
+static void builder_term_normalize(struct builder_term *term)
+{
+	unsigned int i, n = 0;
+
+	if (!term->unsorted)
+		return;
+	qsort(term->pairs, term->count, 8,
+	      (int (*)(const void *, const void *))pair_cmp);
+	for (i = 0; i < term->count; i++) {
+		if (n > 0 && term->pairs[(n - 1) * 2] == term->pairs[i * 2]) {
+			term->pairs[(n - 1) * 2 + 1] += term->pairs[i * 2 + 1];
+			continue;
+		}
+		term->pairs[n * 2] = term->pairs[i * 2];
+		term->pairs[n * 2 + 1] = term->pairs[i * 2 + 1];
+		n++;
+	}
+	term->count = n;
+	term->unsorted = FALSE;
+}
+
+static void builder_docs_normalize(struct casidx_builder *builder)
+{
+	struct builder_doc *docs;
+	unsigned int i, j, n = 0, count;
+
+	if (!builder->docs_unsorted)
+		return;
+	array_sort(&builder->docs, builder_doc_cmp);
+	docs = array_get_modifiable(&builder->docs, &count);
+	for (i = 0; i < count; i++) {
+		if (n > 0 && docs[n - 1].uid == docs[i].uid) {
+			for (j = 0; j < CASIDX_FIELD_COUNT; j++)
+				docs[n - 1].lens[j] += docs[i].lens[j];
+			continue;
+		}
+		docs[n++] = docs[i];
+	}
+	array_delete(&builder->docs, n, count - n);
+	builder->docs_unsorted = FALSE;
+}
+
+static void append_bitmap(buffer_t *output, const roaring_bitmap_t *bm)
+{
+	size_t size = roaring_bitmap_portable_size_in_bytes(bm);
+	void *dest = buffer_append_space_unsafe(output, size);
+
+	if (roaring_bitmap_portable_serialize(bm, dest) != size)
+		i_panic("casidx: roaring serialize size mismatch");
+}
+
+static void write_postings(buffer_t *output, struct builder_term *term)
+{
+	roaring_bitmap_t *bm = roaring_bitmap_create_with_capacity(term->count);
+	buffer_t *body = t_buffer_create(64 + term->count * 2);
+	size_t bm_size;
+	unsigned int i;
+
+	if (bm == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+	for (i = 0; i < term->count; i++)
+		roaring_bitmap_add(bm, term->pairs[i * 2]);
+	(void)roaring_bitmap_run_optimize(bm);
+	bm_size = roaring_bitmap_portable_size_in_bytes(bm);
+	put_varint(body, bm_size);
+	append_bitmap(body, bm);
+	roaring_bitmap_free(bm);
+	put_varint(body, term->count);
+	for (i = 0; i < term->count; i++)
+		put_varint(body, term->pairs[i * 2 + 1]);
+	put_u32(output, cas_crc32c(body->data, body->used));
+	buffer_append_buf(output, body, 0, SIZE_MAX);
+}
+
+struct dict_writer {
+	buffer_t *dict, *posts, *sparse, *block;
+	const char *prev_key;
+	unsigned int block_terms, nblocks;
+	size_t block_first_off;
+	const char *block_first_key;
+};
+
+static void dict_flush_block(struct dict_writer *w)
+{
+	buffer_t *framed;
+
+	if (w->block_terms == 0)
+		return;
+	framed = t_buffer_create(w->block->used + 16);
+	put_varint(framed, w->block_terms);
+	buffer_append_buf(framed, w->block, 0, SIZE_MAX);
+	w->block_first_off = w->dict->used;
+	put_u32(w->dict, cas_crc32c(framed->data, framed->used));
+	put_u32(w->dict, framed->used);
+	buffer_append_buf(w->dict, framed, 0, SIZE_MAX);
+
+	put_varint(w->sparse, strlen(w->block_first_key));
+	buffer_append(w->sparse, w->block_first_key,
+		      strlen(w->block_first_key));
+	put_varint(w->sparse, w->block_first_off);
+	put_varint(w->sparse, w->dict->used - w->block_first_off);
+	w->nblocks++;
+	w->block_terms = 0;
+	buffer_set_used_size(w->block, 0);
+	w->prev_key = NULL;
+}
+
+static void dict_add_term(struct dict_writer *w, struct builder_term *term)
+{
+	size_t key_len = strlen(term->key), shared = 0;
+	size_t post_off = w->posts->used;
+
+	if (w->prev_key == NULL)
+		w->block_first_key = term->key;
+	else {
+		while (w->prev_key[shared] != '\0' &&
+		       w->prev_key[shared] == term->key[shared])
+			shared++;
+	}
+	write_postings(w->posts, term);
+	put_varint(w->block, shared);
+	put_varint(w->block, key_len - shared);
+	buffer_append(w->block, term->key + shared, key_len - shared);
+	put_varint(w->block, term->count);
+	put_varint(w->block, post_off);
+	put_varint(w->block, w->posts->used - post_off);
+	w->prev_key = term->key;
+	if (++w->block_terms == SEG_BLOCK_TERMS)
+		dict_flush_block(w);
+}
+
+static void
+builder_serialize_docs(struct casidx_builder *builder, buffer_t *output,
+		       uint64_t footer[F_COUNT])
+{
+	const struct builder_doc *doc;
+	roaring_bitmap_t *bm = roaring_bitmap_create();
+	size_t start;
+	unsigned int i;
+
+	if (bm == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+	array_foreach(&builder->docs, doc)
+		roaring_bitmap_add(bm, doc->uid);
+	(void)roaring_bitmap_run_optimize(bm);
+	start = output->used;
+	append_bitmap(output, bm);
+	roaring_bitmap_free(bm);
+	footer[F_DOCS_OFF] = start;
+	footer[F_DOCS_LEN] = output->used - start;
+	footer[F_DOCS_CRC] = cas_crc32c(CONST_PTR_OFFSET(output->data, start),
+					output->used - start);
+
+	start = output->used;
+	array_foreach(&builder->docs, doc) {
+		for (i = 0; i < CASIDX_FIELD_COUNT; i++) {
+			put_u32(output, doc->lens[i]);
+			footer[F_FIELD_TOTAL + i] += doc->lens[i];
+		}
+	}
+	footer[F_DOCLEN_OFF] = start;
+	footer[F_DOCLEN_LEN] = output->used - start;
+	footer[F_DOCLEN_CRC] =
+		cas_crc32c(CONST_PTR_OFFSET(output->data, start),
+			   output->used - start);
+	footer[F_NDOCS] = array_count(&builder->docs);
+}
+
+static void
+builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
+		       uint64_t footer[F_COUNT])
+{
+	ARRAY(struct builder_term *) sorted;
+	struct hash_iterate_context *iter;
+	struct builder_term *term, *const *termp;
+	struct dict_writer w;
+	char *key;
+
+	i_zero(&w);
+	w.dict = buffer_create_dynamic(default_pool, 4096);
+	w.posts = buffer_create_dynamic(default_pool, 4096);
+	w.sparse = buffer_create_dynamic(default_pool, 1024);
+	w.block = buffer_create_dynamic(default_pool, 1024);
+
+	i_array_init(&sorted, hash_table_count(builder->terms) + 1);
+	iter = hash_table_iterate_init(builder->terms);
+	while (hash_table_iterate(iter, builder->terms, &key, &term)) {
+		builder_term_normalize(term);
+		array_push_back(&sorted, &term);
+	}
+	hash_table_iterate_deinit(&iter);
+	array_sort(&sorted, term_ptr_cmp);
+	array_foreach(&sorted, termp) T_BEGIN {
+		dict_add_term(&w, *termp);
+	} T_END;
+	T_BEGIN {
+		dict_flush_block(&w);
+	} T_END;
+
+	footer[F_DICT_OFF] = output->used;
+	footer[F_DICT_LEN] = w.dict->used;
+	buffer_append_buf(output, w.dict, 0, SIZE_MAX);
+	footer[F_POST_OFF] = output->used;
+	footer[F_POST_LEN] = w.posts->used;
+	buffer_append_buf(output, w.posts, 0, SIZE_MAX);
+	footer[F_SPARSE_OFF] = output->used;
+	footer[F_SPARSE_LEN] = w.sparse->used;
+	footer[F_SPARSE_CRC] = cas_crc32c(w.sparse->data, w.sparse->used);
+	buffer_append_buf(output, w.sparse, 0, SIZE_MAX);
+	footer[F_NTERMS] = array_count(&sorted);
+	footer[F_NBLOCKS] = w.nblocks;
+
+	array_free(&sorted);
+	buffer_free(&w.dict);
+	buffer_free(&w.posts);
+	buffer_free(&w.sparse);
+	buffer_free(&w.block);
+}
+
+void casidx_builder_serialize(struct casidx_builder *builder,
+			      buffer_t *output)
+{
+	uint64_t footer[F_COUNT];
+	size_t footer_start;
+	unsigned int i;
+
+	i_zero(&footer);
+	builder_docs_normalize(builder);
+	buffer_append(output, SEG_MAGIC, 8);
+	put_u32(output, SEG_VERSION);
+	put_u32(output, CASIDX_FIELD_COUNT);
+	builder_serialize_docs(builder, output, footer);
+	builder_serialize_dict(builder, output, footer);
+
+	footer_start = output->used;
+	for (i = 0; i < F_COUNT; i++)
+		put_u64(output, footer[i]);
+	put_u32(output, cas_crc32c(CONST_PTR_OFFSET(output->data,
+						    footer_start),
+				   output->used - footer_start));
+	put_u32(output, 0);
+	buffer_append(output, SEG_END_MAGIC, 8);
+}
+
+int casidx_builder_write(struct casidx_builder *builder, const char *path,
+			 bool fsync_file, const char **error_r)
+{
+	buffer_t *output;
+	const char *tmp_path;
+	int fd, ret = 0;
+
+	tmp_path = t_strdup_printf("%s.tmp", path);
+	fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
+		return -1;
+	}
+	output = buffer_create_dynamic(default_pool, 1024*64);
+	casidx_builder_serialize(builder, output);
+	if (write_full(fd, output->data, output->used) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m", tmp_path);
+		ret = -1;
+	} else if (fsync_file && fdatasync(fd) < 0) {
+		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
+					   tmp_path);
+		ret = -1;
+	}
+	buffer_free(&output);
+	if (close(fd) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
+		ret = -1;
+	}
+	if (ret == 0 && rename(tmp_path, path) < 0) {
+		*error_r = t_strdup_printf("rename(%s, %s) failed: %m",
+					   tmp_path, path);
+		ret = -1;
+	}
+	if (ret < 0)
+		i_unlink_if_exists(tmp_path);
+	return ret;
+}
+
+/* ---- reader ---- */
+
+static int seg_corrupt(const char **error_r, const char *reason)
+{
+	*error_r = t_strdup_printf("corrupted segment: %s", reason);
+	return -1;
+}
+
+static bool seg_range_ok(const struct casidx_segment *seg,
+			 uint64_t off, uint64_t len)
+{
+	uint64_t limit = seg->size - SEG_FOOTER_SIZE;
+
+	return off >= SEG_HEADER_SIZE && off <= limit && len <= limit - off;
+}
+
+static int seg_parse_sparse(struct casidx_segment *seg, const char **error_r)
+{
+	const unsigned char *p = seg->data + seg->footer[F_SPARSE_OFF];
+	const unsigned char *end = p + seg->footer[F_SPARSE_LEN];
+	const struct sparse_entry *prev = NULL;
+	struct sparse_entry *e;
+	uint64_t n, key_len, prev_end = 0;
+
+	for (n = 0; n < seg->footer[F_NBLOCKS]; n++) {
+		e = array_append_space(&seg->sparse);
+		if (!get_varint(&p, end, &key_len) ||
+		    key_len > (size_t)(end - p) || key_len == 0)
+			return seg_corrupt(error_r, "sparse index key");
+		e->key = p;
+		e->key_len = key_len;
+		p += key_len;
+		if (!get_varint(&p, end, &e->offset) ||
+		    !get_varint(&p, end, &e->size))
+			return seg_corrupt(error_r, "sparse index offset");
+		if (e->offset != prev_end || e->size < 8 ||
+		    e->size > seg->footer[F_DICT_LEN] - e->offset)
+			return seg_corrupt(error_r, "sparse block range");
+		prev_end = e->offset + e->size;
+		if (prev != NULL) {
+			size_t min_len = I_MIN(prev->key_len, e->key_len);
+			int cmp = memcmp(prev->key, e->key, min_len);
+
+			if (cmp > 0 || (cmp == 0 &&
+					prev->key_len >= e->key_len))
+				return seg_corrupt(error_r,
+						   "sparse keys not sorted");
+		}
+		prev = array_back(&seg->sparse);
+	}
+	if (p != end || prev_end != seg->footer[F_DICT_LEN])
+		return seg_corrupt(error_r, "sparse index size");
+	return 0;
+}
+
+static int seg_parse(struct casidx_segment *seg, const char **error_r)
+{
+	const unsigned char *f;
+	unsigned int i;
+	size_t doc_bm_size;
+
+	if (seg->size < SEG_HEADER_SIZE + SEG_FOOTER_SIZE)
+		return seg_corrupt(error_r, "file too small");
+	if (memcmp(seg->data, SEG_MAGIC, 8) != 0)
+		return seg_corrupt(error_r, "bad magic");
+	if (get_u32(seg->data + 8) != SEG_VERSION ||
+	    get_u32(seg->data + 12) != CASIDX_FIELD_COUNT)
+		return seg_corrupt(error_r, "unsupported version");
+	f = seg->data + seg->size - SEG_FOOTER_SIZE;
+	if (memcmp(f + SEG_FOOTER_SIZE - 8, SEG_END_MAGIC, 8) != 0)
+		return seg_corrupt(error_r, "bad end magic");
+	if (cas_crc32c(f, F_COUNT * 8) != get_u32(f + F_COUNT * 8))
+		return seg_corrupt(error_r, "footer checksum mismatch");
+	if (get_u32(f + F_COUNT * 8 + 4) != 0)
+		return seg_corrupt(error_r, "footer padding");
+	for (i = 0; i < F_COUNT; i++)
+		seg->footer[i] = get_u64(f + i * 8);
+
+	if (!seg_range_ok(seg, seg->footer[F_DOCS_OFF],
+			  seg->footer[F_DOCS_LEN]) ||
+	    !seg_range_ok(seg, seg->footer[F_DOCLEN_OFF],
+			  seg->footer[F_DOCLEN_LEN]) ||
+	    !seg_range_ok(seg, seg->footer[F_SPARSE_OFF],
+			  seg->footer[F_SPARSE_LEN]) ||
+	    !seg_range_ok(seg, seg->footer[F_DICT_OFF],
+			  seg->footer[F_DICT_LEN]) ||
+	    !seg_range_ok(seg, seg->footer[F_POST_OFF],
+			  seg->footer[F_POST_LEN]))
+		return seg_corrupt(error_r, "section out of bounds");
+	if (seg->footer[F_NDOCS] > (uint32_t)-1 ||
+	    seg->footer[F_DOCLEN_LEN] !=
+	    seg->footer[F_NDOCS] * 4 * CASIDX_FIELD_COUNT)
+		return seg_corrupt(error_r, "doc length table size");
+	if (seg->footer[F_NBLOCKS] > seg->footer[F_DICT_LEN] / 8 ||
+	    seg->footer[F_NTERMS] > seg->footer[F_NBLOCKS] * SEG_BLOCK_TERMS)
+		return seg_corrupt(error_r, "block count");
+	if (cas_crc32c(seg->data + seg->footer[F_DOCS_OFF],
+		       seg->footer[F_DOCS_LEN]) != seg->footer[F_DOCS_CRC] ||
+	    cas_crc32c(seg->data + seg->footer[F_DOCLEN_OFF],
+		       seg->footer[F_DOCLEN_LEN]) != seg->footer[F_DOCLEN_CRC] ||
+	    cas_crc32c(seg->data + seg->footer[F_SPARSE_OFF],
+		       seg->footer[F_SPARSE_LEN]) != seg->footer[F_SPARSE_CRC])
+		return seg_corrupt(error_r, "section checksum mismatch");
+
+	/* only CRC-verified bytes reach the roaring decoder */
+	seg->docs = roaring_bitmap_portable_deserialize_safe(
+		(const char *)seg->data + seg->footer[F_DOCS_OFF],
+		seg->footer[F_DOCS_LEN]);
+	if (seg->docs == NULL)
+		return seg_corrupt(error_r, "doc bitmap");
+	doc_bm_size = roaring_bitmap_portable_size_in_bytes(seg->docs);
+	if (doc_bm_size != seg->footer[F_DOCS_LEN] ||
+	    roaring_bitmap_get_cardinality(seg->docs) != seg->footer[F_NDOCS])
+		return seg_corrupt(error_r, "doc bitmap size");
+	seg->doclens = seg->data + seg->footer[F_DOCLEN_OFF];
+	return seg_parse_sparse(seg, error_r);
+}
+
+static struct casidx_segment *seg_alloc(void)
+{
+	struct casidx_segment *seg = i_new(struct casidx_segment, 1);
+
+	seg->fd = -1;
+	i_array_init(&seg->sparse, 16);
+	return seg;
+}
+
+int casidx_segment_open_buf(const void *data, size_t size,
+			    struct casidx_segment **seg_r,
+			    const char **error_r)
+{
+	struct casidx_segment *seg = seg_alloc();
+
+	seg->data = data;
+	seg->size = size;
+	if (seg_parse(seg, error_r) < 0) {
+		casidx_segment_close(&seg);
+		return -1;
+	}
+	*seg_r = seg;
+	return 1;
+}
+
+int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
+			const char **error_r)
+{
+	struct casidx_segment *seg;
+	struct stat st;
+	int fd;
+
+	fd = open(path, O_RDONLY);
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	seg = seg_alloc();
+	seg->fd = fd;
+	if (st.st_size > 0) {
+		seg->mmap_size = st.st_size;
+		seg->mmap_base = mmap(NULL, seg->mmap_size, PROT_READ,
+				      MAP_SHARED, fd, 0);
+		if (seg->mmap_base == MAP_FAILED) {
+			seg->mmap_base = NULL;
+			*error_r = t_strdup_printf("mmap(%s) failed: %m",
+						   path);
+			casidx_segment_close(&seg);
+			return -1;
+		}
+		seg->data = seg->mmap_base;
+		seg->size = seg->mmap_size;
+	}
+	if (seg_parse(seg, error_r) < 0) {
+		*error_r = t_strdup_printf("%s: %s", path, *error_r);
+		casidx_segment_close(&seg);
+		return -1;
+	}
+	*seg_r = seg;
+	return 1;
+}
+
+void casidx_segment_close(struct casidx_segment **_seg)
+{
+	struct casidx_segment *seg = *_seg;
+
+	if (seg == NULL)
+		return;
+	*_seg = NULL;
+	if (seg->docs != NULL)
+		roaring_bitmap_free(seg->docs);
+	if (seg->mmap_base != NULL)
+		(void)munmap(seg->mmap_base, seg->mmap_size);
+	i_close_fd(&seg->fd);
+	array_free(&seg->sparse);
+	i_free(seg);
+}
+
+const roaring_bitmap_t *
+casidx_segment_get_docs(const struct casidx_segment *seg)
+{
+	return seg->docs;
+}
+
+uint32_t casidx_segment_doc_len(const struct casidx_segment *seg,
+				uint32_t uid, enum casidx_field field)
+{
+	uint64_t rank;
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	if (!roaring_bitmap_contains(seg->docs, uid))
+		return 0;
+	rank = roaring_bitmap_rank(seg->docs, uid) - 1;
+	return get_u32(seg->doclens + (rank * CASIDX_FIELD_COUNT + field) * 4);
+}
+
+uint64_t casidx_segment_field_total(const struct casidx_segment *seg,
+				    enum casidx_field field)
+{
+	i_assert(field < CASIDX_FIELD_COUNT);
+	return seg->footer[F_FIELD_TOTAL + field];
+}
+
+unsigned int casidx_segment_term_count(const struct casidx_segment *seg)
+{
+	return seg->footer[F_NTERMS];
+}
+
+static int key_cmp(const unsigned char *a, size_t a_len,
+		   const unsigned char *b, size_t b_len)
+{
+	int cmp = memcmp(a, b, I_MIN(a_len, b_len));
+
+	if (cmp != 0)
+		return cmp;
+	return a_len < b_len ? -1 : (a_len > b_len ? 1 : 0);
+}
+
+struct casidx_segment_iter *
+casidx_segment_iter_init(struct casidx_segment *seg,
+			 const unsigned char *prefix, size_t prefix_len)
+{
+	struct casidx_segment_iter *iter;
+	const struct sparse_entry *blocks;
+	unsigned int count, lo = 0, hi;
+
+	iter = i_new(struct casidx_segment_iter, 1);
+	iter->seg = seg;
+	iter->prefix = prefix;
+	iter->prefix_len = prefix_len;
+	iter->key = buffer_create_dynamic(default_pool, 128);
+	/* last block whose first key is <= prefix */
+	blocks = array_get(&seg->sparse, &count);
+	hi = count;
+	while (lo < hi) {
+		unsigned int mid = (lo + hi) / 2;
+
+		if (key_cmp(blocks[mid].key, blocks[mid].key_len,
+			    prefix, prefix_len) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	iter->block_idx = lo == 0 ? 0 : lo - 1;
+	return iter;
+}
+
+static int iter_fail(struct casidx_segment_iter *iter, const char *reason)
+{
+	iter->error = reason;
+	iter->finished = TRUE;
+	return -1;
+}
+
+static int iter_open_block(struct casidx_segment_iter *iter)
+{
+	struct casidx_segment *seg = iter->seg;
+	const struct sparse_entry *e;
+	const unsigned char *p;
+	uint64_t nterms;
+
+	if (iter->block_idx >= array_count(&seg->sparse))
+		return 0;
+	e = array_idx(&seg->sparse, iter->block_idx++);
+	p = seg->data + seg->footer[F_DICT_OFF] + e->offset;
+	if (get_u32(p + 4) != e->size - 8)
+		return iter_fail(iter, "block length");
+	if (cas_crc32c(p + 8, e->size - 8) != get_u32(p))
+		return iter_fail(iter, "dictionary block checksum mismatch");
+	iter->p = p + 8;
+	iter->end = p + e->size;
+	if (!get_varint(&iter->p, iter->end, &nterms) ||
+	    nterms == 0 || nterms > SEG_BLOCK_TERMS)
+		return iter_fail(iter, "block term count");
+	iter->block_terms_left = nterms;
+	buffer_set_used_size(iter->key, 0);
+	return 1;
+}
+
+static int iter_read_term(struct casidx_segment_iter *iter)
+{
+	struct casidx_term_entry *e = &iter->entry;
+	uint64_t shared, suffix, df, off, size;
+
+	if (!get_varint(&iter->p, iter->end, &shared) ||
+	    !get_varint(&iter->p, iter->end, &suffix) ||
+	    shared > iter->key->used || suffix > (size_t)(iter->end - iter->p))
+		return iter_fail(iter, "term key");
+	buffer_set_used_size(iter->key, shared);
+	buffer_append(iter->key, iter->p, suffix);
+	iter->p += suffix;
+	if (!get_varint(&iter->p, iter->end, &df) ||
+	    !get_varint(&iter->p, iter->end, &off) ||
+	    !get_varint(&iter->p, iter->end, &size))
+		return iter_fail(iter, "term entry");
+	if (iter->key->used == 0 || df == 0 || df > iter->seg->footer[F_NDOCS])
+		return iter_fail(iter, "term document frequency");
+	if (off > iter->seg->footer[F_POST_LEN] ||
+	    size > iter->seg->footer[F_POST_LEN] - off || size < 5)
+		return iter_fail(iter, "postings range");
+	if (--iter->block_terms_left == 0 && iter->p != iter->end)
+		return iter_fail(iter, "block trailing bytes");
+	e->key = iter->key->data;
+	e->key_len = iter->key->used;
+	e->df = df;
+	e->post_offset = off;
+	e->post_size = size;
+	return 1;
+}
+
+int casidx_segment_iter_next(struct casidx_segment_iter *iter,
+			     const struct casidx_term_entry **entry_r)
+{
+	int ret, cmp;
+
+	while (!iter->finished) {
+		if (iter->block_terms_left == 0) {
+			if ((ret = iter_open_block(iter)) <= 0) {
+				iter->finished = TRUE;
+				return ret;
+			}
+		}
+		if (iter_read_term(iter) < 0)
+			return -1;
+		if (iter->entry.key_len >= iter->prefix_len &&
+		    memcmp(iter->entry.key, iter->prefix,
+			   iter->prefix_len) == 0) {
+			*entry_r = &iter->entry;
+			return 1;
+		}
+		cmp = key_cmp(iter->entry.key, iter->entry.key_len,
+			      iter->prefix, iter->prefix_len);
+		if (cmp > 0) {
+			iter->finished = TRUE;
+			return 0;
+		}
+	}
+	return 0;
+}
+
+int casidx_segment_iter_deinit(struct casidx_segment_iter **_iter,
+			       const char **error_r)
+{
+	struct casidx_segment_iter *iter = *_iter;
+	int ret = 0;
+
+	*_iter = NULL;
+	if (iter->error != NULL) {
+		*error_r = t_strdup_printf("corrupted segment: %s",
+					   iter->error);
+		ret = -1;
+	}
+	buffer_free(&iter->key);
+	i_free(iter);
+	return ret;
+}
+
+int casidx_segment_read_postings(struct casidx_segment *seg,
+				 const struct casidx_term_entry *entry,
+				 roaring_bitmap_t **docs_r,
+				 ARRAY_TYPE(uint32_t) *tfs_r,
+				 const char **error_r)
+{
+	const unsigned char *start, *p, *end;
+	roaring_bitmap_t *bm;
+	uint64_t bm_size, n, tf;
+	uint32_t tf32;
+
+	start = seg->data + seg->footer[F_POST_OFF] + entry->post_offset;
+	end = start + entry->post_size;
+	if (cas_crc32c(start + 4, entry->post_size - 4) != get_u32(start))
+		return seg_corrupt(error_r, "postings checksum mismatch");
+	p = start + 4;
+	if (!get_varint(&p, end, &bm_size) || bm_size > (size_t)(end - p))
+		return seg_corrupt(error_r, "postings bitmap size");
+	bm = roaring_bitmap_portable_deserialize_safe((const char *)p,
+						      bm_size);
+	if (bm == NULL)
+		return seg_corrupt(error_r, "postings bitmap");
+	p += bm_size;
+	if (roaring_bitmap_portable_size_in_bytes(bm) != bm_size ||
+	    roaring_bitmap_get_cardinality(bm) != entry->df ||
+	    !get_varint(&p, end, &n) || n != entry->df) {
+		roaring_bitmap_free(bm);
+		return seg_corrupt(error_r, "postings count");
+	}
+	/* every doc of a term must be a doc of the segment */
+	if (!roaring_bitmap_is_subset(bm, seg->docs)) {
+		roaring_bitmap_free(bm);
+		return seg_corrupt(error_r, "postings outside segment docs");
+	}
+	array_clear(tfs_r);
+	for (; n > 0; n--) {
+		if (!get_varint(&p, end, &tf) || tf == 0 || tf > (uint32_t)-1) {
+			roaring_bitmap_free(bm);
+			return seg_corrupt(error_r, "term frequency");
+		}
+		tf32 = tf;
+		array_push_back(tfs_r, &tf32);
+	}
+	if (p != end) {
+		roaring_bitmap_free(bm);
+		return seg_corrupt(error_r, "postings trailing bytes");
+	}
+	*docs_r = bm;
+	return 1;
+}

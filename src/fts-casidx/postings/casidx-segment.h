@@ -1,0 +1,125 @@
+#ifndef CASIDX_SEGMENT_H
+#define CASIDX_SEGMENT_H
+
+/* casidx immutable segment: one file holding the postings of a batch of
+   messages (doc id = IMAP UID) of one mailbox. Layout (doc/casidx-format.md):
+
+     header   "CXSEG001" | u32 version | u32 field count
+     DOCS     roaring portable bitmap of every UID in the segment
+     DOCLEN   u32 LE per doc (bitmap order) per field: token counts
+     DICT     front-coded term blocks, each "u32 crc | u32 len | body"
+     POSTINGS per term "u32 crc | varint len | roaring | varint n | tf*n"
+     SPARSE   first key and offset of every DICT block
+     footer   u64 table (offsets, lengths, CRCs, counts) | u32 crc |
+              u32 0 | "CXSEGEND"
+
+   Every byte is covered by a CRC32C that is verified before anything is
+   parsed from it; roaring bitmaps are only deserialized from verified
+   bytes with roaring_bitmap_portable_deserialize_safe(). Terms are keys
+   "<field char><normalised term>", so each field is a contiguous range
+   of the sorted dictionary. */
+
+#include "array.h"
+#include <roaring/roaring.h>
+
+enum casidx_field {
+	CASIDX_FIELD_BODY = 0,
+	CASIDX_FIELD_FROM,
+	CASIDX_FIELD_TO,
+	CASIDX_FIELD_CC,
+	CASIDX_FIELD_BCC,
+	CASIDX_FIELD_SUBJECT,
+	CASIDX_FIELD_HEADER,	/* every other header */
+
+	CASIDX_FIELD_COUNT
+};
+/* First byte of a dictionary key. */
+#define CASIDX_FIELD_KEY_CHAR(field) ((char)('0' + (field)))
+/* Longest term accepted by the builder (longer terms are cut). */
+#define CASIDX_TERM_MAX_BYTES 255
+
+struct casidx_builder;
+struct casidx_segment;
+struct casidx_segment_iter;
+
+struct casidx_term_entry {
+	/* The full key (field char + term); valid until the next
+	   iter_next() call. */
+	const unsigned char *key;
+	size_t key_len;
+	uint32_t df;
+	uint64_t post_offset, post_size;
+};
+
+/* Builder: collects postings in memory. */
+struct casidx_builder *casidx_builder_create(void);
+void casidx_builder_destroy(struct casidx_builder **builder);
+/* Register a document. It becomes part of the segment's doc set even if
+   it never gets any terms. Terms of a document must be added while it is
+   the most recently added document. */
+void casidx_builder_add_doc(struct casidx_builder *builder, uint32_t uid);
+/* Add one occurrence of term to the current document's field. Terms with
+   NUL bytes are ignored, over-long terms are cut at a UTF-8 boundary. */
+void casidx_builder_add_term(struct casidx_builder *builder,
+			     enum casidx_field field,
+			     const void *term, size_t term_len);
+/* Merge support: add a whole posting (key = field char + term) and a
+   document with known field lengths. */
+void casidx_builder_add_posting(struct casidx_builder *builder,
+				const unsigned char *key, size_t key_len,
+				uint32_t uid, uint32_t tf);
+void casidx_builder_add_doc_lens(struct casidx_builder *builder, uint32_t uid,
+				 const uint32_t lens[CASIDX_FIELD_COUNT]);
+/* Approximate bytes of memory used by collected postings. */
+size_t casidx_builder_memory_used(const struct casidx_builder *builder);
+unsigned int casidx_builder_doc_count(const struct casidx_builder *builder);
+/* Highest UID added, 0 if none. */
+uint32_t casidx_builder_max_uid(const struct casidx_builder *builder);
+/* Serialize the segment into output. */
+void casidx_builder_serialize(struct casidx_builder *builder,
+			      buffer_t *output);
+/* Serialize and write to path via a temp file + fsync + rename.
+   The caller fsyncs the directory. */
+int casidx_builder_write(struct casidx_builder *builder, const char *path,
+			 bool fsync_file, const char **error_r);
+
+/* Open a segment file (mmap) or a memory buffer (must stay valid while
+   the segment is open). Header, footer, DOCS, DOCLEN and SPARSE are
+   verified here; DICT blocks and postings are verified when read.
+   Returns 0 if the file doesn't exist, 1 if ok, -1 on error/corruption. */
+int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
+			const char **error_r);
+int casidx_segment_open_buf(const void *data, size_t size,
+			    struct casidx_segment **seg_r,
+			    const char **error_r);
+void casidx_segment_close(struct casidx_segment **seg);
+
+const roaring_bitmap_t *
+casidx_segment_get_docs(const struct casidx_segment *seg);
+/* Token count of the document's field, 0 if the doc isn't here. */
+uint32_t casidx_segment_doc_len(const struct casidx_segment *seg,
+				uint32_t uid, enum casidx_field field);
+uint64_t casidx_segment_field_total(const struct casidx_segment *seg,
+				    enum casidx_field field);
+unsigned int casidx_segment_term_count(const struct casidx_segment *seg);
+
+/* Iterate terms whose key starts with prefix, in key order. */
+struct casidx_segment_iter *
+casidx_segment_iter_init(struct casidx_segment *seg,
+			 const unsigned char *prefix, size_t prefix_len);
+/* Returns 1 with an entry, 0 at end, -1 on corruption. */
+int casidx_segment_iter_next(struct casidx_segment_iter *iter,
+			     const struct casidx_term_entry **entry_r);
+/* Returns -1 (with error_r) if the iteration hit corruption. */
+int casidx_segment_iter_deinit(struct casidx_segment_iter **iter,
+			       const char **error_r);
+
+/* Read a term's postings: docs_r (caller frees with roaring_bitmap_free)
+   and tfs_r with one term frequency per doc in bitmap order. */
+int casidx_segment_read_postings(struct casidx_segment *seg,
+				 const struct casidx_term_entry *entry,
+				 roaring_bitmap_t **docs_r,
+				 ARRAY_TYPE(uint32_t) *tfs_r,
+				 const char **error_r);
+
+#endif

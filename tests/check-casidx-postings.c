@@ -1,0 +1,497 @@
+/* casidx postings: segment round trip, index commit/refresh, expunge,
+   merge, memory-bounded flushing, snapshot isolation, and corruption
+   (every byte flip and every truncation of a segment is rejected). */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "str.h"
+#include "unlink-directory.h"
+#include "casidx-segment.h"
+#include "casidx-index.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+static char *test_dir;
+
+static void add_words(struct casidx_builder *b, enum casidx_field field,
+		      const char *text)
+{
+	const char *const *w;
+
+	for (w = t_strsplit_spaces(text, " "); *w != NULL; w++)
+		casidx_builder_add_term(b, field, *w, strlen(*w));
+}
+
+static void build_sample(buffer_t *out)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	uint32_t uid;
+
+	for (uid = 1; uid <= 60; uid++) {
+		casidx_builder_add_doc(b, uid);
+		if (uid == 7)
+			continue; /* doc with no tokens */
+		add_words(b, CASIDX_FIELD_BODY, "hello world common");
+		if (uid % 2 == 0)
+			add_words(b, CASIDX_FIELD_BODY, "even even");
+		if (uid % 10 == 0)
+			add_words(b, CASIDX_FIELD_SUBJECT, "decade report");
+		add_words(b, CASIDX_FIELD_FROM,
+			  t_strdup_printf("user%u@example.com", uid));
+	}
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+}
+
+/* Opens, iterates every term and reads every posting. */
+static int read_all(const void *data, size_t size, unsigned int *terms_r)
+{
+	struct casidx_segment *seg;
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	ARRAY_TYPE(uint32_t) tfs;
+	roaring_bitmap_t *docs;
+	const char *error;
+	int ret = 0;
+
+	*terms_r = 0;
+	if (casidx_segment_open_buf(data, size, &seg, &error) < 0)
+		return -1;
+	t_array_init(&tfs, 16);
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	while (casidx_segment_iter_next(iter, &e) > 0) {
+		if (casidx_segment_read_postings(seg, e, &docs, &tfs,
+						 &error) < 0) {
+			ret = -1;
+			break;
+		}
+		roaring_bitmap_free(docs);
+		(*terms_r)++;
+	}
+	if (casidx_segment_iter_deinit(&iter, &error) < 0)
+		ret = -1;
+	casidx_segment_close(&seg);
+	return ret;
+}
+
+START_TEST(test_segment_roundtrip)
+{
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	struct casidx_segment *seg;
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	ARRAY_TYPE(uint32_t) tfs;
+	roaring_bitmap_t *docs;
+	const char *error;
+	unsigned int terms;
+
+	build_sample(out);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(
+		casidx_segment_get_docs(seg)), 60);
+	ck_assert_uint_eq(casidx_segment_doc_len(seg, 2, CASIDX_FIELD_BODY),
+			  5);
+	ck_assert_uint_eq(casidx_segment_doc_len(seg, 3, CASIDX_FIELD_BODY),
+			  3);
+	ck_assert_uint_eq(casidx_segment_doc_len(seg, 7, CASIDX_FIELD_BODY),
+			  0);
+	ck_assert_uint_eq(casidx_segment_doc_len(seg, 99, CASIDX_FIELD_BODY),
+			  0);
+	/* 59 docs * 3 + 30 * 2 */
+	ck_assert_uint_eq(casidx_segment_field_total(seg, CASIDX_FIELD_BODY),
+			  59 * 3 + 30 * 2);
+	/* 4 body terms + 2 subject + 59 from */
+	ck_assert_uint_eq(casidx_segment_term_count(seg), 4 + 2 + 59);
+
+	/* exact lookup of "0even" */
+	t_array_init(&tfs, 16);
+	iter = casidx_segment_iter_init(seg, (const void *)"0even", 5);
+	ck_assert_int_eq(casidx_segment_iter_next(iter, &e), 1);
+	ck_assert_uint_eq(e->key_len, 5);
+	ck_assert_int_eq(memcmp(e->key, "0even", 5), 0);
+	ck_assert_uint_eq(e->df, 30);
+	ck_assert_int_eq(casidx_segment_read_postings(seg, e, &docs, &tfs,
+						      &error), 1);
+	ck_assert(roaring_bitmap_contains(docs, 2));
+	ck_assert(!roaring_bitmap_contains(docs, 3));
+	ck_assert_uint_eq(array_count(&tfs), 30);
+	ck_assert_uint_eq(*array_idx(&tfs, 0), 2);
+	roaring_bitmap_free(docs);
+	ck_assert_int_eq(casidx_segment_iter_next(iter, &e), 0);
+	ck_assert_int_eq(casidx_segment_iter_deinit(&iter, &error), 0);
+
+	/* a prefix range: all "2user..." from terms */
+	terms = 0;
+	iter = casidx_segment_iter_init(seg, (const void *)"1user1", 6);
+	while (casidx_segment_iter_next(iter, &e) > 0)
+		terms++;
+	ck_assert_int_eq(casidx_segment_iter_deinit(&iter, &error), 0);
+	ck_assert_uint_eq(terms, 11); /* user1, user10..user19 */
+	casidx_segment_close(&seg);
+
+	ck_assert_int_eq(read_all(out->data, out->used, &terms), 0);
+	ck_assert_uint_eq(terms, 65);
+	buffer_free(&out);
+}
+END_TEST
+
+START_TEST(test_segment_deterministic)
+{
+	buffer_t *a = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *b = buffer_create_dynamic(default_pool, 4096);
+
+	build_sample(a);
+	build_sample(b);
+	ck_assert(buffer_cmp(a, b));
+	buffer_free(&a);
+	buffer_free(&b);
+}
+END_TEST
+
+START_TEST(test_segment_every_byte_flip_rejected)
+{
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	unsigned char *copy;
+	unsigned int terms, rejected = 0;
+	size_t i;
+
+	build_sample(out);
+	copy = i_malloc(out->used);
+	for (i = 0; i < out->used; i++) {
+		memcpy(copy, out->data, out->used);
+		copy[i] ^= 0x5a;
+		if (read_all(copy, out->used, &terms) < 0)
+			rejected++;
+	}
+	ck_assert_uint_eq(rejected, out->used);
+	for (i = 0; i < out->used; i++) {
+		ck_assert_int_lt(read_all(out->data, i, &terms), 0);
+	}
+	i_free(copy);
+	buffer_free(&out);
+}
+END_TEST
+
+START_TEST(test_builder_long_and_nul_terms)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+	struct casidx_segment *seg;
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	char longterm[400];
+	const char *error;
+
+	memset(longterm, 'x', sizeof(longterm));
+	/* "é" straddles the cut point: must not be split */
+	memcpy(longterm + CASIDX_TERM_MAX_BYTES - 1, "\xc3\xa9", 2);
+	casidx_builder_add_doc(b, 5);
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, longterm,
+				sizeof(longterm));
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "a\0b", 3);
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	ck_assert_uint_eq(casidx_segment_term_count(seg), 1);
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	ck_assert_int_eq(casidx_segment_iter_next(iter, &e), 1);
+	ck_assert_uint_eq(e->key_len, 1 + CASIDX_TERM_MAX_BYTES - 1);
+	ck_assert_int_eq(casidx_segment_iter_deinit(&iter, &error), 0);
+	casidx_segment_close(&seg);
+	buffer_free(&out);
+}
+END_TEST
+
+struct collect_ctx {
+	roaring_bitmap_t *docs;
+	unsigned int terms;
+};
+
+static void collect_cb(struct casidx_segment *seg ATTR_UNUSED,
+		       const unsigned char *term ATTR_UNUSED,
+		       size_t term_len ATTR_UNUSED,
+		       const roaring_bitmap_t *docs,
+		       const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	struct collect_ctx *ctx = context;
+
+	roaring_bitmap_or_inplace(ctx->docs, docs);
+	ctx->terms++;
+}
+
+/* Docs matching token, minus expunged; count of matched terms. */
+static uint64_t scan_count(struct casidx_index *index,
+			   enum casidx_field field, const char *token,
+			   enum casidx_match match, unsigned int *terms_r)
+{
+	struct collect_ctx ctx;
+	const char *error;
+	uint64_t n;
+
+	ctx.docs = roaring_bitmap_create();
+	ctx.terms = 0;
+	ck_assert_int_ge(casidx_index_scan(index, field, token, strlen(token),
+					   match, collect_cb, &ctx, &error),
+			 0);
+	roaring_bitmap_andnot_inplace(ctx.docs,
+				      casidx_index_get_expunged(index));
+	n = roaring_bitmap_get_cardinality(ctx.docs);
+	roaring_bitmap_free(ctx.docs);
+	if (terms_r != NULL)
+		*terms_r = ctx.terms;
+	return n;
+}
+
+static void index_docs(struct casidx_index *index, uint32_t first,
+		       uint32_t last)
+{
+	struct casidx_index_writer *w = casidx_index_writer_begin(index);
+	const char *error;
+	uint32_t uid;
+
+	for (uid = first; uid <= last; uid++) {
+		casidx_index_writer_add_doc(w, uid);
+		if (uid % 5 != 0) {
+			casidx_index_writer_add_term(w, CASIDX_FIELD_BODY,
+						     "shared", 6);
+			casidx_index_writer_add_term(w, CASIDX_FIELD_BODY,
+				t_strdup_printf("word%u", uid),
+				strlen(t_strdup_printf("word%u", uid)));
+		}
+		ck_assert_int_eq(casidx_index_writer_doc_done(w, &error), 0);
+	}
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+}
+
+static const struct casidx_index_settings test_set = {
+	.no_fsync = TRUE,
+	.merge_threshold = 100,
+};
+
+static void setup(void)
+{
+	char tmpl[] = "/tmp/check-casidx-XXXXXX";
+
+	ck_assert_ptr_ne(mkdtemp(tmpl), NULL);
+	test_dir = i_strdup(tmpl);
+}
+
+static void teardown(void)
+{
+	const char *error;
+
+	(void)unlink_directory(test_dir, UNLINK_DIRECTORY_FLAG_RMDIR, &error);
+	i_free_and_null(test_dir);
+}
+
+START_TEST(test_index_commit_refresh)
+{
+	struct casidx_index *w_index, *r_index;
+	roaring_bitmap_t *all;
+	const char *error;
+	unsigned int terms;
+
+	w_index = casidx_index_init(test_dir, &test_set);
+	r_index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(r_index, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_last_uid(r_index), 0);
+
+	index_docs(w_index, 1, 20);
+	/* reader doesn't see it before refresh */
+	ck_assert_uint_eq(casidx_index_get_last_uid(r_index), 0);
+	ck_assert_int_eq(casidx_index_refresh(r_index, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_last_uid(r_index), 20);
+	all = casidx_index_get_universe(r_index);
+	/* docs without tokens (5, 10, ...) are in the universe */
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 20);
+	ck_assert(roaring_bitmap_contains(all, 5));
+	roaring_bitmap_free(all);
+
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 16);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "share",
+				     CASIDX_MATCH_EXACT, NULL), 0);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "word1",
+				     CASIDX_MATCH_PREFIX, &terms), 9);
+	/* word1, word11..word19 minus the token-less 10 and 15 */
+	ck_assert_uint_eq(terms, 9);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "ord1",
+				     CASIDX_MATCH_SUBSTRING, NULL), 9);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "hare",
+				     CASIDX_MATCH_SUBSTRING, NULL), 16);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_SUBJECT, "shared",
+				     CASIDX_MATCH_SUBSTRING, NULL), 0);
+
+	index_docs(w_index, 21, 30);
+	ck_assert_int_eq(casidx_index_refresh(r_index, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_last_uid(r_index), 30);
+	ck_assert_uint_eq(casidx_index_get_segment_count(r_index), 2);
+	ck_assert_uint_eq(scan_count(r_index, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 24);
+	casidx_index_deinit(&w_index);
+	casidx_index_deinit(&r_index);
+}
+END_TEST
+
+START_TEST(test_index_expunge_and_optimize)
+{
+	struct casidx_index *index, *reader;
+	struct casidx_index_writer *w;
+	roaring_bitmap_t *all;
+	const char *error;
+
+	index = casidx_index_init(test_dir, &test_set);
+	index_docs(index, 1, 10);
+	index_docs(index, 11, 20);
+	w = casidx_index_writer_begin(index);
+	casidx_index_writer_expunge(w, 1);
+	casidx_index_writer_expunge(w, 12);
+	casidx_index_writer_expunge(w, 25); /* not indexed yet */
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	all = casidx_index_get_universe(index);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 18);
+	ck_assert(!roaring_bitmap_contains(all, 12));
+	roaring_bitmap_free(all);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "word12",
+				     CASIDX_MATCH_EXACT, NULL), 0);
+
+	/* a reader on the old snapshot keeps working while optimize
+	   deletes the files it has open */
+	reader = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	ck_assert_uint_eq(casidx_index_get_segment_count(reader), 2);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 14);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_segment_count(reader), 1);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 14);
+	/* merged: 1 and 12 are physically gone, 25 stays pending */
+	ck_assert(!roaring_bitmap_contains(casidx_index_get_expunged(reader),
+					   12));
+	ck_assert(roaring_bitmap_contains(casidx_index_get_expunged(reader),
+					  25));
+	all = casidx_index_get_universe(reader);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 18);
+	roaring_bitmap_free(all);
+	ck_assert_uint_eq(casidx_index_get_doc_len(reader, 2,
+						   CASIDX_FIELD_BODY), 2);
+	casidx_index_deinit(&reader);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
+START_TEST(test_index_auto_merge_and_budget)
+{
+	struct casidx_index_settings set = test_set;
+	struct casidx_index *index;
+	struct casidx_index_writer *w;
+	const char *error;
+	uint32_t uid;
+
+	set.merge_threshold = 3;
+	set.memory_budget = 2048;
+	index = casidx_index_init(test_dir, &set);
+	w = casidx_index_writer_begin(index);
+	for (uid = 1; uid <= 200; uid++) {
+		casidx_index_writer_add_doc(w, uid);
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY,
+			t_strdup_printf("uniq%u", uid),
+			strlen(t_strdup_printf("uniq%u", uid)));
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, "all", 3);
+		ck_assert_int_eq(casidx_index_writer_doc_done(w, &error), 0);
+	}
+	ck_assert_uint_gt(casidx_index_writer_get_flushes(w), 3);
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	ck_assert_uint_le(casidx_index_get_segment_count(index), 3);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 200);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "all",
+				     CASIDX_MATCH_EXACT, NULL), 200);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "uniq1",
+				     CASIDX_MATCH_PREFIX, NULL), 111);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
+static void flip_file_byte(const char *path, off_t offset)
+{
+	unsigned char c;
+	int fd = open(path, O_RDWR);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &c, 1, offset), 1);
+	c ^= 0x01;
+	ck_assert_int_eq(pwrite(fd, &c, 1, offset), 1);
+	i_close_fd(&fd);
+}
+
+START_TEST(test_index_corruption_rejected)
+{
+	struct casidx_index *index;
+	const char *error = NULL;
+
+	index = casidx_index_init(test_dir, &test_set);
+	index_docs(index, 1, 10);
+	casidx_index_deinit(&index);
+
+	/* a flipped bit in a segment's doc bitmap */
+	flip_file_byte(t_strdup_printf("%s/seg-00000001.cxs", test_dir), 20);
+	index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
+	ck_assert_ptr_ne(strstr(error, "checksum"), NULL);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
+	flip_file_byte(t_strdup_printf("%s/seg-00000001.cxs", test_dir), 20);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+
+	/* a flipped bit in the manifest */
+	flip_file_byte(t_strdup_printf("%s/manifest", test_dir), 17);
+	casidx_index_deinit(&index);
+	index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
+	ck_assert_ptr_ne(strstr(error, "manifest"), NULL);
+
+	/* delete = fresh start */
+	ck_assert_int_eq(casidx_index_delete(index, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 0);
+	index_docs(index, 1, 3);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 3);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("casidx-postings");
+	TCase *tc = tcase_create("segment");
+	TCase *tci = tcase_create("index");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	tcase_add_test(tc, test_segment_roundtrip);
+	tcase_add_test(tc, test_segment_deterministic);
+	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
+	tcase_add_test(tc, test_builder_long_and_nul_terms);
+	suite_add_tcase(s, tc);
+	tcase_add_checked_fixture(tci, setup, teardown);
+	tcase_add_test(tci, test_index_commit_refresh);
+	tcase_add_test(tci, test_index_expunge_and_optimize);
+	tcase_add_test(tci, test_index_auto_merge_and_budget);
+	tcase_add_test(tci, test_index_corruption_rejected);
+	suite_add_tcase(s, tci);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
