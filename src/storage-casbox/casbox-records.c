@@ -1,0 +1,303 @@
+/* casbox: LSM key/value encoding (see casbox-records.h). */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "byteorder.h"
+#include "casbox-records.h"
+
+/* Bounds-checked reader over untrusted bytes. */
+struct rec_reader {
+	const unsigned char *p, *end;
+	const char *error;
+};
+
+static bool rd_need(struct rec_reader *rd, size_t n, const char *what)
+{
+	if (rd->error != NULL)
+		return FALSE;
+	if ((size_t)(rd->end - rd->p) < n) {
+		rd->error = t_strdup_printf("truncated at %s", what);
+		return FALSE;
+	}
+	return TRUE;
+}
+
+static uint8_t rd_u8(struct rec_reader *rd, const char *what)
+{
+	if (!rd_need(rd, 1, what))
+		return 0;
+	return *rd->p++;
+}
+
+static uint16_t rd_u16(struct rec_reader *rd, const char *what)
+{
+	uint16_t v;
+
+	if (!rd_need(rd, 2, what))
+		return 0;
+	v = be16_to_cpu_unaligned(rd->p);
+	rd->p += 2;
+	return v;
+}
+
+static uint32_t rd_u32(struct rec_reader *rd, const char *what)
+{
+	uint32_t v;
+
+	if (!rd_need(rd, 4, what))
+		return 0;
+	v = be32_to_cpu_unaligned(rd->p);
+	rd->p += 4;
+	return v;
+}
+
+static uint64_t rd_u64(struct rec_reader *rd, const char *what)
+{
+	uint64_t v;
+
+	if (!rd_need(rd, 8, what))
+		return 0;
+	v = be64_to_cpu_unaligned(rd->p);
+	rd->p += 8;
+	return v;
+}
+
+static const char *
+rd_str16(struct rec_reader *rd, pool_t pool, const char *what)
+{
+	uint16_t len = rd_u16(rd, what);
+	const char *str;
+
+	if (!rd_need(rd, len, what))
+		return NULL;
+	if (memchr(rd->p, '\0', len) != NULL) {
+		rd->error = t_strdup_printf("NUL in %s", what);
+		return NULL;
+	}
+	str = p_strndup(pool, rd->p, len);
+	rd->p += len;
+	return str;
+}
+
+static void wr_u16(buffer_t *dest, uint16_t v)
+{
+	uint8_t b[2];
+
+	cpu16_to_be_unaligned(v, b);
+	buffer_append(dest, b, sizeof(b));
+}
+
+static void wr_u32(buffer_t *dest, uint32_t v)
+{
+	uint8_t b[4];
+
+	cpu32_to_be_unaligned(v, b);
+	buffer_append(dest, b, sizeof(b));
+}
+
+static void wr_u64(buffer_t *dest, uint64_t v)
+{
+	uint8_t b[8];
+
+	cpu64_to_be_unaligned(v, b);
+	buffer_append(dest, b, sizeof(b));
+}
+
+static void wr_str16(buffer_t *dest, const char *str)
+{
+	size_t len = strlen(str);
+
+	/* GUIDs, keywords and mailbox names are far below 64 KiB; Dovecot
+	   limits them long before this */
+	i_assert(len <= UINT16_MAX);
+	wr_u16(dest, len);
+	buffer_append(dest, str, len);
+}
+
+void casbox_key_mailbox(buffer_t *key, const guid_128_t mailbox_guid)
+{
+	buffer_append_c(key, CASBOX_KEY_MAILBOX);
+	buffer_append(key, mailbox_guid, GUID_128_SIZE);
+}
+
+void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,
+			uint32_t uid)
+{
+	buffer_append_c(key, CASBOX_KEY_MESSAGE);
+	buffer_append(key, mailbox_guid, GUID_128_SIZE);
+	wr_u32(key, uid);
+}
+
+void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id)
+{
+	buffer_append_c(key, CASBOX_KEY_BLOB);
+	buffer_append(key, id->id, sizeof(id->id));
+}
+
+int casbox_key_message_parse(const unsigned char *key, size_t key_size,
+			     guid_128_t mailbox_guid_r, uint32_t *uid_r)
+{
+	if (key_size != 1 + GUID_128_SIZE + 4 ||
+	    key[0] != CASBOX_KEY_MESSAGE)
+		return -1;
+	memcpy(mailbox_guid_r, key + 1, GUID_128_SIZE);
+	*uid_r = be32_to_cpu_unaligned(key + 1 + GUID_128_SIZE);
+	return 1;
+}
+
+void casbox_msg_record_init(pool_t pool, struct casbox_msg_record *rec_r)
+{
+	i_zero(rec_r);
+	rec_r->guid = "";
+	p_array_init(&rec_r->keywords, pool, 4);
+	p_array_init(&rec_r->parts, pool, 4);
+}
+
+void casbox_msg_record_export(const struct casbox_msg_record *rec,
+			      buffer_t *dest)
+{
+	const struct casbox_msg_part *part;
+	const char *kw;
+
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	wr_u32(dest, rec->flags);
+	wr_u64(dest, (uint64_t)rec->received_date);
+	wr_u64(dest, (uint64_t)rec->save_date);
+	wr_u64(dest, rec->physical_size);
+	wr_u64(dest, rec->virtual_size);
+	wr_u64(dest, rec->modseq);
+	wr_str16(dest, rec->guid);
+	i_assert(array_count(&rec->keywords) <= UINT16_MAX);
+	wr_u16(dest, array_count(&rec->keywords));
+	array_foreach_elem(&rec->keywords, kw)
+		wr_str16(dest, kw);
+	wr_u32(dest, array_count(&rec->parts));
+	array_foreach(&rec->parts, part) {
+		buffer_append(dest, part->id.id, sizeof(part->id.id));
+		wr_u64(dest, part->size);
+	}
+}
+
+static void
+casbox_msg_record_read_parts(struct rec_reader *rd,
+			     struct casbox_msg_record *rec)
+{
+	struct casbox_msg_part *part;
+	uoff_t total = 0;
+	uint32_t i, count;
+
+	count = rd_u32(rd, "part count");
+	/* each part needs 40 bytes: reject absurd counts before
+	   allocating */
+	if (rd->error == NULL && count > (size_t)(rd->end - rd->p) / 40) {
+		rd->error = "part count larger than the record";
+		return;
+	}
+	for (i = 0; i < count && rd->error == NULL; i++) {
+		if (!rd_need(rd, CAS_BLOB_ID_SIZE, "part id"))
+			return;
+		part = array_append_space(&rec->parts);
+		memcpy(part->id.id, rd->p, CAS_BLOB_ID_SIZE);
+		rd->p += CAS_BLOB_ID_SIZE;
+		part->size = rd_u64(rd, "part size");
+		total += part->size;
+	}
+	if (rd->error == NULL && total != rec->physical_size)
+		rd->error = "parts do not add up to the physical size";
+}
+
+int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
+			     struct casbox_msg_record *rec_r,
+			     const char **error_r)
+{
+	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	unsigned int i, kw_count;
+	const char *kw;
+	uint8_t version;
+
+	casbox_msg_record_init(pool, rec_r);
+	version = rd_u8(&rd, "version");
+	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
+		rd.error = t_strdup_printf("unknown version %u", version);
+	rec_r->flags = rd_u32(&rd, "flags");
+	rec_r->received_date = (time_t)rd_u64(&rd, "received date");
+	rec_r->save_date = (time_t)rd_u64(&rd, "save date");
+	rec_r->physical_size = rd_u64(&rd, "physical size");
+	rec_r->virtual_size = rd_u64(&rd, "virtual size");
+	rec_r->modseq = rd_u64(&rd, "modseq");
+	rec_r->guid = rd_str16(&rd, pool, "guid");
+	kw_count = rd_u16(&rd, "keyword count");
+	for (i = 0; i < kw_count && rd.error == NULL; i++) {
+		kw = rd_str16(&rd, pool, "keyword");
+		if (kw != NULL)
+			array_push_back(&rec_r->keywords, &kw);
+	}
+	casbox_msg_record_read_parts(&rd, rec_r);
+	/* newer minor versions may append fields: ignore the rest */
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("message record: ", rd.error, NULL);
+		return -1;
+	}
+	return 1;
+}
+
+void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
+				  buffer_t *dest)
+{
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	wr_u32(dest, rec->uid_validity);
+	wr_str16(dest, rec->name);
+}
+
+int casbox_mailbox_record_import(const void *data, size_t size,
+				 pool_t pool,
+				 struct casbox_mailbox_record *rec_r,
+				 const char **error_r)
+{
+	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	uint8_t version;
+
+	i_zero(rec_r);
+	version = rd_u8(&rd, "version");
+	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
+		rd.error = t_strdup_printf("unknown version %u", version);
+	rec_r->uid_validity = rd_u32(&rd, "uid validity");
+	rec_r->name = rd_str16(&rd, pool, "name");
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("mailbox record: ", rd.error, NULL);
+		return -1;
+	}
+	return 1;
+}
+
+void casbox_blob_value_export(const struct casbox_blob_value *value,
+			      buffer_t *dest)
+{
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	wr_u32(dest, value->refcount);
+	buffer_append(dest, value->pack_record, value->pack_record_size);
+}
+
+int casbox_blob_value_import(const void *data, size_t size,
+			     struct casbox_blob_value *value_r,
+			     const char **error_r)
+{
+	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	uint8_t version;
+
+	i_zero(value_r);
+	version = rd_u8(&rd, "version");
+	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
+		rd.error = t_strdup_printf("unknown version %u", version);
+	value_r->refcount = rd_u32(&rd, "refcount");
+	if (rd.error == NULL && value_r->refcount == 0)
+		rd.error = "zero refcount";
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("blob record: ", rd.error, NULL);
+		return -1;
+	}
+	value_r->pack_record = rd.p;
+	value_r->pack_record_size = rd.end - rd.p;
+	return 1;
+}

@@ -1,0 +1,91 @@
+#ifndef CASBOX_RECORDS_H
+#define CASBOX_RECORDS_H
+
+/* LSM key/value layout of casbox (doc/casbox-storage.md, "Records").
+
+   key                                   value
+   'K'                                   key record: u8 version, u32 key id
+   'M' | mailbox guid (16)               mailbox record
+   'm' | mailbox guid (16) | uid (u32)   message record
+   'b' | blob id (32)                    blob record: refcount + pack export
+
+   All integers are big-endian, so message records of one mailbox
+   iterate in UID order. Decoders treat the bytes as untrusted and
+   fail with a reason instead of reading out of bounds. */
+
+#include "guid.h"
+#include "cas-key.h"
+
+#define CASBOX_KEY_KEYRING 'K'
+#define CASBOX_KEY_MAILBOX 'M'
+#define CASBOX_KEY_MESSAGE 'm'
+#define CASBOX_KEY_BLOB 'b'
+
+#define CASBOX_RECORD_VERSION 1
+
+struct casbox_msg_part {
+	struct cas_blob_id id;
+	uoff_t size;
+};
+ARRAY_DEFINE_TYPE(casbox_msg_part, struct casbox_msg_part);
+
+struct casbox_msg_record {
+	/* the message GUID string exactly as saved (dsync may give
+	   non-128bit GUIDs) */
+	const char *guid;
+	time_t received_date;
+	time_t save_date;
+	uoff_t physical_size;
+	uoff_t virtual_size;
+	/* durable mirror of the index state */
+	uint32_t flags;
+	uint64_t modseq;
+	ARRAY_TYPE(const_string) keywords;
+	/* concatenated in order, these are the exact message bytes */
+	ARRAY_TYPE(casbox_msg_part) parts;
+};
+
+struct casbox_mailbox_record {
+	uint32_t uid_validity;
+	const char *name;
+};
+
+struct casbox_blob_value {
+	uint32_t refcount;
+	/* casbox_blob_record_export() bytes, opaque here */
+	const unsigned char *pack_record;
+	size_t pack_record_size;
+};
+
+void casbox_key_mailbox(buffer_t *key, const guid_128_t mailbox_guid);
+void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,
+			uint32_t uid);
+void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id);
+/* Parse the UID out of a message key. Returns 1 ok, -1 not one. */
+int casbox_key_message_parse(const unsigned char *key, size_t key_size,
+			     guid_128_t mailbox_guid_r, uint32_t *uid_r);
+
+void casbox_msg_record_init(pool_t pool, struct casbox_msg_record *rec_r);
+void casbox_msg_record_export(const struct casbox_msg_record *rec,
+			      buffer_t *dest);
+/* Strings and arrays are allocated from pool. Returns 1 ok,
+   -1 malformed (error_r says why). */
+int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
+			     struct casbox_msg_record *rec_r,
+			     const char **error_r);
+
+void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
+				  buffer_t *dest);
+int casbox_mailbox_record_import(const void *data, size_t size,
+				 pool_t pool,
+				 struct casbox_mailbox_record *rec_r,
+				 const char **error_r);
+
+void casbox_blob_value_export(const struct casbox_blob_value *value,
+			      buffer_t *dest);
+/* value_r->pack_record points into data. */
+int casbox_blob_value_import(const void *data, size_t size,
+			     struct casbox_blob_value *value_r,
+			     const char **error_r);
+
+#endif

@@ -1,0 +1,34 @@
+#ifndef CASBOX_SETTINGS_H
+#define CASBOX_SETTINGS_H
+
+/* casbox plugin {} settings; see doc/settings.md. */
+
+struct mail_user;
+
+#define CASBOX_DEFAULT_PART_SPLIT_SIZE (64 * 1024)
+#define CASBOX_DEFAULT_PACK_SIZE (64 * 1024 * 1024)
+#define CASBOX_DEFAULT_ZSTD_LEVEL 3
+#define CASBOX_DEFAULT_GC_DEAD_RATIO 30
+
+struct casbox_settings {
+	/* Path of the user's key file (%-variables already expanded by
+	   Dovecot, ~/ expanded here). NULL when unset. */
+	const char *key_file;
+	/* Create the key file if it is missing and the store is empty. */
+	bool key_autocreate;
+	int zstd_level;
+	/* MIME leaf bodies at least this large become their own blob. */
+	uoff_t part_split_size;
+	/* Packs rotate past this size. */
+	uoff_t pack_size;
+	/* gc rewrites a pack when this percentage of it is dead. */
+	unsigned int gc_dead_ratio;
+};
+
+/* Fill set_r from the user's plugin settings (defaults for missing
+   ones). Returns 0 ok, -1 invalid value (error_r names the setting). */
+int casbox_settings_read(struct mail_user *user, pool_t pool,
+			 struct casbox_settings *set_r,
+			 const char **error_r);
+
+#endif

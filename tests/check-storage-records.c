@@ -1,0 +1,203 @@
+/* casbox LSM records: round trips, key order, and every truncation or
+   inconsistency of untrusted bytes is rejected with a reason. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "casbox-records.h"
+
+#include <check.h>
+#include <stdlib.h>
+
+static void fill_record(pool_t pool, struct casbox_msg_record *rec)
+{
+	struct casbox_msg_part *part;
+	const char *kw;
+	unsigned int i;
+
+	casbox_msg_record_init(pool, rec);
+	rec->guid = "1700000000.M1P1.host,S=49";
+	rec->received_date = 1700000000;
+	rec->save_date = 1700000123;
+	rec->flags = 0x0b;
+	rec->modseq = 77;
+	rec->virtual_size = 310;
+	for (i = 0; i < 3; i++) {
+		part = array_append_space(&rec->parts);
+		memset(part->id.id, 'a' + i, sizeof(part->id.id));
+		part->size = 100 * (i + 1);
+		rec->physical_size += part->size;
+	}
+	kw = "$Label1";
+	array_push_back(&rec->keywords, &kw);
+	kw = "Junk";
+	array_push_back(&rec->keywords, &kw);
+}
+
+START_TEST(test_msg_roundtrip)
+{
+	pool_t pool = pool_alloconly_create("test", 1024);
+	struct casbox_msg_record rec, rec2;
+	const struct casbox_msg_part *p1, *p2;
+	buffer_t *buf = buffer_create_dynamic(pool, 256);
+	const char *error = NULL;
+	unsigned int i;
+
+	fill_record(pool, &rec);
+	casbox_msg_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, buf->used, pool,
+						  &rec2, &error), 1);
+	ck_assert_str_eq(rec2.guid, rec.guid);
+	ck_assert_int_eq(rec2.received_date, rec.received_date);
+	ck_assert_int_eq(rec2.save_date, rec.save_date);
+	ck_assert_uint_eq(rec2.flags, rec.flags);
+	ck_assert_uint_eq(rec2.modseq, rec.modseq);
+	ck_assert_uint_eq(rec2.physical_size, 600);
+	ck_assert_uint_eq(rec2.virtual_size, 310);
+	ck_assert_uint_eq(array_count(&rec2.keywords), 2);
+	ck_assert_str_eq(array_idx_elem(&rec2.keywords, 1), "Junk");
+	ck_assert_uint_eq(array_count(&rec2.parts), 3);
+	for (i = 0; i < 3; i++) {
+		p1 = array_idx(&rec.parts, i);
+		p2 = array_idx(&rec2.parts, i);
+		ck_assert(memcmp(p1->id.id, p2->id.id, CAS_BLOB_ID_SIZE) == 0);
+		ck_assert_uint_eq(p1->size, p2->size);
+	}
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_msg_truncations_fail)
+{
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_msg_record rec, rec2;
+	buffer_t *buf = buffer_create_dynamic(pool, 256);
+	const char *error;
+	size_t len;
+
+	fill_record(pool, &rec);
+	casbox_msg_record_export(&rec, buf);
+	for (len = 0; len < buf->used; len++) {
+		error = NULL;
+		ck_assert_int_eq(casbox_msg_record_import(buf->data, len, pool,
+							  &rec2, &error), -1);
+		ck_assert_ptr_nonnull(error);
+	}
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_msg_inconsistent_fail)
+{
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_msg_record rec, rec2;
+	buffer_t *buf = buffer_create_dynamic(pool, 256);
+	unsigned char *data;
+	const char *error = NULL;
+
+	fill_record(pool, &rec);
+	/* parts must add up to the physical size */
+	rec.physical_size++;
+	casbox_msg_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, buf->used, pool,
+						  &rec2, &error), -1);
+	ck_assert(strstr(error, "physical size") != NULL);
+
+	/* unknown version */
+	rec.physical_size--;
+	buffer_set_used_size(buf, 0);
+	casbox_msg_record_export(&rec, buf);
+	data = buffer_get_modifiable_data(buf, NULL);
+	data[0] = 99;
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, buf->used, pool,
+						  &rec2, &error), -1);
+	ck_assert(strstr(error, "version") != NULL);
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_message_keys_sort_by_uid)
+{
+	buffer_t *k1 = t_buffer_create(32), *k2 = t_buffer_create(32);
+	guid_128_t guid, guid2;
+	uint32_t uid;
+
+	memset(guid, 0x42, sizeof(guid));
+	/* 255 < 256 numerically must also hold bytewise */
+	casbox_key_message(k1, guid, 255);
+	casbox_key_message(k2, guid, 256);
+	ck_assert_uint_eq(k1->used, 21);
+	ck_assert_int_lt(memcmp(k1->data, k2->data, k1->used), 0);
+	ck_assert_int_eq(casbox_key_message_parse(k2->data, k2->used,
+						  guid2, &uid), 1);
+	ck_assert_uint_eq(uid, 256);
+	ck_assert(memcmp(guid, guid2, sizeof(guid)) == 0);
+	ck_assert_int_eq(casbox_key_message_parse(k2->data, k2->used - 1,
+						  guid2, &uid), -1);
+}
+END_TEST
+
+START_TEST(test_blob_and_mailbox_values)
+{
+	pool_t pool = pool_alloconly_create("test", 1024);
+	struct casbox_blob_value val, val2;
+	struct casbox_mailbox_record mrec, mrec2;
+	unsigned char packrec[20];
+	buffer_t *buf = buffer_create_dynamic(pool, 64);
+	const char *error;
+
+	memset(packrec, 7, sizeof(packrec));
+	i_zero(&val);
+	val.refcount = 3;
+	val.pack_record = packrec;
+	val.pack_record_size = sizeof(packrec);
+	casbox_blob_value_export(&val, buf);
+	ck_assert_int_eq(casbox_blob_value_import(buf->data, buf->used,
+						  &val2, &error), 1);
+	ck_assert_uint_eq(val2.refcount, 3);
+	ck_assert_uint_eq(val2.pack_record_size, sizeof(packrec));
+	ck_assert(memcmp(val2.pack_record, packrec, sizeof(packrec)) == 0);
+
+	/* a stored zero refcount is corruption */
+	val.refcount = 0;
+	buffer_set_used_size(buf, 0);
+	casbox_blob_value_export(&val, buf);
+	ck_assert_int_eq(casbox_blob_value_import(buf->data, buf->used,
+						  &val2, &error), -1);
+
+	mrec.uid_validity = 1796083230;
+	mrec.name = "Archive/2024";
+	buffer_set_used_size(buf, 0);
+	casbox_mailbox_record_export(&mrec, buf);
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data, buf->used,
+						      pool, &mrec2, &error), 1);
+	ck_assert_uint_eq(mrec2.uid_validity, mrec.uid_validity);
+	ck_assert_str_eq(mrec2.name, mrec.name);
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data,
+						      buf->used - 1, pool,
+						      &mrec2, &error), -1);
+	pool_unref(&pool);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("storage-records");
+	TCase *tc = tcase_create("records");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	tcase_add_test(tc, test_msg_roundtrip);
+	tcase_add_test(tc, test_msg_truncations_fail);
+	tcase_add_test(tc, test_msg_inconsistent_fail);
+	tcase_add_test(tc, test_message_keys_sort_by_uid);
+	tcase_add_test(tc, test_blob_and_mailbox_values);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
