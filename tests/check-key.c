@@ -21,7 +21,6 @@ static char tmpdir[] = "/tmp/check-key.XXXXXX";
 
 static void setup(void)
 {
-	lib_init();
 	strcpy(tmpdir, "/tmp/check-key.XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
 }
@@ -31,7 +30,6 @@ static void teardown(void)
 	const char *cmd = t_strdup_printf("rm -rf '%s'", tmpdir);
 
 	ck_assert_int_eq(system(cmd), 0);
-	lib_deinit();
 }
 
 static const char *tmp_path(const char *name)
@@ -362,6 +360,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	lib_init();
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_create_load);
 	tcase_add_test(tc, test_key_file_damage);
@@ -376,5 +375,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
+	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

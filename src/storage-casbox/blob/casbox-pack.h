@@ -67,11 +67,21 @@ int casbox_pack_txn_commit(struct casbox_pack_txn **txn,
 			   const char **error_r);
 void casbox_pack_txn_rollback(struct casbox_pack_txn **txn);
 
+/* Train a zstd dictionary from samples (e.g. message headers), store it
+   sealed with the index key as the next dictionary id and make it the
+   current one: small blobs added after this use it. Dictionaries are
+   never deleted. Returns 1 ok, -1 error (e.g. too few samples). */
+int casbox_pack_dict_train(struct casbox_pack_store *store,
+			   const void *const *samples, const size_t *sizes,
+			   unsigned int count, uint32_t *dict_id_r,
+			   const char **error_r);
+
 /* Open a blob for reading: a seekable istream of the plaintext, with
    size known. Seeking decodes only the chunks needed. Every chunk is
    CRC- and AEAD-verified before a byte of it is returned; damage or a
    wrong key fails the stream (stream_errno = EIO, i_stream_get_error()
-   names pack, offset, blob id and cause). */
+   names pack, offset, blob id and cause). The store must outlive the
+   stream. */
 struct istream *
 casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,

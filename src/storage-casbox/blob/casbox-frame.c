@@ -1,0 +1,264 @@
+/* Pack, frame and blob record byte layouts: see casbox-frame.h and
+   doc/casbox-format.md. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "byteorder.h"
+#include "cas-crc32c.h"
+#include "casbox-frame.h"
+#include "casbox-pack.h"
+
+#define CASBOX_PACK_MAGIC "CASBPACK"
+#define CASBOX_CHUNK_AAD_MAGIC "CBCK"
+
+static uint32_t casbox_crc(const void *data, size_t size)
+{
+	return cas_crc32c_mask(cas_crc32c(data, size));
+}
+
+void casbox_pack_header_write(uint32_t pack_id,
+			      unsigned char dest[CASBOX_PACK_HEADER_SIZE])
+{
+	memcpy(dest, CASBOX_PACK_MAGIC, 8);
+	cpu32_to_le_unaligned(CASBOX_PACK_VERSION, dest + 8);
+	cpu32_to_le_unaligned(pack_id, dest + 12);
+	cpu32_to_le_unaligned(casbox_crc(dest, 16), dest + 16);
+}
+
+int casbox_pack_header_parse(const unsigned char *data, size_t size,
+			     uint32_t *pack_id_r, const char **error_r)
+{
+	uint32_t version;
+
+	if (size < CASBOX_PACK_HEADER_SIZE) {
+		*error_r = "pack header truncated";
+		return -1;
+	}
+	if (memcmp(data, CASBOX_PACK_MAGIC, 8) != 0) {
+		*error_r = "pack header: bad magic";
+		return -1;
+	}
+	if (le32_to_cpu_unaligned(data + 16) != casbox_crc(data, 16)) {
+		*error_r = "pack header: CRC mismatch";
+		return -1;
+	}
+	version = le32_to_cpu_unaligned(data + 8);
+	if (version != CASBOX_PACK_VERSION) {
+		*error_r = t_strdup_printf("pack header: unsupported version %u",
+					   version);
+		return -1;
+	}
+	*pack_id_r = le32_to_cpu_unaligned(data + 12);
+	return 0;
+}
+
+uint32_t casbox_frame_chunk_count(uint64_t plain_size)
+{
+	uint64_t count = (plain_size + CASBOX_CHUNK_SIZE - 1) /
+		CASBOX_CHUNK_SIZE;
+
+	if (count == 0)
+		return 1;
+	return count > UINT32_MAX ? UINT32_MAX : (uint32_t)count;
+}
+
+size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx)
+{
+	uint64_t start = (uint64_t)idx * CASBOX_CHUNK_SIZE;
+
+	i_assert(start <= plain_size);
+	return I_MIN(plain_size - start, CASBOX_CHUNK_SIZE);
+}
+
+void casbox_frame_header_write(const struct casbox_frame_header *hdr,
+			       unsigned char dest[CASBOX_FRAME_HEADER_SIZE])
+{
+	memcpy(dest, CASBOX_FRAME_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
+	dest[4] = CASBOX_FRAME_VERSION;
+	dest[5] = 0;
+	dest[6] = 0;
+	dest[7] = 0;
+	cpu32_to_le_unaligned(hdr->frame_size, dest + 8);
+	cpu32_to_le_unaligned(hdr->dict_id, dest + 12);
+	cpu64_to_le_unaligned(hdr->plain_size, dest + 16);
+	cpu32_to_le_unaligned(hdr->chunk_count, dest + 24);
+	cpu32_to_le_unaligned(hdr->table_crc, dest + 28);
+	memcpy(dest + 32, hdr->id.id, CAS_BLOB_ID_SIZE);
+	cpu32_to_le_unaligned(casbox_crc(dest, 64), dest + 64);
+}
+
+static int
+casbox_frame_header_check_sizes(const struct casbox_frame_header *hdr,
+				const char **error_r)
+{
+	uint64_t min_size, max_size;
+
+	if (hdr->chunk_count != casbox_frame_chunk_count(hdr->plain_size)) {
+		*error_r = t_strdup_printf(
+			"frame: chunk_count %u does not match plain_size %"
+			PRIu64, hdr->chunk_count, hdr->plain_size);
+		return -1;
+	}
+	min_size = CASBOX_FRAME_HEADER_SIZE + (uint64_t)hdr->chunk_count *
+		(CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MIN_STORED);
+	max_size = CASBOX_FRAME_HEADER_SIZE + (uint64_t)hdr->chunk_count *
+		(CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MAX_STORED);
+	if (hdr->frame_size < min_size || hdr->frame_size > max_size) {
+		*error_r = t_strdup_printf(
+			"frame: frame_size %u impossible for %u chunks",
+			hdr->frame_size, hdr->chunk_count);
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_frame_header_parse(const unsigned char *data, size_t size,
+			      struct casbox_frame_header *hdr_r,
+			      const char **error_r)
+{
+	i_zero(hdr_r);
+	if (size < CASBOX_FRAME_HEADER_SIZE) {
+		*error_r = "frame: header truncated";
+		return -1;
+	}
+	if (memcmp(data, CASBOX_FRAME_MAGIC, CASBOX_FRAME_MAGIC_SIZE) != 0) {
+		*error_r = "frame: bad magic";
+		return -1;
+	}
+	if (le32_to_cpu_unaligned(data + 64) != casbox_crc(data, 64)) {
+		*error_r = "frame: header CRC mismatch";
+		return -1;
+	}
+	if (data[4] != CASBOX_FRAME_VERSION) {
+		*error_r = t_strdup_printf("frame: unsupported version %u",
+					   data[4]);
+		return -1;
+	}
+	if (data[5] != 0 || data[6] != 0 || data[7] != 0) {
+		*error_r = "frame: unknown flags";
+		return -1;
+	}
+	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
+	hdr_r->dict_id = le32_to_cpu_unaligned(data + 12);
+	hdr_r->plain_size = le64_to_cpu_unaligned(data + 16);
+	hdr_r->chunk_count = le32_to_cpu_unaligned(data + 24);
+	hdr_r->table_crc = le32_to_cpu_unaligned(data + 28);
+	memcpy(hdr_r->id.id, data + 32, CAS_BLOB_ID_SIZE);
+	return casbox_frame_header_check_sizes(hdr_r, error_r);
+}
+
+int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
+			     const unsigned char *table, size_t size,
+			     struct casbox_frame_chunk *chunks_r,
+			     const char **error_r)
+{
+	uint64_t offset = CASBOX_FRAME_HEADER_SIZE, table_size;
+	uint32_t i;
+
+	table_size = (uint64_t)hdr->chunk_count * CASBOX_FRAME_TABLE_ENTRY_SIZE;
+	if (size != table_size) {
+		*error_r = "frame: chunk table size mismatch";
+		return -1;
+	}
+	if (casbox_crc(table, size) != hdr->table_crc) {
+		*error_r = "frame: chunk table CRC mismatch";
+		return -1;
+	}
+	for (i = 0; i < hdr->chunk_count; i++) {
+		const unsigned char *p = table +
+			(size_t)i * CASBOX_FRAME_TABLE_ENTRY_SIZE;
+
+		chunks_r[i].stored_size = le32_to_cpu_unaligned(p);
+		chunks_r[i].crc = le32_to_cpu_unaligned(p + 4);
+		chunks_r[i].offset = offset;
+		if (chunks_r[i].stored_size < CASBOX_CHUNK_MIN_STORED ||
+		    chunks_r[i].stored_size > CASBOX_CHUNK_MAX_STORED) {
+			*error_r = t_strdup_printf(
+				"frame: chunk %u stored size %u out of range",
+				i, chunks_r[i].stored_size);
+			return -1;
+		}
+		offset += chunks_r[i].stored_size;
+	}
+	if (offset + table_size != hdr->frame_size) {
+		*error_r = "frame: chunks do not fill the frame";
+		return -1;
+	}
+	return 0;
+}
+
+void casbox_frame_chunk_aad(const struct cas_blob_id *id, uint32_t dict_id,
+			    uint32_t idx, bool last,
+			    unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE])
+{
+	memcpy(aad_r, CASBOX_CHUNK_AAD_MAGIC, 4);
+	aad_r[4] = CASBOX_FRAME_VERSION;
+	memcpy(aad_r + 5, id->id, CAS_BLOB_ID_SIZE);
+	cpu32_to_le_unaligned(dict_id, aad_r + 5 + CAS_BLOB_ID_SIZE);
+	cpu32_to_le_unaligned(idx, aad_r + 9 + CAS_BLOB_ID_SIZE);
+	aad_r[13 + CAS_BLOB_ID_SIZE] = last ? 1 : 0;
+}
+
+void casbox_frame_chunk_nonce(uint32_t idx,
+			      unsigned char nonce_r[CAS_AEAD_NONCE_SIZE])
+{
+	memset(nonce_r, 0, CAS_AEAD_NONCE_SIZE);
+	cpu32_to_le_unaligned(idx, nonce_r);
+}
+
+void casbox_blob_record_export(const struct casbox_blob_record *rec,
+			       buffer_t *dest)
+{
+	unsigned char *p = buffer_append_space_unsafe(dest,
+		CASBOX_BLOB_RECORD_EXPORT_SIZE);
+
+	p[0] = CASBOX_BLOB_RECORD_VERSION;
+	cpu32_to_le_unaligned(rec->pack_id, p + 1);
+	cpu64_to_le_unaligned(rec->offset, p + 5);
+	cpu32_to_le_unaligned(rec->frame_size, p + 13);
+	cpu64_to_le_unaligned(rec->plain_size, p + 17);
+	cpu32_to_le_unaligned(rec->dict_id, p + 25);
+	memcpy(p + 29, rec->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+}
+
+int casbox_blob_record_import(const void *data, size_t size,
+			      struct casbox_blob_record *rec_r,
+			      const char **error_r)
+{
+	const unsigned char *p = data;
+	struct casbox_frame_header hdr;
+	const char *error;
+
+	i_zero(rec_r);
+	if (size != CASBOX_BLOB_RECORD_EXPORT_SIZE) {
+		*error_r = t_strdup_printf(
+			"blob record: size %zu, expected %u", size,
+			CASBOX_BLOB_RECORD_EXPORT_SIZE);
+		return -1;
+	}
+	if (p[0] != CASBOX_BLOB_RECORD_VERSION) {
+		*error_r = t_strdup_printf(
+			"blob record: unsupported version %u", p[0]);
+		return -1;
+	}
+	rec_r->pack_id = le32_to_cpu_unaligned(p + 1);
+	rec_r->offset = le64_to_cpu_unaligned(p + 5);
+	rec_r->frame_size = le32_to_cpu_unaligned(p + 13);
+	rec_r->plain_size = le64_to_cpu_unaligned(p + 17);
+	rec_r->dict_id = le32_to_cpu_unaligned(p + 25);
+	memcpy(rec_r->wrapped_dek, p + 29, CAS_WRAPPED_DEK_SIZE);
+
+	if (rec_r->offset < CASBOX_PACK_HEADER_SIZE) {
+		*error_r = "blob record: offset inside the pack header";
+		return -1;
+	}
+	i_zero(&hdr);
+	hdr.frame_size = rec_r->frame_size;
+	hdr.plain_size = rec_r->plain_size;
+	hdr.chunk_count = casbox_frame_chunk_count(rec_r->plain_size);
+	if (casbox_frame_header_check_sizes(&hdr, &error) < 0) {
+		*error_r = t_strconcat("blob record: ", error, NULL);
+		return -1;
+	}
+	return 1;
+}

@@ -1,0 +1,245 @@
+/* Compression dictionaries: <dir>/dict-NNNNNNNN.cbd holds a zstd
+   dictionary sealed with the index key (AAD "casbox-dict:<id>"), so a
+   dictionary trained on mail reveals nothing on disk and cannot be
+   swapped for another id. Ids grow; the highest is used for new small
+   blobs. Dictionaries are never deleted: old frames name them. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "write-full.h"
+#include "casbox-pack-private.h"
+
+#include <sodium.h>
+#include <zdict.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#define CASBOX_DICT_CAPACITY (64 * 1024)
+
+static const char *
+casbox_dict_path(struct casbox_pack_store *store, uint32_t id)
+{
+	return t_strdup_printf("%s/dict-%08u.cbd", store->set.dir, id);
+}
+
+static const char *casbox_dict_aad(uint32_t id)
+{
+	return t_strdup_printf("casbox-dict:%u", id);
+}
+
+const struct casbox_pack_dict *
+casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id)
+{
+	const struct casbox_pack_dict *dict;
+
+	array_foreach(&store->dicts, dict) {
+		if (dict->id == dict_id)
+			return dict;
+	}
+	return NULL;
+}
+
+static void
+casbox_pack_dict_add(struct casbox_pack_store *store, uint32_t id,
+		     const void *data, size_t size)
+{
+	struct casbox_pack_dict *dict = array_append_space(&store->dicts);
+
+	dict->id = id;
+	dict->cdict = ZSTD_createCDict(data, size, store->set.zstd_level);
+	dict->ddict = ZSTD_createDDict(data, size);
+	if (dict->cdict == NULL || dict->ddict == NULL) {
+		dict->error = p_strdup_printf(store->pool,
+			"dictionary %u: zstd rejected it", id);
+		return;
+	}
+	if (id > store->cur_dict_id)
+		store->cur_dict_id = id;
+}
+
+static int
+casbox_pack_dict_read(struct casbox_pack_store *store, uint32_t id,
+		      buffer_t *sealed, const char **error_r)
+{
+	const char *path = casbox_dict_path(store, id);
+	struct stat st;
+	int fd, ret = 0;
+
+	fd = open(path, O_RDONLY);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		ret = -1;
+	} else if (st.st_size > CASBOX_DICT_MAX_SIZE + 64) {
+		*error_r = t_strdup_printf("%s: too large (%lld bytes)", path,
+					   (long long)st.st_size);
+		ret = -1;
+	} else {
+		void *p = buffer_append_space_unsafe(sealed, st.st_size);
+		ssize_t n = pread(fd, p, st.st_size, 0);
+
+		if (n != st.st_size) {
+			*error_r = n < 0 ?
+				t_strdup_printf("read(%s) failed: %m", path) :
+				t_strdup_printf("read(%s): short read", path);
+			ret = -1;
+		}
+	}
+	i_close_fd(&fd);
+	return ret;
+}
+
+static void casbox_pack_dict_load(struct casbox_pack_store *store,
+				  uint32_t id)
+{
+	buffer_t *sealed, *plain;
+	const char *aad = casbox_dict_aad(id), *error;
+	struct casbox_pack_dict *dict;
+
+	sealed = buffer_create_dynamic(default_pool, 1024);
+	plain = buffer_create_dynamic(default_pool, 1024);
+	if (casbox_pack_dict_read(store, id, sealed, &error) < 0 ||
+	    cas_record_open(store->keyring, aad, strlen(aad), sealed->data,
+			    sealed->used, plain, &error) < 0) {
+		/* frames using it fail with this reason; the rest works */
+		dict = array_append_space(&store->dicts);
+		dict->id = id;
+		dict->error = p_strdup_printf(store->pool, "%s: %s",
+			casbox_dict_path(store, id), error);
+	} else {
+		casbox_pack_dict_add(store, id, plain->data, plain->used);
+	}
+	buffer_free(&sealed);
+	buffer_free(&plain);
+}
+
+int casbox_pack_dicts_load(struct casbox_pack_store *store,
+			   const char **error_r)
+{
+	struct dirent *d;
+	unsigned int id;
+	char end;
+	DIR *dir;
+
+	dir = opendir(store->set.dir);
+	if (dir == NULL) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m",
+					   store->set.dir);
+		return -1;
+	}
+	while ((d = readdir(dir)) != NULL) {
+		if (sscanf(d->d_name, "dict-%08u.cb%c", &id, &end) == 2 &&
+		    end == 'd' && strlen(d->d_name) == 17 && id > 0 &&
+		    casbox_pack_dict_lookup(store, id) == NULL) T_BEGIN {
+			casbox_pack_dict_load(store, id);
+		} T_END;
+	}
+	if (closedir(dir) < 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m",
+					   store->set.dir);
+		return -1;
+	}
+	return 0;
+}
+
+void casbox_pack_dicts_free(struct casbox_pack_store *store)
+{
+	struct casbox_pack_dict *dict;
+
+	array_foreach_modifiable(&store->dicts, dict) {
+		ZSTD_freeCDict(dict->cdict);
+		ZSTD_freeDDict(dict->ddict);
+	}
+	array_clear(&store->dicts);
+	store->cur_dict_id = 0;
+}
+
+static int
+casbox_pack_dict_write(struct casbox_pack_store *store, const void *dict,
+		       size_t size, uint32_t *id_r, const char **error_r)
+{
+	buffer_t *sealed;
+	const char *path, *aad;
+	uint32_t id = store->cur_dict_id;
+	int fd, ret = 0;
+
+	/* O_EXCL picks the next free id even if another process trains
+	   at the same time */
+	do {
+		id++;
+		path = casbox_dict_path(store, id);
+		fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	} while (fd == -1 && errno == EEXIST);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	aad = casbox_dict_aad(id);
+	sealed = buffer_create_dynamic(default_pool, size + 64);
+	cas_record_seal(store->keyring, aad, strlen(aad), dict, size, sealed);
+	if (write_full(fd, sealed->data, sealed->used) < 0)
+		*error_r = t_strdup_printf("write(%s) failed: %m", path);
+	else if (fsync(fd) < 0)
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
+	else
+		ret = 1;
+	buffer_free(&sealed);
+	i_close_fd(&fd);
+	if (ret < 0) {
+		i_unlink(path);
+		return -1;
+	}
+	/* the directory fsync makes the name durable before any frame
+	   that uses it can be committed */
+	fd = open(store->set.dir, O_RDONLY);
+	if (fd == -1 || fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m",
+					   store->set.dir);
+		if (fd != -1)
+			i_close_fd(&fd);
+		return -1;
+	}
+	i_close_fd(&fd);
+	*id_r = id;
+	return 0;
+}
+
+int casbox_pack_dict_train(struct casbox_pack_store *store,
+			   const void *const *samples, const size_t *sizes,
+			   unsigned int count, uint32_t *dict_id_r,
+			   const char **error_r)
+{
+	buffer_t *all;
+	unsigned char *dict;
+	size_t dict_size;
+	unsigned int i;
+	int ret = -1;
+
+	*dict_id_r = 0;
+	all = buffer_create_dynamic(default_pool, 64 * 1024);
+	for (i = 0; i < count; i++)
+		buffer_append(all, samples[i], sizes[i]);
+	dict = i_malloc(CASBOX_DICT_CAPACITY);
+	dict_size = ZDICT_trainFromBuffer(dict, CASBOX_DICT_CAPACITY,
+					  all->data, sizes, count);
+	if (ZDICT_isError(dict_size)) {
+		*error_r = t_strdup_printf("ZDICT_trainFromBuffer() failed: %s",
+					   ZDICT_getErrorName(dict_size));
+	} else if (casbox_pack_dict_write(store, dict, dict_size, dict_id_r,
+					  error_r) == 0) {
+		casbox_pack_dict_add(store, *dict_id_r, dict, dict_size);
+		ret = 1;
+	}
+	/* samples are mail: wipe what we copied */
+	sodium_memzero(buffer_get_modifiable_data(all, NULL), all->used);
+	buffer_free(&all);
+	sodium_memzero(dict, CASBOX_DICT_CAPACITY);
+	i_free(dict);
+	return ret;
+}

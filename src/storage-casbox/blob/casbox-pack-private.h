@@ -1,0 +1,55 @@
+#ifndef CASBOX_PACK_PRIVATE_H
+#define CASBOX_PACK_PRIVATE_H
+
+#include "array.h"
+#include "casbox-pack.h"
+#include "casbox-frame.h"
+
+#include <zstd.h>
+
+#define CASBOX_PACK_DEFAULT_MAX_SIZE (64ULL * 1024 * 1024)
+#define CASBOX_PACK_DEFAULT_ZSTD_LEVEL 3
+#define CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE (16 * 1024)
+#define CASBOX_PACK_LOCK_TIMEOUT_SECS 120
+#define CASBOX_DICT_MAX_SIZE (1024 * 1024)
+
+struct casbox_pack_dict {
+	uint32_t id;
+	ZSTD_CDict *cdict;
+	ZSTD_DDict *ddict;
+	/* NULL if usable, else why the dictionary could not be loaded */
+	const char *error;
+};
+
+struct casbox_pack_store {
+	pool_t pool;
+	struct casbox_pack_settings set;
+	const struct cas_keyring *keyring;
+
+	ARRAY(struct casbox_pack_dict) dicts;
+	uint32_t cur_dict_id; /* 0 = none */
+
+	ZSTD_CCtx *cctx;
+	ZSTD_DCtx *dctx;
+	/* highest pack id seen, 0 = not looked yet */
+	uint32_t last_pack_id;
+	struct casbox_pack_txn *txn;
+};
+
+const char *casbox_pack_path(struct casbox_pack_store *store,
+			     uint32_t pack_id);
+/* Returns the dictionary or NULL if unknown. */
+const struct casbox_pack_dict *
+casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id);
+/* Sorted ids of the pack files in the directory. Returns 0 or -1. */
+int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
+		     const char **error_r);
+
+int casbox_pack_dicts_load(struct casbox_pack_store *store,
+			   const char **error_r);
+void casbox_pack_dicts_free(struct casbox_pack_store *store);
+
+/* zstd size_t result -> -1 + error string */
+int casbox_zstd_check(size_t ret, const char *what, const char **error_r);
+
+#endif

@@ -1,0 +1,264 @@
+/* Keyless pack scanner: walks frames, checks header, table and chunk
+   CRCs, and after damage searches forward for the next frame magic whose
+   header CRC holds. */
+
+#include "lib.h"
+#include "array.h"
+#include "cas-crc32c.h"
+#include "casbox-pack-private.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#define CASBOX_SCAN_WINDOW (64 * 1024)
+
+struct casbox_pack_scan {
+	struct casbox_pack_store *store;
+	ARRAY_TYPE(uint32_t) ids;
+	unsigned int idx;
+
+	int fd;
+	uint32_t pack_id;
+	char *path;
+	uint64_t offset, size;
+	unsigned char *buf;	/* CASBOX_CHUNK_MAX_STORED */
+	char *damage, *error;
+};
+
+struct casbox_pack_scan *casbox_pack_scan_init(struct casbox_pack_store *store)
+{
+	struct casbox_pack_scan *scan;
+	const char *error;
+
+	scan = i_new(struct casbox_pack_scan, 1);
+	scan->store = store;
+	scan->fd = -1;
+	i_array_init(&scan->ids, 16);
+	scan->buf = i_malloc(I_MAX(CASBOX_CHUNK_MAX_STORED,
+				   CASBOX_SCAN_WINDOW));
+	if (casbox_pack_list(store, &scan->ids, &error) < 0)
+		scan->error = i_strdup(error);
+	return scan;
+}
+
+static void casbox_pack_scan_set_error(struct casbox_pack_scan *scan,
+				       const char *error)
+{
+	if (scan->error == NULL)
+		scan->error = i_strdup(error);
+}
+
+static bool casbox_pack_scan_read(struct casbox_pack_scan *scan, void *buf,
+				  size_t size, uint64_t offset)
+{
+	ssize_t ret = pread(scan->fd, buf, size, offset);
+
+	if (ret < 0) {
+		casbox_pack_scan_set_error(scan, t_strdup_printf(
+			"pread(%s) failed: %m", scan->path));
+		return FALSE;
+	}
+	return (size_t)ret == size;
+}
+
+static bool
+casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset)
+{
+	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE];
+	struct casbox_frame_header frame;
+	const char *error;
+
+	return casbox_pack_scan_read(scan, hdr, sizeof(hdr), offset) &&
+		casbox_frame_header_parse(hdr, sizeof(hdr), &frame,
+					  &error) == 0;
+}
+
+/* Offset of the next intact-looking frame header after from, or the end
+   of the pack. */
+static uint64_t casbox_pack_scan_resync(struct casbox_pack_scan *scan,
+					uint64_t from)
+{
+	uint64_t pos = from;
+	ssize_t ret;
+	size_t i;
+
+	while (pos < scan->size) {
+		ret = pread(scan->fd, scan->buf, CASBOX_SCAN_WINDOW, pos);
+		if (ret < CASBOX_FRAME_MAGIC_SIZE)
+			break;
+		for (i = 0; i + CASBOX_FRAME_MAGIC_SIZE <= (size_t)ret; i++) {
+			if (memcmp(scan->buf + i, CASBOX_FRAME_MAGIC,
+				   CASBOX_FRAME_MAGIC_SIZE) == 0 &&
+			    casbox_pack_scan_header_at(scan, pos + i))
+				return pos + i;
+		}
+		/* re-read the last bytes, a magic may straddle windows */
+		pos += ret - (CASBOX_FRAME_MAGIC_SIZE - 1);
+	}
+	return scan->size;
+}
+
+static const char *
+casbox_pack_scan_verify(struct casbox_pack_scan *scan, uint64_t offset,
+			const struct casbox_frame_header *hdr)
+{
+	struct casbox_frame_chunk *chunks;
+	size_t table_size = (size_t)hdr->chunk_count *
+		CASBOX_FRAME_TABLE_ENTRY_SIZE;
+	unsigned char *table;
+	const char *error = NULL;
+	uint32_t i;
+
+	if (offset + hdr->frame_size > scan->size)
+		return "frame truncated";
+	table = i_malloc(table_size);
+	chunks = i_new(struct casbox_frame_chunk, hdr->chunk_count);
+	if (!casbox_pack_scan_read(scan, table, table_size,
+				   offset + hdr->frame_size - table_size))
+		error = "chunk table unreadable";
+	else if (casbox_frame_table_parse(hdr, table, table_size, chunks,
+					  &error) < 0)
+		;
+	else for (i = 0; i < hdr->chunk_count; i++) {
+		if (!casbox_pack_scan_read(scan, scan->buf,
+					   chunks[i].stored_size,
+					   offset + chunks[i].offset)) {
+			error = t_strdup_printf("chunk %u unreadable", i);
+			break;
+		}
+		if (cas_crc32c_mask(cas_crc32c(scan->buf,
+				chunks[i].stored_size)) != chunks[i].crc) {
+			error = t_strdup_printf("chunk %u: CRC mismatch", i);
+			break;
+		}
+	}
+	i_free(table);
+	i_free(chunks);
+	return error;
+}
+
+static void
+casbox_pack_scan_frame(struct casbox_pack_scan *scan,
+		       struct casbox_pack_frame_info *info_r)
+{
+	unsigned char buf[CASBOX_FRAME_HEADER_SIZE];
+	struct casbox_frame_header hdr;
+	const char *damage;
+	uint64_t next;
+
+	info_r->pack_id = scan->pack_id;
+	info_r->offset = scan->offset;
+	if (!casbox_pack_scan_read(scan, buf, sizeof(buf), scan->offset))
+		damage = "frame header truncated";
+	else if (casbox_frame_header_parse(buf, sizeof(buf), &hdr,
+					   &damage) == 0) {
+		info_r->id = hdr.id;
+		damage = casbox_pack_scan_verify(scan, scan->offset, &hdr);
+		if (damage == NULL || scan->offset + hdr.frame_size <=
+		    scan->size) {
+			/* the header CRC holds: trust its size */
+			info_r->frame_size = hdr.frame_size;
+			scan->offset += hdr.frame_size;
+			if (damage != NULL)
+				scan->damage = i_strdup(damage);
+			info_r->damage = scan->damage;
+			return;
+		}
+	}
+	next = casbox_pack_scan_resync(scan, scan->offset + 1);
+	info_r->frame_size = I_MIN(next - scan->offset, UINT32_MAX);
+	scan->damage = i_strdup(damage);
+	info_r->damage = scan->damage;
+	scan->offset = next;
+}
+
+static bool casbox_pack_scan_open_next(struct casbox_pack_scan *scan,
+				       struct casbox_pack_frame_info *info_r)
+{
+	unsigned char hdr[CASBOX_PACK_HEADER_SIZE];
+	const char *error;
+	uint32_t pack_id;
+	struct stat st;
+
+	scan->pack_id = *array_idx(&scan->ids, scan->idx);
+	scan->idx++;
+	i_free(scan->path);
+	scan->path = i_strdup(casbox_pack_path(scan->store, scan->pack_id));
+	scan->fd = open(scan->path, O_RDONLY);
+	if (scan->fd == -1 || fstat(scan->fd, &st) < 0) {
+		casbox_pack_scan_set_error(scan, t_strdup_printf(
+			"open(%s) failed: %m", scan->path));
+		if (scan->fd != -1)
+			i_close_fd(&scan->fd);
+		return FALSE;
+	}
+	scan->size = st.st_size;
+	scan->offset = CASBOX_PACK_HEADER_SIZE;
+	if (!casbox_pack_scan_read(scan, hdr, sizeof(hdr), 0))
+		error = "pack header truncated";
+	else if (casbox_pack_header_parse(hdr, sizeof(hdr), &pack_id,
+					  &error) < 0)
+		;
+	else if (pack_id != scan->pack_id)
+		error = "pack header names another pack";
+	else
+		return FALSE;
+	i_zero(info_r);
+	info_r->pack_id = scan->pack_id;
+	info_r->frame_size = I_MIN(scan->size, CASBOX_PACK_HEADER_SIZE);
+	scan->damage = i_strdup(error);
+	info_r->damage = scan->damage;
+	return TRUE;
+}
+
+bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
+			   struct casbox_pack_frame_info *info_r)
+{
+	bool ret;
+
+	i_zero(info_r);
+	i_free(scan->damage);
+	for (;;) {
+		if (scan->fd == -1) {
+			if (scan->idx >= array_count(&scan->ids))
+				return FALSE;
+			T_BEGIN {
+				ret = casbox_pack_scan_open_next(scan, info_r);
+			} T_END;
+			if (ret)
+				return TRUE;
+			continue;
+		}
+		if (scan->offset >= scan->size) {
+			i_close_fd(&scan->fd);
+			continue;
+		}
+		T_BEGIN {
+			casbox_pack_scan_frame(scan, info_r);
+		} T_END;
+		return TRUE;
+	}
+}
+
+int casbox_pack_scan_deinit(struct casbox_pack_scan **_scan,
+			    const char **error_r)
+{
+	struct casbox_pack_scan *scan = *_scan;
+	int ret = 0;
+
+	*_scan = NULL;
+	if (scan->fd != -1)
+		i_close_fd(&scan->fd);
+	if (scan->error != NULL) {
+		*error_r = t_strdup(scan->error);
+		ret = -1;
+	}
+	array_free(&scan->ids);
+	i_free(scan->damage);
+	i_free(scan->error);
+	i_free(scan->path);
+	i_free(scan->buf);
+	i_free(scan);
+	return ret;
+}

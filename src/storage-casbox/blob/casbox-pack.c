@@ -1,0 +1,554 @@
+/* Pack store and append transactions. Frames are written after the
+   current end of the pack under the append lock; the header goes last,
+   so a crash mid-frame leaves bytes that no reader accepts (no magic or
+   a bad CRC) and the scanner skips. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "file-lock.h"
+#include "mkdir-parents.h"
+#include "write-full.h"
+#include "cas-crc32c.h"
+#include "casbox-pack-private.h"
+
+#include <sodium.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+struct casbox_pack_txn {
+	struct casbox_pack_store *store;
+	int lock_fd;
+	struct file_lock *lock;
+
+	int fd;
+	uint32_t pack_id;
+	uint64_t start_offset, offset;
+
+	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
+	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
+	buffer_t *table;
+};
+
+int casbox_zstd_check(size_t ret, const char *what, const char **error_r)
+{
+	if (!ZSTD_isError(ret))
+		return 0;
+	*error_r = t_strdup_printf("%s failed: %s", what,
+				   ZSTD_getErrorName(ret));
+	return -1;
+}
+
+const char *casbox_pack_path(struct casbox_pack_store *store,
+			     uint32_t pack_id)
+{
+	return t_strdup_printf("%s/pack-%08u.cbp", store->set.dir, pack_id);
+}
+
+static int fsync_dir(const char *dir, const char **error_r)
+{
+	int fd, ret = 0;
+
+	fd = open(dir, O_RDONLY);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
+		return -1;
+	}
+	if (fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
+		ret = -1;
+	}
+	i_close_fd(&fd);
+	return ret;
+}
+
+int casbox_pack_store_open(const struct casbox_pack_settings *set,
+			   const struct cas_keyring *keyring,
+			   struct casbox_pack_store **store_r,
+			   const char **error_r)
+{
+	struct casbox_pack_store *store;
+	pool_t pool;
+
+	*store_r = NULL;
+	if (mkdir_parents(set->dir, 0700) < 0 && errno != EEXIST) {
+		*error_r = t_strdup_printf("mkdir(%s) failed: %m", set->dir);
+		return -1;
+	}
+	pool = pool_alloconly_create("casbox pack store", 1024);
+	store = p_new(pool, struct casbox_pack_store, 1);
+	store->pool = pool;
+	store->set = *set;
+	store->set.dir = p_strdup(pool, set->dir);
+	if (store->set.max_pack_size == 0)
+		store->set.max_pack_size = CASBOX_PACK_DEFAULT_MAX_SIZE;
+	if (store->set.zstd_level == 0)
+		store->set.zstd_level = CASBOX_PACK_DEFAULT_ZSTD_LEVEL;
+	if (store->set.dict_max_blob_size == 0) {
+		store->set.dict_max_blob_size =
+			CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE;
+	}
+	store->keyring = keyring;
+	i_array_init(&store->dicts, 4);
+	store->cctx = ZSTD_createCCtx();
+	store->dctx = ZSTD_createDCtx();
+	if (store->cctx == NULL || store->dctx == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "ZSTD_create*Ctx() failed");
+	i_assert(ZSTD_compressBound(CASBOX_CHUNK_SIZE) + CAS_AEAD_TAG_SIZE <=
+		 CASBOX_CHUNK_MAX_STORED);
+	if (sodium_init() < 0)
+		i_fatal("sodium_init() failed");
+
+	if (casbox_pack_dicts_load(store, error_r) < 0) {
+		casbox_pack_store_close(&store);
+		return -1;
+	}
+	*store_r = store;
+	return 1;
+}
+
+void casbox_pack_store_close(struct casbox_pack_store **_store)
+{
+	struct casbox_pack_store *store = *_store;
+
+	if (store == NULL)
+		return;
+	*_store = NULL;
+	i_assert(store->txn == NULL);
+	casbox_pack_dicts_free(store);
+	array_free(&store->dicts);
+	ZSTD_freeCCtx(store->cctx);
+	ZSTD_freeDCtx(store->dctx);
+	pool_unref(&store->pool);
+}
+
+static int uint32_cmp(const uint32_t *a, const uint32_t *b)
+{
+	return *a < *b ? -1 : (*a > *b ? 1 : 0);
+}
+
+int casbox_pack_list(struct casbox_pack_store *store,
+		     ARRAY_TYPE(uint32_t) *ids, const char **error_r)
+{
+	struct dirent *d;
+	unsigned int id;
+	char end;
+	DIR *dir;
+
+	dir = opendir(store->set.dir);
+	if (dir == NULL) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m",
+					   store->set.dir);
+		return -1;
+	}
+	while ((d = readdir(dir)) != NULL) {
+		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) == 2 &&
+		    end == 'p' && strlen(d->d_name) == 17 && id > 0)
+			array_push_back(ids, &id);
+	}
+	if (closedir(dir) < 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m",
+					   store->set.dir);
+		return -1;
+	}
+	array_sort(ids, uint32_cmp);
+	return 0;
+}
+
+static int
+casbox_pack_create(struct casbox_pack_txn *txn, uint32_t pack_id,
+		   const char **error_r)
+{
+	struct casbox_pack_store *store = txn->store;
+	unsigned char hdr[CASBOX_PACK_HEADER_SIZE];
+	const char *path = casbox_pack_path(store, pack_id);
+	int fd;
+
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
+					   path);
+		return -1;
+	}
+	casbox_pack_header_write(pack_id, hdr);
+	if (pwrite_full(fd, hdr, sizeof(hdr), 0) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m", path);
+		i_close_fd(&fd);
+		i_unlink(path);
+		return -1;
+	}
+	if (store->set.fsync &&
+	    (fdatasync(fd) < 0 || fsync_dir(store->set.dir, error_r) < 0)) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	txn->fd = fd;
+	txn->pack_id = pack_id;
+	txn->start_offset = txn->offset = CASBOX_PACK_HEADER_SIZE;
+	store->last_pack_id = pack_id;
+	return 0;
+}
+
+static int
+casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
+{
+	struct casbox_pack_store *store = txn->store;
+	ARRAY_TYPE(uint32_t) ids;
+	const char *path;
+	struct stat st;
+	uint32_t id;
+
+	if (store->last_pack_id == 0) {
+		t_array_init(&ids, 16);
+		if (casbox_pack_list(store, &ids, error_r) < 0)
+			return -1;
+		if (array_count(&ids) == 0)
+			return casbox_pack_create(txn, 1, error_r);
+		store->last_pack_id = *array_back(&ids);
+	}
+	/* another process may have rotated since */
+	id = store->last_pack_id;
+	while (access(casbox_pack_path(store, id + 1), F_OK) == 0)
+		id++;
+	store->last_pack_id = id;
+
+	path = casbox_pack_path(store, id);
+	txn->fd = open(path, O_RDWR);
+	if (txn->fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(txn->fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		return -1;
+	}
+	if ((uint64_t)st.st_size < CASBOX_PACK_HEADER_SIZE ||
+	    (uint64_t)st.st_size >= store->set.max_pack_size) {
+		/* full, or its creation never completed: start a new one */
+		i_close_fd(&txn->fd);
+		return casbox_pack_create(txn, id + 1, error_r);
+	}
+	txn->pack_id = id;
+	txn->start_offset = txn->offset = st.st_size;
+	return 0;
+}
+
+static void casbox_pack_txn_free(struct casbox_pack_txn *txn)
+{
+	if (txn->fd != -1)
+		i_close_fd(&txn->fd);
+	if (txn->lock != NULL)
+		file_unlock(&txn->lock);
+	if (txn->lock_fd != -1)
+		i_close_fd(&txn->lock_fd);
+	sodium_memzero(txn->plain, CASBOX_CHUNK_SIZE);
+	i_free(txn->plain);
+	i_free(txn->stored);
+	buffer_free(&txn->table);
+	txn->store->txn = NULL;
+	i_free(txn);
+}
+
+int casbox_pack_txn_begin(struct casbox_pack_store *store,
+			  struct casbox_pack_txn **txn_r,
+			  const char **error_r)
+{
+	struct file_lock_settings lock_set = {
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+	};
+	struct casbox_pack_txn *txn;
+	const char *lock_path, *error;
+	int ret;
+
+	i_assert(store->txn == NULL);
+	*txn_r = NULL;
+	txn = i_new(struct casbox_pack_txn, 1);
+	txn->store = store;
+	txn->fd = -1;
+	txn->plain = i_malloc(CASBOX_CHUNK_SIZE);
+	txn->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
+	txn->table = buffer_create_dynamic(default_pool, 64);
+	store->txn = txn;
+
+	lock_path = t_strdup_printf("%s/pack.lock", store->set.dir);
+	txn->lock_fd = open(lock_path, O_RDWR | O_CREAT, 0600);
+	if (txn->lock_fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", lock_path);
+		casbox_pack_txn_free(txn);
+		return -1;
+	}
+	ret = file_wait_lock(txn->lock_fd, lock_path, F_WRLCK, &lock_set,
+			     CASBOX_PACK_LOCK_TIMEOUT_SECS, &txn->lock, &error);
+	if (ret <= 0) {
+		*error_r = ret < 0 ? error : t_strdup_printf(
+			"Timeout waiting for lock %s", lock_path);
+		casbox_pack_txn_free(txn);
+		return -1;
+	}
+	if (casbox_pack_open_last(txn, error_r) < 0) {
+		casbox_pack_txn_free(txn);
+		return -1;
+	}
+	*txn_r = txn;
+	return 1;
+}
+
+static int casbox_pack_rotate(struct casbox_pack_txn *txn,
+			      const char **error_r)
+{
+	const char *path = casbox_pack_path(txn->store, txn->pack_id);
+
+	if (txn->store->set.fsync && fdatasync(txn->fd) < 0) {
+		*error_r = t_strdup_printf("fdatasync(%s) failed: %m", path);
+		return -1;
+	}
+	i_close_fd(&txn->fd);
+	return casbox_pack_create(txn, txn->pack_id + 1, error_r);
+}
+
+/* Fill txn->plain with up to a chunk of input. Returns the size, sets
+   *eof_r when the input ended, -1 on input error. */
+static ssize_t
+casbox_pack_read_chunk(struct casbox_pack_txn *txn, struct istream *input,
+		       bool *eof_r, const char **error_r)
+{
+	const unsigned char *data;
+	size_t size, filled = 0;
+	int ret;
+
+	*eof_r = FALSE;
+	while (filled < CASBOX_CHUNK_SIZE) {
+		ret = i_stream_read_more(input, &data, &size);
+		if (ret <= 0)
+			break;
+		size = I_MIN(size, CASBOX_CHUNK_SIZE - filled);
+		memcpy(txn->plain + filled, data, size);
+		i_stream_skip(input, size);
+		filled += size;
+	}
+	if (filled == CASBOX_CHUNK_SIZE) {
+		/* is there more? decides the last-chunk flag */
+		ret = i_stream_read_more(input, &data, &size);
+	}
+	if (input->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(input));
+		return -1;
+	}
+	if (ret == 0) {
+		*error_r = "input stream is not blocking";
+		return -1;
+	}
+	*eof_r = ret < 0;
+	return filled;
+}
+
+struct casbox_pack_add_ctx {
+	struct casbox_pack_txn *txn;
+	const struct cas_blob_id *id;
+	unsigned char dek[CAS_DEK_SIZE];
+	const struct casbox_pack_dict *dict;
+	uint32_t dict_id;
+	uint32_t idx;
+	uint64_t pos;		/* absolute pack offset of the next chunk */
+	uint64_t plain_size;
+};
+
+static int
+casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
+		      bool last, const char **error_r)
+{
+	struct casbox_pack_txn *txn = ctx->txn;
+	struct casbox_pack_store *store = txn->store;
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE];
+	unsigned char nonce[CAS_AEAD_NONCE_SIZE], entry[8];
+	size_t clen, stored;
+	uint32_t crc;
+
+	if (ctx->dict != NULL) {
+		clen = ZSTD_compress_usingCDict(store->cctx, txn->stored,
+			CASBOX_CHUNK_MAX_STORED, txn->plain, size,
+			ctx->dict->cdict);
+	} else {
+		clen = ZSTD_compressCCtx(store->cctx, txn->stored,
+			CASBOX_CHUNK_MAX_STORED, txn->plain, size,
+			store->set.zstd_level);
+	}
+	if (casbox_zstd_check(clen, "ZSTD_compress()", error_r) < 0)
+		return -1;
+	casbox_frame_chunk_aad(ctx->id, ctx->dict_id, ctx->idx, last, aad);
+	casbox_frame_chunk_nonce(ctx->idx, nonce);
+	/* in place: libsodium allows ciphertext == plaintext */
+	cas_aead_encrypt(ctx->dek, nonce, aad, sizeof(aad), txn->stored, clen,
+			 txn->stored);
+	stored = clen + CAS_AEAD_TAG_SIZE;
+	crc = cas_crc32c_mask(cas_crc32c(txn->stored, stored));
+	if (pwrite_full(txn->fd, txn->stored, stored, ctx->pos) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m",
+			casbox_pack_path(store, txn->pack_id));
+		return -1;
+	}
+	cpu32_to_le_unaligned(stored, entry);
+	cpu32_to_le_unaligned(crc, entry + 4);
+	buffer_append(txn->table, entry, sizeof(entry));
+	ctx->pos += stored;
+	ctx->plain_size += size;
+	ctx->idx++;
+	return 0;
+}
+
+static int
+casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
+		       struct casbox_blob_record *rec_r, const char **error_r)
+{
+	struct casbox_pack_txn *txn = ctx->txn;
+	struct casbox_frame_header hdr;
+	unsigned char hdr_buf[CASBOX_FRAME_HEADER_SIZE];
+	uint64_t frame_size;
+
+	frame_size = ctx->pos + txn->table->used - frame_off;
+	if (frame_size > UINT32_MAX) {
+		*error_r = "blob too large for one frame";
+		return -1;
+	}
+	i_zero(&hdr);
+	hdr.frame_size = frame_size;
+	hdr.dict_id = ctx->dict_id;
+	hdr.plain_size = ctx->plain_size;
+	hdr.chunk_count = ctx->idx;
+	hdr.table_crc = cas_crc32c_mask(cas_crc32c(txn->table->data,
+						   txn->table->used));
+	hdr.id = *ctx->id;
+	i_assert(hdr.chunk_count == casbox_frame_chunk_count(hdr.plain_size));
+	casbox_frame_header_write(&hdr, hdr_buf);
+	if (pwrite_full(txn->fd, txn->table->data, txn->table->used,
+			ctx->pos) < 0 ||
+	    pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m",
+			casbox_pack_path(txn->store, txn->pack_id));
+		return -1;
+	}
+	i_zero(rec_r);
+	rec_r->pack_id = txn->pack_id;
+	rec_r->offset = frame_off;
+	rec_r->frame_size = frame_size;
+	rec_r->plain_size = ctx->plain_size;
+	rec_r->dict_id = ctx->dict_id;
+	cas_dek_wrap(txn->store->keyring, ctx->id, ctx->dek,
+		     rec_r->wrapped_dek);
+	txn->offset = frame_off + frame_size;
+	return 0;
+}
+
+static int
+casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
+		     const char **error_r)
+{
+	struct casbox_pack_store *store = ctx->txn->store;
+	struct cas_blob_id_ctx id_ctx;
+	struct cas_blob_id real_id;
+	ssize_t size;
+	bool last;
+
+	cas_blob_id_init(store->keyring, &id_ctx);
+	do {
+		size = casbox_pack_read_chunk(ctx->txn, input, &last, error_r);
+		if (size < 0)
+			break;
+		if (ctx->idx == 0 && last && store->cur_dict_id != 0 &&
+		    (size_t)size <= store->set.dict_max_blob_size) {
+			ctx->dict = casbox_pack_dict_lookup(store,
+							    store->cur_dict_id);
+			ctx->dict_id = store->cur_dict_id;
+		}
+		cas_blob_id_update(&id_ctx, ctx->txn->plain, size);
+		if (casbox_pack_add_chunk(ctx, size, last, error_r) < 0) {
+			size = -1;
+			break;
+		}
+		if (ctx->pos - ctx->txn->offset > UINT32_MAX) {
+			*error_r = "blob too large for one frame";
+			size = -1;
+			break;
+		}
+	} while (!last);
+	cas_blob_id_final(&id_ctx, &real_id);
+	if (size < 0)
+		return -1;
+	if (sodium_memcmp(real_id.id, ctx->id->id, CAS_BLOB_ID_SIZE) != 0) {
+		*error_r = t_strdup_printf("blob id %s does not match content",
+					   cas_blob_id_to_hex(ctx->id));
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_pack_txn_add(struct casbox_pack_txn *txn,
+			const struct cas_blob_id *id, struct istream *input,
+			struct casbox_blob_record *rec_r,
+			const char **error_r)
+{
+	struct casbox_pack_add_ctx ctx;
+	uint64_t frame_off;
+	int ret = -1;
+
+	i_zero(rec_r);
+	if (txn->offset >= txn->store->set.max_pack_size &&
+	    casbox_pack_rotate(txn, error_r) < 0)
+		return -1;
+	i_zero(&ctx);
+	ctx.txn = txn;
+	ctx.id = id;
+	frame_off = txn->offset;
+	ctx.pos = frame_off + CASBOX_FRAME_HEADER_SIZE;
+	buffer_set_used_size(txn->table, 0);
+	cas_dek_generate(ctx.dek);
+
+	if (casbox_pack_add_body(&ctx, input, error_r) == 0 &&
+	    casbox_pack_add_finish(&ctx, frame_off, rec_r, error_r) == 0)
+		ret = 1;
+	sodium_memzero(ctx.dek, sizeof(ctx.dek));
+	if (ret < 0) {
+		/* drop the partial frame; we hold the lock */
+		i_zero(rec_r);
+		if (ftruncate(txn->fd, frame_off) < 0) {
+			i_error("ftruncate(%s) failed: %m",
+				casbox_pack_path(txn->store, txn->pack_id));
+		}
+	}
+	return ret;
+}
+
+int casbox_pack_txn_commit(struct casbox_pack_txn **_txn,
+			   const char **error_r)
+{
+	struct casbox_pack_txn *txn = *_txn;
+	int ret = 1;
+
+	*_txn = NULL;
+	if (txn->store->set.fsync && fdatasync(txn->fd) < 0) {
+		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
+			casbox_pack_path(txn->store, txn->pack_id));
+		ret = -1;
+	}
+	casbox_pack_txn_free(txn);
+	return ret;
+}
+
+void casbox_pack_txn_rollback(struct casbox_pack_txn **_txn)
+{
+	struct casbox_pack_txn *txn = *_txn;
+
+	*_txn = NULL;
+	/* frames already in earlier (rotated) packs stay as garbage for gc */
+	if (txn->fd != -1 && ftruncate(txn->fd, txn->start_offset) < 0) {
+		i_error("ftruncate(%s) failed: %m",
+			casbox_pack_path(txn->store, txn->pack_id));
+	}
+	casbox_pack_txn_free(txn);
+}

@@ -1,0 +1,310 @@
+/* Seekable istream of one blob's plaintext. The frame header and chunk
+   table are read and checked on the first read; each chunk is read,
+   CRC-checked, authenticated and only then decompressed, when the
+   reader reaches it. One decoded chunk is cached, so seeking inside it
+   costs nothing. */
+
+#include "lib.h"
+#include "istream-private.h"
+#include "cas-crc32c.h"
+#include "casbox-pack-private.h"
+
+#include <sodium.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+struct casbox_blob_istream {
+	struct istream_private istream;
+	struct casbox_pack_store *store;
+	struct cas_blob_id id;
+	struct casbox_blob_record rec;
+	char *path;
+
+	int fd;
+	bool opened, failed;
+	unsigned char *dek;	/* sodium_malloc()ed */
+	const struct casbox_pack_dict *dict;
+	struct casbox_frame_header hdr;
+	struct casbox_frame_chunk *chunks;
+
+	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
+	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
+	uint32_t cur_chunk;	/* UINT32_MAX = none */
+	size_t cur_size;
+};
+
+static int ATTR_FORMAT(2, 3)
+casbox_blob_error(struct casbox_blob_istream *bstream, const char *fmt, ...)
+{
+	va_list args;
+
+	va_start(args, fmt);
+	io_stream_set_error(&bstream->istream.iostream,
+		"Damaged blob %s in %s at offset %"PRIu64": %s",
+		cas_blob_id_to_hex(&bstream->id), bstream->path,
+		bstream->rec.offset, t_strdup_vprintf(fmt, args));
+	va_end(args);
+	bstream->istream.istream.stream_errno = EIO;
+	bstream->failed = TRUE;
+	return -1;
+}
+
+static int
+casbox_blob_pread(struct casbox_blob_istream *bstream, void *buf,
+		  size_t size, uint64_t frame_offset)
+{
+	ssize_t ret;
+
+	ret = pread(bstream->fd, buf, size, bstream->rec.offset + frame_offset);
+	if (ret < 0) {
+		return casbox_blob_error(bstream, "pread() failed: %s",
+					 strerror(errno));
+	}
+	if ((size_t)ret != size) {
+		return casbox_blob_error(bstream,
+			"pack truncated (frame offset %"PRIu64")",
+			frame_offset);
+	}
+	return 0;
+}
+
+static int casbox_blob_check_header(struct casbox_blob_istream *bstream)
+{
+	const struct casbox_frame_header *hdr = &bstream->hdr;
+	const struct casbox_blob_record *rec = &bstream->rec;
+
+	if (sodium_memcmp(hdr->id.id, bstream->id.id, CAS_BLOB_ID_SIZE) != 0)
+		return casbox_blob_error(bstream, "frame holds another blob");
+	if (hdr->frame_size != rec->frame_size ||
+	    hdr->plain_size != rec->plain_size ||
+	    hdr->dict_id != rec->dict_id) {
+		return casbox_blob_error(bstream,
+			"frame header does not match the blob record");
+	}
+	if (hdr->dict_id == 0)
+		return 0;
+	bstream->dict = casbox_pack_dict_lookup(bstream->store, hdr->dict_id);
+	if (bstream->dict == NULL) {
+		/* trained by another process since we opened the store */
+		const char *error;
+
+		if (casbox_pack_dicts_load(bstream->store, &error) < 0)
+			return casbox_blob_error(bstream, "%s", error);
+		bstream->dict = casbox_pack_dict_lookup(bstream->store,
+							hdr->dict_id);
+	}
+	if (bstream->dict == NULL) {
+		return casbox_blob_error(bstream, "dictionary %u is missing",
+					 hdr->dict_id);
+	}
+	if (bstream->dict->error != NULL)
+		return casbox_blob_error(bstream, "%s", bstream->dict->error);
+	return 0;
+}
+
+static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
+{
+	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE], *table;
+	const char *error;
+	size_t table_size;
+	int ret;
+
+	bstream->opened = TRUE;
+	bstream->fd = open(bstream->path, O_RDONLY);
+	if (bstream->fd == -1) {
+		return casbox_blob_error(bstream, "open() failed: %s",
+					 strerror(errno));
+	}
+	if (casbox_blob_pread(bstream, hdr, sizeof(hdr), 0) < 0)
+		return -1;
+	if (casbox_frame_header_parse(hdr, sizeof(hdr), &bstream->hdr,
+				      &error) < 0)
+		return casbox_blob_error(bstream, "%s", error);
+	if (casbox_blob_check_header(bstream) < 0)
+		return -1;
+
+	table_size = (size_t)bstream->hdr.chunk_count *
+		CASBOX_FRAME_TABLE_ENTRY_SIZE;
+	table = i_malloc(table_size);
+	bstream->chunks = i_new(struct casbox_frame_chunk,
+				bstream->hdr.chunk_count);
+	ret = casbox_blob_pread(bstream, table, table_size,
+				bstream->hdr.frame_size - table_size);
+	if (ret == 0 && casbox_frame_table_parse(&bstream->hdr, table,
+			table_size, bstream->chunks, &error) < 0)
+		ret = casbox_blob_error(bstream, "%s", error);
+	i_free(table);
+	if (ret < 0)
+		return -1;
+
+	bstream->dek = sodium_malloc(CAS_DEK_SIZE);
+	if (bstream->dek == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	if (cas_dek_unwrap(bstream->store->keyring, &bstream->id,
+			   bstream->rec.wrapped_dek, bstream->dek,
+			   &error) < 0)
+		return casbox_blob_error(bstream, "%s", error);
+	bstream->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
+	bstream->plain = i_malloc(CASBOX_CHUNK_SIZE);
+	return 0;
+}
+
+static int
+casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
+{
+	const struct casbox_frame_chunk *chunk = &bstream->chunks[idx];
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], nonce[CAS_AEAD_NONCE_SIZE];
+	ZSTD_DCtx *dctx = bstream->store->dctx;
+	size_t expected, clen, ret;
+	const char *error;
+
+	bstream->cur_chunk = UINT32_MAX;
+	if (casbox_blob_pread(bstream, bstream->stored, chunk->stored_size,
+			      chunk->offset) < 0)
+		return -1;
+	if (cas_crc32c_mask(cas_crc32c(bstream->stored,
+				       chunk->stored_size)) != chunk->crc)
+		return casbox_blob_error(bstream, "chunk %u: CRC mismatch", idx);
+	casbox_frame_chunk_aad(&bstream->id, bstream->hdr.dict_id, idx,
+			       idx + 1 == bstream->hdr.chunk_count, aad);
+	casbox_frame_chunk_nonce(idx, nonce);
+	if (cas_aead_decrypt(bstream->dek, nonce, aad, sizeof(aad),
+			     bstream->stored, chunk->stored_size,
+			     bstream->stored) < 0) {
+		return casbox_blob_error(bstream,
+			"chunk %u: authentication failed", idx);
+	}
+	clen = chunk->stored_size - CAS_AEAD_TAG_SIZE;
+	expected = casbox_frame_chunk_plain_size(bstream->hdr.plain_size, idx);
+	if (bstream->dict != NULL) {
+		ret = ZSTD_decompress_usingDDict(dctx, bstream->plain,
+			CASBOX_CHUNK_SIZE, bstream->stored, clen,
+			bstream->dict->ddict);
+	} else {
+		ret = ZSTD_decompressDCtx(dctx, bstream->plain,
+			CASBOX_CHUNK_SIZE, bstream->stored, clen);
+	}
+	if (casbox_zstd_check(ret, "ZSTD_decompress()", &error) < 0)
+		return casbox_blob_error(bstream, "chunk %u: %s", idx, error);
+	if (ret != expected) {
+		return casbox_blob_error(bstream,
+			"chunk %u: %zu bytes, expected %zu", idx, ret,
+			expected);
+	}
+	bstream->cur_chunk = idx;
+	bstream->cur_size = ret;
+	return 0;
+}
+
+static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
+{
+	struct casbox_blob_istream *bstream =
+		(struct casbox_blob_istream *)stream;
+	uint64_t offset;
+	size_t in_chunk, avail, n;
+	uint32_t idx;
+
+	if (!bstream->opened && casbox_blob_open_frame(bstream) < 0)
+		return -1;
+	if (bstream->failed) {
+		/* damage is permanent: never return bytes after it */
+		stream->istream.stream_errno = EIO;
+		return -1;
+	}
+	offset = stream->istream.v_offset + (stream->pos - stream->skip);
+	if (offset >= bstream->hdr.plain_size) {
+		stream->istream.eof = TRUE;
+		return -1;
+	}
+	idx = offset / CASBOX_CHUNK_SIZE;
+	if (idx != bstream->cur_chunk &&
+	    casbox_blob_decode_chunk(bstream, idx) < 0)
+		return -1;
+	in_chunk = offset % CASBOX_CHUNK_SIZE;
+	i_assert(in_chunk < bstream->cur_size);
+	if (!i_stream_try_alloc(stream, 1, &avail))
+		return -2;
+	n = I_MIN(avail, bstream->cur_size - in_chunk);
+	memcpy(stream->w_buffer + stream->pos, bstream->plain + in_chunk, n);
+	stream->pos += n;
+	return n;
+}
+
+static void i_stream_casbox_blob_seek(struct istream_private *stream,
+				      uoff_t v_offset, bool mark ATTR_UNUSED)
+{
+	stream->istream.v_offset = v_offset;
+	stream->skip = stream->pos = 0;
+}
+
+static int i_stream_casbox_blob_stat(struct istream_private *stream,
+				     bool exact ATTR_UNUSED)
+{
+	struct casbox_blob_istream *bstream =
+		(struct casbox_blob_istream *)stream;
+
+	stream->statbuf.st_size = bstream->rec.plain_size;
+	return 0;
+}
+
+static int i_stream_casbox_blob_get_size(struct istream_private *stream,
+					 bool exact ATTR_UNUSED,
+					 uoff_t *size_r)
+{
+	struct casbox_blob_istream *bstream =
+		(struct casbox_blob_istream *)stream;
+
+	*size_r = bstream->rec.plain_size;
+	return 1;
+}
+
+static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
+{
+	struct casbox_blob_istream *bstream =
+		(struct casbox_blob_istream *)stream;
+
+	if (bstream->fd != -1)
+		i_close_fd(&bstream->fd);
+	if (bstream->dek != NULL)
+		sodium_free(bstream->dek);
+	if (bstream->plain != NULL)
+		sodium_memzero(bstream->plain, CASBOX_CHUNK_SIZE);
+	i_free(bstream->plain);
+	i_free(bstream->stored);
+	i_free(bstream->chunks);
+	i_free(bstream->path);
+	i_stream_free_buffer(&bstream->istream);
+}
+
+struct istream *
+casbox_pack_blob_open(struct casbox_pack_store *store,
+		      const struct cas_blob_id *id,
+		      const struct casbox_blob_record *rec)
+{
+	struct casbox_blob_istream *bstream;
+	struct istream *input;
+
+	bstream = i_new(struct casbox_blob_istream, 1);
+	bstream->store = store;
+	bstream->id = *id;
+	bstream->rec = *rec;
+	bstream->path = i_strdup(casbox_pack_path(store, rec->pack_id));
+	bstream->fd = -1;
+	bstream->cur_chunk = UINT32_MAX;
+
+	bstream->istream.max_buffer_size = CASBOX_CHUNK_SIZE;
+	bstream->istream.iostream.destroy = i_stream_casbox_blob_destroy;
+	bstream->istream.read = i_stream_casbox_blob_read;
+	bstream->istream.seek = i_stream_casbox_blob_seek;
+	bstream->istream.stat = i_stream_casbox_blob_stat;
+	bstream->istream.get_size = i_stream_casbox_blob_get_size;
+	bstream->istream.istream.readable_fd = FALSE;
+	bstream->istream.istream.blocking = TRUE;
+	bstream->istream.istream.seekable = TRUE;
+	bstream->istream.statbuf.st_size = rec->plain_size;
+
+	input = i_stream_create(&bstream->istream, NULL, -1, 0);
+	i_stream_set_name(input, t_strdup_printf("casbox blob %s",
+						 cas_blob_id_to_hex(id)));
+	return input;
+}

@@ -1,0 +1,699 @@
+/* casbox-pack: round trips over the real corpus, seeks into large blobs,
+   every truncation and single-byte change of a frame gives a clean EIO
+   (never other bytes), wrong key and wrong id rejected, record
+   export/import, rotation, rollback, keyless scan with resync after
+   damage, and dictionaries. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "cas-key.h"
+#include "casbox-pack.h"
+#include "casbox-frame.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+static char tmpdir[] = "/tmp/check-pack.XXXXXX";
+static struct cas_keyring *keyring;
+
+static const char *corpus_dir(const char *sub)
+{
+	const char *root = getenv("CASBOX_CORPUS");
+
+	if (root == NULL)
+		root = "/work/shared/corpus";
+	return t_strdup_printf("%s/%s", root, sub);
+}
+
+static struct cas_keyring *test_keyring(unsigned char seed)
+{
+	unsigned char kek[CAS_KEK_SIZE];
+
+	memset(kek, seed, sizeof(kek));
+	return cas_keyring_create_from_kek(kek);
+}
+
+static void setup(void)
+{
+	strcpy(tmpdir, "/tmp/check-pack.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+	keyring = test_keyring(1);
+}
+
+static void teardown(void)
+{
+	ck_assert_int_eq(system(t_strdup_printf("rm -rf '%s'", tmpdir)), 0);
+	cas_keyring_free(&keyring);
+}
+
+static struct casbox_pack_store *
+store_open_with(const struct cas_keyring *k, uint64_t max_pack_size)
+{
+	struct casbox_pack_settings set;
+	struct casbox_pack_store *store;
+	const char *error;
+
+	i_zero(&set);
+	set.dir = t_strdup_printf("%s/packs", tmpdir);
+	set.fsync = FALSE;
+	set.max_pack_size = max_pack_size;
+	if (casbox_pack_store_open(&set, k, &store, &error) < 0)
+		ck_abort_msg("store open: %s", error);
+	return store;
+}
+
+static struct casbox_pack_store *store_open(void)
+{
+	return store_open_with(keyring, 0);
+}
+
+static void
+add_blobs(struct casbox_pack_store *store, const buffer_t *const *blobs,
+	  unsigned int count, struct cas_blob_id *ids,
+	  struct casbox_blob_record *recs)
+{
+	struct casbox_pack_txn *txn;
+	struct istream *input;
+	const char *error;
+	unsigned int i;
+
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	for (i = 0; i < count; i++) {
+		cas_blob_id_compute(keyring, blobs[i]->data, blobs[i]->used,
+				    &ids[i]);
+		input = i_stream_create_from_data(blobs[i]->data,
+						  blobs[i]->used);
+		if (casbox_pack_txn_add(txn, &ids[i], input, &recs[i],
+					&error) < 0)
+			ck_abort_msg("add: %s", error);
+		i_stream_unref(&input);
+		ck_assert_uint_eq(recs[i].plain_size, blobs[i]->used);
+	}
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	ck_assert_ptr_null(txn);
+}
+
+/* Read a blob whole. Returns 0 ok (bytes in out), -1 stream error. */
+static int read_blob(struct casbox_pack_store *store,
+		     const struct cas_blob_id *id,
+		     const struct casbox_blob_record *rec, buffer_t *out)
+{
+	struct istream *input = casbox_pack_blob_open(store, id, rec);
+	const unsigned char *data;
+	size_t size;
+	int ret;
+
+	buffer_set_used_size(out, 0);
+	while ((ret = i_stream_read_more(input, &data, &size)) > 0) {
+		buffer_append(out, data, size);
+		i_stream_skip(input, size);
+	}
+	ck_assert_int_eq(ret, -1);
+	ret = input->stream_errno == 0 ? 0 : -1;
+	if (ret < 0) {
+		ck_assert_int_eq(input->stream_errno, EIO);
+		ck_assert_ptr_nonnull(strstr(i_stream_get_error(input),
+					     cas_blob_id_to_hex(id)));
+	}
+	i_stream_unref(&input);
+	return ret;
+}
+
+static void assert_blob(struct casbox_pack_store *store,
+			const struct cas_blob_id *id,
+			const struct casbox_blob_record *rec,
+			const buffer_t *expected)
+{
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+
+	ck_assert_int_eq(read_blob(store, id, rec, out), 0);
+	ck_assert_uint_eq(out->used, expected->used);
+	ck_assert(memcmp(out->data, expected->data, out->used) == 0);
+	buffer_free(&out);
+}
+
+static buffer_t *read_path(const char *path)
+{
+	buffer_t *buf = buffer_create_dynamic(default_pool, 4096);
+	FILE *f = fopen(path, "r");
+	char tmp[8192];
+	size_t n;
+
+	ck_assert_ptr_nonnull(f);
+	while ((n = fread(tmp, 1, sizeof(tmp), f)) > 0)
+		buffer_append(buf, tmp, n);
+	ck_assert_int_eq(fclose(f), 0);
+	return buf;
+}
+
+static unsigned int
+corpus_files(const char *sub, unsigned int every, ARRAY_TYPE(const_string) *paths)
+{
+	struct dirent **names;
+	const char *dir = corpus_dir(sub);
+	int i, n;
+
+	n = scandir(dir, &names, NULL, alphasort);
+	ck_assert_msg(n > 2, "corpus %s missing", dir);
+	for (i = 0; i < n; i++) {
+		if (names[i]->d_name[0] != '.' && i % every == 0) {
+			const char *p = t_strdup_printf("%s/%s", dir,
+							names[i]->d_name);
+			array_push_back(paths, &p);
+		}
+		free(names[i]);
+	}
+	free(names);
+	return array_count(paths);
+}
+
+static buffer_t *pattern_blob(size_t size, unsigned int seed)
+{
+	buffer_t *buf = buffer_create_dynamic(default_pool, size + 1);
+	uint32_t x = seed * 2654435761U + 1;
+	size_t i;
+
+	/* half text-like, half noise: both compressible and not */
+	for (i = 0; i < size; i++) {
+		x = x * 1103515245U + 12345U;
+		buffer_append_c(buf, (i / 4096) % 2 == 0 ?
+				(unsigned char)"abcdefgh \r\n"[(x >> 16) % 11] :
+				(unsigned char)(x >> 16));
+	}
+	return buf;
+}
+
+START_TEST(test_corpus_round_trip)
+{
+	ARRAY_TYPE(const_string) paths;
+	struct casbox_pack_store *store = store_open();
+	const char *const *path;
+	unsigned int n = 0;
+
+	t_array_init(&paths, 512);
+	corpus_files("usrp-users-3000", 10, &paths);
+	corpus_files("mime-edge", 1, &paths);
+	ck_assert_uint_gt(array_count(&paths), 400);
+	array_foreach(&paths, path) T_BEGIN {
+		buffer_t *blob = read_path(*path);
+		struct cas_blob_id id;
+		struct casbox_blob_record rec;
+
+		add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+		ck_assert_uint_eq(rec.frame_size >= CASBOX_FRAME_HEADER_SIZE,
+				  1);
+		assert_blob(store, &id, &rec, blob);
+		buffer_free(&blob);
+		n++;
+	} T_END;
+	ck_assert_uint_eq(n, array_count(&paths));
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_chunk_boundaries)
+{
+	static const size_t sizes[] = {
+		0, 1, 65535, 65536, 65537, 131072, 200000
+	};
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[N_ELEMENTS(sizes)];
+	struct cas_blob_id ids[N_ELEMENTS(sizes)];
+	struct casbox_blob_record recs[N_ELEMENTS(sizes)];
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(sizes); i++)
+		blobs[i] = pattern_blob(sizes[i], i);
+	add_blobs(store, (const buffer_t *const *)blobs, N_ELEMENTS(sizes),
+		  ids, recs);
+	for (i = 0; i < N_ELEMENTS(sizes); i++) {
+		ck_assert_uint_eq(recs[i].plain_size, sizes[i]);
+		assert_blob(store, &ids[i], &recs[i], blobs[i]);
+		buffer_free(&blobs[i]);
+	}
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_seek)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blob = pattern_blob(1000 * 1000 + 17, 3);
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	struct istream *input;
+	const unsigned char *data;
+	size_t size;
+	uoff_t off, stream_size;
+	unsigned int i;
+
+	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+	input = casbox_pack_blob_open(store, &id, &rec);
+	ck_assert_int_eq(i_stream_get_size(input, TRUE, &stream_size), 1);
+	ck_assert_uint_eq(stream_size, blob->used);
+	/* forwards, backwards, across chunk boundaries */
+	for (i = 0; i < 200; i++) {
+		off = ((uint64_t)i * 7919 * 65521) % blob->used;
+		if (i % 5 == 0)
+			off = (off / 65536) * 65536 + 65530;
+		if (off >= blob->used)
+			off = blob->used - 1;
+		i_stream_seek(input, off);
+		ck_assert_int_eq(i_stream_read_bytes(input, &data, &size, 1),
+				 1);
+		size = I_MIN(size, blob->used - off);
+		ck_assert(memcmp(data, CONST_PTR_OFFSET(blob->data, off),
+				 size) == 0);
+		/* read a stretch across the next boundary */
+		if (off + 20 <= blob->used) {
+			ck_assert_int_eq(i_stream_read_bytes(input, &data,
+							     &size, 20), 1);
+			ck_assert(memcmp(data, CONST_PTR_OFFSET(blob->data,
+								 off), 20) == 0);
+		}
+	}
+	i_stream_seek(input, blob->used);
+	ck_assert_int_eq(i_stream_read(input), -1);
+	ck_assert_int_eq(input->stream_errno, 0);
+	ck_assert(input->eof);
+	i_stream_unref(&input);
+	buffer_free(&blob);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+static void pack_poke(const struct casbox_blob_record *rec, uint64_t off,
+		      unsigned char xor_val, unsigned char *old_r)
+{
+	const char *path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,
+					   rec->pack_id);
+	unsigned char c;
+	int fd = open(path, O_RDWR);
+
+	ck_assert_int_ne(fd, -1);
+	ck_assert_int_eq(pread(fd, &c, 1, rec->offset + off), 1);
+	*old_r = c;
+	c ^= xor_val;
+	ck_assert_int_eq(pwrite(fd, &c, 1, rec->offset + off), 1);
+	ck_assert_int_eq(close(fd), 0);
+}
+
+static void pack_truncate(const struct casbox_blob_record *rec,
+			  uint64_t frame_len)
+{
+	const char *path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,
+					   rec->pack_id);
+
+	ck_assert_int_eq(truncate(path, rec->offset + frame_len), 0);
+}
+
+static void
+damage_frame(uint64_t blob_size, unsigned int step)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blob = pattern_blob(blob_size, 5);
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	unsigned char old;
+	uint64_t i;
+
+	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+	assert_blob(store, &id, &rec, blob);
+	for (i = 0; i < rec.frame_size; i += step) T_BEGIN {
+		pack_poke(&rec, i, 0x5a, &old);
+		ck_assert_msg(read_blob(store, &id, &rec, out) < 0,
+			      "byte %"PRIu64" changed, still read", i);
+		pack_poke(&rec, i, 0x5a, &old);
+	} T_END;
+	assert_blob(store, &id, &rec, blob);
+	for (i = rec.frame_size; i > 0; i -= I_MIN(i, step)) T_BEGIN {
+		pack_truncate(&rec, i - 1);
+		ck_assert_msg(read_blob(store, &id, &rec, out) < 0,
+			      "truncated to %"PRIu64", still read", i - 1);
+	} T_END;
+	buffer_free(&out);
+	buffer_free(&blob);
+	casbox_pack_store_close(&store);
+}
+
+START_TEST(test_damage_small_exhaustive)
+{
+	damage_frame(3000, 1);
+}
+END_TEST
+
+START_TEST(test_damage_large_sampled)
+{
+	damage_frame(300 * 1000, 997);
+}
+END_TEST
+
+START_TEST(test_damage_record_fields)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blob = pattern_blob(70000, 6);
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+	struct casbox_blob_record rec, bad;
+	struct cas_blob_id id, other;
+
+	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+	bad = rec; bad.plain_size--;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	bad = rec; bad.frame_size++;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	bad = rec; bad.offset++;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	bad = rec; bad.dict_id = 1;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	bad = rec; bad.wrapped_dek[40] ^= 1;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	bad = rec; bad.pack_id = 99;
+	ck_assert_int_eq(read_blob(store, &id, &bad, out), -1);
+	other = id; other.id[0] ^= 1;
+	ck_assert_int_eq(read_blob(store, &other, &rec, out), -1);
+	buffer_free(&out);
+	buffer_free(&blob);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_wrong_key)
+{
+	struct casbox_pack_store *store = store_open();
+	struct cas_keyring *k2 = test_keyring(2);
+	buffer_t *blob = pattern_blob(5000, 7);
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+
+	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+	casbox_pack_store_close(&store);
+	store = store_open_with(k2, 0);
+	ck_assert_int_eq(read_blob(store, &id, &rec, out), -1);
+	ck_assert_uint_eq(out->used, 0);
+	casbox_pack_store_close(&store);
+	cas_keyring_free(&k2);
+	buffer_free(&out);
+	buffer_free(&blob);
+}
+END_TEST
+
+START_TEST(test_add_rejects)
+{
+	struct casbox_pack_store *store = store_open();
+	struct casbox_pack_txn *txn;
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	struct istream *input;
+	const char *error, *path;
+	struct stat st;
+
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	path = t_strdup_printf("%s/packs/pack-00000001.cbp", tmpdir);
+	/* id not of this content */
+	cas_blob_id_compute(keyring, "abc", 3, &id);
+	input = i_stream_create_from_data("abd", 3);
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "does not match"));
+	i_stream_unref(&input);
+	/* input stream error */
+	input = i_stream_create_error_str(EIO, "disk on fire");
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "disk on fire"));
+	i_stream_unref(&input);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_eq(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	/* rollback drops what was added */
+	input = i_stream_create_from_data("abc", 3);
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 1);
+	i_stream_unref(&input);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_gt(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	casbox_pack_txn_rollback(&txn);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_eq(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_record_export_import)
+{
+	struct casbox_blob_record rec, rec2;
+	buffer_t *buf = buffer_create_dynamic(default_pool, 128);
+	const char *error;
+	unsigned int i;
+
+	i_zero(&rec);
+	rec.pack_id = 7;
+	rec.offset = 123456789012ULL;
+	rec.plain_size = 100000;
+	rec.frame_size = CASBOX_FRAME_HEADER_SIZE + 2 * (8 + 1000);
+	rec.dict_id = 3;
+	for (i = 0; i < CAS_WRAPPED_DEK_SIZE; i++)
+		rec.wrapped_dek[i] = i;
+	casbox_blob_record_export(&rec, buf);
+	ck_assert_uint_eq(buf->used, CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), 1);
+	ck_assert_mem_eq(&rec, &rec2, sizeof(rec));
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_blob_record_import(buf->data, i,
+							   &rec2, &error), -1);
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	buffer_set_used_size(buf, buf->used - 1);
+	((unsigned char *)buffer_get_modifiable_data(buf, NULL))[0] = 2;
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	/* impossible frame size for the plain size */
+	buffer_set_used_size(buf, 0);
+	rec.frame_size = 10;
+	casbox_blob_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	buffer_free(&buf);
+}
+END_TEST
+
+START_TEST(test_rotation)
+{
+	struct casbox_pack_store *store = store_open_with(keyring, 100000);
+	buffer_t *blobs[12];
+	struct cas_blob_id ids[12];
+	struct casbox_blob_record recs[12];
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		blobs[i] = pattern_blob(30000 + i, 100 + i);
+	add_blobs(store, (const buffer_t *const *)blobs, 6, ids, recs);
+	add_blobs(store, (const buffer_t *const *)blobs + 6, 6, ids + 6,
+		  recs + 6);
+	ck_assert_uint_gt(recs[11].pack_id, 1);
+	for (i = 0; i < N_ELEMENTS(blobs); i++) {
+		assert_blob(store, &ids[i], &recs[i], blobs[i]);
+		buffer_free(&blobs[i]);
+	}
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+struct scan_result {
+	unsigned int intact, damaged;
+	bool found[8];
+};
+
+static void
+scan_all(struct casbox_pack_store *store, const struct cas_blob_id *ids,
+	 unsigned int count, struct scan_result *res_r)
+{
+	struct casbox_pack_scan *scan = casbox_pack_scan_init(store);
+	struct casbox_pack_frame_info info;
+	const char *error;
+	unsigned int i;
+
+	i_zero(res_r);
+	while (casbox_pack_scan_next(scan, &info)) {
+		if (info.damage != NULL) {
+			res_r->damaged++;
+			continue;
+		}
+		res_r->intact++;
+		for (i = 0; i < count; i++) {
+			if (memcmp(info.id.id, ids[i].id,
+				   CAS_BLOB_ID_SIZE) == 0)
+				res_r->found[i] = TRUE;
+		}
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+}
+
+START_TEST(test_scan_resync)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[5];
+	struct cas_blob_id ids[5];
+	struct casbox_blob_record recs[5];
+	struct scan_result res;
+	unsigned char old;
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		blobs[i] = pattern_blob(i == 2 ? 150000 : 2000 + i, 200 + i);
+	add_blobs(store, (const buffer_t *const *)blobs, 5, ids, recs);
+
+	scan_all(store, ids, 5, &res);
+	ck_assert_uint_eq(res.intact, 5);
+	ck_assert_uint_eq(res.damaged, 0);
+
+	/* header of frame 1: resync finds 2, 3, 4 */
+	pack_poke(&recs[1], 10, 0xff, &old);
+	scan_all(store, ids, 5, &res);
+	ck_assert_uint_eq(res.intact, 4);
+	ck_assert_uint_eq(res.damaged, 1);
+	ck_assert(res.found[0] && !res.found[1] && res.found[2] &&
+		  res.found[3] && res.found[4]);
+	pack_poke(&recs[1], 10, 0xff, &old);
+
+	/* a chunk byte in the large frame 2: header intact, size trusted */
+	pack_poke(&recs[2], 70000, 0x01, &old);
+	scan_all(store, ids, 5, &res);
+	ck_assert_uint_eq(res.intact, 4);
+	ck_assert_uint_eq(res.damaged, 1);
+	ck_assert(!res.found[2] && res.found[3] && res.found[4]);
+
+	/* and the magic of frame 3 too */
+	pack_poke(&recs[3], 0, 0xff, &old);
+	scan_all(store, ids, 5, &res);
+	ck_assert_uint_eq(res.intact, 3);
+	ck_assert(res.found[0] && res.found[1] && res.found[4]);
+
+	/* a torn tail */
+	pack_truncate(&recs[4], recs[4].frame_size - 3);
+	scan_all(store, ids, 5, &res);
+	ck_assert_uint_eq(res.intact, 2);
+	ck_assert(!res.found[4]);
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		buffer_free(&blobs[i]);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+/* the header block: up to the first empty line, at most 4 KiB */
+static size_t header_len(const buffer_t *buf)
+{
+	const unsigned char *p = buf->data;
+	size_t i;
+
+	for (i = 0; i + 1 < buf->used && i < 4096; i++) {
+		if (p[i] == '\n' && (p[i + 1] == '\n' ||
+				     (p[i + 1] == '\r' && i + 2 < buf->used &&
+				      p[i + 2] == '\n')))
+			return i + 1;
+	}
+	return I_MIN(buf->used, 4096);
+}
+
+START_TEST(test_dictionary)
+{
+	ARRAY_TYPE(const_string) paths;
+	struct casbox_pack_store *store = store_open();
+	const void **samples;
+	size_t *sizes;
+	buffer_t **bufs, *small, *out;
+	struct casbox_blob_record rec, rec2;
+	struct cas_blob_id id, id2;
+	const char *const *path, *error;
+	unsigned int i, count;
+	uint32_t dict_id;
+
+	t_array_init(&paths, 512);
+	count = corpus_files("usrp-users-3000", 5, &paths);
+	samples = t_new(const void *, count);
+	sizes = t_new(size_t, count);
+	bufs = t_new(buffer_t *, count);
+	i = 0;
+	array_foreach(&paths, path) {
+		bufs[i] = read_path(*path);
+		samples[i] = bufs[i]->data;
+		sizes[i] = header_len(bufs[i]);
+		i++;
+	}
+	ck_assert_int_eq(casbox_pack_dict_train(store, samples, sizes, count,
+						&dict_id, &error), 1);
+	ck_assert_uint_eq(dict_id, 1);
+
+	small = buffer_create_dynamic(default_pool, 4096);
+	buffer_append(small, bufs[1]->data, I_MIN(bufs[1]->used, 3000));
+	add_blobs(store, (const buffer_t *const *)&small, 1, &id, &rec);
+	ck_assert_uint_eq(rec.dict_id, dict_id);
+	assert_blob(store, &id, &rec, small);
+	/* large blobs do not use it */
+	add_blobs(store, (const buffer_t *const *)&bufs[0], 1, &id2, &rec2);
+	if (bufs[0]->used > 16384)
+		ck_assert_uint_eq(rec2.dict_id, 0);
+	casbox_pack_store_close(&store);
+
+	/* reopened: loaded from the sealed file */
+	store = store_open();
+	assert_blob(store, &id, &rec, small);
+	assert_blob(store, &id2, &rec2, bufs[0]);
+	casbox_pack_store_close(&store);
+
+	/* dictionary gone or damaged: clean error */
+	out = buffer_create_dynamic(default_pool, 1024);
+	ck_assert_int_eq(rename(t_strdup_printf("%s/packs/dict-00000001.cbd",
+						tmpdir),
+				t_strdup_printf("%s/d", tmpdir)), 0);
+	store = store_open();
+	ck_assert_int_eq(read_blob(store, &id, &rec, out), -1);
+	casbox_pack_store_close(&store);
+	buffer_free(&out);
+	buffer_free(&small);
+	for (i = 0; i < count; i++)
+		buffer_free(&bufs[i]);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("pack");
+	TCase *tc = tcase_create("pack");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_corpus_round_trip);
+	tcase_add_test(tc, test_chunk_boundaries);
+	tcase_add_test(tc, test_seek);
+	tcase_add_test(tc, test_damage_small_exhaustive);
+	tcase_add_test(tc, test_damage_large_sampled);
+	tcase_add_test(tc, test_damage_record_fields);
+	tcase_add_test(tc, test_wrong_key);
+	tcase_add_test(tc, test_add_rejects);
+	tcase_add_test(tc, test_record_export_import);
+	tcase_add_test(tc, test_rotation);
+	tcase_add_test(tc, test_scan_resync);
+	tcase_add_test(tc, test_dictionary);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
