@@ -1,0 +1,166 @@
+#ifndef CASBOX_LSM_PRIVATE_H
+#define CASBOX_LSM_PRIVATE_H
+
+/* Internals shared by the casbox-lsm files. Formats: doc/casbox-lsm.md. */
+
+#include "casbox-lsm.h"
+#include "casbox-lsm-io.h"
+
+enum casbox_lsm_type {
+	CASBOX_LSM_TYPE_DELETE = 0,
+	CASBOX_LSM_TYPE_PUT = 1,
+};
+
+/* A sorted stream of (key, type, value) with strictly increasing keys.
+   Implemented by the memtable, tables and the merge of several. When
+   iteration stops on damage, valid is FALSE and error is set. */
+struct casbox_lsm_source {
+	void (*seek)(struct casbox_lsm_source *src,
+		     const unsigned char *key, size_t key_size);
+	void (*next)(struct casbox_lsm_source *src);
+	void (*free)(struct casbox_lsm_source *src);
+
+	bool valid;
+	enum casbox_lsm_type type;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	/* i_malloc()ed; freed by free() */
+	char *error;
+};
+
+static inline void casbox_lsm_source_free(struct casbox_lsm_source **_src)
+{
+	struct casbox_lsm_source *src = *_src;
+
+	if (src == NULL)
+		return;
+	*_src = NULL;
+	src->free(src);
+}
+
+int casbox_lsm_key_cmp(const unsigned char *a, size_t a_size,
+		       const unsigned char *b, size_t b_size);
+
+/* ---- memtable (casbox-lsm-memtable.c): skiplist of versions ---- */
+struct casbox_lsm_memtable;
+
+struct casbox_lsm_memtable *casbox_lsm_memtable_create(void);
+void casbox_lsm_memtable_ref(struct casbox_lsm_memtable *mt);
+void casbox_lsm_memtable_unref(struct casbox_lsm_memtable **mt);
+/* Copies key and value. seq must grow with every add. */
+void casbox_lsm_memtable_add(struct casbox_lsm_memtable *mt, uint64_t seq,
+			     enum casbox_lsm_type type,
+			     const void *key, size_t key_size,
+			     const void *value, size_t value_size);
+/* Newest version with seq <= max_seq. Returns TRUE if the memtable has
+   one (which may be a delete). value_r stays valid while mt lives. */
+bool casbox_lsm_memtable_lookup(struct casbox_lsm_memtable *mt,
+				const void *key, size_t key_size,
+				uint64_t max_seq, enum casbox_lsm_type *type_r,
+				const unsigned char **value_r,
+				size_t *value_size_r);
+unsigned int casbox_lsm_memtable_count(struct casbox_lsm_memtable *mt);
+/* Source over the newest version <= max_seq of each key, deletes
+   included. Holds a reference to mt. */
+struct casbox_lsm_source *
+casbox_lsm_memtable_source(struct casbox_lsm_memtable *mt, uint64_t max_seq);
+
+/* ---- WAL (casbox-lsm-wal.c) ---- */
+#define CASBOX_LSM_WAL_HEADER_SIZE 24
+#define CASBOX_LSM_WAL_RECORD_HDR 8
+#define CASBOX_LSM_WAL_MAX_PAYLOAD (256U * 1024 * 1024)
+
+void casbox_lsm_wal_header_write(buffer_t *buf, uint64_t file_no);
+int casbox_lsm_wal_header_parse(const unsigned char *data, size_t size,
+				uint64_t *file_no_r, const char **error_r);
+/* Append one encoded entry to a batch's entry buffer. */
+void casbox_lsm_wal_entry_encode(buffer_t *entries, enum casbox_lsm_type type,
+				 const void *key, size_t key_size,
+				 const void *value, size_t value_size);
+/* Append a record (header + payload) for the encoded entries. */
+void casbox_lsm_wal_record_encode(buffer_t *out, uint64_t first_seq,
+				  unsigned int count, const buffer_t *entries);
+
+enum casbox_lsm_wal_status {
+	/* a complete record with a good CRC */
+	CASBOX_LSM_WAL_OK,
+	/* nothing more: clean end, torn tail or a write in progress */
+	CASBOX_LSM_WAL_END,
+	/* a bad record with more data after it */
+	CASBOX_LSM_WAL_CORRUPT,
+};
+/* Look at the record at the start of data (size = bytes up to EOF). */
+enum casbox_lsm_wal_status
+casbox_lsm_wal_record_parse(const unsigned char *data, size_t size,
+			    const unsigned char **payload_r,
+			    size_t *payload_size_r, size_t *record_size_r,
+			    const char **error_r);
+
+typedef void casbox_lsm_wal_apply_t(void *context, uint64_t seq,
+				    enum casbox_lsm_type type,
+				    const unsigned char *key, size_t key_size,
+				    const unsigned char *value,
+				    size_t value_size);
+/* Validate a payload completely, then (if apply != NULL) call apply for
+   each entry. Returns 0 ok, -1 malformed (nothing applied). */
+int casbox_lsm_wal_payload_apply(const unsigned char *payload, size_t size,
+				 uint64_t *first_seq_r, unsigned int *count_r,
+				 casbox_lsm_wal_apply_t *apply, void *context,
+				 const char **error_r);
+
+/* ---- sorted tables (casbox-lsm-table.c) ---- */
+#define CASBOX_LSM_TABLE_FOOTER_SIZE 48
+
+struct casbox_lsm_table;
+struct casbox_lsm_table_builder;
+
+struct casbox_lsm_table_builder *
+casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
+			      const char *path);
+/* Keys must be added in strictly increasing order. */
+int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
+				 enum casbox_lsm_type type,
+				 const unsigned char *key, size_t key_size,
+				 const unsigned char *value, size_t value_size);
+/* Writes the rest, fsyncs. Returns 0 ok (size_r = file size), -1 error.
+   Frees the builder either way. */
+int casbox_lsm_table_builder_finish(struct casbox_lsm_table_builder **builder,
+				    bool fsync, uoff_t *size_r,
+				    uint64_t *entries_r, const char **error_r);
+
+/* Open a table (takes ownership of fd, closes it on error too). */
+int casbox_lsm_table_open(const struct casbox_lsm_io *io, int fd,
+			  const char *path, uint64_t file_no,
+			  struct casbox_lsm_table **table_r,
+			  const char **error_r);
+/* Open a table from a memory buffer (fuzzing). The data must stay
+   valid until the table is freed. */
+int casbox_lsm_table_open_mem(const void *data, size_t size,
+			      struct casbox_lsm_table **table_r,
+			      const char **error_r);
+void casbox_lsm_table_ref(struct casbox_lsm_table *table);
+void casbox_lsm_table_unref(struct casbox_lsm_table **table);
+uint64_t casbox_lsm_table_file_no(struct casbox_lsm_table *table);
+uoff_t casbox_lsm_table_size(struct casbox_lsm_table *table);
+/* Returns 1 found (type_r says whether put or delete; value appended
+   for a put), 0 not in this table, -1 damage (error_r has file and
+   offset). */
+int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
+			    const void *key, size_t key_size,
+			    enum casbox_lsm_type *type_r, buffer_t *value_r,
+			    const char **error_r);
+struct casbox_lsm_source *
+casbox_lsm_table_source(struct casbox_lsm_table *table);
+/* Check every block; report damage. Returns 1 clean, 0 damage. */
+int casbox_lsm_table_verify(struct casbox_lsm_table *table,
+			    casbox_lsm_damage_callback_t *report,
+			    void *context);
+
+/* ---- merge (casbox-lsm-merge.c) ---- */
+/* Merge sources, sources[0] newest: for equal keys the newest wins.
+   Takes ownership of the sources. Deletes are passed through. */
+struct casbox_lsm_source *
+casbox_lsm_merge_source(struct casbox_lsm_source *const *sources,
+			unsigned int count);
+
+#endif

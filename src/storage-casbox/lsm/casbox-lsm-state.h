@@ -1,0 +1,67 @@
+#ifndef CASBOX_LSM_STATE_H
+#define CASBOX_LSM_STATE_H
+
+/* The store handle, shared by casbox-lsm.c and casbox-lsm-flush.c. */
+
+#include "casbox-lsm-private.h"
+#include "casbox-lsm-manifest.h"
+
+#include <sys/stat.h>
+
+/* A dotlock older than this whose owner is gone is taken over. */
+#define LSM_DOTLOCK_STALE_SECS 120
+/* Merge tables when there are more than this many. */
+#define LSM_MAX_TABLES 6
+
+ARRAY_DEFINE_TYPE(lsm_table, struct casbox_lsm_table *);
+
+struct casbox_lsm {
+	struct casbox_lsm_settings set;
+	const struct casbox_lsm_io *io;
+	char *dir, *manifest_path, *lock_path;
+	unsigned int lock_timeout_secs;
+	size_t wal_flush_bytes;
+
+	int lock_fd;
+	struct file_lock *lock;
+
+	/* state as of the last load/refresh */
+	struct stat manifest_st;
+	uint64_t generation, wal_no, next_file_no, flushed_seq;
+	ARRAY_TYPE(lsm_table) tables; /* newest first */
+	struct casbox_lsm_memtable *mt;
+	int wal_fd;
+	/* end of the last complete record we applied */
+	uoff_t wal_offset;
+	/* the WAL's size at the last read (>= wal_offset) */
+	uoff_t wal_file_size;
+	uint64_t last_seq;
+
+	buffer_t *read_buf;
+	struct casbox_lsm_batch *batch;
+	/* a failed commit could not be undone in the WAL */
+	bool broken;
+};
+
+const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
+			    const char *ext);
+int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r);
+void casbox_lsm_unlock(struct casbox_lsm *lsm);
+/* Returns 1 ok, 0 no MANIFEST, -1 error. */
+int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r);
+
+/* casbox-lsm-flush.c; all need the write lock. */
+int casbox_lsm_wal_create(struct casbox_lsm *lsm, uint64_t wal_no,
+			  const char **error_r);
+int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
+			      const struct casbox_lsm_manifest *man,
+			      const char **error_r);
+/* Cut a torn tail left by a writer that crashed. */
+int casbox_lsm_wal_cut_tail(struct casbox_lsm *lsm, const char **error_r);
+/* Append, sync and apply one batch. */
+int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
+			  unsigned int count, const char **error_r);
+/* Flush the memtable into a table, then compact if needed. */
+int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r);
+
+#endif

@@ -1,0 +1,1032 @@
+/* Immutable sorted tables. Layout (doc/casbox-lsm.md):
+
+   data block* | index block | bloom block | footer (48 bytes)
+   block: entry* | u32 restart[n] | u32 n, then u32 masked crc32c
+   entry: numpack shared | numpack unshared | numpack value_len+1 (0 =
+	  delete) | key suffix | value
+   index entry: key = last key of the block, value = u64 off | u32 size
+   bloom: bits | u8 k
+   footer: u64 index_off | u32 index_size | u64 bloom_off |
+	   u32 bloom_size | u64 entries | u32 version | u32 crc |
+	   "CBXSST01"
+
+   Block sizes exclude their 4-byte CRC trailer. Every block is checked
+   against its CRC before any byte of it is parsed. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "numpack.h"
+#include "byteorder.h"
+#include "cas-crc32c.h"
+#include "casbox-lsm-private.h"
+
+#define TABLE_MAGIC "CBXSST01"
+#define TABLE_VERSION 1
+#define TABLE_BLOCK_SIZE 4096
+#define TABLE_RESTART_INTERVAL 16
+#define TABLE_BLOOM_BITS_PER_KEY 10
+#define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
+
+struct block_builder {
+	buffer_t *data;
+	ARRAY(uint32_t) restarts;
+	buffer_t *last_key;
+	unsigned int counter, entries;
+};
+
+struct casbox_lsm_table_builder {
+	const struct casbox_lsm_io *io;
+	int fd;
+	char *path;
+	uoff_t offset;
+	uint64_t entries;
+	struct block_builder block, index;
+	buffer_t *out;
+	ARRAY(uint32_t) key_hashes;
+	char *error;
+};
+
+struct table_index_entry {
+	const unsigned char *last_key;
+	size_t last_key_size, key_off;
+	uoff_t offset;
+	uint32_t size;
+};
+
+struct casbox_lsm_table {
+	int refcount;
+	const struct casbox_lsm_io *io;
+	int fd;
+	char *path;
+	uint64_t file_no;
+	uoff_t size;
+	/* fuzzing: the whole file in memory */
+	const unsigned char *mem;
+
+	buffer_t *index_block, *bloom;
+	ARRAY(struct table_index_entry) index;
+	uint64_t entries;
+};
+
+/* A parsed, CRC-checked block. */
+struct block {
+	buffer_t *buf;
+	const unsigned char *data;
+	size_t data_size; /* entries only, without the restart array */
+	unsigned int n_restarts;
+	const unsigned char *restarts;
+	uoff_t file_offset;
+};
+
+struct block_iter {
+	const struct block *block;
+	size_t pos, next_pos;
+	buffer_t *key;
+	enum casbox_lsm_type type;
+	const unsigned char *value;
+	size_t value_size;
+	bool valid;
+	const char *error;
+};
+
+struct table_source {
+	struct casbox_lsm_source src;
+	struct casbox_lsm_table *table;
+	unsigned int block_idx;
+	struct block block;
+	struct block_iter bi;
+	/* where iteration stopped on damage (verify reports it) */
+	uoff_t error_offset;
+	char *error_reason;
+};
+
+/* ---- hashing for the bloom filter ---- */
+
+static uint32_t bloom_hash(const unsigned char *key, size_t size)
+{
+	/* FNV-1a with a final avalanche */
+	uint32_t h = 2166136261U;
+	size_t i;
+
+	for (i = 0; i < size; i++) {
+		h ^= key[i];
+		h *= 16777619U;
+	}
+	h ^= h >> 16;
+	h *= 0x85ebca6bU;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35U;
+	h ^= h >> 16;
+	return h;
+}
+
+static void bloom_build(buffer_t *out, const uint32_t *hashes,
+			unsigned int count)
+{
+	unsigned int bits, k, i, j;
+	unsigned char *array;
+	size_t bytes;
+
+	k = TABLE_BLOOM_BITS_PER_KEY * 69 / 100; /* ln 2 */
+	bits = count * TABLE_BLOOM_BITS_PER_KEY;
+	if (bits < 64)
+		bits = 64;
+	bytes = (bits + 7) / 8;
+	bits = bytes * 8;
+	array = buffer_append_space_unsafe(out, bytes);
+	memset(array, 0, bytes);
+	for (i = 0; i < count; i++) {
+		uint32_t h = hashes[i];
+		uint32_t delta = (h >> 17) | (h << 15);
+
+		for (j = 0; j < k; j++) {
+			uint32_t pos = h % bits;
+
+			array[pos / 8] |= 1 << (pos % 8);
+			h += delta;
+		}
+	}
+	buffer_append_c(out, k);
+}
+
+static bool bloom_may_contain(const buffer_t *bloom, const void *key,
+			      size_t key_size)
+{
+	const unsigned char *array = bloom->data;
+	uint32_t h, delta, bits, pos;
+	unsigned int j, k;
+
+	if (bloom->used < 2)
+		return TRUE;
+	k = array[bloom->used - 1];
+	if (k == 0 || k > 30)
+		return TRUE; /* unknown encoding: never a false negative */
+	bits = (bloom->used - 1) * 8;
+	h = bloom_hash(key, key_size);
+	delta = (h >> 17) | (h << 15);
+	for (j = 0; j < k; j++) {
+		pos = h % bits;
+		if ((array[pos / 8] & (1 << (pos % 8))) == 0)
+			return FALSE;
+		h += delta;
+	}
+	return TRUE;
+}
+
+/* ---- block building ---- */
+
+static void block_builder_init(struct block_builder *bb)
+{
+	bb->data = buffer_create_dynamic(default_pool, TABLE_BLOCK_SIZE * 2);
+	i_array_init(&bb->restarts, 64);
+	bb->last_key = buffer_create_dynamic(default_pool, 128);
+}
+
+static void block_builder_deinit(struct block_builder *bb)
+{
+	buffer_free(&bb->data);
+	array_free(&bb->restarts);
+	buffer_free(&bb->last_key);
+}
+
+static void block_builder_reset(struct block_builder *bb)
+{
+	buffer_set_used_size(bb->data, 0);
+	array_clear(&bb->restarts);
+	buffer_set_used_size(bb->last_key, 0);
+	bb->counter = 0;
+	bb->entries = 0;
+}
+
+static void block_builder_add(struct block_builder *bb, bool is_delete,
+			      const unsigned char *key, size_t key_size,
+			      const unsigned char *value, size_t value_size)
+{
+	size_t shared = 0;
+	uint32_t restart;
+
+	if (bb->counter < TABLE_RESTART_INTERVAL && bb->entries > 0) {
+		const unsigned char *last = bb->last_key->data;
+		size_t max = I_MIN(bb->last_key->used, key_size);
+
+		while (shared < max && last[shared] == key[shared])
+			shared++;
+	} else {
+		restart = bb->data->used;
+		array_push_back(&bb->restarts, &restart);
+		bb->counter = 0;
+	}
+	numpack_encode(bb->data, shared);
+	numpack_encode(bb->data, key_size - shared);
+	numpack_encode(bb->data, is_delete ? 0 : (uint64_t)value_size + 1);
+	buffer_append(bb->data, key + shared, key_size - shared);
+	if (!is_delete)
+		buffer_append(bb->data, value, value_size);
+	buffer_set_used_size(bb->last_key, 0);
+	buffer_append(bb->last_key, key, key_size);
+	bb->counter++;
+	bb->entries++;
+}
+
+/* Finish the block into out: restarts, count, crc. */
+static void block_builder_finish(struct block_builder *bb, buffer_t *out,
+				 uint32_t *size_r)
+{
+	const uint32_t *restart;
+	unsigned char num[4];
+	size_t start = out->used;
+	uint32_t crc;
+
+	buffer_append_buf(out, bb->data, 0, SIZE_MAX);
+	array_foreach(&bb->restarts, restart) {
+		cpu32_to_be_unaligned(*restart, num);
+		buffer_append(out, num, 4);
+	}
+	cpu32_to_be_unaligned(array_count(&bb->restarts), num);
+	buffer_append(out, num, 4);
+	*size_r = out->used - start;
+	crc = cas_crc32c(CONST_PTR_OFFSET(out->data, start), *size_r);
+	cpu32_to_be_unaligned(cas_crc32c_mask(crc), num);
+	buffer_append(out, num, 4);
+}
+
+struct casbox_lsm_table_builder *
+casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
+			      const char *path)
+{
+	struct casbox_lsm_table_builder *builder;
+
+	builder = i_new(struct casbox_lsm_table_builder, 1);
+	builder->io = io;
+	builder->fd = fd;
+	builder->path = i_strdup(path);
+	block_builder_init(&builder->block);
+	block_builder_init(&builder->index);
+	builder->out = buffer_create_dynamic(default_pool,
+					     TABLE_BLOCK_SIZE * 4);
+	i_array_init(&builder->key_hashes, 1024);
+	return builder;
+}
+
+static int builder_write_out(struct casbox_lsm_table_builder *builder)
+{
+	ssize_t ret;
+
+	if (builder->out->used == 0)
+		return 0;
+	ret = builder->io->pwrite(builder->fd, builder->out->data,
+				  builder->out->used, builder->offset);
+	if (ret < 0 || (size_t)ret != builder->out->used) {
+		if (ret >= 0)
+			errno = ENOSPC;
+		builder->error = i_strdup_printf("write(%s) failed: %m",
+						 builder->path);
+		return -1;
+	}
+	builder->offset += builder->out->used;
+	buffer_set_used_size(builder->out, 0);
+	return 0;
+}
+
+static int builder_flush_block(struct casbox_lsm_table_builder *builder)
+{
+	struct block_builder *bb = &builder->block;
+	unsigned char handle[12];
+	uint32_t size;
+	uoff_t offset;
+
+	if (bb->entries == 0)
+		return 0;
+	offset = builder->offset + builder->out->used;
+	block_builder_finish(bb, builder->out, &size);
+	cpu64_to_be_unaligned(offset, handle);
+	cpu32_to_be_unaligned(size, handle + 8);
+	block_builder_add(&builder->index, FALSE, bb->last_key->data,
+			  bb->last_key->used, handle, sizeof(handle));
+	block_builder_reset(bb);
+	if (builder->out->used >= TABLE_BLOCK_SIZE * 4)
+		return builder_write_out(builder);
+	return 0;
+}
+
+int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
+				 enum casbox_lsm_type type,
+				 const unsigned char *key, size_t key_size,
+				 const unsigned char *value, size_t value_size)
+{
+	uint32_t hash = bloom_hash(key, key_size);
+
+	if (builder->error != NULL)
+		return -1;
+	i_assert(builder->block.entries == 0 ||
+		 casbox_lsm_key_cmp(builder->block.last_key->data,
+				    builder->block.last_key->used,
+				    key, key_size) < 0);
+	array_push_back(&builder->key_hashes, &hash);
+	block_builder_add(&builder->block, type == CASBOX_LSM_TYPE_DELETE,
+			  key, key_size, value, value_size);
+	builder->entries++;
+	if (builder->block.data->used >= TABLE_BLOCK_SIZE)
+		return builder_flush_block(builder);
+	return 0;
+}
+
+static void builder_free(struct casbox_lsm_table_builder *builder)
+{
+	block_builder_deinit(&builder->block);
+	block_builder_deinit(&builder->index);
+	buffer_free(&builder->out);
+	array_free(&builder->key_hashes);
+	i_free(builder->error);
+	i_free(builder->path);
+	i_free(builder);
+}
+
+static void builder_write_tail(struct casbox_lsm_table_builder *builder)
+{
+	unsigned char footer[CASBOX_LSM_TABLE_FOOTER_SIZE];
+	uoff_t index_off, bloom_off;
+	uint32_t index_size, bloom_size, crc;
+	buffer_t *bloom;
+	size_t start;
+
+	index_off = builder->offset + builder->out->used;
+	block_builder_finish(&builder->index, builder->out, &index_size);
+
+	bloom_off = builder->offset + builder->out->used;
+	bloom = buffer_create_dynamic(default_pool, 1024);
+	bloom_build(bloom, array_front(&builder->key_hashes),
+		    array_count(&builder->key_hashes));
+	bloom_size = bloom->used;
+	start = builder->out->used;
+	buffer_append_buf(builder->out, bloom, 0, SIZE_MAX);
+	crc = cas_crc32c(CONST_PTR_OFFSET(builder->out->data, start),
+			 bloom_size);
+	cpu32_to_be_unaligned(cas_crc32c_mask(crc), footer);
+	buffer_append(builder->out, footer, 4);
+	buffer_free(&bloom);
+
+	cpu64_to_be_unaligned(index_off, footer);
+	cpu32_to_be_unaligned(index_size, footer + 8);
+	cpu64_to_be_unaligned(bloom_off, footer + 12);
+	cpu32_to_be_unaligned(bloom_size, footer + 20);
+	cpu64_to_be_unaligned(builder->entries, footer + 24);
+	cpu32_to_be_unaligned(TABLE_VERSION, footer + 32);
+	cpu32_to_be_unaligned(cas_crc32c(footer, 36), footer + 36);
+	memcpy(footer + 40, TABLE_MAGIC, 8);
+	buffer_append(builder->out, footer, sizeof(footer));
+}
+
+int casbox_lsm_table_builder_finish(struct casbox_lsm_table_builder **_builder,
+				    bool fsync, uoff_t *size_r,
+				    uint64_t *entries_r, const char **error_r)
+{
+	struct casbox_lsm_table_builder *builder = *_builder;
+	int ret = 0;
+
+	*_builder = NULL;
+	if (builder->error == NULL &&
+	    builder_flush_block(builder) == 0) {
+		builder_write_tail(builder);
+		if (builder_write_out(builder) == 0 && fsync &&
+		    builder->io->fsync(builder->fd) < 0) {
+			builder->error = i_strdup_printf(
+				"fsync(%s) failed: %m", builder->path);
+		}
+	}
+	if (builder->error != NULL) {
+		*error_r = t_strdup(builder->error);
+		ret = -1;
+	}
+	*size_r = builder->offset;
+	*entries_r = builder->entries;
+	builder_free(builder);
+	return ret;
+}
+
+/* ---- reading ---- */
+
+static const char *
+table_error(struct casbox_lsm_table *table, uoff_t offset, const char *reason)
+{
+	return t_strdup_printf("Corrupted table %s at offset %"PRIuUOFF_T
+			       ": %s", table->path, offset, reason);
+}
+
+static int table_pread(struct casbox_lsm_table *table, void *buf,
+		       size_t size, uoff_t offset, const char **error_r)
+{
+	ssize_t ret;
+
+	if (offset > table->size || size > table->size - offset) {
+		*error_r = table_error(table, offset,
+				       "block points past end of file");
+		return -1;
+	}
+	if (table->mem != NULL) {
+		memcpy(buf, table->mem + offset, size);
+		return 0;
+	}
+	ret = table->io->pread(table->fd, buf, size, offset);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pread(%s) failed: %m",
+					   table->path);
+		return -1;
+	}
+	if ((size_t)ret != size) {
+		*error_r = table_error(table, offset, "file shrank");
+		return -1;
+	}
+	return 0;
+}
+
+/* Read a block (size bytes + CRC) into buf and check the CRC. */
+static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
+			  uint32_t size, buffer_t *buf, const char **error_r)
+{
+	unsigned char *data;
+	uint32_t crc;
+
+	if (size > TABLE_MAX_BLOCK_SIZE) {
+		*error_r = table_error(table, offset, "block size too large");
+		return -1;
+	}
+	buffer_set_used_size(buf, 0);
+	data = buffer_append_space_unsafe(buf, size + 4);
+	if (table_pread(table, data, size + 4, offset, error_r) < 0)
+		return -1;
+	crc = cas_crc32c(data, size);
+	if (cas_crc32c_mask(crc) != be32_to_cpu_unaligned(data + size)) {
+		*error_r = table_error(table, offset,
+				       "block checksum mismatch");
+		return -1;
+	}
+	buffer_set_used_size(buf, size);
+	return 0;
+}
+
+static int block_parse(struct casbox_lsm_table *table, struct block *block,
+		       uoff_t offset, const char **error_r)
+{
+	const unsigned char *data = block->buf->data;
+	size_t size = block->buf->used;
+	uint32_t n, i, restart, prev = 0;
+
+	block->file_offset = offset;
+	if (size < 4) {
+		*error_r = table_error(table, offset, "block too short");
+		return -1;
+	}
+	n = be32_to_cpu_unaligned(data + size - 4);
+	if (n == 0 || n > (size - 4) / 4) {
+		*error_r = table_error(table, offset,
+				       "invalid restart count");
+		return -1;
+	}
+	block->data = data;
+	block->data_size = size - 4 - (size_t)n * 4;
+	block->restarts = data + block->data_size;
+	block->n_restarts = n;
+	for (i = 0; i < n; i++) {
+		restart = be32_to_cpu_unaligned(block->restarts + i * 4);
+		if (restart >= block->data_size ||
+		    (i == 0 && restart != 0) || (i > 0 && restart <= prev)) {
+			*error_r = table_error(table, offset,
+					       "invalid restart point");
+			return -1;
+		}
+		prev = restart;
+	}
+	return 0;
+}
+
+static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
+			    uint32_t size, struct block *block,
+			    const char **error_r)
+{
+	if (table_read_raw(table, offset, size, block->buf, error_r) < 0)
+		return -1;
+	return block_parse(table, block, offset, error_r);
+}
+
+/* Decode the entry at bi->next_pos. Returns FALSE at the end or on
+   damage (bi->error set). */
+static bool block_iter_decode(struct block_iter *bi)
+{
+	const struct block *block = bi->block;
+	const unsigned char *p = block->data + bi->next_pos;
+	const unsigned char *end = block->data + block->data_size;
+	uint64_t shared, unshared, vlen;
+
+	bi->valid = FALSE;
+	if (bi->next_pos >= block->data_size)
+		return FALSE;
+	bi->pos = bi->next_pos;
+	if (numpack_decode(&p, end, &shared) < 0 ||
+	    numpack_decode(&p, end, &unshared) < 0 ||
+	    numpack_decode(&p, end, &vlen) < 0) {
+		bi->error = "truncated entry header";
+		return FALSE;
+	}
+	if (shared > bi->key->used ||
+	    unshared > (size_t)(end - p) ||
+	    shared + unshared > CASBOX_LSM_MAX_KEY_SIZE) {
+		bi->error = "invalid entry key length";
+		return FALSE;
+	}
+	buffer_set_used_size(bi->key, shared);
+	buffer_append(bi->key, p, unshared);
+	p += unshared;
+	if (vlen == 0) {
+		bi->type = CASBOX_LSM_TYPE_DELETE;
+		bi->value_size = 0;
+	} else {
+		bi->type = CASBOX_LSM_TYPE_PUT;
+		bi->value_size = vlen - 1;
+		if (bi->value_size > (size_t)(end - p)) {
+			bi->error = "invalid entry value length";
+			return FALSE;
+		}
+	}
+	bi->value = p;
+	p += bi->value_size;
+	bi->next_pos = p - block->data;
+	bi->valid = TRUE;
+	return TRUE;
+}
+
+/* Next entry, checking that keys strictly increase. */
+static bool block_iter_next(struct block_iter *bi)
+{
+	size_t prev_size = bi->key->used;
+	unsigned char prev[CASBOX_LSM_MAX_KEY_SIZE];
+
+	memcpy(prev, bi->key->data, prev_size);
+	if (!block_iter_decode(bi))
+		return FALSE;
+	if (casbox_lsm_key_cmp(prev, prev_size, bi->key->data,
+			       bi->key->used) >= 0) {
+		bi->error = "keys out of order";
+		bi->valid = FALSE;
+		return FALSE;
+	}
+	return TRUE;
+}
+
+static void block_iter_init(struct block_iter *bi, const struct block *block)
+{
+	bi->block = block;
+	bi->pos = bi->next_pos = 0;
+	buffer_set_used_size(bi->key, 0);
+	bi->error = NULL;
+	(void)block_iter_decode(bi);
+}
+
+/* Position at the first key >= key within the block. */
+static void block_iter_seek(struct block_iter *bi, const struct block *block,
+			    const unsigned char *key, size_t key_size)
+{
+	unsigned int left = 0, right = block->n_restarts - 1, mid;
+	int cmp;
+
+	bi->block = block;
+	bi->error = NULL;
+	/* binary search for the last restart whose key < key */
+	while (left < right) {
+		mid = (left + right + 1) / 2;
+		bi->next_pos = be32_to_cpu_unaligned(block->restarts +
+						     mid * 4);
+		buffer_set_used_size(bi->key, 0);
+		if (!block_iter_decode(bi))
+			return;
+		cmp = casbox_lsm_key_cmp(bi->key->data, bi->key->used,
+					 key, key_size);
+		if (cmp < 0)
+			left = mid;
+		else
+			right = mid - 1;
+	}
+	bi->next_pos = be32_to_cpu_unaligned(block->restarts + left * 4);
+	buffer_set_used_size(bi->key, 0);
+	if (!block_iter_decode(bi))
+		return;
+	while (casbox_lsm_key_cmp(bi->key->data, bi->key->used,
+				  key, key_size) < 0) {
+		if (!block_iter_next(bi))
+			return;
+	}
+}
+
+static int table_load_index(struct casbox_lsm_table *table,
+			    uoff_t offset, uint32_t size,
+			    const char **error_r)
+{
+	struct block block;
+	struct block_iter bi;
+	struct table_index_entry *entry;
+	buffer_t *keys;
+	uoff_t prev_end = 0;
+
+	i_zero(&block);
+	i_zero(&bi);
+	block.buf = table->index_block;
+	if (table_read_block(table, offset, size, &block, error_r) < 0)
+		return -1;
+	/* decoded keys go into keys; entries hold offsets until the end */
+	keys = buffer_create_dynamic(default_pool, block.data_size + 64);
+	bi.key = buffer_create_dynamic(default_pool, 128);
+	for (block_iter_init(&bi, &block); bi.valid; block_iter_next(&bi)) {
+		if (bi.value_size != 12) {
+			bi.error = "invalid block handle";
+			break;
+		}
+		entry = array_append_space(&table->index);
+		entry->offset = be64_to_cpu_unaligned(bi.value);
+		entry->size = be32_to_cpu_unaligned(bi.value + 8);
+		entry->last_key_size = bi.key->used;
+		entry->key_off = keys->used;
+		buffer_append_buf(keys, bi.key, 0, SIZE_MAX);
+		if (entry->offset < prev_end ||
+		    entry->offset + entry->size + 4 > offset) {
+			bi.error = "block handle out of range";
+			break;
+		}
+		prev_end = entry->offset + entry->size + 4;
+	}
+	buffer_free(&bi.key);
+	if (bi.error != NULL) {
+		buffer_free(&keys);
+		*error_r = table_error(table, offset, bi.error);
+		return -1;
+	}
+	/* keys is never modified again, so pointers into it stay valid */
+	buffer_free(&table->index_block);
+	table->index_block = keys;
+	array_foreach_modifiable(&table->index, entry) {
+		entry->last_key = CONST_PTR_OFFSET(keys->data,
+						   entry->key_off);
+	}
+	return 0;
+}
+
+static int table_load(struct casbox_lsm_table *table, const char **error_r)
+{
+	unsigned char footer[CASBOX_LSM_TABLE_FOOTER_SIZE];
+	uoff_t index_off, bloom_off, footer_off;
+	uint32_t index_size, bloom_size;
+
+	if (table->size < sizeof(footer)) {
+		*error_r = table_error(table, 0, "file too short for footer");
+		return -1;
+	}
+	footer_off = table->size - sizeof(footer);
+	if (table_pread(table, footer, sizeof(footer), footer_off,
+			error_r) < 0)
+		return -1;
+	if (memcmp(footer + 40, TABLE_MAGIC, 8) != 0) {
+		*error_r = table_error(table, footer_off, "bad magic");
+		return -1;
+	}
+	if (cas_crc32c(footer, 36) != be32_to_cpu_unaligned(footer + 36)) {
+		*error_r = table_error(table, footer_off,
+				       "footer checksum mismatch");
+		return -1;
+	}
+	if (be32_to_cpu_unaligned(footer + 32) != TABLE_VERSION) {
+		*error_r = table_error(table, footer_off,
+				       "unsupported version");
+		return -1;
+	}
+	index_off = be64_to_cpu_unaligned(footer);
+	index_size = be32_to_cpu_unaligned(footer + 8);
+	bloom_off = be64_to_cpu_unaligned(footer + 12);
+	bloom_size = be32_to_cpu_unaligned(footer + 20);
+	table->entries = be64_to_cpu_unaligned(footer + 24);
+	if (index_off > footer_off || bloom_off > footer_off ||
+	    index_size + (uoff_t)4 > bloom_off - index_off ||
+	    bloom_size + (uoff_t)4 != footer_off - bloom_off) {
+		*error_r = table_error(table, footer_off,
+				       "footer block handles out of range");
+		return -1;
+	}
+	if (table_read_raw(table, bloom_off, bloom_size, table->bloom,
+			   error_r) < 0)
+		return -1;
+	return table_load_index(table, index_off, index_size, error_r);
+}
+
+static struct casbox_lsm_table *table_alloc(const char *path)
+{
+	struct casbox_lsm_table *table;
+
+	table = i_new(struct casbox_lsm_table, 1);
+	table->refcount = 1;
+	table->fd = -1;
+	table->path = i_strdup(path);
+	table->index_block = buffer_create_dynamic(default_pool, 1024);
+	table->bloom = buffer_create_dynamic(default_pool, 1024);
+	i_array_init(&table->index, 64);
+	return table;
+}
+
+int casbox_lsm_table_open(const struct casbox_lsm_io *io, int fd,
+			  const char *path, uint64_t file_no,
+			  struct casbox_lsm_table **table_r,
+			  const char **error_r)
+{
+	struct casbox_lsm_table *table;
+	struct stat st;
+
+	table = table_alloc(path);
+	table->io = io;
+	table->fd = fd;
+	table->file_no = file_no;
+	if (io->fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		casbox_lsm_table_unref(&table);
+		return -1;
+	}
+	table->size = st.st_size;
+	if (table_load(table, error_r) < 0) {
+		casbox_lsm_table_unref(&table);
+		return -1;
+	}
+	*table_r = table;
+	return 0;
+}
+
+int casbox_lsm_table_open_mem(const void *data, size_t size,
+			      struct casbox_lsm_table **table_r,
+			      const char **error_r)
+{
+	struct casbox_lsm_table *table;
+
+	table = table_alloc("(memory)");
+	table->mem = data;
+	table->size = size;
+	if (table_load(table, error_r) < 0) {
+		casbox_lsm_table_unref(&table);
+		return -1;
+	}
+	*table_r = table;
+	return 0;
+}
+
+void casbox_lsm_table_ref(struct casbox_lsm_table *table)
+{
+	i_assert(table->refcount > 0);
+	table->refcount++;
+}
+
+void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
+{
+	struct casbox_lsm_table *table = *_table;
+
+	*_table = NULL;
+	i_assert(table->refcount > 0);
+	if (--table->refcount > 0)
+		return;
+	if (table->fd != -1 && table->io->close(table->fd) < 0)
+		i_error("close(%s) failed: %m", table->path);
+	buffer_free(&table->index_block);
+	buffer_free(&table->bloom);
+	array_free(&table->index);
+	i_free(table->path);
+	i_free(table);
+}
+
+uint64_t casbox_lsm_table_file_no(struct casbox_lsm_table *table)
+{
+	return table->file_no;
+}
+
+uoff_t casbox_lsm_table_size(struct casbox_lsm_table *table)
+{
+	return table->size;
+}
+
+/* Index of the first block whose last key >= key (count if none). */
+static unsigned int
+table_find_block(struct casbox_lsm_table *table, const unsigned char *key,
+		 size_t key_size)
+{
+	const struct table_index_entry *entries;
+	unsigned int count, left = 0, right, mid;
+
+	entries = array_get(&table->index, &count);
+	right = count;
+	while (left < right) {
+		mid = (left + right) / 2;
+		if (casbox_lsm_key_cmp(entries[mid].last_key,
+				       entries[mid].last_key_size,
+				       key, key_size) < 0)
+			left = mid + 1;
+		else
+			right = mid;
+	}
+	return left;
+}
+
+/* ---- table source ---- */
+
+static void table_source_set(struct table_source *ts)
+{
+	struct block_iter *bi = &ts->bi;
+
+	ts->src.valid = bi->valid;
+	if (!bi->valid)
+		return;
+	ts->src.type = bi->type;
+	ts->src.key = bi->key->data;
+	ts->src.key_size = bi->key->used;
+	ts->src.value = bi->value;
+	ts->src.value_size = bi->value_size;
+}
+
+static void table_source_fail(struct table_source *ts, uoff_t offset,
+			      const char *reason)
+{
+	ts->src.valid = FALSE;
+	if (ts->src.error != NULL)
+		return;
+	ts->error_offset = offset;
+	ts->error_reason = i_strdup(reason);
+	ts->src.error = i_strdup(table_error(ts->table, offset, reason));
+}
+
+/* Load block idx and position at its first entry (or key). */
+static bool table_source_load(struct table_source *ts, unsigned int idx,
+			      const unsigned char *key, size_t key_size)
+{
+	const struct table_index_entry *entry;
+	const char *error;
+
+	ts->block_idx = idx;
+	ts->src.valid = FALSE;
+	if (idx >= array_count(&ts->table->index))
+		return FALSE;
+	entry = array_idx(&ts->table->index, idx);
+	if (table_read_block(ts->table, entry->offset, entry->size,
+			     &ts->block, &error) < 0) {
+		ts->src.valid = FALSE;
+		if (ts->src.error == NULL) {
+			ts->error_offset = entry->offset;
+			ts->error_reason = i_strdup(error);
+			ts->src.error = i_strdup(error);
+		}
+		return FALSE;
+	}
+	if (key != NULL)
+		block_iter_seek(&ts->bi, &ts->block, key, key_size);
+	else
+		block_iter_init(&ts->bi, &ts->block);
+	if (ts->bi.error != NULL) {
+		table_source_fail(ts, entry->offset, ts->bi.error);
+		return FALSE;
+	}
+	if (ts->bi.valid &&
+	    casbox_lsm_key_cmp(ts->bi.key->data, ts->bi.key->used,
+			       entry->last_key, entry->last_key_size) > 0) {
+		table_source_fail(ts, entry->offset,
+				  "block key above its index key");
+		return FALSE;
+	}
+	table_source_set(ts);
+	return ts->bi.valid;
+}
+
+static void table_source_seek(struct casbox_lsm_source *src,
+			      const unsigned char *key, size_t key_size)
+{
+	struct table_source *ts = (struct table_source *)src;
+	unsigned int idx;
+
+	if (src->error != NULL)
+		return;
+	idx = table_find_block(ts->table, key, key_size);
+	if (!table_source_load(ts, idx, key, key_size) &&
+	    src->error == NULL && idx < array_count(&ts->table->index)) {
+		/* index said the key is <= this block's last key */
+		table_source_fail(ts, ts->block.file_offset,
+				  "block shorter than index");
+	}
+}
+
+static void table_source_next(struct casbox_lsm_source *src)
+{
+	struct table_source *ts = (struct table_source *)src;
+	const struct table_index_entry *entry;
+
+	i_assert(src->valid);
+	entry = array_idx(&ts->table->index, ts->block_idx);
+	if (block_iter_next(&ts->bi)) {
+		if (casbox_lsm_key_cmp(ts->bi.key->data, ts->bi.key->used,
+				       entry->last_key,
+				       entry->last_key_size) > 0) {
+			table_source_fail(ts, entry->offset,
+					  "block key above index key");
+			return;
+		}
+		table_source_set(ts);
+		return;
+	}
+	if (ts->bi.error != NULL) {
+		table_source_fail(ts, entry->offset, ts->bi.error);
+		return;
+	}
+	if (casbox_lsm_key_cmp(ts->bi.key->data, ts->bi.key->used,
+			       entry->last_key, entry->last_key_size) != 0) {
+		table_source_fail(ts, entry->offset,
+				  "block does not end at its index key");
+		return;
+	}
+	(void)table_source_load(ts, ts->block_idx + 1, NULL, 0);
+}
+
+static void table_source_free(struct casbox_lsm_source *src)
+{
+	struct table_source *ts = (struct table_source *)src;
+
+	buffer_free(&ts->block.buf);
+	buffer_free(&ts->bi.key);
+	casbox_lsm_table_unref(&ts->table);
+	i_free(ts->error_reason);
+	i_free(ts->src.error);
+	i_free(ts);
+}
+
+struct casbox_lsm_source *
+casbox_lsm_table_source(struct casbox_lsm_table *table)
+{
+	struct table_source *ts;
+
+	ts = i_new(struct table_source, 1);
+	ts->src.seek = table_source_seek;
+	ts->src.next = table_source_next;
+	ts->src.free = table_source_free;
+	ts->table = table;
+	casbox_lsm_table_ref(table);
+	ts->block.buf = buffer_create_dynamic(default_pool,
+					      TABLE_BLOCK_SIZE + 64);
+	ts->bi.key = buffer_create_dynamic(default_pool, 128);
+	return &ts->src;
+}
+
+int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
+			    const void *key, size_t key_size,
+			    enum casbox_lsm_type *type_r, buffer_t *value_r,
+			    const char **error_r)
+{
+	struct casbox_lsm_source *src;
+	int ret = 0;
+
+	if (!bloom_may_contain(table->bloom, key, key_size))
+		return 0;
+	if (table_find_block(table, key, key_size) >=
+	    array_count(&table->index))
+		return 0;
+	src = casbox_lsm_table_source(table);
+	src->seek(src, key, key_size);
+	if (src->error != NULL) {
+		*error_r = t_strdup(src->error);
+		ret = -1;
+	} else if (src->valid &&
+		   casbox_lsm_key_cmp(src->key, src->key_size,
+				      key, key_size) == 0) {
+		*type_r = src->type;
+		if (src->type == CASBOX_LSM_TYPE_PUT)
+			buffer_append(value_r, src->value, src->value_size);
+		ret = 1;
+	}
+	casbox_lsm_source_free(&src);
+	return ret;
+}
+
+int casbox_lsm_table_verify(struct casbox_lsm_table *table,
+			    casbox_lsm_damage_callback_t *report,
+			    void *context)
+{
+	struct casbox_lsm_source *src;
+	uint64_t count = 0;
+	int ret = 1;
+
+	src = casbox_lsm_table_source(table);
+	for (src->seek(src, (const unsigned char *)"", 0); src->valid;
+	     src->next(src))
+		count++;
+	if (src->error != NULL) {
+		struct table_source *ts = (struct table_source *)src;
+
+		report(context, table->path, ts->error_offset,
+		       ts->error_reason);
+		ret = 0;
+	} else if (count != table->entries) {
+		report(context, table->path, table->size -
+		       CASBOX_LSM_TABLE_FOOTER_SIZE,
+		       "entry count differs from footer");
+		ret = 0;
+	}
+	casbox_lsm_source_free(&src);
+	return ret;
+}

@@ -1,0 +1,713 @@
+/* casbox-lsm: store handle, refresh, batches, reads, iteration.
+   Flush, compaction and the manifest swap are in casbox-lsm-flush.c.
+   Rules and formats: doc/casbox-lsm.md. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "mkdir-parents.h"
+#include "file-dotlock.h"
+#include "casbox-lsm-state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#define LSM_DEFAULT_LOCK_TIMEOUT_SECS 30
+#define LSM_DEFAULT_WAL_FLUSH_BYTES (4 * 1024 * 1024)
+#define LSM_LOAD_RETRIES 20
+
+struct casbox_lsm_batch {
+	struct casbox_lsm *lsm;
+	buffer_t *entries;
+	unsigned int count;
+};
+
+struct casbox_lsm_iter {
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_source *src;
+	buffer_t *prefix;
+	bool positioned, advance;
+	char *error;
+};
+
+const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
+			    const char *ext)
+{
+	return t_strdup_printf("%s/%06"PRIu64".%s", lsm->dir, file_no, ext);
+}
+
+/* ---- locking ---- */
+
+int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
+{
+	struct file_lock_settings lock_set = {
+		.lock_method = lsm->set.lock_method,
+	};
+	struct dotlock_settings dotlock_set = {
+		.timeout = lsm->lock_timeout_secs,
+		.stale_timeout = LSM_DOTLOCK_STALE_SECS,
+	};
+	struct dotlock *dotlock;
+	const char *error;
+	int ret;
+
+	i_assert(lsm->lock == NULL);
+	if (lsm->set.lock_method == FILE_LOCK_METHOD_DOTLOCK) {
+		ret = file_dotlock_create(&dotlock_set, lsm->lock_path, 0,
+					  &dotlock);
+		if (ret > 0)
+			lsm->lock = file_lock_from_dotlock(&dotlock);
+		else if (ret < 0)
+			error = t_strdup_printf("file_dotlock_create(%s) "
+						"failed: %m", lsm->lock_path);
+	} else {
+		ret = file_wait_lock(lsm->lock_fd, lsm->lock_path, F_WRLCK,
+				     &lock_set, lsm->lock_timeout_secs,
+				     &lsm->lock, &error);
+	}
+	if (ret == 0) {
+		*error_r = t_strdup_printf(
+			"Timeout (%us) while waiting for lock %s",
+			lsm->lock_timeout_secs, lsm->lock_path);
+		return -1;
+	}
+	if (ret < 0) {
+		*error_r = error;
+		return -1;
+	}
+	return 0;
+}
+
+void casbox_lsm_unlock(struct casbox_lsm *lsm)
+{
+	file_unlock(&lsm->lock);
+}
+
+/* ---- loading state ---- */
+
+static void lsm_apply_entry(void *context, uint64_t seq,
+			    enum casbox_lsm_type type,
+			    const unsigned char *key, size_t key_size,
+			    const unsigned char *value, size_t value_size)
+{
+	struct casbox_lsm_memtable *mt = context;
+
+	casbox_lsm_memtable_add(mt, seq, type, key, key_size,
+				value, value_size);
+}
+
+/* Apply the WAL records of [*offset, wal size) to mt. Stops cleanly at
+   a torn tail (or a batch still being written). */
+static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
+			struct casbox_lsm_memtable *mt, uoff_t *offset,
+			uint64_t *last_seq, const char **error_r)
+{
+	const unsigned char *data, *payload;
+	size_t size, pos = 0, payload_size, rec_size;
+	enum casbox_lsm_wal_status status;
+	struct stat st;
+	uint64_t first_seq;
+	unsigned int count;
+	const char *error;
+	ssize_t ret;
+
+	if (lsm->io->fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		return -1;
+	}
+	lsm->wal_file_size = st.st_size;
+	if ((uoff_t)st.st_size <= *offset)
+		return 0;
+	size = st.st_size - *offset;
+	buffer_set_used_size(lsm->read_buf, 0);
+	ret = lsm->io->pread(fd, buffer_append_space_unsafe(lsm->read_buf,
+							    size),
+			     size, *offset);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+		return -1;
+	}
+	size = ret;
+	data = lsm->read_buf->data;
+	for (;;) {
+		status = casbox_lsm_wal_record_parse(data + pos, size - pos,
+						     &payload, &payload_size,
+						     &rec_size, &error);
+		if (status == CASBOX_LSM_WAL_END)
+			break;
+		if (status == CASBOX_LSM_WAL_OK &&
+		    casbox_lsm_wal_payload_apply(payload, payload_size,
+						 &first_seq, &count, NULL,
+						 NULL, &error) == 0 &&
+		    first_seq != *last_seq + 1) {
+			status = CASBOX_LSM_WAL_CORRUPT;
+			error = "batch sequence does not follow the previous";
+		} else if (status == CASBOX_LSM_WAL_OK && error != NULL) {
+			status = CASBOX_LSM_WAL_CORRUPT;
+		}
+		if (status == CASBOX_LSM_WAL_CORRUPT) {
+			*error_r = t_strdup_printf(
+				"Corrupted WAL %s at offset %"PRIuUOFF_T": %s",
+				path, *offset + pos, error);
+			return -1;
+		}
+		(void)casbox_lsm_wal_payload_apply(payload, payload_size,
+						   &first_seq, &count,
+						   lsm_apply_entry, mt,
+						   &error);
+		*last_seq = first_seq + count - 1;
+		pos += rec_size;
+	}
+	*offset += pos;
+	return 0;
+}
+
+static int lsm_read_file(struct casbox_lsm *lsm, const char *path,
+			 buffer_t *buf, struct stat *st_r,
+			 const char **error_r)
+{
+	ssize_t ret;
+	int fd;
+
+	fd = lsm->io->open(path, O_RDONLY, 0);
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (lsm->io->fstat(fd, st_r) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		(void)lsm->io->close(fd);
+		return -1;
+	}
+	buffer_set_used_size(buf, 0);
+	ret = lsm->io->pread(fd, buffer_append_space_unsafe(buf,
+							    st_r->st_size),
+			     st_r->st_size, 0);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+		(void)lsm->io->close(fd);
+		return -1;
+	}
+	buffer_set_used_size(buf, ret);
+	(void)lsm->io->close(fd);
+	return 1;
+}
+
+static struct casbox_lsm_table *
+lsm_find_open_table(struct casbox_lsm *lsm, uint64_t file_no)
+{
+	struct casbox_lsm_table *const *tablep;
+
+	array_foreach(&lsm->tables, tablep) {
+		if (casbox_lsm_table_file_no(*tablep) == file_no)
+			return *tablep;
+	}
+	return NULL;
+}
+
+struct lsm_state {
+	ARRAY_TYPE(lsm_table) tables;
+	struct casbox_lsm_memtable *mt;
+	int wal_fd;
+	uoff_t wal_offset;
+	uint64_t last_seq;
+};
+
+static void lsm_state_free(struct casbox_lsm *lsm, struct lsm_state *state)
+{
+	struct casbox_lsm_table **tablep;
+
+	array_foreach_modifiable(&state->tables, tablep)
+		casbox_lsm_table_unref(tablep);
+	array_free(&state->tables);
+	if (state->mt != NULL)
+		casbox_lsm_memtable_unref(&state->mt);
+	if (state->wal_fd != -1)
+		(void)lsm->io->close(state->wal_fd);
+}
+
+/* Open everything the manifest names. Returns 1 ok, 0 a file vanished
+   (another process swapped the manifest: retry), -1 error. */
+static int lsm_state_open(struct casbox_lsm *lsm,
+			  const struct casbox_lsm_manifest *man,
+			  struct lsm_state *state, const char **error_r)
+{
+	const struct casbox_lsm_manifest_table *mt;
+	struct casbox_lsm_table *table;
+	unsigned char hdr[CASBOX_LSM_WAL_HEADER_SIZE];
+	const char *path;
+	uint64_t file_no;
+	int fd;
+
+	array_foreach(&man->tables, mt) {
+		table = lsm_find_open_table(lsm, mt->file_no);
+		if (table != NULL) {
+			casbox_lsm_table_ref(table);
+			array_push_back(&state->tables, &table);
+			continue;
+		}
+		path = casbox_lsm_path(lsm, mt->file_no, "sst");
+		fd = lsm->io->open(path, O_RDONLY, 0);
+		if (fd == -1 && errno == ENOENT)
+			return 0;
+		if (fd == -1) {
+			*error_r = t_strdup_printf("open(%s) failed: %m", path);
+			return -1;
+		}
+		if (casbox_lsm_table_open(lsm->io, fd, path, mt->file_no,
+					  &table, error_r) < 0)
+			return -1;
+		array_push_back(&state->tables, &table);
+	}
+
+	path = casbox_lsm_path(lsm, man->wal_no, "wal");
+	state->wal_fd = lsm->io->open(path, O_RDWR, 0);
+	if (state->wal_fd == -1 && errno == ENOENT)
+		return 0;
+	if (state->wal_fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (lsm->io->pread(state->wal_fd, hdr, sizeof(hdr), 0) !=
+	    sizeof(hdr)) {
+		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: "
+					   "header unreadable", path);
+		return -1;
+	}
+	if (casbox_lsm_wal_header_parse(hdr, sizeof(hdr), &file_no,
+					error_r) < 0 ||
+	    file_no != man->wal_no) {
+		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: %s",
+			path, file_no != man->wal_no ?
+			"WAL number does not match its name" : *error_r);
+		return -1;
+	}
+	state->mt = casbox_lsm_memtable_create();
+	state->wal_offset = CASBOX_LSM_WAL_HEADER_SIZE;
+	state->last_seq = man->last_seq;
+	return lsm_wal_read(lsm, state->wal_fd, path, state->mt,
+			    &state->wal_offset, &state->last_seq,
+			    error_r) < 0 ? -1 : 1;
+}
+
+static void lsm_state_swap(struct casbox_lsm *lsm, struct lsm_state *state,
+			   const struct casbox_lsm_manifest *man)
+{
+	struct lsm_state old;
+
+	old.tables = lsm->tables;
+	old.mt = lsm->mt;
+	old.wal_fd = lsm->wal_fd;
+
+	lsm->tables = state->tables;
+	lsm->mt = state->mt;
+	lsm->wal_fd = state->wal_fd;
+	lsm->wal_offset = state->wal_offset;
+	lsm->last_seq = state->last_seq;
+	lsm->generation = man->generation;
+	lsm->wal_no = man->wal_no;
+	lsm->next_file_no = man->next_file_no;
+	lsm->flushed_seq = man->last_seq;
+
+	if (array_is_created(&old.tables))
+		lsm_state_free(lsm, &old);
+}
+
+/* (Re)load from MANIFEST. Returns 1 ok, 0 no store exists, -1 error. */
+int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r)
+{
+	struct casbox_lsm_manifest man;
+	struct lsm_state state;
+	struct stat st;
+	unsigned int i;
+	int ret = -1;
+
+	casbox_lsm_manifest_init(&man);
+	for (i = 0; i < LSM_LOAD_RETRIES; i++) {
+		ret = lsm_read_file(lsm, lsm->manifest_path, lsm->read_buf,
+				    &st, error_r);
+		if (ret <= 0)
+			break;
+		if (casbox_lsm_manifest_decode(lsm->read_buf->data,
+					       lsm->read_buf->used, &man,
+					       error_r) < 0) {
+			*error_r = t_strdup_printf("Corrupted %s at offset 0: "
+				"%s", lsm->manifest_path, *error_r);
+			ret = -1;
+			break;
+		}
+		lsm->manifest_st = st;
+		if (man.generation == lsm->generation &&
+		    lsm->wal_fd != -1) {
+			ret = 1;
+			break;
+		}
+		i_zero(&state);
+		state.wal_fd = -1;
+		i_array_init(&state.tables, array_count(&man.tables) + 1);
+		ret = lsm_state_open(lsm, &man, &state, error_r);
+		if (ret > 0) {
+			lsm_state_swap(lsm, &state, &man);
+			break;
+		}
+		lsm_state_free(lsm, &state);
+		if (ret < 0)
+			break;
+		ret = -1;
+		*error_r = t_strdup_printf("%s keeps changing under us",
+					   lsm->manifest_path);
+	}
+	casbox_lsm_manifest_deinit(&man);
+	return ret;
+}
+
+int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
+{
+	struct stat st;
+	const char *path;
+
+	/* a flush replaces the WAL: an unlinked WAL means reload */
+	if (lsm->io->fstat(lsm->wal_fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(WAL) failed: %m");
+		return -1;
+	}
+	if (st.st_nlink == 0)
+		return casbox_lsm_load(lsm, error_r) < 0 ? -1 : 1;
+	if (lsm->io->stat(lsm->manifest_path, &st) < 0) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m",
+					   lsm->manifest_path);
+		return -1;
+	}
+	if (st.st_ino != lsm->manifest_st.st_ino ||
+	    st.st_size != lsm->manifest_st.st_size ||
+	    st.st_mtim.tv_sec != lsm->manifest_st.st_mtim.tv_sec ||
+	    st.st_mtim.tv_nsec != lsm->manifest_st.st_mtim.tv_nsec) {
+		if (casbox_lsm_load(lsm, error_r) < 0)
+			return -1;
+	}
+	path = casbox_lsm_path(lsm, lsm->wal_no, "wal");
+	if (lsm_wal_read(lsm, lsm->wal_fd, path, lsm->mt, &lsm->wal_offset,
+			 &lsm->last_seq, error_r) < 0)
+		return -1;
+	return 1;
+}
+
+/* ---- open / close ---- */
+
+static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
+{
+	struct casbox_lsm_manifest man;
+	int ret;
+
+	if (casbox_lsm_lock(lsm, error_r) < 0)
+		return -1;
+	/* somebody else may have created it while we waited */
+	ret = casbox_lsm_load(lsm, error_r);
+	if (ret == 0) {
+		casbox_lsm_manifest_init(&man);
+		man.generation = 1;
+		man.wal_no = 1;
+		man.next_file_no = 2;
+		if (casbox_lsm_wal_create(lsm, man.wal_no, error_r) < 0 ||
+		    casbox_lsm_manifest_write(lsm, &man, error_r) < 0)
+			ret = -1;
+		else
+			ret = casbox_lsm_load(lsm, error_r);
+		casbox_lsm_manifest_deinit(&man);
+		if (ret == 0) {
+			*error_r = "MANIFEST vanished right after creation";
+			ret = -1;
+		}
+	}
+	casbox_lsm_unlock(lsm);
+	return ret < 0 ? -1 : 0;
+}
+
+static int lsm_mkdir(struct casbox_lsm *lsm, const char **error_r)
+{
+	if (lsm->io->mkdir(lsm->dir, 0700) == 0 || errno == EEXIST)
+		return 0;
+	if (errno == ENOENT && mkdir_parents(lsm->dir, 0700) == 0)
+		return 0;
+	if (errno == EEXIST)
+		return 0;
+	*error_r = t_strdup_printf("mkdir(%s) failed: %m", lsm->dir);
+	return -1;
+}
+
+int casbox_lsm_open(const struct casbox_lsm_settings *set,
+		    struct casbox_lsm **lsm_r, const char **error_r)
+{
+	struct casbox_lsm *lsm;
+	int ret;
+
+	lsm = i_new(struct casbox_lsm, 1);
+	lsm->set = *set;
+	lsm->dir = i_strdup(set->dir);
+	lsm->set.dir = lsm->dir;
+	lsm->io = set->io != NULL ? set->io : &casbox_lsm_io_posix;
+	lsm->lock_timeout_secs = set->lock_timeout_secs != 0 ?
+		set->lock_timeout_secs : LSM_DEFAULT_LOCK_TIMEOUT_SECS;
+	lsm->wal_flush_bytes = set->wal_flush_bytes != 0 ?
+		set->wal_flush_bytes : LSM_DEFAULT_WAL_FLUSH_BYTES;
+	lsm->manifest_path = i_strconcat(set->dir, "/MANIFEST", NULL);
+	lsm->lock_path = i_strconcat(set->dir, "/LOCK", NULL);
+	lsm->read_buf = buffer_create_dynamic(default_pool, 4096);
+	lsm->wal_fd = -1;
+	lsm->lock_fd = -1;
+	i_array_init(&lsm->tables, 8);
+
+	if (lsm_mkdir(lsm, error_r) < 0) {
+		casbox_lsm_close(&lsm);
+		return -1;
+	}
+	if (set->lock_method != FILE_LOCK_METHOD_DOTLOCK) {
+		/* the lock file is never written; it only carries locks */
+		lsm->lock_fd = open(lsm->lock_path, O_RDWR | O_CREAT, 0600);
+		if (lsm->lock_fd == -1) {
+			*error_r = t_strdup_printf("open(%s) failed: %m",
+						   lsm->lock_path);
+			casbox_lsm_close(&lsm);
+			return -1;
+		}
+	}
+	ret = casbox_lsm_load(lsm, error_r);
+	if (ret == 0)
+		ret = lsm_create(lsm, error_r);
+	if (ret < 0) {
+		casbox_lsm_close(&lsm);
+		return -1;
+	}
+	*lsm_r = lsm;
+	return 1;
+}
+
+void casbox_lsm_close(struct casbox_lsm **_lsm)
+{
+	struct casbox_lsm *lsm = *_lsm;
+	struct lsm_state old;
+
+	*_lsm = NULL;
+	i_assert(lsm->batch == NULL);
+	if (lsm->lock != NULL)
+		casbox_lsm_unlock(lsm);
+	if (array_is_created(&lsm->tables)) {
+		old.tables = lsm->tables;
+		old.mt = lsm->mt;
+		old.wal_fd = lsm->wal_fd;
+		lsm_state_free(lsm, &old);
+	}
+	if (lsm->lock_fd != -1)
+		i_close_fd(&lsm->lock_fd);
+	buffer_free(&lsm->read_buf);
+	i_free(lsm->manifest_path);
+	i_free(lsm->lock_path);
+	i_free(lsm->dir);
+	i_free(lsm);
+}
+
+/* ---- reads ---- */
+
+int casbox_lsm_get(struct casbox_lsm *lsm, const void *key, size_t key_size,
+		   buffer_t *value_r, const char **error_r)
+{
+	struct casbox_lsm_table *const *tablep;
+	enum casbox_lsm_type type;
+	const unsigned char *value;
+	size_t value_size;
+	int ret;
+
+	if (casbox_lsm_memtable_lookup(lsm->mt, key, key_size, (uint64_t)-1,
+				       &type, &value, &value_size)) {
+		if (type == CASBOX_LSM_TYPE_DELETE)
+			return 0;
+		buffer_append(value_r, value, value_size);
+		return 1;
+	}
+	array_foreach(&lsm->tables, tablep) {
+		ret = casbox_lsm_table_lookup(*tablep, key, key_size, &type,
+					      value_r, error_r);
+		if (ret != 0) {
+			if (ret < 0)
+				return -1;
+			return type == CASBOX_LSM_TYPE_PUT ? 1 : 0;
+		}
+	}
+	return 0;
+}
+
+/* ---- batches ---- */
+
+int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
+			   struct casbox_lsm_batch **batch_r,
+			   const char **error_r)
+{
+	struct casbox_lsm_batch *batch;
+
+	i_assert(lsm->batch == NULL);
+	if (lsm->broken) {
+		*error_r = "LSM handle unusable after an earlier failed "
+			"rollback; reopen it";
+		return -1;
+	}
+	if (casbox_lsm_lock(lsm, error_r) < 0)
+		return -1;
+	if (casbox_lsm_refresh(lsm, error_r) < 0 ||
+	    casbox_lsm_wal_cut_tail(lsm, error_r) < 0) {
+		casbox_lsm_unlock(lsm);
+		return -1;
+	}
+	batch = i_new(struct casbox_lsm_batch, 1);
+	batch->lsm = lsm;
+	batch->entries = buffer_create_dynamic(default_pool, 256);
+	lsm->batch = batch;
+	*batch_r = batch;
+	return 1;
+}
+
+void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
+			  const void *key, size_t key_size,
+			  const void *value, size_t value_size)
+{
+	i_assert(key_size <= CASBOX_LSM_MAX_KEY_SIZE);
+	i_assert(value_size <= CASBOX_LSM_MAX_VALUE_SIZE);
+	casbox_lsm_wal_entry_encode(batch->entries, CASBOX_LSM_TYPE_PUT,
+				    key, key_size, value, value_size);
+	batch->count++;
+}
+
+void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
+			     const void *key, size_t key_size)
+{
+	i_assert(key_size <= CASBOX_LSM_MAX_KEY_SIZE);
+	casbox_lsm_wal_entry_encode(batch->entries, CASBOX_LSM_TYPE_DELETE,
+				    key, key_size, NULL, 0);
+	batch->count++;
+}
+
+static void lsm_batch_free(struct casbox_lsm_batch **_batch)
+{
+	struct casbox_lsm_batch *batch = *_batch;
+
+	*_batch = NULL;
+	batch->lsm->batch = NULL;
+	buffer_free(&batch->entries);
+	i_free(batch);
+}
+
+void casbox_lsm_batch_rollback(struct casbox_lsm_batch **_batch)
+{
+	struct casbox_lsm *lsm = (*_batch)->lsm;
+
+	lsm_batch_free(_batch);
+	casbox_lsm_unlock(lsm);
+}
+
+int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
+			    const char **error_r)
+{
+	struct casbox_lsm_batch *batch = *_batch;
+	struct casbox_lsm *lsm = batch->lsm;
+	const char *error;
+	int ret = 1;
+
+	if (batch->count > 0 &&
+	    casbox_lsm_wal_append(lsm, batch->entries, batch->count,
+				  error_r) < 0)
+		ret = -1;
+	lsm_batch_free(_batch);
+	if (ret > 0 && lsm->wal_offset >= lsm->wal_flush_bytes) {
+		/* the batch is durable already; a failed flush only means
+		   the WAL stays longer, and the next commit retries */
+		if (casbox_lsm_flush_locked(lsm, &error) < 0)
+			i_error("casbox-lsm: flush failed: %s", error);
+	}
+	casbox_lsm_unlock(lsm);
+	return ret;
+}
+
+/* ---- iteration ---- */
+
+struct casbox_lsm_iter *
+casbox_lsm_iter_init(struct casbox_lsm *lsm, const void *prefix,
+		     size_t prefix_size)
+{
+	struct casbox_lsm_iter *iter;
+	struct casbox_lsm_table *const *tablep;
+	ARRAY(struct casbox_lsm_source *) sources;
+	struct casbox_lsm_source *src;
+
+	t_array_init(&sources, array_count(&lsm->tables) + 1);
+	src = casbox_lsm_memtable_source(lsm->mt, lsm->last_seq);
+	array_push_back(&sources, &src);
+	array_foreach(&lsm->tables, tablep) {
+		src = casbox_lsm_table_source(*tablep);
+		array_push_back(&sources, &src);
+	}
+
+	iter = i_new(struct casbox_lsm_iter, 1);
+	iter->lsm = lsm;
+	iter->src = casbox_lsm_merge_source(array_front(&sources),
+					    array_count(&sources));
+	iter->prefix = buffer_create_dynamic(default_pool, prefix_size + 1);
+	buffer_append(iter->prefix, prefix, prefix_size);
+	return iter;
+}
+
+void casbox_lsm_iter_seek(struct casbox_lsm_iter *iter,
+			  const void *start, size_t start_size)
+{
+	if (casbox_lsm_key_cmp(start, start_size, iter->prefix->data,
+			       iter->prefix->used) < 0) {
+		start = iter->prefix->data;
+		start_size = iter->prefix->used;
+	}
+	iter->src->seek(iter->src, start, start_size);
+	iter->positioned = TRUE;
+	iter->advance = FALSE;
+}
+
+bool casbox_lsm_iter_next(struct casbox_lsm_iter *iter,
+			  const unsigned char **key_r, size_t *key_size_r,
+			  const unsigned char **value_r, size_t *value_size_r)
+{
+	struct casbox_lsm_source *src = iter->src;
+
+	if (!iter->positioned)
+		casbox_lsm_iter_seek(iter, iter->prefix->data,
+				     iter->prefix->used);
+	if (iter->advance && src->valid)
+		src->next(src);
+	iter->advance = TRUE;
+	while (src->valid && src->type == CASBOX_LSM_TYPE_DELETE)
+		src->next(src);
+	if (!src->valid)
+		return FALSE;
+	if (src->key_size < iter->prefix->used ||
+	    memcmp(src->key, iter->prefix->data, iter->prefix->used) != 0)
+		return FALSE;
+	*key_r = src->key;
+	*key_size_r = src->key_size;
+	*value_r = src->value;
+	*value_size_r = src->value_size;
+	return TRUE;
+}
+
+int casbox_lsm_iter_deinit(struct casbox_lsm_iter **_iter,
+			   const char **error_r)
+{
+	struct casbox_lsm_iter *iter = *_iter;
+	int ret = 0;
+
+	*_iter = NULL;
+	if (iter->src->error != NULL) {
+		*error_r = t_strdup(iter->src->error);
+		ret = -1;
+	}
+	casbox_lsm_source_free(&iter->src);
+	buffer_free(&iter->prefix);
+	i_free(iter);
+	return ret < 0 ? -1 : 1;
+}
