@@ -1,18 +1,48 @@
-/* fts-casidx backend vfuncs. Foundation stage: the backend registers and
-   initialises, indexes nothing and claims no search args, so Dovecot
-   answers every SEARCH itself (correct, not yet fast). */
+/* fts-casidx backend vfuncs: Dovecot's FTS plugin <-> casidx index.
+   One index directory per mailbox GUID under
+   <namespace index root>/casidx/; query semantics in casidx-query.h and
+   doc/search-semantics.md. */
 
 #include "lib.h"
+#include "array.h"
+#include "hash.h"
+#include "str.h"
+#include "guid.h"
+#include "seq-range-array.h"
+#include "settings-parser.h"
+#include "unlink-directory.h"
+#include "mail-namespace.h"
 #include "mail-storage.h"
+#include "mail-search.h"
+#include "mailbox-list.h"
 #include "fts-api-private.h"
+#include "casidx-tokenizer.h"
+#include "casidx-index.h"
+#include "casidx-query.h"
 #include "fts-casidx-plugin.h"
+
+#include <dirent.h>
+
+#define CASIDX_DIR_NAME "casidx"
 
 struct casidx_fts_backend {
 	struct fts_backend backend;
+	struct event *event;
+	char *root;
+	struct casidx_index_settings set;
+	struct casidx_tokenizer *tok;
+
+	pool_t pool;
+	HASH_TABLE(char *, struct casidx_index *) indexes;
 };
 
 struct casidx_fts_backend_update_context {
 	struct fts_backend_update_context ctx;
+	struct casidx_index_writer *writer;
+	uint32_t uid;
+	enum casidx_field field;
+	bool doc_open;
+	bool key_open;
 };
 
 static struct fts_backend *fts_backend_casidx_alloc(void)
@@ -25,10 +55,79 @@ static struct fts_backend *fts_backend_casidx_alloc(void)
 }
 
 static int
-fts_backend_casidx_init(struct fts_backend *backend ATTR_UNUSED,
-			const char **error_r ATTR_UNUSED)
+casidx_settings_read(struct casidx_fts_backend *backend,
+		     struct mail_user *user, const char **error_r)
 {
+	const char *value;
+	uoff_t size;
+	unsigned int num;
+
+	value = mail_user_plugin_getenv(user, "fts_casidx_memory_budget");
+	if (value != NULL) {
+		if (settings_get_size(value, &size, error_r) < 0 ||
+		    size < 1024*1024) {
+			*error_r = t_strdup_printf(
+				"Invalid fts_casidx_memory_budget: %s", value);
+			return -1;
+		}
+		backend->set.memory_budget = size;
+	}
+	value = mail_user_plugin_getenv(user, "fts_casidx_merge_segments");
+	if (value != NULL) {
+		if (str_to_uint(value, &num) < 0 || num == 0) {
+			*error_r = t_strdup_printf(
+				"Invalid fts_casidx_merge_segments: %s", value);
+			return -1;
+		}
+		backend->set.merge_threshold = num;
+	}
+	value = mail_user_plugin_getenv(user, "fts_casidx_lock_timeout");
+	if (value != NULL) {
+		if (str_to_uint(value, &num) < 0 || num == 0) {
+			*error_r = t_strdup_printf(
+				"Invalid fts_casidx_lock_timeout: %s", value);
+			return -1;
+		}
+		backend->set.lock_timeout_secs = num;
+	}
+	backend->set.no_fsync =
+		mail_user_plugin_getenv_bool(user, "fts_casidx_no_fsync");
 	return 0;
+}
+
+static int
+fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
+{
+	struct casidx_fts_backend *backend =
+		container_of(_backend, struct casidx_fts_backend, backend);
+	struct mail_namespace *ns = _backend->ns;
+	const char *root;
+
+	if (casidx_settings_read(backend, ns->user, error_r) < 0)
+		return -1;
+	root = mailbox_list_get_root_forced(ns->list,
+					    MAILBOX_LIST_PATH_TYPE_INDEX);
+	backend->root = i_strconcat(root, "/"CASIDX_DIR_NAME, NULL);
+	backend->event = event_create(ns->user->event);
+	event_set_append_log_prefix(backend->event, CASIDX_LOG_PREFIX);
+	backend->tok = casidx_tokenizer_create();
+	backend->pool = pool_alloconly_create("casidx backend", 1024);
+	hash_table_create(&backend->indexes, backend->pool, 0,
+			  str_hash, strcmp);
+	return 0;
+}
+
+static void casidx_backend_close_indexes(struct casidx_fts_backend *backend)
+{
+	struct hash_iterate_context *iter;
+	struct casidx_index *index;
+	char *key;
+
+	iter = hash_table_iterate_init(backend->indexes);
+	while (hash_table_iterate(iter, backend->indexes, &key, &index))
+		casidx_index_deinit(&index);
+	hash_table_iterate_deinit(&iter);
+	hash_table_clear(backend->indexes, TRUE);
 }
 
 static void fts_backend_casidx_deinit(struct fts_backend *_backend)
@@ -36,15 +135,72 @@ static void fts_backend_casidx_deinit(struct fts_backend *_backend)
 	struct casidx_fts_backend *backend =
 		container_of(_backend, struct casidx_fts_backend, backend);
 
+	if (backend->pool != NULL) {
+		casidx_backend_close_indexes(backend);
+		hash_table_destroy(&backend->indexes);
+		pool_unref(&backend->pool);
+		casidx_tokenizer_destroy(&backend->tok);
+		event_unref(&backend->event);
+	}
+	i_free(backend->root);
 	i_free(backend);
 }
 
 static int
-fts_backend_casidx_get_last_uid(struct fts_backend *backend ATTR_UNUSED,
-				struct mailbox *box ATTR_UNUSED,
-				uint32_t *last_uid_r)
+casidx_backend_get_index(struct casidx_fts_backend *backend,
+			 struct mailbox *box, struct casidx_index **index_r)
 {
-	*last_uid_r = 0;
+	struct mailbox_metadata metadata;
+	struct casidx_index *index;
+	const char *guid;
+
+	if (mailbox_get_metadata(box, MAILBOX_METADATA_GUID, &metadata) < 0) {
+		e_error(backend->event, "%s: Couldn't get mailbox GUID: %s",
+			mailbox_get_vname(box),
+			mailbox_get_last_internal_error(box, NULL));
+		return -1;
+	}
+	guid = guid_128_to_string(metadata.guid);
+	index = hash_table_lookup(backend->indexes, guid);
+	if (index == NULL) {
+		index = casidx_index_init(
+			t_strdup_printf("%s/%s", backend->root, guid),
+			&backend->set);
+		hash_table_insert(backend->indexes,
+				  p_strdup(backend->pool, guid), index);
+	}
+	*index_r = index;
+	return 0;
+}
+
+/* Get box's index with the newest committed snapshot loaded. */
+static int
+casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
+			       struct mailbox *box,
+			       struct casidx_index **index_r)
+{
+	const char *error;
+
+	if (casidx_backend_get_index(backend, box, index_r) < 0)
+		return -1;
+	if (casidx_index_refresh(*index_r, &error) < 0) {
+		e_error(backend->event, "%s", error);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+fts_backend_casidx_get_last_uid(struct fts_backend *_backend,
+				struct mailbox *box, uint32_t *last_uid_r)
+{
+	struct casidx_fts_backend *backend =
+		container_of(_backend, struct casidx_fts_backend, backend);
+	struct casidx_index *index;
+
+	if (casidx_backend_get_fresh_index(backend, box, &index) < 0)
+		return -1;
+	*last_uid_r = casidx_index_get_last_uid(index);
 	return 0;
 }
 
@@ -58,72 +214,386 @@ fts_backend_casidx_update_init(struct fts_backend *backend)
 	return &ctx->ctx;
 }
 
+static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	const char *error;
+
+	if (ctx->writer == NULL)
+		return;
+	if (casidx_index_writer_commit(&ctx->writer, &error) < 0) {
+		e_error(backend->event, "Index commit failed: %s", error);
+		ctx->ctx.failed = TRUE;
+	}
+	ctx->uid = 0;
+	ctx->doc_open = FALSE;
+}
+
 static int
 fts_backend_casidx_update_deinit(struct fts_backend_update_context *_ctx)
 {
-	int ret = _ctx->failed ? -1 : 0;
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+	int ret;
 
-	i_free(_ctx);
+	casidx_update_commit(ctx);
+	ret = _ctx->failed ? -1 : 0;
+	i_free(ctx);
 	return ret;
 }
 
 static void
-fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *ctx
-				      ATTR_UNUSED,
-				      struct mailbox *box ATTR_UNUSED)
+fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *_ctx,
+				      struct mailbox *box)
 {
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+	struct casidx_fts_backend *backend =
+		container_of(_ctx->backend, struct casidx_fts_backend,
+			     backend);
+	struct casidx_index *index;
+
+	casidx_update_commit(ctx);
+	if (box == NULL)
+		return;
+	if (casidx_backend_get_index(backend, box, &index) < 0) {
+		_ctx->failed = TRUE;
+		return;
+	}
+	ctx->writer = casidx_index_writer_begin(index);
 }
 
 static void
-fts_backend_casidx_update_expunge(struct fts_backend_update_context *ctx
-				  ATTR_UNUSED, uint32_t uid ATTR_UNUSED)
+fts_backend_casidx_update_expunge(struct fts_backend_update_context *_ctx,
+				  uint32_t uid)
 {
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+
+	if (ctx->writer != NULL)
+		casidx_index_writer_expunge(ctx->writer, uid);
+}
+
+static enum casidx_field casidx_header_field(const char *name)
+{
+	if (strcasecmp(name, "From") == 0)
+		return CASIDX_FIELD_FROM;
+	if (strcasecmp(name, "To") == 0)
+		return CASIDX_FIELD_TO;
+	if (strcasecmp(name, "Cc") == 0)
+		return CASIDX_FIELD_CC;
+	if (strcasecmp(name, "Bcc") == 0)
+		return CASIDX_FIELD_BCC;
+	if (strcasecmp(name, "Subject") == 0)
+		return CASIDX_FIELD_SUBJECT;
+	return CASIDX_FIELD_HEADER;
+}
+
+static void casidx_update_token(const struct casidx_token *token,
+				void *context)
+{
+	struct casidx_fts_backend_update_context *ctx = context;
+
+	casidx_index_writer_add_term(ctx->writer, ctx->field,
+				     token->term, token->term_len);
 }
 
 static bool
-fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *ctx
-					ATTR_UNUSED,
-					const struct fts_backend_build_key *key
-					ATTR_UNUSED)
+casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
+		       uint32_t uid)
 {
-	return FALSE;
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	const char *error;
+
+	if (ctx->doc_open &&
+	    casidx_index_writer_doc_done(ctx->writer, &error) < 0) {
+		e_error(backend->event, "Index flush failed: %s", error);
+		ctx->ctx.failed = TRUE;
+		return FALSE;
+	}
+	casidx_index_writer_add_doc(ctx->writer, uid);
+	ctx->uid = uid;
+	ctx->doc_open = TRUE;
+	return TRUE;
+}
+
+static bool
+fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
+					const struct fts_backend_build_key *key)
+{
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+	struct casidx_fts_backend *backend =
+		container_of(_ctx->backend, struct casidx_fts_backend,
+			     backend);
+
+	if (ctx->writer == NULL || _ctx->failed)
+		return FALSE;
+	if (key->uid != ctx->uid && !casidx_update_next_doc(ctx, key->uid))
+		return FALSE;
+
+	switch (key->type) {
+	case FTS_BACKEND_BUILD_KEY_HDR:
+	case FTS_BACKEND_BUILD_KEY_MIME_HDR:
+		/* SEARCH TEXT also matches header names */
+		ctx->field = CASIDX_FIELD_HEADER;
+		casidx_tokenizer_tokenize(backend->tok, key->hdr_name,
+					  strlen(key->hdr_name),
+					  casidx_update_token, ctx);
+		ctx->field = key->type == FTS_BACKEND_BUILD_KEY_HDR ?
+			casidx_header_field(key->hdr_name) :
+			CASIDX_FIELD_HEADER;
+		break;
+	case FTS_BACKEND_BUILD_KEY_BODY_PART:
+		ctx->field = CASIDX_FIELD_BODY;
+		break;
+	case FTS_BACKEND_BUILD_KEY_BODY_PART_BINARY:
+		return FALSE;
+	}
+	casidx_tokenizer_reset(backend->tok);
+	ctx->key_open = TRUE;
+	return TRUE;
 }
 
 static void
 fts_backend_casidx_update_unset_build_key(struct fts_backend_update_context
-					  *ctx ATTR_UNUSED)
+					  *_ctx)
 {
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+	struct casidx_fts_backend *backend =
+		container_of(_ctx->backend, struct casidx_fts_backend,
+			     backend);
+
+	if (!ctx->key_open)
+		return;
+	casidx_tokenizer_final(backend->tok, casidx_update_token, ctx);
+	ctx->key_open = FALSE;
 }
 
 static int
-fts_backend_casidx_update_build_more(struct fts_backend_update_context *ctx
-				     ATTR_UNUSED,
-				     const unsigned char *data ATTR_UNUSED,
-				     size_t size ATTR_UNUSED)
+fts_backend_casidx_update_build_more(struct fts_backend_update_context *_ctx,
+				     const unsigned char *data, size_t size)
 {
-	return 0;
+	struct casidx_fts_backend_update_context *ctx =
+		container_of(_ctx, struct casidx_fts_backend_update_context,
+			     ctx);
+	struct casidx_fts_backend *backend =
+		container_of(_ctx->backend, struct casidx_fts_backend,
+			     backend);
+
+	if (size == 0 || !ctx->key_open)
+		return _ctx->failed ? -1 : 0;
+	casidx_tokenizer_feed(backend->tok, data, size,
+			      casidx_update_token, ctx);
+	return _ctx->failed ? -1 : 0;
 }
 
 static int fts_backend_casidx_refresh(struct fts_backend *backend ATTR_UNUSED)
 {
+	/* every lookup and get_last_uid reloads the manifest */
 	return 0;
+}
+
+static int fts_backend_casidx_rescan(struct fts_backend *_backend)
+{
+	struct casidx_fts_backend *backend =
+		container_of(_backend, struct casidx_fts_backend, backend);
+	const char *error;
+
+	/* Indexes are derived data: drop them all, the indexer rebuilds
+	   each mailbox from get_last_uid() = 0. */
+	casidx_backend_close_indexes(backend);
+	if (unlink_directory(backend->root, UNLINK_DIRECTORY_FLAG_RMDIR,
+			     &error) < 0 && errno != ENOENT) {
+		e_error(backend->event, "%s", error);
+		return -1;
+	}
+	return 0;
+}
+
+static int fts_backend_casidx_optimize(struct fts_backend *_backend)
+{
+	struct casidx_fts_backend *backend =
+		container_of(_backend, struct casidx_fts_backend, backend);
+	struct casidx_index *index;
+	struct dirent *d;
+	const char *error;
+	DIR *dir;
+	int ret = 0;
+
+	dir = opendir(backend->root);
+	if (dir == NULL) {
+		if (errno == ENOENT)
+			return 0;
+		e_error(backend->event, "opendir(%s) failed: %m",
+			backend->root);
+		return -1;
+	}
+	while ((d = readdir(dir)) != NULL) {
+		if (d->d_name[0] == '.')
+			continue;
+		index = casidx_index_init(t_strdup_printf("%s/%s",
+			backend->root, d->d_name), &backend->set);
+		if (casidx_index_refresh(index, &error) < 0 ||
+		    casidx_index_optimize(index, &error) < 0) {
+			e_error(backend->event, "optimize: %s", error);
+			ret = -1;
+		}
+		casidx_index_deinit(&index);
+	}
+	if (closedir(dir) < 0) {
+		e_error(backend->event, "closedir(%s) failed: %m",
+			backend->root);
+		ret = -1;
+	}
+	return ret;
+}
+
+/* The field mask casidx can answer arg with, 0 if it can't. */
+static unsigned int casidx_arg_field_mask(const struct mail_search_arg *arg)
+{
+	enum casidx_field field;
+
+	if (arg->no_fts)
+		return 0;
+	switch (arg->type) {
+	case SEARCH_BODY:
+		return CASIDX_FIELD_MASK(CASIDX_FIELD_BODY);
+	case SEARCH_TEXT:
+		return CASIDX_FIELD_MASK_ALL;
+	case SEARCH_HEADER:
+	case SEARCH_HEADER_COMPRESS_LWSP:
+		/* raw value: addresses are indexed normalised, so only
+		   Subject is comparable */
+		if (strcasecmp(arg->hdr_field_name, "Subject") == 0)
+			return CASIDX_FIELD_MASK(CASIDX_FIELD_SUBJECT);
+		return 0;
+	case SEARCH_HEADER_ADDRESS:
+		field = casidx_header_field(arg->hdr_field_name);
+		if (field == CASIDX_FIELD_HEADER)
+			return 0;
+		return CASIDX_FIELD_MASK(field);
+	default:
+		return 0;
+	}
 }
 
 static bool
 fts_backend_casidx_can_lookup(struct fts_backend *backend ATTR_UNUSED,
-			      const struct mail_search_arg *args ATTR_UNUSED)
+			      const struct mail_search_arg *args)
 {
+	for (; args != NULL; args = args->next) {
+		if (args->type == SEARCH_OR || args->type == SEARCH_SUB) {
+			if (fts_backend_casidx_can_lookup(backend,
+							  args->value.subargs))
+				return TRUE;
+		} else if (casidx_arg_field_mask(args) != 0 &&
+			   args->value.str[0] != '\0') {
+			return TRUE;
+		}
+	}
 	return FALSE;
 }
 
+static void bitmap_to_seq_range(const roaring_bitmap_t *bm,
+				ARRAY_TYPE(seq_range) *dest)
+{
+	roaring_uint32_iterator_t *it = roaring_create_iterator(bm);
+	uint32_t start = 0, prev = 0;
+
+	for (; it->has_value; roaring_advance_uint32_iterator(it)) {
+		if (start != 0 && it->current_value == prev + 1) {
+			prev = it->current_value;
+			continue;
+		}
+		if (start != 0)
+			seq_range_array_add_range(dest, start, prev);
+		start = prev = it->current_value;
+	}
+	if (start != 0)
+		seq_range_array_add_range(dest, start, prev);
+	roaring_free_uint32_iterator(it);
+}
+
+static void casidx_add_scores(const struct casidx_query_result *qres,
+			      struct fts_result *result)
+{
+	roaring_bitmap_t *all = roaring_bitmap_or(qres->definite, qres->maybe);
+	roaring_uint32_iterator_t *it = roaring_create_iterator(all);
+	struct fts_score_map *score;
+
+	/* unique per UID and UID-sorted: virtual mailboxes require it */
+	for (; it->has_value; roaring_advance_uint32_iterator(it)) {
+		score = array_append_space(&result->scores);
+		score->uid = it->current_value;
+		score->score = casidx_query_result_score(qres, score->uid);
+	}
+	roaring_free_uint32_iterator(it);
+	roaring_bitmap_free(all);
+	result->scores_sorted = TRUE;
+}
+
 static int
-fts_backend_casidx_lookup(struct fts_backend *backend ATTR_UNUSED,
-			  struct mailbox *box,
-			  struct mail_search_arg *args ATTR_UNUSED,
-			  enum fts_lookup_flags flags ATTR_UNUSED,
+fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
+			  struct mail_search_arg *args,
+			  enum fts_lookup_flags flags,
 			  struct fts_result *result)
 {
+	struct casidx_fts_backend *backend =
+		container_of(_backend, struct casidx_fts_backend, backend);
+	ARRAY(struct casidx_query_leaf) leaves;
+	ARRAY(struct mail_search_arg *) claimed;
+	struct mail_search_arg *arg, *const *argp;
+	struct casidx_query_leaf *leaf;
+	struct casidx_query_result qres;
+	struct casidx_index *index;
+	const char *error;
+	unsigned int mask;
+
 	result->box = box;
+	t_array_init(&leaves, 8);
+	t_array_init(&claimed, 8);
+	for (arg = args; arg != NULL; arg = arg->next) {
+		/* SUB/OR children are looked up separately by the core */
+		mask = casidx_arg_field_mask(arg);
+		if (mask == 0 || !casidx_query_value_is_answerable(
+				backend->tok, arg->value.str))
+			continue;
+		leaf = array_append_space(&leaves);
+		leaf->field_mask = mask;
+		leaf->value = arg->value.str;
+		leaf->match_not = arg->match_not;
+		array_push_back(&claimed, &arg);
+	}
+	if (array_count(&leaves) == 0)
+		return 0;
+
+	if (casidx_backend_get_fresh_index(backend, box, &index) < 0)
+		return -1;
+	if (casidx_query_eval(index, backend->tok, array_front(&leaves),
+			      array_count(&leaves),
+			      (flags & FTS_LOOKUP_FLAG_AND_ARGS) != 0,
+			      &qres, &error) < 0) {
+		e_error(backend->event, "%s: lookup failed: %s",
+			mailbox_get_vname(box), error);
+		return -1;
+	}
+	array_foreach(&claimed, argp)
+		(*argp)->match_always = TRUE;
+	bitmap_to_seq_range(qres.definite, &result->definite_uids);
+	bitmap_to_seq_range(qres.maybe, &result->maybe_uids);
+	casidx_add_scores(&qres, result);
+	casidx_query_result_free(&qres);
 	return 0;
 }
 
@@ -144,6 +614,8 @@ struct fts_backend fts_backend_casidx = {
 			fts_backend_casidx_update_unset_build_key,
 		.update_build_more = fts_backend_casidx_update_build_more,
 		.refresh = fts_backend_casidx_refresh,
+		.rescan = fts_backend_casidx_rescan,
+		.optimize = fts_backend_casidx_optimize,
 		.can_lookup = fts_backend_casidx_can_lookup,
 		.lookup = fts_backend_casidx_lookup,
 	},

@@ -1,0 +1,340 @@
+/* casidx query evaluation; semantics in casidx-query.h and
+   doc/search-semantics.md. */
+
+#include "lib.h"
+#include "array.h"
+#include "hash.h"
+#include "casidx-tokenizer.h"
+#include "casidx-bm25.h"
+#include "casidx-query.h"
+
+#include <ctype.h>
+
+/* Relative weight of a hit per field (BM25F-style). */
+static const double field_weights[CASIDX_FIELD_COUNT] = {
+	[CASIDX_FIELD_BODY] = 1.0,
+	[CASIDX_FIELD_FROM] = 2.0,
+	[CASIDX_FIELD_TO] = 1.5,
+	[CASIDX_FIELD_CC] = 1.2,
+	[CASIDX_FIELD_BCC] = 1.2,
+	[CASIDX_FIELD_SUBJECT] = 3.0,
+	[CASIDX_FIELD_HEADER] = 0.5,
+};
+/* A whole-term hit ranks above a prefix hit above a substring hit. */
+#define MATCH_FACTOR_EXACT 1.0
+#define MATCH_FACTOR_PREFIX 0.6
+#define MATCH_FACTOR_SUBSTRING 0.3
+
+struct casidx_query_scores {
+	pool_t pool;
+	HASH_TABLE(void *, double *) map;
+};
+
+struct query_token {
+	const char *term;
+	size_t len;
+};
+
+struct tokens_ctx {
+	pool_t pool;
+	ARRAY(struct query_token) tokens;
+	ARRAY(struct query_token) parts;
+};
+
+struct scan_ctx {
+	roaring_bitmap_t *docs;
+	const roaring_bitmap_t *universe;
+	struct casidx_query_scores *scores; /* NULL = don't score */
+	const struct query_token *token;
+	uint64_t total_docs;
+	double avg_len, weight;
+	enum casidx_field field;
+};
+
+static roaring_bitmap_t *bitmap_create(void)
+{
+	roaring_bitmap_t *bm = roaring_bitmap_create();
+
+	if (bm == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+	return bm;
+}
+
+static void token_cb(const struct casidx_token *token, void *context)
+{
+	struct tokens_ctx *ctx = context;
+	struct query_token *qt;
+
+	if (token->term_len == 0)
+		return;
+	if ((token->flags & CASIDX_TOKEN_FLAG_PART) != 0)
+		qt = array_append_space(&ctx->parts);
+	else
+		qt = array_append_space(&ctx->tokens);
+	qt->term = p_strndup(ctx->pool, token->term, token->term_len);
+	qt->len = token->term_len;
+}
+
+/* Tokens of value. A compound (address, URL) contains its parts, so
+   its parts add nothing to a substring match: use them only if no
+   compound came out. */
+static void query_tokenize(struct casidx_tokenizer *tok, const char *value,
+			   pool_t pool, struct tokens_ctx *ctx_r)
+{
+	i_zero(ctx_r);
+	ctx_r->pool = pool;
+	p_array_init(&ctx_r->tokens, pool, 4);
+	p_array_init(&ctx_r->parts, pool, 4);
+	casidx_tokenizer_tokenize(tok, value, strlen(value), token_cb, ctx_r);
+	if (array_count(&ctx_r->tokens) == 0)
+		array_append_array(&ctx_r->tokens, &ctx_r->parts);
+}
+
+bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
+				      const char *value)
+{
+	struct tokens_ctx ctx;
+	pool_t pool;
+	bool ret;
+
+	pool = pool_alloconly_create("casidx query tokens", 256);
+	query_tokenize(tok, value, pool, &ctx);
+	ret = array_count(&ctx.tokens) > 0;
+	pool_unref(&pool);
+	return ret;
+}
+
+/* The index can prove a substring match only when the value is one
+   ASCII word whose normalised form is the value lowercased: then the
+   value occurs in the original text exactly where the token occurs in
+   the term (see doc/search-semantics.md for the remaining edges). */
+static bool value_is_definite(const char *value,
+			      const struct query_token *tokens,
+			      unsigned int count)
+{
+	size_t i;
+
+	if (count != 1 || tokens[0].len != strlen(value))
+		return FALSE;
+	for (i = 0; value[i] != '\0'; i++) {
+		if (!i_isalnum(value[i]) || (unsigned char)value[i] >= 0x80)
+			return FALSE;
+		if (i_tolower(value[i]) != tokens[0].term[i])
+			return FALSE;
+	}
+	return TRUE;
+}
+
+static void scores_add(struct casidx_query_scores *scores, uint32_t uid,
+		       double score)
+{
+	double *value;
+
+	value = hash_table_lookup(scores->map, POINTER_CAST(uid));
+	if (value == NULL) {
+		value = p_new(scores->pool, double, 1);
+		hash_table_insert(scores->map, POINTER_CAST(uid), value);
+	}
+	*value += score;
+}
+
+static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
+		    size_t term_len, const roaring_bitmap_t *docs,
+		    const uint32_t *tfs, void *context)
+{
+	struct scan_ctx *ctx = context;
+	roaring_uint32_iterator_t *it;
+	uint64_t df;
+	double factor;
+	uint32_t uid;
+	unsigned int i;
+
+	roaring_bitmap_or_inplace(ctx->docs, docs);
+	if (ctx->scores == NULL)
+		return;
+
+	if (term_len == ctx->token->len)
+		factor = MATCH_FACTOR_EXACT;
+	else if (memcmp(term, ctx->token->term, ctx->token->len) == 0)
+		factor = MATCH_FACTOR_PREFIX;
+	else
+		factor = MATCH_FACTOR_SUBSTRING;
+	df = roaring_bitmap_get_cardinality(docs);
+	it = roaring_create_iterator(docs);
+	for (i = 0; it->has_value; roaring_advance_uint32_iterator(it), i++) {
+		uid = it->current_value;
+		if (!roaring_bitmap_contains(ctx->universe, uid))
+			continue;
+		scores_add(ctx->scores, uid, casidx_bm25_term_score(
+			&casidx_bm25_default_params, ctx->weight * factor,
+			ctx->total_docs, df, tfs[i],
+			casidx_segment_doc_len(seg, uid, ctx->field),
+			ctx->avg_len));
+	}
+	roaring_free_uint32_iterator(it);
+}
+
+/* Docs having a term containing token in any field of mask. */
+static int query_token_docs(struct casidx_index *index,
+			    const struct query_token *token,
+			    unsigned int field_mask,
+			    const roaring_bitmap_t *universe,
+			    struct casidx_query_scores *scores,
+			    roaring_bitmap_t **docs_r, const char **error_r)
+{
+	struct scan_ctx ctx;
+	enum casidx_field field;
+
+	i_zero(&ctx);
+	ctx.docs = bitmap_create();
+	ctx.universe = universe;
+	ctx.scores = scores;
+	ctx.token = token;
+	ctx.total_docs = roaring_bitmap_get_cardinality(universe);
+	for (field = 0; field < CASIDX_FIELD_COUNT; field++) {
+		if ((field_mask & CASIDX_FIELD_MASK(field)) == 0)
+			continue;
+		ctx.field = field;
+		ctx.weight = field_weights[field];
+		ctx.avg_len = casidx_index_get_avg_len(index, field);
+		if (casidx_index_scan(index, field, token->term, token->len,
+				      CASIDX_MATCH_SUBSTRING, scan_cb, &ctx,
+				      error_r) < 0) {
+			roaring_bitmap_free(ctx.docs);
+			return -1;
+		}
+	}
+	*docs_r = ctx.docs;
+	return 0;
+}
+
+/* Evaluate one leaf into definite/maybe (maybe includes definite),
+   with match_not already applied. */
+static int query_leaf(struct casidx_index *index,
+		      struct casidx_tokenizer *tok,
+		      const struct casidx_query_leaf *leaf,
+		      const roaring_bitmap_t *universe,
+		      struct casidx_query_scores *scores,
+		      roaring_bitmap_t **definite_r, roaring_bitmap_t **maybe_r,
+		      const char **error_r)
+{
+	struct tokens_ctx tctx;
+	const struct query_token *tokens;
+	roaring_bitmap_t *set = NULL, *docs, *def, *inv;
+	unsigned int i, count;
+	pool_t pool;
+	int ret = 0;
+
+	pool = pool_alloconly_create("casidx query leaf", 512);
+	query_tokenize(tok, leaf->value, pool, &tctx);
+	tokens = array_get(&tctx.tokens, &count);
+	i_assert(count > 0);
+	for (i = 0; i < count; i++) {
+		if (query_token_docs(index, &tokens[i], leaf->field_mask,
+				     universe, leaf->match_not ? NULL : scores,
+				     &docs, error_r) < 0) {
+			ret = -1;
+			break;
+		}
+		if (set == NULL)
+			set = docs;
+		else {
+			roaring_bitmap_and_inplace(set, docs);
+			roaring_bitmap_free(docs);
+		}
+	}
+	if (ret < 0) {
+		if (set != NULL)
+			roaring_bitmap_free(set);
+		pool_unref(&pool);
+		return -1;
+	}
+	roaring_bitmap_and_inplace(set, universe);
+	def = value_is_definite(leaf->value, tokens, count) ?
+		roaring_bitmap_copy(set) : bitmap_create();
+	pool_unref(&pool);
+
+	if (!leaf->match_not) {
+		*definite_r = def;
+		*maybe_r = set;
+		return 0;
+	}
+	/* NOT: certainly true where the positive certainly fails */
+	inv = roaring_bitmap_andnot(universe, set);
+	*maybe_r = roaring_bitmap_andnot(universe, def);
+	*definite_r = inv;
+	roaring_bitmap_free(set);
+	roaring_bitmap_free(def);
+	return 0;
+}
+
+int casidx_query_eval(struct casidx_index *index,
+		      struct casidx_tokenizer *tok,
+		      const struct casidx_query_leaf *leaves,
+		      unsigned int count, bool and_args,
+		      struct casidx_query_result *result_r,
+		      const char **error_r)
+{
+	roaring_bitmap_t *universe, *def, *maybe;
+	struct casidx_query_scores *scores;
+	pool_t pool;
+	unsigned int i;
+
+	i_zero(result_r);
+	pool = pool_alloconly_create("casidx query scores", 4096);
+	scores = p_new(pool, struct casidx_query_scores, 1);
+	scores->pool = pool;
+	hash_table_create_direct(&scores->map, pool, 0);
+	result_r->scores = scores;
+
+	universe = casidx_index_get_universe(index);
+	if (and_args) {
+		result_r->definite = roaring_bitmap_copy(universe);
+		result_r->maybe = roaring_bitmap_copy(universe);
+	} else {
+		result_r->definite = bitmap_create();
+		result_r->maybe = bitmap_create();
+	}
+	for (i = 0; i < count; i++) {
+		if (query_leaf(index, tok, &leaves[i], universe, scores,
+			       &def, &maybe, error_r) < 0) {
+			roaring_bitmap_free(universe);
+			casidx_query_result_free(result_r);
+			return -1;
+		}
+		if (and_args) {
+			roaring_bitmap_and_inplace(result_r->definite, def);
+			roaring_bitmap_and_inplace(result_r->maybe, maybe);
+		} else {
+			roaring_bitmap_or_inplace(result_r->definite, def);
+			roaring_bitmap_or_inplace(result_r->maybe, maybe);
+		}
+		roaring_bitmap_free(def);
+		roaring_bitmap_free(maybe);
+	}
+	roaring_bitmap_andnot_inplace(result_r->maybe, result_r->definite);
+	roaring_bitmap_free(universe);
+	return 0;
+}
+
+void casidx_query_result_free(struct casidx_query_result *result)
+{
+	if (result->definite != NULL)
+		roaring_bitmap_free(result->definite);
+	if (result->maybe != NULL)
+		roaring_bitmap_free(result->maybe);
+	if (result->scores != NULL) {
+		hash_table_destroy(&result->scores->map);
+		pool_unref(&result->scores->pool);
+	}
+	i_zero(result);
+}
+
+float casidx_query_result_score(const struct casidx_query_result *result,
+				uint32_t uid)
+{
+	const double *value;
+
+	value = hash_table_lookup(result->scores->map, POINTER_CAST(uid));
+	return value == NULL ? 0 : (float)*value;
+}

@@ -1,0 +1,57 @@
+#ifndef CASIDX_QUERY_H
+#define CASIDX_QUERY_H
+
+/* casidx query evaluation: IMAP SEARCH substring semantics over a
+   snapshot of one mailbox's index (doc/search-semantics.md).
+
+   A leaf is "value occurs (as a substring) in one of these fields".
+   The value is tokenized like indexed text; each token matches every
+   dictionary term that contains it. Results:
+     definite  the leaf certainly holds (single pure-ASCII alphanumeric
+               token found inside an indexed term)
+     maybe     the leaf may hold; Dovecot verifies it (multi-token
+               values, punctuation, non-ASCII: folding can over-match)
+   A UID absent from both certainly doesn't match. match_not is applied
+   against the universe (every indexed, not expunged UID, including
+   messages that produced no tokens). */
+
+#include "casidx-index.h"
+
+struct casidx_tokenizer;
+
+#define CASIDX_FIELD_MASK(field) (1U << (field))
+#define CASIDX_FIELD_MASK_ALL ((1U << CASIDX_FIELD_COUNT) - 1)
+
+struct casidx_query_leaf {
+	unsigned int field_mask;
+	const char *value;
+	bool match_not;
+};
+
+struct casidx_query_result {
+	roaring_bitmap_t *definite;
+	/* maybe excludes definite */
+	roaring_bitmap_t *maybe;
+	/* BM25 scores of definite and maybe UIDs */
+	struct casidx_query_scores *scores;
+};
+
+/* TRUE if value produces at least one token, i.e. the index can answer
+   a leaf with it. Empty or punctuation-only values can't be answered. */
+bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
+				      const char *value);
+
+/* Evaluate leaves combined with AND (and_args) or OR. The index must be
+   refreshed by the caller. Returns 0 if ok, -1 on error. */
+int casidx_query_eval(struct casidx_index *index,
+		      struct casidx_tokenizer *tok,
+		      const struct casidx_query_leaf *leaves,
+		      unsigned int count, bool and_args,
+		      struct casidx_query_result *result_r,
+		      const char **error_r);
+void casidx_query_result_free(struct casidx_query_result *result);
+/* Score of uid (0 if it got none). */
+float casidx_query_result_score(const struct casidx_query_result *result,
+				uint32_t uid);
+
+#endif

@@ -1,0 +1,240 @@
+/* casidx query evaluation: substring semantics, definite vs maybe,
+   NOT against a universe that includes token-less messages, AND/OR,
+   expunges and BM25 field weighting, over a real index and the real
+   tokenizer. */
+
+#include "lib.h"
+#include "unlink-directory.h"
+#include "casidx-tokenizer.h"
+#include "casidx-index.h"
+#include "str.h"
+#include "casidx-query.h"
+
+#include <check.h>
+#include <stdlib.h>
+
+static char *test_dir;
+static struct casidx_index *idx;
+static struct casidx_tokenizer *tok;
+
+struct feed_ctx {
+	struct casidx_index_writer *w;
+	enum casidx_field field;
+};
+
+static void feed_cb(const struct casidx_token *token, void *context)
+{
+	struct feed_ctx *ctx = context;
+
+	casidx_index_writer_add_term(ctx->w, ctx->field, token->term,
+				     token->term_len);
+}
+
+static void add_field(struct feed_ctx *ctx, enum casidx_field field,
+		      const char *text)
+{
+	ctx->field = field;
+	casidx_tokenizer_tokenize(tok, text, strlen(text), feed_cb, ctx);
+}
+
+/* uid 1..6; 4 has no text at all; 6 gets expunged */
+static void build_index(void)
+{
+	static const struct casidx_index_settings set = { .no_fsync = TRUE };
+	struct feed_ctx ctx;
+	const char *error;
+	char tmpl[] = "/tmp/check-casidx-query-XXXXXX";
+
+	ck_assert_ptr_ne(mkdtemp(tmpl), NULL);
+	test_dir = i_strdup(tmpl);
+	tok = casidx_tokenizer_create();
+	idx = casidx_index_init(test_dir, &set);
+	ctx.w = casidx_index_writer_begin(idx);
+	casidx_index_writer_add_doc(ctx.w, 1);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "Hello there");
+	add_field(&ctx, CASIDX_FIELD_BODY, "the world is big");
+	add_field(&ctx, CASIDX_FIELD_FROM, "Alice <alice@example.com>");
+	casidx_index_writer_add_doc(ctx.w, 2);
+	add_field(&ctx, CASIDX_FIELD_BODY, "hello world, hello again");
+	add_field(&ctx, CASIDX_FIELD_FROM, "Bob <bob@example.org>");
+	casidx_index_writer_add_doc(ctx.w, 3);
+	add_field(&ctx, CASIDX_FIELD_BODY, "un café crème, s'il vous plaît");
+	casidx_index_writer_add_doc(ctx.w, 4);
+	casidx_index_writer_add_doc(ctx.w, 5);
+	add_field(&ctx, CASIDX_FIELD_BODY, "shellfish and yellow helmets");
+	casidx_index_writer_add_doc(ctx.w, 6);
+	add_field(&ctx, CASIDX_FIELD_BODY, "hello from the expunged one");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ctx.w = casidx_index_writer_begin(idx);
+	casidx_index_writer_expunge(ctx.w, 6);
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+}
+
+static void teardown(void)
+{
+	const char *error;
+
+	casidx_index_deinit(&idx);
+	casidx_tokenizer_destroy(&tok);
+	(void)unlink_directory(test_dir, UNLINK_DIRECTORY_FLAG_RMDIR, &error);
+	i_free_and_null(test_dir);
+}
+
+/* "1,2" style list of a bitmap */
+static const char *bm_str(const roaring_bitmap_t *bm)
+{
+	string_t *str = t_str_new(32);
+	roaring_uint32_iterator_t *it = roaring_create_iterator(bm);
+
+	for (; it->has_value; roaring_advance_uint32_iterator(it)) {
+		if (str_len(str) > 0)
+			str_append_c(str, ',');
+		str_printfa(str, "%u", it->current_value);
+	}
+	roaring_free_uint32_iterator(it);
+	return str_c(str);
+}
+
+static void check_query(const struct casidx_query_leaf *leaves,
+			unsigned int count, bool and_args,
+			const char *definite, const char *maybe)
+{
+	struct casidx_query_result res;
+	const char *error;
+
+	ck_assert_int_eq(casidx_query_eval(idx, tok, leaves, count, and_args,
+					   &res, &error), 0);
+	ck_assert_str_eq(bm_str(res.definite), definite);
+	ck_assert_str_eq(bm_str(res.maybe), maybe);
+	casidx_query_result_free(&res);
+}
+
+static void check1(unsigned int mask, const char *value, bool not,
+		   const char *definite, const char *maybe)
+{
+	struct casidx_query_leaf leaf = {
+		.field_mask = mask, .value = value, .match_not = not,
+	};
+
+	check_query(&leaf, 1, TRUE, definite, maybe);
+}
+
+#define BODY CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)
+#define FROM CASIDX_FIELD_MASK(CASIDX_FIELD_FROM)
+#define ALL CASIDX_FIELD_MASK_ALL
+
+START_TEST(test_words_prefixes_substrings)
+{
+	check1(BODY, "hello", FALSE, "2", "");
+	check1(BODY, "HeLLo", FALSE, "2", "");
+	check1(ALL, "hello", FALSE, "1,2", "");
+	check1(BODY, "hel", FALSE, "2,5", "");	/* prefix */
+	check1(BODY, "ell", FALSE, "2,5", "");	/* inside words */
+	check1(BODY, "elm", FALSE, "5", "");
+	check1(BODY, "nothere", FALSE, "", "");
+	/* expunged 6 never shows up */
+	check1(BODY, "expunged", FALSE, "", "");
+}
+END_TEST
+
+START_TEST(test_maybe_cases)
+{
+	/* two words: adjacency unproven */
+	check1(BODY, "hello world", FALSE, "", "2");
+	/* punctuation */
+	check1(BODY, "world,", FALSE, "", "1,2");
+	/* non-ASCII: folding may over-match */
+	check1(BODY, "café", FALSE, "", "3");
+	check1(BODY, "cafe", FALSE, "3", "");
+	/* address compound */
+	check1(FROM, "alice@example.com", FALSE, "", "1");
+	check1(FROM, "example", FALSE, "1,2", "");
+}
+END_TEST
+
+START_TEST(test_not_and_or)
+{
+	struct casidx_query_leaf leaves[2];
+
+	/* NOT includes the token-less message 4, excludes expunged 6 */
+	check1(BODY, "hello", TRUE, "1,3,4,5", "");
+	/* NOT of a maybe stays maybe */
+	check1(BODY, "hello world", TRUE, "1,3,4,5", "2");
+
+	i_zero(&leaves);
+	leaves[0].field_mask = BODY;
+	leaves[0].value = "world";
+	leaves[1].field_mask = BODY;
+	leaves[1].value = "again";
+	check_query(leaves, 2, TRUE, "2", "");
+	check_query(leaves, 2, FALSE, "1,2", "");
+	leaves[1].match_not = TRUE;
+	check_query(leaves, 2, TRUE, "1", "");
+	/* AND of definite and maybe */
+	leaves[1].value = "hello world";
+	leaves[1].match_not = FALSE;
+	check_query(leaves, 2, TRUE, "", "2");
+	check_query(leaves, 2, FALSE, "1,2", "");
+}
+END_TEST
+
+START_TEST(test_answerable)
+{
+	ck_assert(casidx_query_value_is_answerable(tok, "hello"));
+	ck_assert(!casidx_query_value_is_answerable(tok, ""));
+	ck_assert(!casidx_query_value_is_answerable(tok, " -- , "));
+}
+END_TEST
+
+START_TEST(test_scores)
+{
+	struct casidx_query_leaf leaf = {
+		.field_mask = ALL, .value = "hello",
+	};
+	struct casidx_query_result res;
+	const char *error;
+
+	ck_assert_int_eq(casidx_query_eval(idx, tok, &leaf, 1, TRUE, &res,
+					   &error), 0);
+	ck_assert(casidx_query_result_score(&res, 1) > 0);
+	ck_assert(casidx_query_result_score(&res, 2) > 0);
+	/* a subject hit outweighs two body hits */
+	ck_assert(casidx_query_result_score(&res, 1) >
+		  casidx_query_result_score(&res, 2));
+	ck_assert(casidx_query_result_score(&res, 3) == 0);
+	casidx_query_result_free(&res);
+
+	/* whole word ranks above a substring hit */
+	leaf.field_mask = BODY;
+	leaf.value = "hel";
+	ck_assert_int_eq(casidx_query_eval(idx, tok, &leaf, 1, TRUE, &res,
+					   &error), 0);
+	ck_assert(casidx_query_result_score(&res, 2) > 0);
+	ck_assert(casidx_query_result_score(&res, 5) > 0);
+	casidx_query_result_free(&res);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("casidx-query");
+	TCase *tc = tcase_create("query");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	tcase_add_checked_fixture(tc, build_index, teardown);
+	tcase_add_test(tc, test_words_prefixes_substrings);
+	tcase_add_test(tc, test_maybe_cases);
+	tcase_add_test(tc, test_not_and_or);
+	tcase_add_test(tc, test_answerable);
+	tcase_add_test(tc, test_scores);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

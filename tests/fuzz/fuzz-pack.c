@@ -1,0 +1,231 @@
+/* Fuzz the pack reader: input = exported blob record (105 bytes) | pack
+   file bytes. The pack is scanned without keys, then the record's blob
+   is opened and read with the fixed test key. Oracle: a read that
+   succeeds must return plain_size bytes whose keyed id is the frame's
+   blob id (AEAD authenticates every chunk), anything else is a crash.
+   `fuzz-pack --make-seeds DIR` writes the seed corpus with the real
+   writer. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "istream.h"
+#include "cas-key.h"
+#include "casbox-pack.h"
+#include "casbox-frame.h"
+#include "fuzz-pack-replay.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+static struct cas_keyring *fuzz_keyring;
+static struct casbox_pack_store *fuzz_store;
+static char fuzz_dir[] = "/tmp/fuzz-pack.XXXXXX";
+
+static void fuzz_pack_deinit(void)
+{
+	casbox_pack_store_close(&fuzz_store);
+	cas_keyring_free(&fuzz_keyring);
+	(void)unlink(t_strdup_printf("%s/packs/pack-00000001.cbp", fuzz_dir));
+	(void)unlink(t_strdup_printf("%s/packs/pack.lock", fuzz_dir));
+	(void)rmdir(t_strdup_printf("%s/packs", fuzz_dir));
+	(void)rmdir(fuzz_dir);
+	lib_deinit();
+}
+
+static struct casbox_pack_store *fuzz_store_open(const char *dir)
+{
+	struct casbox_pack_settings set;
+	struct casbox_pack_store *store;
+	const char *error;
+
+	i_zero(&set);
+	set.dir = t_strdup_printf("%s/packs", dir);
+	if (casbox_pack_store_open(&set, fuzz_keyring, &store, &error) < 0)
+		i_fatal("%s", error);
+	return store;
+}
+
+static void fuzz_pack_init(void)
+{
+	unsigned char kek[CAS_KEK_SIZE];
+
+	if (fuzz_keyring != NULL)
+		return;
+	lib_init();
+	memset(kek, 0x42, sizeof(kek));
+	fuzz_keyring = cas_keyring_create_from_kek(kek);
+	if (mkdtemp(fuzz_dir) == NULL)
+		i_fatal("mkdtemp() failed: %m");
+	fuzz_store = fuzz_store_open(fuzz_dir);
+	atexit(fuzz_pack_deinit);
+}
+
+static void fuzz_write_pack(const uint8_t *data, size_t size)
+{
+	const char *path = t_strdup_printf("%s/packs/pack-00000001.cbp",
+					   fuzz_dir);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+	if (fd == -1 || (size > 0 && write(fd, data, size) != (ssize_t)size))
+		i_fatal("write(%s) failed: %m", path);
+	i_close_fd(&fd);
+}
+
+static void fuzz_scan(void)
+{
+	struct casbox_pack_scan *scan = casbox_pack_scan_init(fuzz_store);
+	struct casbox_pack_frame_info info;
+	uint64_t last = 0;
+	const char *error;
+
+	while (casbox_pack_scan_next(scan, &info)) {
+		/* always moves forward, never past what it reported */
+		if (info.offset < last || info.frame_size == 0)
+			i_panic("scan went backwards or stalled");
+		last = info.offset + info.frame_size;
+	}
+	(void)casbox_pack_scan_deinit(&scan, &error);
+}
+
+static void fuzz_read_blob(const struct cas_blob_id *id,
+			   const struct casbox_blob_record *rec)
+{
+	struct istream *input = casbox_pack_blob_open(fuzz_store, id, rec);
+	struct cas_blob_id_ctx ctx;
+	struct cas_blob_id real;
+	const unsigned char *data;
+	size_t size;
+	uint64_t total = 0;
+
+	cas_blob_id_init(fuzz_keyring, &ctx);
+	while (i_stream_read_more(input, &data, &size) > 0) {
+		cas_blob_id_update(&ctx, data, size);
+		total += size;
+		i_stream_skip(input, size);
+	}
+	cas_blob_id_final(&ctx, &real);
+	if (input->stream_errno == 0) {
+		if (total != rec->plain_size ||
+		    memcmp(real.id, id->id, sizeof(real.id)) != 0)
+			i_panic("blob read succeeded with wrong bytes");
+		/* a seek into the middle must agree too */
+		i_stream_seek(input, rec->plain_size / 2);
+		(void)i_stream_read_more(input, &data, &size);
+	}
+	i_stream_unref(&input);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	const char *error;
+	bool have_rec;
+
+	fuzz_pack_init();
+	T_BEGIN {
+		have_rec = size >= CASBOX_BLOB_RECORD_EXPORT_SIZE &&
+			casbox_blob_record_import(data,
+				CASBOX_BLOB_RECORD_EXPORT_SIZE,
+				&rec, &error) > 0;
+		if (size >= CASBOX_BLOB_RECORD_EXPORT_SIZE) {
+			data += CASBOX_BLOB_RECORD_EXPORT_SIZE;
+			size -= CASBOX_BLOB_RECORD_EXPORT_SIZE;
+		}
+		fuzz_write_pack(data, size);
+		fuzz_scan();
+		if (have_rec && rec.offset + CASBOX_FRAME_HEADER_SIZE <= size) {
+			rec.pack_id = 1;
+			memcpy(id.id, data + rec.offset + 32, sizeof(id.id));
+			fuzz_read_blob(&id, &rec);
+		}
+	} T_END;
+	return 0;
+}
+
+#ifndef CASBOX_LIBFUZZER
+static void
+fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
+	       unsigned int count, unsigned int pick)
+{
+	const char *tmp = t_strdup_printf("%s/tmp-%s", dir, name);
+	struct casbox_pack_store *store = fuzz_store_open(tmp);
+	struct casbox_blob_record rec, picked;
+	struct casbox_pack_txn *txn;
+	struct istream *input;
+	struct cas_blob_id id;
+	buffer_t *seed = buffer_create_dynamic(default_pool, 4096);
+	const char *error, *pack = t_strdup_printf("%s/packs/pack-00000001.cbp",
+						   tmp);
+	unsigned char buf[4096];
+	unsigned int i;
+	ssize_t n;
+	int fd;
+
+	if (casbox_pack_txn_begin(store, &txn, &error) < 0)
+		i_fatal("%s", error);
+	for (i = 0; i < count; i++) {
+		cas_blob_id_compute(fuzz_keyring, blobs[i]->data,
+				    blobs[i]->used, &id);
+		input = i_stream_create_from_data(blobs[i]->data,
+						  blobs[i]->used);
+		if (casbox_pack_txn_add(txn, &id, input, &rec, &error) < 0)
+			i_fatal("%s", error);
+		i_stream_unref(&input);
+		if (i == pick)
+			picked = rec;
+	}
+	if (casbox_pack_txn_commit(&txn, &error) < 0)
+		i_fatal("%s", error);
+	casbox_pack_store_close(&store);
+	casbox_blob_record_export(&picked, seed);
+	fd = open(pack, O_RDONLY);
+	while (fd != -1 && (n = read(fd, buf, sizeof(buf))) > 0)
+		buffer_append(seed, buf, n);
+	if (fd == -1)
+		i_fatal("open(%s) failed: %m", pack);
+	i_close_fd(&fd);
+	fd = open(t_strdup_printf("%s/%s", dir, name),
+		  O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd == -1 || write(fd, seed->data, seed->used) != (ssize_t)seed->used)
+		i_fatal("write seed %s failed: %m", name);
+	i_close_fd(&fd);
+	buffer_free(&seed);
+	(void)unlink(pack);
+	(void)unlink(t_strdup_printf("%s/packs/pack.lock", tmp));
+	(void)rmdir(t_strdup_printf("%s/packs", tmp));
+	(void)rmdir(tmp);
+}
+
+static void fuzz_make_seeds(const char *dir)
+{
+	buffer_t *blobs[3];
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		blobs[i] = buffer_create_dynamic(default_pool, 1024);
+	buffer_append(blobs[1], "Subject: hello\r\n\r\nworld\r\n", 25);
+	for (i = 0; i < 70000; i++)
+		buffer_append_c(blobs[2], "casbox \r\n"[(i * 7 + i / 13) % 9]);
+	fuzz_make_seed(dir, "empty", (const buffer_t *const *)blobs, 1, 0);
+	fuzz_make_seed(dir, "small", (const buffer_t *const *)blobs + 1, 1, 0);
+	fuzz_make_seed(dir, "two-chunks", (const buffer_t *const *)blobs + 2,
+		       1, 0);
+	fuzz_make_seed(dir, "three-frames", (const buffer_t *const *)blobs, 3,
+		       1);
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		buffer_free(&blobs[i]);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "--make-seeds") == 0) {
+		fuzz_pack_init();
+		T_BEGIN {
+			fuzz_make_seeds(argv[2]);
+		} T_END;
+		return 0;
+	}
+	return fuzz_replay_main("pack", argc, argv);
+}
+#endif
