@@ -4,7 +4,9 @@
 #include "lib.h"
 #include "buffer.h"
 #include "casbox-pack.h"
-#include "fuzz-pack-replay.h"
+/* fuzz-pack-replay.c */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_replay_main(const char *name, int argc, char **argv);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -29,4 +31,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	return 0;
 }
 
-FUZZ_REPLAY_MAIN("blob-record")
+#ifndef CASBOX_LIBFUZZER
+int main(int argc, char **argv)
+{
+	return fuzz_replay_main("blob-record", argc, argv);
+}
+#endif

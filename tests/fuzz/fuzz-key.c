@@ -5,7 +5,9 @@
 #include "lib.h"
 #include "buffer.h"
 #include "cas-key.h"
-#include "fuzz-pack-replay.h"
+/* fuzz-pack-replay.c */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_replay_main(const char *name, int argc, char **argv);
 
 static struct cas_keyring *fuzz_keyring;
 
@@ -37,4 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	return 0;
 }
 
-FUZZ_REPLAY_MAIN("key")
+#ifndef CASBOX_LIBFUZZER
+int main(int argc, char **argv)
+{
+	return fuzz_replay_main("key", argc, argv);
+}
+#endif

@@ -12,10 +12,14 @@
 #include "cas-key.h"
 #include "casbox-pack.h"
 #include "casbox-frame.h"
-#include "fuzz-pack-replay.h"
 
+#include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
+
+/* fuzz-pack-replay.c */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int fuzz_replay_main(const char *name, int argc, char **argv);
 
 static struct cas_keyring *fuzz_keyring;
 static struct casbox_pack_store *fuzz_store;
