@@ -1,0 +1,418 @@
+"""A private, unmodified Dovecot for end-to-end tests and benchmarks.
+
+Each Dovecot() starts Debian's stock dovecot binary with its own
+base_dir, state_dir and log under a fresh temporary directory, IMAP and
+LMTP on 127.0.0.1 high ports, a static passdb/userdb and our plugins
+loaded from the build tree. It is stopped by pid when the `with` block
+ends, and the test fails if Dovecot logged an Error, Fatal or Panic line
+that the test did not declare with allow_log().
+
+    with Dovecot(mail_location="casbox:~/casbox",
+                 mail_plugins=["casbox"]) as dc:
+        dc.lmtp_deliver("user1", b"Subject: hi\\r\\n\\r\\nbody\\r\\n")
+        imap = dc.imap_login("user1")
+        dc.doveadm("mailbox", "status", "-u", "user1", "messages", "INBOX")
+
+Environment:
+    CASBOX_TOP_BUILDDIR  build tree with the freshly built plugins
+                         (make check sets it)
+    CASBOX_CORPUS        corpus directory (default ../shared/corpus next
+                         to the source tree)
+    CASBOX_KEEP_TMP=1    keep the temporary directory for inspection
+    CASBOX_MAIL_DEBUG=1  mail_debug = yes
+"""
+
+import errno
+import glob
+import imaplib
+import os
+import pwd
+import re
+import select
+import shutil
+import signal
+import smtplib
+import socket
+import subprocess
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP_SRCDIR = os.environ.get("CASBOX_TOP_SRCDIR",
+                            os.path.dirname(os.path.dirname(HERE)))
+TOP_BUILDDIR = os.environ.get("CASBOX_TOP_BUILDDIR", TOP_SRCDIR)
+SYSTEM_MODULEDIR = "/usr/lib/dovecot/modules"
+DOVEADM_MODULEDIR = SYSTEM_MODULEDIR + "/doveadm"
+DOVECOT = "/usr/sbin/dovecot"
+DOVEADM = "/usr/bin/doveadm"
+TEST_USER = "casboxtest"
+PASSWORD = "casbox-test-pass"
+
+# Our modules, as built by libtool, and where Dovecot looks for them.
+OUR_MAIL_MODULES = {
+    "lib20_casbox_plugin.so": "src/storage-casbox/.libs",
+    "lib21_fts_casidx_plugin.so": "src/fts-casidx/.libs",
+}
+OUR_DOVEADM_MODULE = ("lib10_doveadm_casbox_plugin.so",
+                      "src/doveadm-casbox/.libs")
+
+LOG_PROBLEM_RE = re.compile(r": (Error|Fatal|Panic): ")
+
+
+class HarnessError(Exception):
+    pass
+
+
+def corpus_dir():
+    """The shared corpus: CASBOX_CORPUS or ../shared/corpus beside the
+    source tree (that is where CI puts it)."""
+    path = os.environ.get("CASBOX_CORPUS")
+    if path is None:
+        path = os.path.join(os.path.dirname(TOP_SRCDIR), "shared", "corpus")
+    if not os.path.isdir(path):
+        raise HarnessError("corpus not found at %s (set CASBOX_CORPUS)"
+                           % path)
+    return path
+
+
+def corpus_files(folder, limit=None, step=1):
+    """Sorted paths of the .eml files of one corpus folder; every
+    step-th file, at most limit of them."""
+    root = os.path.join(corpus_dir(), folder)
+    names = sorted(n for n in os.listdir(root)
+                   if os.path.isfile(os.path.join(root, n))
+                   and not n.startswith("."))
+    paths = [os.path.join(root, n) for n in names][::step]
+    return paths if limit is None else paths[:limit]
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_test_user():
+    """As root, mail runs as a dedicated unprivileged user (Dovecot
+    refuses uid 0 for mail). Created on first use."""
+    try:
+        return pwd.getpwnam(TEST_USER)
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise HarnessError("user %s missing and we are not root"
+                           % TEST_USER)
+    subprocess.run(["useradd", "--system", "--no-create-home",
+                    "--shell", "/usr/sbin/nologin", TEST_USER],
+                   check=True)
+    return pwd.getpwnam(TEST_USER)
+
+
+def _atomic_copy(src, dest):
+    tmp = "%s.tmp.%d" % (dest, os.getpid())
+    shutil.copyfile(src, tmp)
+    os.chmod(tmp, 0o644)
+    os.rename(tmp, dest)
+
+
+class Dovecot:
+    """One private Dovecot instance. Use as a context manager."""
+
+    def __init__(self, mail_location="casbox:~/casbox", mail_plugins=None,
+                 plugin_settings=None, extra_conf="", protocols="imap lmtp",
+                 users_prefix="", keep_tmp=None, mail_debug=None):
+        self.mail_location = mail_location
+        self.mail_plugins = list(mail_plugins if mail_plugins is not None
+                                 else ["casbox"])
+        self.plugin_settings = dict(plugin_settings or {})
+        self.extra_conf = extra_conf
+        self.protocols = protocols
+        self.keep_tmp = (os.environ.get("CASBOX_KEEP_TMP") == "1"
+                         if keep_tmp is None else keep_tmp)
+        self.mail_debug = (os.environ.get("CASBOX_MAIL_DEBUG") == "1"
+                           if mail_debug is None else mail_debug)
+        self.allowed_log = []
+        self.tmp = None
+        self.master_pid = None
+        self.imap_port = None
+        self.lmtp_port = None
+
+    # -- lifecycle -------------------------------------------------------
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        problems = None
+        try:
+            self.stop()
+            problems = self.log_problems()
+        finally:
+            if not self.keep_tmp and self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        if exc_type is None and problems:
+            raise AssertionError("Dovecot logged problems:\n"
+                                 + "\n".join(problems))
+        return False
+
+    def start(self):
+        self.root = os.geteuid() == 0
+        if self.root:
+            pw = ensure_test_user()
+            self.uid, self.gid = pw.pw_uid, pw.pw_gid
+            self.internal_user = "dovecot"
+            self.login_user = "dovenull"
+        else:
+            self.uid, self.gid = os.getuid(), os.getgid()
+            me = pwd.getpwuid(self.uid).pw_name
+            self.internal_user = self.login_user = me
+        self.tmp = tempfile.mkdtemp(prefix="cbx-", dir="/tmp")
+        os.chmod(self.tmp, 0o755)
+        for sub in ("run", "state", "modules"):
+            os.mkdir(os.path.join(self.tmp, sub))
+        self.home_root = os.path.join(self.tmp, "home")
+        os.mkdir(self.home_root, 0o755)
+        os.chown(self.home_root, self.uid, self.gid)
+        self.log_path = os.path.join(self.tmp, "dovecot.log")
+        self.conf_path = os.path.join(self.tmp, "dovecot.conf")
+        self._stage_modules()
+        self.imap_port = free_port()
+        self.lmtp_port = free_port()
+        with open(self.conf_path, "w") as f:
+            f.write(self.config_text())
+        # Not a pipe: the daemonized master inherits stdout/stderr and
+        # would hold a pipe open forever.
+        out_path = os.path.join(self.tmp, "start.out")
+        with open(out_path, "w+") as out:
+            res = subprocess.run([DOVECOT, "-c", self.conf_path],
+                                 stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+            out.seek(0)
+            start_output = out.read()
+        if res.returncode != 0:
+            raise HarnessError("dovecot failed to start (%d): %s\n%s"
+                               % (res.returncode, start_output,
+                                  self.log_text()))
+        # The master binds every listener before it daemonizes (a busy
+        # port fails the start command), so the ports accept connections
+        # once the command has returned. The daemon was forked before
+        # the command exited, but may not have written master.pid yet:
+        # find it by its command line.
+        self.master_pid = self._find_master()
+
+    def _find_master(self):
+        want = ("%s\0-c\0%s\0" % (DOVECOT, self.conf_path)).encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % entry, "rb") as f:
+                    if f.read() != want:
+                        continue
+                with open("/proc/%s/stat" % entry) as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                return int(entry)
+        raise HarnessError("dovecot master process not found after start")
+
+    def stop(self):
+        if self.master_pid is None:
+            return
+        pid, self.master_pid = self.master_pid, None
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        # The master is not our child; a pidfd becomes readable when it
+        # exits, so this waits for the event, not for a guessed time.
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            ready, _, _ = select.select([fd], [], [], 60)
+        finally:
+            os.close(fd)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            raise HarnessError("dovecot master %d did not stop in 60s"
+                               % pid)
+
+    # -- configuration ---------------------------------------------------
+
+    def _stage_modules(self):
+        """mail_plugin_dir replaces Dovecot's module dir, so it gets every
+        stock module plus ours from the build tree. doveadm plugins are
+        only looked up in the compiled-in directory, so ours is
+        installed there (root only)."""
+        moddir = os.path.join(self.tmp, "modules")
+        for path in glob.glob(os.path.join(SYSTEM_MODULEDIR, "*.so")):
+            name = os.path.basename(path)
+            if name not in OUR_MAIL_MODULES:
+                os.symlink(path, os.path.join(moddir, name))
+        for name, rel in OUR_MAIL_MODULES.items():
+            src = os.path.join(TOP_BUILDDIR, rel, name)
+            if not os.path.exists(src):
+                raise HarnessError("%s not built (looked at %s)"
+                                   % (name, src))
+            os.symlink(src, os.path.join(moddir, name))
+        name, rel = OUR_DOVEADM_MODULE
+        src = os.path.join(TOP_BUILDDIR, rel, name)
+        dest = os.path.join(DOVEADM_MODULEDIR, name)
+        if not os.path.exists(src):
+            raise HarnessError("%s not built (looked at %s)" % (name, src))
+        if self.root:
+            _atomic_copy(src, dest)
+        elif not os.path.exists(dest):
+            raise HarnessError("doveadm loads plugins only from %s: run as "
+                               "root or `make install` first"
+                               % DOVEADM_MODULEDIR)
+
+    def config_text(self):
+        t = self.tmp
+        plugins = " ".join(self.mail_plugins)
+        settings = "".join("  %s = %s\n" % kv
+                           for kv in sorted(self.plugin_settings.items()))
+        return f"""# generated by tests/e2e/dovecot_harness.py
+base_dir = {t}/run
+state_dir = {t}/state
+instance_name = casbox-test-{os.path.basename(t)}
+log_path = {self.log_path}
+listen = 127.0.0.1
+protocols = {self.protocols}
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain
+default_internal_user = {self.internal_user}
+default_login_user = {self.login_user}
+first_valid_uid = 1
+mail_debug = {"yes" if self.mail_debug else "no"}
+mail_plugin_dir = {t}/modules
+mail_plugins = $mail_plugins {plugins}
+mail_location = {self.mail_location}
+passdb {{
+  driver = static
+  args = password={PASSWORD}
+}}
+userdb {{
+  driver = static
+  args = uid={self.uid} gid={self.gid} home={self.home_root}/%u allow_all_users=yes
+}}
+namespace inbox {{
+  inbox = yes
+  separator = /
+  prefix =
+}}
+service imap-login {{
+  inet_listener imap {{
+    address = 127.0.0.1
+    port = {self.imap_port}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+}}
+service lmtp {{
+  inet_listener lmtp {{
+    address = 127.0.0.1
+    port = {self.lmtp_port}
+  }}
+}}
+service anvil {{
+  chroot =
+}}
+service imap-login {{
+  chroot =
+}}
+plugin {{
+{settings}}}
+{self.extra_conf}
+"""
+
+    # -- clients ---------------------------------------------------------
+
+    def home(self, user):
+        return os.path.join(self.home_root, user)
+
+    def lmtp_deliver(self, user, message, sender="sender@example.com"):
+        """Deliver one message (bytes) to user over LMTP; raises unless
+        the server answered 250 for the recipient."""
+        with smtplib.LMTP("127.0.0.1", self.lmtp_port, timeout=120) as lmtp:
+            refused = lmtp.sendmail(sender, [user], message)
+        if refused:
+            raise HarnessError("LMTP refused %s: %r" % (user, refused))
+
+    def lmtp_deliver_many(self, user, messages, sender="sender@example.com"):
+        """Deliver many messages over one LMTP connection."""
+        with smtplib.LMTP("127.0.0.1", self.lmtp_port, timeout=120) as lmtp:
+            for message in messages:
+                refused = lmtp.sendmail(sender, [user], message)
+                if refused:
+                    raise HarnessError("LMTP refused %s: %r"
+                                       % (user, refused))
+
+    def imap_connect(self):
+        return imaplib.IMAP4("127.0.0.1", self.imap_port, timeout=120)
+
+    def imap_login(self, user):
+        imap = self.imap_connect()
+        imap.login(user, PASSWORD)
+        return imap
+
+    def doveadm(self, *args, check=True, input=None, text=True):
+        """Run doveadm against this instance's config."""
+        res = subprocess.run([DOVEADM, "-c", self.conf_path] + list(args),
+                             capture_output=True, text=text, input=input,
+                             timeout=600)
+        if check and res.returncode != 0:
+            raise HarnessError("doveadm %s failed (%d):\n%s%s"
+                               % (" ".join(args), res.returncode,
+                                  res.stdout, res.stderr))
+        return res
+
+    # -- processes -------------------------------------------------------
+
+    def pids(self, service):
+        """Pids of this instance's running processes of one service
+        (children of our master whose executable name is service)."""
+        found = []
+        if self.master_pid is None:
+            return found
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            if ppid == self.master_pid and comm == service:
+                found.append(int(entry))
+        return found
+
+    # -- log -------------------------------------------------------------
+
+    def allow_log(self, regex):
+        """Declare an Error/Fatal/Panic log line pattern as expected."""
+        self.allowed_log.append(re.compile(regex))
+
+    def log_text(self):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return ""
+            raise
+
+    def log_lines(self):
+        return self.log_text().splitlines()
+
+    def log_problems(self):
+        return [line for line in self.log_lines()
+                if LOG_PROBLEM_RE.search(line)
+                and not any(r.search(line) for r in self.allowed_log)]
