@@ -1,0 +1,223 @@
+"""fts-casidx end to end: IMAP SEARCH answers with the casidx index equal
+the answers of the same Dovecot without FTS (the oracle for IMAP's
+substring semantics), on real list mail plus a few non-ASCII messages;
+then after an expunge, and after the index is deleted and rebuilt.
+"""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+
+N_CORPUS = int(os.environ.get("CASIDX_E2E_MESSAGES", "300"))
+USER = "user1"
+
+EXTRA = [
+    "From: Jürgen Müller <juergen@example.de>\r\n"
+    "To: list@example.com\r\n"
+    "Subject: =?UTF-8?Q?Gr=C3=BC=C3=9Fe_aus_M=C3=BCnchen?=\r\n"
+    "Content-Type: text/plain; charset=utf-8\r\n"
+    "Content-Transfer-Encoding: 8bit\r\n\r\n"
+    "Ein café crème in München, naïve Grüße.\r\n",
+    "From: Taro <taro@example.jp>\r\n"
+    "To: list@example.com\r\n"
+    "Subject: Tokyo\r\n"
+    "Content-Type: text/plain; charset=utf-8\r\n"
+    "Content-Transfer-Encoding: 8bit\r\n\r\n"
+    "東京都に住んでいます。 USRP B210 works.\r\n",
+    "From: empty@example.com\r\n"
+    "To: list@example.com\r\n"
+    "Subject: \r\n\r\n",
+]
+
+# (criteria as a list of IMAP atoms; a str with non-ASCII is sent as a
+# UTF-8 literal)
+QUERIES = [
+    ["BODY", "usrp"],
+    ["BODY", "USRP"],
+    ["BODY", "uhd"],
+    ["BODY", "firmware"],
+    ["BODY", "firm"],            # prefix
+    ["BODY", "rmwar"],           # inside a word
+    ["BODY", "ettus"],
+    ["BODY", "b210"],
+    ["BODY", "sample rate"],     # two words: maybe, verified
+    ["BODY", "zzzqqqxxx"],       # nothing
+    ["TEXT", "gnuradio"],
+    ["TEXT", "received"],        # header names count for TEXT
+    ["SUBJECT", "usrp"],
+    ["SUBJECT", "re"],
+    ["FROM", "ettus"],
+    ["FROM", "gmail"],
+    ["FROM", "@"],
+    ["TO", "usrp-users"],
+    ["CC", "usrp"],
+    ["OR", "BODY", "fpga", "BODY", "x310"],
+    ["BODY", "fpga", "BODY", "x310"],
+    ["NOT", "BODY", "usrp"],
+    ["NOT", "SUBJECT", "usrp"],
+    ["BODY", "usrp", "NOT", "FROM", "ettus"],
+    ["UNDELETED", "BODY", "driver"],
+    ["SINCE", "1-Jan-2000", "BODY", "thanks"],
+    ["HEADER", "Message-ID", "mail"],   # not claimed: Dovecot answers
+    ["BODY", "café"],
+    ["BODY", "cafe"],
+    ["BODY", "München"],
+    ["SUBJECT", "Grüße"],
+    ["FROM", "Müller"],
+    ["BODY", "東京"],
+    ["BODY", "京"],
+]
+
+
+def corpus_messages():
+    msgs = []
+    for path in corpus_files("usrp-users-3000", limit=N_CORPUS):
+        with open(path, "rb") as f:
+            msgs.append(f.read())
+    msgs.extend(m.encode("utf-8") for m in EXTRA)
+    return msgs
+
+
+def uid_search(imap, criteria):
+    args = []
+    literal = None
+    for atom in criteria:
+        if any(ord(c) > 127 for c in atom):
+            literal = atom.encode("utf-8")
+        else:
+            args.append('"%s"' % atom if " " in atom or atom == ""
+                        else atom)
+    if literal is not None:
+        # imaplib sends .literal after the last argument
+        assert criteria[-1].encode("utf-8") == literal
+        imap.literal = literal
+        typ, data = imap.uid("SEARCH", "CHARSET", "UTF-8", *args)
+    else:
+        typ, data = imap.uid("SEARCH", *args)
+    if typ != "OK":
+        raise AssertionError("SEARCH %r: %s %r" % (criteria, typ, data))
+    return sorted(int(x) for x in data[0].split())
+
+
+def run_queries(dc):
+    imap = dc.imap_login(USER)
+    try:
+        imap.select("INBOX")
+        return {tuple(q): uid_search(imap, q) for q in QUERIES}
+    finally:
+        imap.logout()
+
+
+def casidx_dirs(dc):
+    found = []
+    for root, dirs, files in os.walk(dc.home(USER)):
+        if "manifest" in files and "casidx" in root:
+            found.append(root)
+    return found
+
+
+class FtsCasidxSearch(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.messages = corpus_messages()
+        with Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=[]) as dc:
+            dc.lmtp_deliver_many(USER, cls.messages)
+            cls.oracle = run_queries(dc)
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            imap.uid("STORE", "1:10", "+FLAGS", "(\\Deleted)")
+            imap.expunge()
+            imap.close()
+            imap.logout()
+            cls.oracle_after_expunge = run_queries(dc)
+
+    def fts_dovecot(self):
+        return Dovecot(mail_location="sdbox:~/sdbox",
+                       mail_plugins=["fts", "fts_casidx"],
+                       plugin_settings={"fts": "casidx",
+                                        "fts_autoindex": "yes",
+                                        "fts_enforced": "yes"})
+
+    def assert_same(self, got, expected, what):
+        diffs = []
+        for q, uids in expected.items():
+            if got[q] != uids:
+                diffs.append("%s %r: fts %d uids, oracle %d; only fts %r, "
+                             "only oracle %r"
+                             % (what, q, len(got[q]), len(uids),
+                                sorted(set(got[q]) - set(uids))[:10],
+                                sorted(set(uids) - set(got[q]))[:10]))
+        self.assertEqual(diffs, [], "\n".join(diffs))
+
+    def test_search_equals_oracle(self):
+        # the oracle must exercise both matches and non-matches
+        self.assertGreater(len(self.oracle[("BODY", "usrp")]), 50)
+        self.assertGreater(len(self.oracle[("BODY", "München")]), 0)
+        self.assertGreater(len(self.oracle[("NOT", "BODY", "usrp")]), 0)
+        with self.fts_dovecot() as dc:
+            dc.lmtp_deliver_many(USER, self.messages)
+            dc.doveadm("index", "-u", USER, "INBOX")
+            dirs = casidx_dirs(dc)
+            self.assertEqual(len(dirs), 1, dirs)
+            # the index answers by itself
+            r = dc.doveadm("fts", "lookup", "-u", USER,
+                           "mailbox", "INBOX", "body", "firmware")
+            self.assertRegex(r.stdout, r"INBOX: [0-9]")
+            self.assertEqual(r.stdout.count("maybe"), 0)
+            # Dovecot 2.3.19 builds the CAPABILITY string before the
+            # namespaces (and so the FTS backend) exist, so SEARCH=FUZZY
+            # is never advertised; the FUZZY key itself works.
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            typ, data = imap.uid("SEARCH", "FUZZY", "BODY", "usrp")
+            self.assertEqual(typ, "OK")
+            self.assertEqual(sorted(int(x) for x in data[0].split()),
+                             self.oracle[("BODY", "usrp")])
+            imap.logout()
+
+            self.assert_same(run_queries(dc), self.oracle, "indexed")
+
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            imap.uid("STORE", "1:10", "+FLAGS", "(\\Deleted)")
+            imap.expunge()
+            imap.close()
+            imap.logout()
+            self.assert_same(run_queries(dc), self.oracle_after_expunge,
+                             "after expunge")
+
+            dc.doveadm("fts", "optimize", "-u", USER)
+            self.assert_same(run_queries(dc), self.oracle_after_expunge,
+                             "after optimize")
+
+            # derived data: delete it, the indexer rebuilds it
+            dc.doveadm("fts", "rescan", "-u", USER)
+            self.assertEqual(casidx_dirs(dc), [])
+            dc.doveadm("index", "-u", USER, "INBOX")
+            self.assertEqual(len(casidx_dirs(dc)), 1)
+            self.assert_same(run_queries(dc), self.oracle_after_expunge,
+                             "rebuilt")
+
+    def test_new_mail_is_searchable(self):
+        with self.fts_dovecot() as dc:
+            dc.lmtp_deliver_many(USER, self.messages[:20])
+            dc.doveadm("index", "-u", USER, "INBOX")
+            dc.lmtp_deliver(USER, b"From: a@example.com\r\n"
+                            b"Subject: late\r\n\r\nquokkaword here\r\n")
+            # not indexed yet: fts_enforced makes SEARCH index first
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            typ, data = imap.uid("SEARCH", "BODY", "quokka")
+            self.assertEqual(data[0].split(), [b"21"])
+            typ, data = imap.uid("SEARCH", "BODY", "okkawo")
+            self.assertEqual(data[0].split(), [b"21"])
+            imap.logout()
+
+
+if __name__ == "__main__":
+    unittest.main()
