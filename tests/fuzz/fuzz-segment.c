@@ -1,0 +1,173 @@
+/* Fuzz the casidx segment decoder (doc/casidx-format.md): any input is
+   either rejected with an error or fully readable, and a readable one
+   keeps the invariants readers rely on: keys strictly ascending, every
+   posting a subset of the segment's docs with one tf per doc.
+   libFuzzer: clang -fsanitize=fuzzer,address -DCASIDX_LIBFUZZER ...
+   Otherwise main() replays files or directories given as arguments, by
+   default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/segment (make check);
+   `fuzz-segment --make-corpus DIR` writes the seed segments. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "str.h"
+#include "casidx-segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void check_segment(struct casidx_segment *seg)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	ARRAY_TYPE(uint32_t) tfs;
+	roaring_bitmap_t *docs;
+	buffer_t *prev = t_buffer_create(64);
+	const char *error;
+	unsigned int f;
+	int cmp;
+
+	for (f = 0; f < CASIDX_FIELD_COUNT; f++) {
+		(void)casidx_segment_field_total(seg, f);
+		(void)casidx_segment_doc_len(seg, 1, f);
+	}
+	t_array_init(&tfs, 16);
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	while (casidx_segment_iter_next(iter, &e) > 0) {
+		if (prev->used > 0) {
+			cmp = memcmp(prev->data, e->key,
+				     I_MIN(prev->used, e->key_len));
+			if (cmp > 0 || (cmp == 0 && prev->used >= e->key_len))
+				i_panic("keys not ascending");
+		}
+		buffer_set_used_size(prev, 0);
+		buffer_append(prev, e->key, e->key_len);
+		if (casidx_segment_read_postings(seg, e, &docs, &tfs,
+						 &error) < 0)
+			continue;
+		if (!roaring_bitmap_is_subset(docs,
+					      casidx_segment_get_docs(seg)) ||
+		    roaring_bitmap_get_cardinality(docs) != array_count(&tfs))
+			i_panic("posting invariants broken");
+		roaring_bitmap_free(docs);
+	}
+	(void)casidx_segment_iter_deinit(&iter, &error);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct casidx_segment *seg;
+	const char *error;
+
+	if (!lib_is_initialized())
+		lib_init();
+	T_BEGIN {
+		if (casidx_segment_open_buf(data, size, &seg, &error) > 0) {
+			check_segment(seg);
+			casidx_segment_close(&seg);
+		}
+	} T_END;
+	return 0;
+}
+
+#ifndef CASIDX_LIBFUZZER
+static unsigned int replay_count;
+
+static void replay_file(const char *path)
+{
+	buffer_t *buf = buffer_create_dynamic(default_pool, 4096);
+	unsigned char block[4096];
+	ssize_t ret;
+	int fd;
+
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		i_fatal("open(%s) failed: %m", path);
+	while ((ret = read(fd, block, sizeof(block))) > 0)
+		buffer_append(buf, block, ret);
+	if (ret < 0)
+		i_fatal("read(%s) failed: %m", path);
+	i_close_fd(&fd);
+	(void)LLVMFuzzerTestOneInput(buf->data, buf->used);
+	buffer_free(&buf);
+	replay_count++;
+}
+
+static void replay_path(const char *path)
+{
+	struct dirent *d;
+	struct stat st;
+	DIR *dir;
+
+	if (stat(path, &st) < 0)
+		i_fatal("stat(%s) failed: %m", path);
+	if (!S_ISDIR(st.st_mode)) {
+		replay_file(path);
+		return;
+	}
+	dir = opendir(path);
+	if (dir == NULL)
+		i_fatal("opendir(%s) failed: %m", path);
+	while ((d = readdir(dir)) != NULL) {
+		if (d->d_name[0] != '.') T_BEGIN {
+			replay_path(t_strconcat(path, "/", d->d_name, NULL));
+		} T_END;
+	}
+	(void)closedir(dir);
+}
+
+static void write_seed(const char *dir, const char *name,
+		       unsigned int ndocs, unsigned int nwords)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	const char *error, *word;
+	unsigned int uid, i;
+
+	for (uid = 1; uid <= ndocs; uid++) {
+		casidx_builder_add_doc(b, uid * 3);
+		for (i = 0; i < nwords; i++) {
+			word = t_strdup_printf("w%u", (uid * 7 + i) % 37);
+			casidx_builder_add_term(b, i % CASIDX_FIELD_COUNT,
+						word, strlen(word));
+		}
+	}
+	if (casidx_builder_write(b, t_strconcat(dir, "/", name, NULL),
+				 FALSE, &error) < 0)
+		i_fatal("%s", error);
+	casidx_builder_destroy(&b);
+}
+
+int main(int argc, char *argv[])
+{
+	const char *srcdir = getenv("CASBOX_TOP_SRCDIR");
+	int i;
+
+	lib_init();
+	if (argc == 3 && strcmp(argv[1], "--make-corpus") == 0) {
+		write_seed(argv[2], "empty", 0, 0);
+		write_seed(argv[2], "no-terms", 3, 0);
+		write_seed(argv[2], "small", 4, 5);
+		write_seed(argv[2], "blocks", 40, 20);
+		lib_deinit();
+		return 0;
+	}
+	if (argc > 1) {
+		for (i = 1; i < argc; i++)
+			replay_path(argv[i]);
+	} else {
+		replay_path(t_strconcat(srcdir != NULL ? srcdir : "..",
+					"/tests/fuzz/corpus/segment", NULL));
+	}
+	/* an empty or missing corpus must not pass silently */
+	if (replay_count == 0)
+		i_fatal("no fuzz inputs replayed");
+	printf("replayed %u inputs\n", replay_count);
+	lib_deinit();
+	return 0;
+}
+#endif
