@@ -1,0 +1,83 @@
+/* casbox: COPY/MOVE inside one store shares the blobs: a new message
+   record pointing at the same blob ids; refcounts are raised at commit.
+   Mails from other storages (raw for LMTP, other formats for dsync) are
+   saved normally. */
+
+#include "lib.h"
+#include "casbox-storage.h"
+#include "array.h"
+#include "ioloop.h"
+#include "index-mail.h"
+#include "mail-copy.h"
+#include "casbox-plugin.h"
+#include "casbox-store.h"
+#include "casbox-save.h"
+#include "casbox-copy.h"
+
+/* Returns 1 copied, 0 use the slow path, -1 error. */
+static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
+{
+	struct mail_save_data *mdata = &ctx->data;
+	struct casbox_mailbox *src_mbox = CASBOX_MAILBOX(mail->box);
+	struct casbox_store *store;
+	struct casbox_msg_record src_rec, rec;
+	pool_t pool = casbox_save_get_pool(ctx);
+	const char *error;
+	uint32_t seq, t;
+	int ret;
+
+	if (mail->saving || mail->expunged)
+		return 0;
+	if (casbox_storage_get_store(src_mbox->storage, &store) < 0)
+		return -1;
+	ret = casbox_store_msg_lookup(store, src_mbox->mailbox_guid,
+				      mail->uid, pool, &src_rec, &error);
+	if (ret < 0) {
+		mail_set_critical(mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+				  mail->uid, error);
+		return -1;
+	}
+	if (ret == 0)
+		return 0;
+
+	rec = src_rec;
+	if (mdata->guid != NULL)
+		rec.guid = p_strdup(pool, mdata->guid);
+	if (mdata->received_date != (time_t)-1)
+		rec.received_date = mdata->received_date;
+	rec.save_date = mdata->save_date != (time_t)-1 ?
+		mdata->save_date : ioloop_time;
+	rec.flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
+	rec.modseq = mdata->min_modseq;
+	p_array_init(&rec.keywords, pool, 4);
+	casbox_save_keyword_names(ctx, pool, &rec.keywords);
+
+	seq = casbox_save_add_to_index(ctx);
+	index_copy_cache_fields(ctx, mail, seq);
+	mail_set_seq_saving(ctx->dest_mail, seq);
+	t = rec.save_date;
+	index_mail_cache_add(INDEX_MAIL(ctx->dest_mail), MAIL_CACHE_SAVE_DATE,
+			     &t, sizeof(t));
+	casbox_save_add_copy(ctx, seq, &rec);
+	return 1;
+}
+
+int casbox_copy(struct mail_save_context *ctx, struct mail *mail)
+{
+	struct mailbox_transaction_context *t = ctx->transaction;
+	int ret;
+
+	i_assert((t->flags & MAILBOX_TRANSACTION_FLAG_EXTERNAL) != 0);
+
+	casbox_save_copy_begin(ctx);
+
+	if (mail->box->storage == t->box->storage) {
+		/* the same casbox storage (UNIQUE_ROOT): same store */
+		ret = casbox_copy_refs(ctx, mail);
+		if (ret != 0) {
+			index_save_context_free(ctx);
+			return ret > 0 ? 0 : -1;
+		}
+	}
+	return mail_storage_copy(ctx, mail);
+}

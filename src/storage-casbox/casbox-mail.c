@@ -1,0 +1,308 @@
+/* casbox: reading mails. Sizes, dates and the GUID come from the cache
+   or the message record; the bytes are the concatenation of the
+   record's blobs, each verified while read. */
+
+#include "lib.h"
+#include "casbox-storage.h"
+#include "istream.h"
+#include "str.h"
+#include "index-mail.h"
+#include "casbox-plugin.h"
+#include "casbox-store.h"
+#include "casbox-save.h"
+#include "casbox-mail.h"
+
+struct casbox_mail {
+	struct index_mail imail;
+
+	/* record of rec_uid, allocated from rec_pool */
+	pool_t rec_pool;
+	struct casbox_msg_record rec;
+	uint32_t rec_uid;
+	bool have_rec;
+};
+
+#define CASBOX_MAIL(s) \
+	(container_of(INDEX_MAIL(s), struct casbox_mail, imail))
+
+struct mail *
+casbox_mail_alloc(struct mailbox_transaction_context *t,
+		  enum mail_fetch_field wanted_fields,
+		  struct mailbox_header_lookup_ctx *wanted_headers)
+{
+	struct casbox_mail *mail;
+	pool_t pool;
+
+	pool = pool_alloconly_create("mail", 2048);
+	mail = p_new(pool, struct casbox_mail, 1);
+	mail->rec_pool = pool_alloconly_create("casbox mail record", 512);
+	index_mail_init(&mail->imail, t, wanted_fields, wanted_headers,
+			pool, NULL);
+	return &mail->imail.mail.mail;
+}
+
+static void casbox_mail_free(struct mail *_mail)
+{
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
+	pool_t rec_pool = mail->rec_pool;
+
+	index_mail_free(_mail);
+	pool_unref(&rec_pool);
+}
+
+static void casbox_mail_set_missing(struct mail *_mail)
+{
+	mail_index_refresh(_mail->box->index);
+	if (mail_index_is_expunged(_mail->transaction->view, _mail->seq)) {
+		mail_set_expunged(_mail);
+		return;
+	}
+	mail_set_critical(_mail, CASBOX_LOG_PREFIX
+			  "Message record for uid=%u is missing", _mail->uid);
+}
+
+/* Returns 0 ok, -1 error (set on the mail). */
+static int
+casbox_mail_get_record(struct mail *_mail,
+		       const struct casbox_msg_record **rec_r,
+		       struct istream **saving_input_r)
+{
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(_mail->box);
+	struct casbox_store *store;
+	const char *error;
+	int ret;
+
+	*saving_input_r = NULL;
+	if (_mail->saving) {
+		if (!casbox_save_lookup(_mail->transaction, _mail->seq,
+					rec_r, saving_input_r)) {
+			mail_set_critical(_mail, CASBOX_LOG_PREFIX
+				"Mail being saved is not available yet");
+			return -1;
+		}
+		return 0;
+	}
+	if (mail->have_rec && mail->rec_uid == _mail->uid) {
+		*rec_r = &mail->rec;
+		return 0;
+	}
+	mail->have_rec = FALSE;
+	p_clear(mail->rec_pool);
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	ret = casbox_store_msg_lookup(store, mbox->mailbox_guid, _mail->uid,
+				      mail->rec_pool, &mail->rec, &error);
+	if (ret < 0) {
+		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+				  _mail->uid, error);
+		return -1;
+	}
+	if (ret == 0) {
+		casbox_mail_set_missing(_mail);
+		return -1;
+	}
+	mail->have_rec = TRUE;
+	mail->rec_uid = _mail->uid;
+	*rec_r = &mail->rec;
+	return 0;
+}
+
+static int casbox_mail_get_physical_size(struct mail *_mail, uoff_t *size_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	struct index_mail_data *data = &imail->data;
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+
+	if (index_mail_get_physical_size(_mail, size_r) == 0)
+		return 0;
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	data->physical_size = rec->physical_size;
+	*size_r = data->physical_size;
+	return 0;
+}
+
+static int casbox_mail_get_virtual_size(struct mail *_mail, uoff_t *size_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+
+	if (index_mail_get_cached_virtual_size(imail, size_r))
+		return 0;
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	if (_mail->saving && rec->virtual_size == 0 &&
+	    rec->physical_size != 0)
+		return index_mail_get_virtual_size(_mail, size_r);
+	imail->data.virtual_size = rec->virtual_size;
+	*size_r = rec->virtual_size;
+	return 0;
+}
+
+static int casbox_mail_get_received_date(struct mail *_mail, time_t *date_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	struct index_mail_data *data = &imail->data;
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+
+	if (index_mail_get_received_date(_mail, date_r) == 0)
+		return 0;
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	data->received_date = rec->received_date;
+	*date_r = data->received_date;
+	return 0;
+}
+
+static int casbox_mail_get_save_date(struct mail *_mail, time_t *date_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	struct index_mail_data *data = &imail->data;
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+
+	if (index_mail_get_save_date(_mail, date_r) > 0)
+		return 1;
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	data->save_date = rec->save_date;
+	*date_r = data->save_date;
+	return 1;
+}
+
+static int casbox_mail_get_guid(struct mail *_mail, const char **value_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+	string_t *str;
+
+	str = str_new(imail->mail.data_pool, 64);
+	if (mail_cache_lookup_field(_mail->transaction->cache_view, str,
+			_mail->seq,
+			imail->ibox->cache_fields[MAIL_CACHE_GUID].idx) > 0) {
+		*value_r = str_c(str);
+		return 0;
+	}
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	index_mail_cache_add(imail, MAIL_CACHE_GUID, rec->guid,
+			     strlen(rec->guid));
+	*value_r = p_strdup(imail->mail.data_pool, rec->guid);
+	return 0;
+}
+
+static int
+casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
+			const char **value_r)
+{
+	switch (field) {
+	case MAIL_FETCH_GUID:
+		return casbox_mail_get_guid(_mail, value_r);
+	case MAIL_FETCH_UIDL_BACKEND:
+	case MAIL_FETCH_POP3_ORDER:
+		/* not stored (yet): POP3 falls back to its defaults */
+		*value_r = "";
+		return 0;
+	default:
+		break;
+	}
+	return index_mail_get_special(_mail, field, value_r);
+}
+
+static int
+casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
+{
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(_mail->box);
+	const struct casbox_msg_record *rec;
+	struct casbox_store *store;
+	struct istream *saving_input;
+	const char *error;
+
+	if (casbox_mail_get_record(_mail, &rec, &saving_input) < 0)
+		return -1;
+	if (saving_input != NULL) {
+		*input_r = i_stream_create_range(saving_input, 0,
+						 rec->physical_size);
+		return 0;
+	}
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	if (casbox_store_msg_open(store, rec, input_r, &error) < 0) {
+		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+				  _mail->uid, error);
+		return -1;
+	}
+	i_stream_set_name(*input_r, t_strdup_printf("casbox %s uid=%u",
+		mailbox_get_vname(_mail->box), _mail->uid));
+	return 0;
+}
+
+static int
+casbox_mail_get_stream(struct mail *_mail, bool get_body ATTR_UNUSED,
+		       struct message_size *hdr_size,
+		       struct message_size *body_size,
+		       struct istream **stream_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	struct mail_private *pmail = &imail->mail;
+	struct istream *input;
+
+	if (imail->data.stream == NULL) {
+		if (!mail_stream_access_start(_mail))
+			return -1;
+		if (casbox_mail_open_stream(_mail, &input) < 0)
+			return -1;
+		if (pmail->v.istream_opened != NULL) {
+			if (pmail->v.istream_opened(_mail, &input) < 0) {
+				i_stream_unref(&input);
+				return -1;
+			}
+		}
+		imail->data.stream = input;
+		index_mail_set_read_buffer_size(_mail, input);
+	}
+	return index_mail_init_stream(imail, hdr_size, body_size, stream_r);
+}
+
+struct mail_vfuncs casbox_mail_vfuncs = {
+	.close = index_mail_close,
+	.free = casbox_mail_free,
+	.set_seq = index_mail_set_seq,
+	.set_uid = index_mail_set_uid,
+	.set_uid_cache_updates = index_mail_set_uid_cache_updates,
+	.prefetch = index_mail_prefetch,
+	.precache = index_mail_precache,
+	.add_temp_wanted_fields = index_mail_add_temp_wanted_fields,
+
+	.get_flags = index_mail_get_flags,
+	.get_keywords = index_mail_get_keywords,
+	.get_keyword_indexes = index_mail_get_keyword_indexes,
+	.get_modseq = index_mail_get_modseq,
+	.get_pvt_modseq = index_mail_get_pvt_modseq,
+	.get_parts = index_mail_get_parts,
+	.get_date = index_mail_get_date,
+	.get_received_date = casbox_mail_get_received_date,
+	.get_save_date = casbox_mail_get_save_date,
+	.get_virtual_size = casbox_mail_get_virtual_size,
+	.get_physical_size = casbox_mail_get_physical_size,
+	.get_first_header = index_mail_get_first_header,
+	.get_headers = index_mail_get_headers,
+	.get_header_stream = index_mail_get_header_stream,
+	.get_stream = casbox_mail_get_stream,
+	.get_binary_stream = index_mail_get_binary_stream,
+	.get_special = casbox_mail_get_special,
+	.get_backend_mail = index_mail_get_backend_mail,
+	.update_flags = index_mail_update_flags,
+	.update_keywords = index_mail_update_keywords,
+	.update_modseq = index_mail_update_modseq,
+	.update_pvt_modseq = index_mail_update_pvt_modseq,
+	.update_pop3_uidl = NULL,
+	.expunge = index_mail_expunge,
+	.set_cache_corrupted = index_mail_set_cache_corrupted,
+	.istream_opened = index_mail_opened,
+};

@@ -1,0 +1,540 @@
+/* casbox: saving. The message is streamed once into a temporary stream
+   (memory first) while Dovecot's cache parser runs over it; at finish it
+   is split into blobs (large MIME leaf bodies alone, the rest in
+   contiguous runs) and their ids computed. At commit, under the index
+   sync lock, UIDs are assigned and the blobs plus records written in
+   one LSM batch, before the index commit makes the mails visible. */
+
+#include "lib.h"
+#include "casbox-storage.h"
+#include "array.h"
+#include "ioloop.h"
+#include "str.h"
+#include "istream.h"
+#include "istream-crlf.h"
+#include "ostream.h"
+#include "iostream-temp.h"
+#include "message-parser.h"
+#include "mail-user.h"
+#include "index-mail.h"
+#include "casbox-plugin.h"
+#include "casbox-store.h"
+#include "casbox-sync.h"
+#include "casbox-save.h"
+
+/* Messages up to this size stay in memory while being saved, so that
+   plaintext does not reach mail_temp_dir. */
+#define CASBOX_SAVE_MAX_MEM_SIZE (64 * 1024 * 1024)
+
+struct casbox_save_mail {
+	uint32_t seq;
+	/* the saved bytes (NULL for copies) */
+	struct istream *input;
+	struct casbox_msg_record rec;
+};
+
+struct casbox_save_context {
+	struct mail_save_context ctx;
+
+	struct casbox_mailbox *mbox;
+	struct mail_index_transaction *trans;
+	pool_t pool;
+	struct casbox_sync_context *sync_ctx;
+
+	/* current mail */
+	struct istream *input;
+	struct ostream *output;
+	uint32_t seq;
+
+	ARRAY(struct casbox_save_mail) mails;
+
+	bool failed:1;
+	bool finished:1;
+};
+
+#define CASBOX_SAVECTX(s) \
+	(container_of(s, struct casbox_save_context, ctx))
+
+struct mail_save_context *
+casbox_save_alloc(struct mailbox_transaction_context *t)
+{
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(t->box);
+	struct casbox_save_context *ctx;
+	pool_t pool;
+
+	i_assert((t->flags & MAILBOX_TRANSACTION_FLAG_EXTERNAL) != 0);
+
+	if (t->save_ctx != NULL) {
+		ctx = CASBOX_SAVECTX(t->save_ctx);
+		ctx->failed = FALSE;
+		ctx->finished = FALSE;
+		return &ctx->ctx;
+	}
+	pool = pool_alloconly_create("casbox save", 4096);
+	ctx = p_new(pool, struct casbox_save_context, 1);
+	ctx->pool = pool;
+	ctx->ctx.transaction = t;
+	ctx->trans = t->itrans;
+	ctx->mbox = mbox;
+	p_array_init(&ctx->mails, pool, 32);
+	t->save_ctx = &ctx->ctx;
+	return t->save_ctx;
+}
+
+pool_t casbox_save_get_pool(struct mail_save_context *_ctx)
+{
+	return CASBOX_SAVECTX(_ctx)->pool;
+}
+
+uint32_t casbox_save_add_to_index(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+	struct mail_save_data *mdata = &_ctx->data;
+	enum mail_flags save_flags;
+	uint32_t seq;
+
+	save_flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
+	mail_index_append(ctx->trans, mdata->uid, &seq);
+	mail_index_update_flags(ctx->trans, seq, MODIFY_REPLACE, save_flags);
+	if (mdata->keywords != NULL) {
+		mail_index_update_keywords(ctx->trans, seq, MODIFY_REPLACE,
+					   mdata->keywords);
+	}
+	if (mdata->min_modseq != 0)
+		mail_index_update_modseq(ctx->trans, seq, mdata->min_modseq);
+	return seq;
+}
+
+void casbox_save_keyword_names(struct mail_save_context *_ctx, pool_t pool,
+			       ARRAY_TYPE(const_string) *names)
+{
+	const struct mail_keywords *kw = _ctx->data.keywords;
+	const ARRAY_TYPE(keywords) *all;
+	const char *name;
+	unsigned int i;
+
+	if (kw == NULL)
+		return;
+	all = mail_index_get_keywords(_ctx->transaction->box->index);
+	for (i = 0; i < kw->count; i++) {
+		if (kw->idx[i] >= array_count(all))
+			continue;
+		name = p_strdup(pool, array_idx_elem(all, kw->idx[i]));
+		array_push_back(names, &name);
+	}
+}
+
+int casbox_save_begin(struct mail_save_context *_ctx, struct istream *input)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+	struct mail_user *user = _ctx->transaction->box->storage->user;
+	struct istream *lf_input;
+	string_t *prefix;
+
+	ctx->seq = casbox_save_add_to_index(_ctx);
+	mail_set_seq_saving(_ctx->dest_mail, ctx->seq);
+
+	/* like sdbox, store LF line endings; IMAP gives back CRLF */
+	lf_input = i_stream_create_lf(input);
+	ctx->input = index_mail_cache_parse_init(_ctx->dest_mail, lf_input);
+	i_stream_unref(&lf_input);
+
+	prefix = t_str_new(128);
+	mail_user_set_get_temp_prefix(prefix, user->set);
+	ctx->output = iostream_temp_create_sized(str_c(prefix), 0,
+		"casbox save", CASBOX_SAVE_MAX_MEM_SIZE);
+	_ctx->data.output = ctx->output;
+
+	if (_ctx->data.received_date == (time_t)-1)
+		_ctx->data.received_date = ioloop_time;
+	return 0;
+}
+
+int casbox_save_continue(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+
+	if (ctx->failed)
+		return -1;
+	if (index_storage_save_continue(_ctx, ctx->input,
+					_ctx->dest_mail) < 0) {
+		ctx->failed = TRUE;
+		return -1;
+	}
+	return 0;
+}
+
+static void
+casbox_save_add_range(struct casbox_msg_record *rec, uoff_t start,
+		      uoff_t end)
+{
+	struct casbox_msg_part *part;
+
+	if (end <= start)
+		return;
+	part = array_append_space(&rec->parts);
+	/* id is computed later; the offset is implied by order */
+	part->size = end - start;
+}
+
+static void
+casbox_save_collect_leaves(const struct message_part *part,
+			   uoff_t split_size, uoff_t *pos,
+			   struct casbox_msg_record *rec)
+{
+	uoff_t body_start, body_size;
+
+	for (; part != NULL; part = part->next) {
+		if (part->children != NULL) {
+			casbox_save_collect_leaves(part->children, split_size,
+						   pos, rec);
+			continue;
+		}
+		body_start = part->physical_pos +
+			part->header_size.physical_size;
+		body_size = part->body_size.physical_size;
+		if (body_size < split_size || body_start < *pos)
+			continue;
+		casbox_save_add_range(rec, *pos, body_start);
+		casbox_save_add_range(rec, body_start, body_start + body_size);
+		*pos = body_start + body_size;
+	}
+}
+
+/* Split input (size bytes) into parts: each MIME leaf body of at least
+   split_size bytes alone, everything between in one part per run. */
+static int
+casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
+		  struct istream *input, uoff_t size,
+		  struct casbox_msg_record *rec, const char **error_r)
+{
+	const struct message_parser_settings parser_set = { .flags = 0 };
+	struct message_parser_ctx *parser;
+	struct message_block block;
+	struct message_part *parts;
+	struct casbox_msg_part *part;
+	uoff_t pos = 0, offset = 0;
+	pool_t parser_pool;
+	int ret;
+
+	parser_pool = pool_alloconly_create("casbox save parts", 4096);
+	i_stream_seek(input, 0);
+	parser = message_parser_init(parser_pool, input, &parser_set);
+	while ((ret = message_parser_parse_next_block(parser, &block)) > 0) ;
+	message_parser_deinit(&parser, &parts);
+	if (input->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(input));
+		pool_unref(&parser_pool);
+		return -1;
+	}
+	casbox_save_collect_leaves(parts, ctx->mbox->storage->set.part_split_size,
+				   &pos, rec);
+	casbox_save_add_range(rec, pos, size);
+	pool_unref(&parser_pool);
+
+	array_foreach_modifiable(&rec->parts, part) {
+		if (casbox_store_blob_id(store, input, offset, part->size,
+					 &part->id, error_r) < 0)
+			return -1;
+		offset += part->size;
+	}
+	i_assert(offset == size);
+	return 0;
+}
+
+static int
+casbox_save_finish_mail(struct casbox_save_context *ctx,
+			struct casbox_save_mail *smail, uoff_t size)
+{
+	struct mail_save_context *_ctx = &ctx->ctx;
+	struct mail_save_data *mdata = &_ctx->data;
+	struct casbox_storage *storage = ctx->mbox->storage;
+	struct index_mail *imail = INDEX_MAIL(_ctx->dest_mail);
+	struct casbox_msg_record *rec = &smail->rec;
+	struct casbox_store *store;
+	guid_128_t guid_128;
+	const char *error;
+	uint32_t t;
+
+	casbox_msg_record_init(ctx->pool, rec);
+	if (mdata->guid != NULL)
+		rec->guid = p_strdup(ctx->pool, mdata->guid);
+	else {
+		guid_128_generate(guid_128);
+		rec->guid = p_strdup(ctx->pool, guid_128_to_string(guid_128));
+	}
+	rec->received_date = mdata->received_date;
+	rec->save_date = mdata->save_date != (time_t)-1 ?
+		mdata->save_date : ioloop_time;
+	rec->physical_size = size;
+	if (mail_get_virtual_size(_ctx->dest_mail, &rec->virtual_size) < 0)
+		return -1;
+	rec->flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
+	rec->modseq = mdata->min_modseq;
+	casbox_save_keyword_names(_ctx, ctx->pool, &rec->keywords);
+
+	t = rec->save_date;
+	index_mail_cache_add(imail, MAIL_CACHE_SAVE_DATE, &t, sizeof(t));
+	index_mail_cache_add(imail, MAIL_CACHE_GUID, rec->guid,
+			     strlen(rec->guid));
+
+	if (casbox_storage_get_store(storage, &store) < 0)
+		return -1;
+	if (casbox_store_open_keys(store, &error) < 0 ||
+	    casbox_save_split(ctx, store, smail->input, rec->physical_size,
+			      rec, &error) < 0) {
+		mail_set_critical(_ctx->dest_mail, CASBOX_LOG_PREFIX"%s",
+				  error);
+		return -1;
+	}
+	return 0;
+}
+
+static int casbox_save_finish_write(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+	struct casbox_save_mail smail;
+
+	ctx->finished = TRUE;
+	if (ctx->output == NULL)
+		return -1;
+
+	if (!ctx->failed && o_stream_finish(ctx->output) < 0) {
+		mail_set_critical(_ctx->dest_mail, "write(%s) failed: %s",
+				  o_stream_get_name(ctx->output),
+				  o_stream_get_error(ctx->output));
+		ctx->failed = TRUE;
+	}
+	index_mail_cache_parse_deinit(_ctx->dest_mail,
+				      _ctx->data.received_date, !ctx->failed);
+
+	i_zero(&smail);
+	smail.seq = ctx->seq;
+	smail.input = iostream_temp_finish(&ctx->output, IO_BLOCK_SIZE);
+	_ctx->data.output = NULL;
+	if (!ctx->failed) T_BEGIN {
+		uoff_t size;
+
+		if (i_stream_get_size(smail.input, TRUE, &size) <= 0 ||
+		    size != ctx->input->v_offset) {
+			/* nothing may change the bytes on the way */
+			mail_set_critical(_ctx->dest_mail, CASBOX_LOG_PREFIX
+				"saved size differs from the %"PRIuUOFF_T
+				" bytes read", ctx->input->v_offset);
+			ctx->failed = TRUE;
+		} else if (casbox_save_finish_mail(ctx, &smail, size) < 0)
+			ctx->failed = TRUE;
+	} T_END;
+
+	if (ctx->failed) {
+		index_storage_save_abort_last(_ctx, ctx->seq);
+		i_stream_unref(&smail.input);
+	} else {
+		array_push_back(&ctx->mails, &smail);
+	}
+	i_stream_unref(&ctx->input);
+	return ctx->failed ? -1 : 0;
+}
+
+int casbox_save_finish(struct mail_save_context *_ctx)
+{
+	int ret;
+
+	ret = casbox_save_finish_write(_ctx);
+	index_save_context_free(_ctx);
+	return ret;
+}
+
+void casbox_save_cancel(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+
+	ctx->failed = TRUE;
+	(void)casbox_save_finish(_ctx);
+}
+
+void casbox_save_copy_begin(struct mail_save_context *_ctx)
+{
+	CASBOX_SAVECTX(_ctx)->finished = TRUE;
+}
+
+void casbox_save_add_copy(struct mail_save_context *_ctx, uint32_t seq,
+			  const struct casbox_msg_record *rec)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+	struct casbox_save_mail *smail;
+
+	smail = array_append_space(&ctx->mails);
+	smail->seq = seq;
+	smail->rec = *rec;
+}
+
+bool casbox_save_lookup(struct mailbox_transaction_context *t, uint32_t seq,
+			const struct casbox_msg_record **rec_r,
+			struct istream **input_r)
+{
+	struct casbox_save_context *ctx;
+	const struct casbox_save_mail *smail;
+
+	if (t->save_ctx == NULL)
+		return FALSE;
+	ctx = CASBOX_SAVECTX(t->save_ctx);
+	array_foreach(&ctx->mails, smail) {
+		if (smail->seq == seq) {
+			*rec_r = &smail->rec;
+			*input_r = smail->input;
+			return TRUE;
+		}
+	}
+	return FALSE;
+}
+
+static void casbox_save_free_mails(struct casbox_save_context *ctx)
+{
+	struct casbox_save_mail *smail;
+
+	array_foreach_modifiable(&ctx->mails, smail)
+		i_stream_unref(&smail->input);
+	array_clear(&ctx->mails);
+}
+
+static int
+casbox_save_add_msg(struct casbox_store_txn *txn,
+		    const guid_128_t mailbox_guid, uint32_t uid,
+		    const struct casbox_save_mail *smail,
+		    const char **error_r)
+{
+	const struct casbox_msg_part *part;
+	struct istream **inputs = NULL;
+	unsigned int i, count;
+	uoff_t offset = 0;
+	int ret;
+
+	count = array_count(&smail->rec.parts);
+	if (smail->input != NULL) {
+		inputs = t_new(struct istream *, count + 1);
+		i = 0;
+		array_foreach(&smail->rec.parts, part) {
+			inputs[i++] = i_stream_create_range(smail->input,
+							    offset,
+							    part->size);
+			offset += part->size;
+		}
+	}
+	ret = casbox_store_txn_add_msg(txn, mailbox_guid, uid, &smail->rec,
+				       inputs, error_r);
+	for (i = 0; inputs != NULL && i < count; i++)
+		i_stream_unref(&inputs[i]);
+	return ret;
+}
+
+/* Write every saved mail's blobs and record in one durable batch. */
+static int
+casbox_save_write_records(struct casbox_save_context *ctx,
+			  const ARRAY_TYPE(seq_range) *uids)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	const struct casbox_save_mail *smail;
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	struct seq_range_iter iter;
+	const char *error = NULL;
+	unsigned int n = 0;
+	uint32_t uid;
+	int ret = 0;
+
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	if (casbox_store_txn_begin(store, &txn, &error) < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	seq_range_array_iter_init(&iter, uids);
+	array_foreach(&ctx->mails, smail) {
+		if (!seq_range_array_iter_nth(&iter, n++, &uid))
+			i_unreached();
+		T_BEGIN {
+			ret = casbox_save_add_msg(txn, mbox->mailbox_guid,
+						  uid, smail, &error);
+		} T_END_PASS_STR_IF(ret < 0, &error);
+		if (ret < 0)
+			break;
+	}
+	if (ret < 0)
+		casbox_store_txn_rollback(&txn);
+	else
+		ret = casbox_store_txn_commit(&txn, &error);
+	if (ret < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Saving failed: %s", error);
+	}
+	return ret;
+}
+
+int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+	struct mailbox_transaction_context *_t = _ctx->transaction;
+	const struct mail_index_header *hdr;
+
+	i_assert(ctx->finished);
+
+	if (array_count(&ctx->mails) == 0)
+		return 0;
+
+	/* the sync lock orders UID assignment between processes */
+	if (casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
+			      CASBOX_SYNC_FLAG_FSYNC, &ctx->sync_ctx) < 0 ||
+	    ctx->sync_ctx == NULL) {
+		casbox_transaction_save_rollback(_ctx);
+		return -1;
+	}
+
+	hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
+	mail_index_append_finish_uids(ctx->trans, hdr->next_uid,
+				      &_t->changes->saved_uids);
+	if (casbox_save_write_records(ctx, &_t->changes->saved_uids) < 0) {
+		casbox_transaction_save_rollback(_ctx);
+		return -1;
+	}
+	_t->changes->uid_validity = hdr->uid_validity;
+	return 0;
+}
+
+static void casbox_save_context_free(struct casbox_save_context *ctx)
+{
+	casbox_save_free_mails(ctx);
+	pool_unref(&ctx->pool);
+}
+
+void casbox_transaction_save_commit_post(struct mail_save_context *_ctx,
+	struct mail_index_transaction_commit_result *result)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+
+	_ctx->transaction = NULL; /* already freed */
+
+	if (array_count(&ctx->mails) == 0) {
+		casbox_transaction_save_rollback(_ctx);
+		return;
+	}
+	mail_index_sync_set_commit_result(ctx->sync_ctx->index_sync_ctx,
+					  result);
+	if (casbox_sync_finish(&ctx->sync_ctx, TRUE) < 0)
+		ctx->failed = TRUE;
+	casbox_save_context_free(ctx);
+}
+
+void casbox_transaction_save_rollback(struct mail_save_context *_ctx)
+{
+	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
+
+	ctx->failed = TRUE;
+	if (!ctx->finished)
+		casbox_save_cancel(_ctx);
+	if (ctx->sync_ctx != NULL)
+		(void)casbox_sync_finish(&ctx->sync_ctx, FALSE);
+	casbox_save_context_free(ctx);
+}

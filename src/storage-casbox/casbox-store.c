@@ -1,0 +1,747 @@
+/* casbox-store: LSM + key ring + packs of one user. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "hash.h"
+#include "byteorder.h"
+#include "istream.h"
+#include "istream-concat.h"
+#include "casbox-pack.h"
+#include "casbox-lsm.h"
+#include "casbox-settings.h"
+#include "casbox-store.h"
+
+#include <dirent.h>
+
+struct casbox_store {
+	pool_t pool;
+	const char *root_dir;
+	const struct casbox_settings *set;
+	bool fsync;
+
+	struct casbox_lsm *lsm;
+	struct cas_keyring *keyring;
+	struct casbox_pack_store *packs;
+};
+
+/* A blob touched by a transaction: its current refcount and location. */
+struct casbox_pending_blob {
+	struct cas_blob_id id;
+	uint32_t refcount;
+	bool in_lsm;
+	buffer_t *pack_record;
+};
+
+struct casbox_store_txn {
+	struct casbox_store *store;
+	pool_t pool;
+	struct casbox_lsm_batch *batch;
+	struct casbox_pack_txn *pack_txn;
+	HASH_TABLE(struct cas_blob_id *, struct casbox_pending_blob *) blobs;
+	ARRAY(struct casbox_pending_blob *) blob_list;
+};
+
+static int
+casbox_store_lsm_get(struct casbox_store *store, const buffer_t *key,
+		     buffer_t *value, bool refresh, const char **error_r)
+{
+	int ret;
+
+	ret = casbox_lsm_get(store->lsm, key->data, key->used, value,
+			     error_r);
+	if (ret != 0 || !refresh)
+		return ret;
+	/* maybe another process just wrote it */
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
+	return casbox_lsm_get(store->lsm, key->data, key->used, value,
+			      error_r);
+}
+
+int casbox_store_open(const char *root_dir,
+		      const struct casbox_settings *set,
+		      enum fsync_mode fsync_mode,
+		      enum file_lock_method lock_method,
+		      struct casbox_store **store_r, const char **error_r)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_store *store;
+	const char *error;
+	pool_t pool;
+
+	pool = pool_alloconly_create("casbox store", 512);
+	store = p_new(pool, struct casbox_store, 1);
+	store->pool = pool;
+	store->root_dir = p_strdup(pool, root_dir);
+	store->set = set;
+	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
+
+	i_zero(&lsm_set);
+	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
+	lsm_set.fsync = store->fsync;
+	lsm_set.lock_method = lock_method;
+	if (casbox_lsm_open(&lsm_set, &store->lsm, &error) < 0) {
+		*error_r = t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
+		pool_unref(&pool);
+		return -1;
+	}
+	*store_r = store;
+	return 0;
+}
+
+void casbox_store_close(struct casbox_store **_store)
+{
+	struct casbox_store *store = *_store;
+
+	*_store = NULL;
+	if (store->packs != NULL)
+		casbox_pack_store_close(&store->packs);
+	if (store->keyring != NULL)
+		cas_keyring_free(&store->keyring);
+	casbox_lsm_close(&store->lsm);
+	pool_unref(&store->pool);
+}
+
+/* TRUE if the store holds anything a new key would make unreadable. */
+static int casbox_store_has_data(struct casbox_store *store, bool *have_r,
+				 const char **error_r)
+{
+	static const unsigned char prefixes[] = {
+		CASBOX_KEY_KEYRING, CASBOX_KEY_BLOB, CASBOX_KEY_MESSAGE
+	};
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	const char *path;
+	struct dirent *d;
+	unsigned int i;
+	DIR *dir;
+
+	*have_r = FALSE;
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
+	for (i = 0; i < N_ELEMENTS(prefixes) && !*have_r; i++) {
+		iter = casbox_lsm_iter_init(store->lsm, &prefixes[i], 1);
+		if (casbox_lsm_iter_next(iter, &key, &key_size,
+					 &value, &value_size))
+			*have_r = TRUE;
+		if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
+			return -1;
+	}
+	path = t_strconcat(store->root_dir, "/packs", NULL);
+	if (!*have_r && (dir = opendir(path)) != NULL) {
+		while ((d = readdir(dir)) != NULL) {
+			if (d->d_name[0] != '.') {
+				*have_r = TRUE;
+				break;
+			}
+		}
+		(void)closedir(dir);
+	}
+	return 0;
+}
+
+static int casbox_store_load_keyring(struct casbox_store *store,
+				     const char **error_r)
+{
+	const char *path = store->set->key_file, *error;
+	bool have_data;
+	int ret;
+
+	if (path == NULL) {
+		*error_r = "casbox_key_file setting is not set";
+		return -1;
+	}
+	ret = cas_keyring_load(path, &store->keyring, &error);
+	if (ret > 0)
+		return 0;
+	if (ret < 0) {
+		*error_r = t_strdup_printf("key file %s: %s", path, error);
+		return -1;
+	}
+	if (casbox_store_has_data(store, &have_data, error_r) < 0)
+		return -1;
+	if (have_data) {
+		*error_r = t_strdup_printf(
+			"key file %s does not exist, but the store %s "
+			"has data encrypted with it: refusing to create "
+			"a new key", path, store->root_dir);
+		return -1;
+	}
+	if (!store->set->key_autocreate) {
+		*error_r = t_strdup_printf(
+			"key file %s does not exist "
+			"(set casbox_key_autocreate=yes to create it "
+			"for a new store)", path);
+		return -1;
+	}
+	if (cas_keyring_create(path, &store->keyring, &error) < 0) {
+		*error_r = t_strdup_printf("creating key file %s: %s",
+					   path, error);
+		return -1;
+	}
+	i_info("casbox: created key file %s for the new store %s",
+	       path, store->root_dir);
+	return 0;
+}
+
+/* The 'K' record binds the store to one KEK id: a different key file is
+   refused before it can produce unreadable blobs. */
+static int casbox_store_check_key_id(struct casbox_store *store,
+				     const char **error_r)
+{
+	uint32_t key_id = cas_keyring_key_id(store->keyring);
+	struct casbox_lsm_batch *batch;
+	unsigned char kval[5];
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(1);
+	buffer_append_c(key, CASBOX_KEY_KEYRING);
+	value = t_buffer_create(8);
+	ret = casbox_store_lsm_get(store, key, value, TRUE, error_r);
+	if (ret < 0)
+		return -1;
+	if (ret > 0) {
+		if (value->used != 5 ||
+		    be32_to_cpu_unaligned(CONST_PTR_OFFSET(value->data, 1)) !=
+		    key_id) {
+			*error_r = t_strdup_printf(
+				"key file %s is not the key of store %s "
+				"(key id %08x)", store->set->key_file,
+				store->root_dir, key_id);
+			return -1;
+		}
+		return 0;
+	}
+	kval[0] = CASBOX_RECORD_VERSION;
+	cpu32_to_be_unaligned(key_id, kval + 1);
+	if (casbox_lsm_batch_begin(store->lsm, &batch, error_r) < 0)
+		return -1;
+	casbox_lsm_batch_put(batch, key->data, key->used, kval, sizeof(kval));
+	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
+}
+
+int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
+{
+	struct casbox_pack_settings pack_set;
+	const char *error;
+
+	if (store->packs != NULL)
+		return 0;
+	if (store->keyring == NULL) {
+		if (casbox_store_load_keyring(store, error_r) < 0)
+			return -1;
+		if (casbox_store_check_key_id(store, error_r) < 0) {
+			cas_keyring_free(&store->keyring);
+			return -1;
+		}
+	}
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(store->root_dir, "/packs", NULL);
+	pack_set.fsync = store->fsync;
+	pack_set.max_pack_size = store->set->pack_size;
+	pack_set.zstd_level = store->set->zstd_level;
+	if (casbox_pack_store_open(&pack_set, store->keyring,
+				   &store->packs, &error) < 0) {
+		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_store_blob_id(struct casbox_store *store, struct istream *input,
+			 uoff_t offset, uoff_t size,
+			 struct cas_blob_id *id_r, const char **error_r)
+{
+	struct cas_blob_id_ctx ctx;
+	struct istream *range;
+	const unsigned char *data;
+	size_t data_size;
+	int ret;
+
+	i_assert(store->keyring != NULL);
+	range = i_stream_create_range(input, offset, size);
+	cas_blob_id_init(store->keyring, &ctx);
+	while ((ret = i_stream_read_more(range, &data, &data_size)) > 0) {
+		cas_blob_id_update(&ctx, data, data_size);
+		i_stream_skip(range, data_size);
+	}
+	i_assert(ret == -1);
+	if (range->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(range));
+		i_stream_unref(&range);
+		return -1;
+	}
+	if (range->v_offset != size) {
+		*error_r = t_strdup_printf("read(%s): expected %"PRIuUOFF_T
+					   " bytes at %"PRIuUOFF_T", got %"
+					   PRIuUOFF_T, i_stream_get_name(input),
+					   size, offset, range->v_offset);
+		i_stream_unref(&range);
+		return -1;
+	}
+	i_stream_unref(&range);
+	cas_blob_id_final(&ctx, id_r);
+	return 0;
+}
+
+int casbox_store_mailbox_put(struct casbox_store *store,
+			     const guid_128_t mailbox_guid,
+			     uint32_t uid_validity, const char *name,
+			     const char **error_r)
+{
+	struct casbox_mailbox_record rec = {
+		.uid_validity = uid_validity,
+		.name = name,
+	};
+	struct casbox_lsm_batch *batch;
+	buffer_t *key, *value;
+
+	key = t_buffer_create(32);
+	casbox_key_mailbox(key, mailbox_guid);
+	value = t_buffer_create(64);
+	casbox_mailbox_record_export(&rec, value);
+	if (casbox_lsm_batch_begin(store->lsm, &batch, error_r) < 0)
+		return -1;
+	casbox_lsm_batch_put(batch, key->data, key->used,
+			     value->data, value->used);
+	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
+}
+
+int casbox_store_mailbox_delete(struct casbox_store *store,
+				const guid_128_t mailbox_guid,
+				const char **error_r)
+{
+	struct casbox_store_txn *txn;
+	struct casbox_lsm_iter *iter;
+	ARRAY(uint32_t) uids;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	guid_128_t guid;
+	buffer_t *prefix;
+	uint32_t uid;
+	int ret = 0;
+
+	if (casbox_store_txn_begin(store, &txn, error_r) < 0)
+		return -1;
+	prefix = t_buffer_create(32);
+	buffer_append_c(prefix, CASBOX_KEY_MESSAGE);
+	buffer_append(prefix, mailbox_guid, GUID_128_SIZE);
+	t_array_init(&uids, 32);
+	iter = casbox_lsm_iter_init(store->lsm, prefix->data, prefix->used);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0)
+			array_push_back(&uids, &uid);
+	}
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
+		ret = -1;
+	array_foreach_elem(&uids, uid) {
+		if (ret == 0 && casbox_store_txn_expunge(txn, mailbox_guid,
+							 uid, error_r) < 0)
+			ret = -1;
+	}
+	if (ret < 0) {
+		casbox_store_txn_rollback(&txn);
+		return -1;
+	}
+	buffer_set_used_size(prefix, 0);
+	casbox_key_mailbox(prefix, mailbox_guid);
+	casbox_lsm_batch_delete(txn->batch, prefix->data, prefix->used);
+	return casbox_store_txn_commit(&txn, error_r);
+}
+
+int casbox_store_msg_lookup(struct casbox_store *store,
+			    const guid_128_t mailbox_guid, uint32_t uid,
+			    pool_t pool, struct casbox_msg_record *rec_r,
+			    const char **error_r)
+{
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	value = t_buffer_create(256);
+	ret = casbox_store_lsm_get(store, key, value, TRUE, error_r);
+	if (ret <= 0)
+		return ret;
+	return casbox_msg_record_import(value->data, value->used, pool,
+					rec_r, error_r);
+}
+
+static struct istream *
+casbox_store_part_open(struct casbox_store *store,
+		       const struct casbox_msg_part *part,
+		       const char **error_r)
+{
+	struct casbox_blob_record brec;
+	struct casbox_blob_value bval;
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(40);
+	casbox_key_blob(key, &part->id);
+	value = t_buffer_create(128);
+	ret = casbox_store_lsm_get(store, key, value, TRUE, error_r);
+	if (ret == 0) {
+		*error_r = t_strdup_printf("blob %s has no record",
+					   cas_blob_id_to_hex(&part->id));
+	}
+	if (ret <= 0)
+		return NULL;
+	if (casbox_blob_value_import(value->data, value->used,
+				     &bval, error_r) < 0 ||
+	    casbox_blob_record_import(bval.pack_record,
+				      bval.pack_record_size,
+				      &brec, error_r) < 0) {
+		*error_r = t_strdup_printf("blob %s: %s",
+					   cas_blob_id_to_hex(&part->id),
+					   *error_r);
+		return NULL;
+	}
+	if (brec.plain_size != part->size) {
+		*error_r = t_strdup_printf("blob %s: size %"PRIu64
+			" does not match the message record's %"PRIuUOFF_T,
+			cas_blob_id_to_hex(&part->id), brec.plain_size,
+			part->size);
+		return NULL;
+	}
+	return casbox_pack_blob_open(store->packs, &part->id, &brec);
+}
+
+int casbox_store_msg_open(struct casbox_store *store,
+			  const struct casbox_msg_record *rec,
+			  struct istream **input_r, const char **error_r)
+{
+	const struct casbox_msg_part *parts;
+	struct istream **inputs, *input;
+	unsigned int i, count;
+	int ret = 0;
+
+	if (casbox_store_open_keys(store, error_r) < 0)
+		return -1;
+	parts = array_get(&rec->parts, &count);
+	if (count == 1) {
+		*input_r = casbox_store_part_open(store, &parts[0], error_r);
+		return *input_r == NULL ? -1 : 0;
+	}
+	inputs = t_new(struct istream *, count + 1);
+	for (i = 0; i < count && ret == 0; i++) {
+		inputs[i] = casbox_store_part_open(store, &parts[i], error_r);
+		if (inputs[i] == NULL)
+			ret = -1;
+	}
+	if (ret == 0) {
+		input = i_stream_create_concat(inputs);
+		*input_r = input;
+	}
+	for (i = 0; i < count && inputs[i] != NULL; i++)
+		i_stream_unref(&inputs[i]);
+	return ret;
+}
+
+static unsigned int casbox_blob_id_hash(const struct cas_blob_id *id)
+{
+	return be32_to_cpu_unaligned(id->id);
+}
+
+static int casbox_blob_id_cmp(const struct cas_blob_id *id1,
+			      const struct cas_blob_id *id2)
+{
+	return memcmp(id1->id, id2->id, sizeof(id1->id));
+}
+
+int casbox_store_txn_begin(struct casbox_store *store,
+			   struct casbox_store_txn **txn_r,
+			   const char **error_r)
+{
+	struct casbox_store_txn *txn;
+	pool_t pool;
+
+	pool = pool_alloconly_create("casbox store txn", 4096);
+	txn = p_new(pool, struct casbox_store_txn, 1);
+	txn->store = store;
+	txn->pool = pool;
+	hash_table_create(&txn->blobs, pool, 0, casbox_blob_id_hash,
+			  casbox_blob_id_cmp);
+	p_array_init(&txn->blob_list, pool, 16);
+	if (casbox_lsm_batch_begin(store->lsm, &txn->batch, error_r) < 0) {
+		hash_table_destroy(&txn->blobs);
+		pool_unref(&pool);
+		return -1;
+	}
+	*txn_r = txn;
+	return 0;
+}
+
+/* The blob as this txn currently sees it (refcount 0 = not stored). */
+static int
+casbox_store_txn_get_blob(struct casbox_store_txn *txn,
+			  const struct cas_blob_id *id,
+			  struct casbox_pending_blob **blob_r,
+			  const char **error_r)
+{
+	struct casbox_pending_blob *blob;
+	struct casbox_blob_value bval;
+	buffer_t *key, *value;
+	int ret;
+
+	blob = hash_table_lookup(txn->blobs, id);
+	if (blob != NULL) {
+		*blob_r = blob;
+		return 0;
+	}
+	key = t_buffer_create(40);
+	casbox_key_blob(key, id);
+	value = t_buffer_create(128);
+	/* batch_begin refreshed: no need to refresh again */
+	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
+	if (ret < 0)
+		return -1;
+	blob = p_new(txn->pool, struct casbox_pending_blob, 1);
+	blob->id = *id;
+	blob->pack_record = buffer_create_dynamic(txn->pool, 128);
+	if (ret > 0) {
+		if (casbox_blob_value_import(value->data, value->used,
+					     &bval, error_r) < 0)
+			return -1;
+		blob->refcount = bval.refcount;
+		blob->in_lsm = TRUE;
+		buffer_append(blob->pack_record, bval.pack_record,
+			      bval.pack_record_size);
+	}
+	hash_table_insert(txn->blobs, &blob->id, blob);
+	array_push_back(&txn->blob_list, &blob);
+	*blob_r = blob;
+	return 0;
+}
+
+static int
+casbox_store_txn_ref_part(struct casbox_store_txn *txn,
+			  const struct casbox_msg_part *part,
+			  struct istream *input, const char **error_r)
+{
+	struct casbox_store *store = txn->store;
+	struct casbox_pending_blob *blob;
+	struct casbox_blob_record brec;
+	const char *error;
+
+	if (casbox_store_txn_get_blob(txn, &part->id, &blob, error_r) < 0)
+		return -1;
+	if (blob->refcount > 0) {
+		/* deduplicated: no bytes written */
+		if (blob->refcount == UINT32_MAX) {
+			*error_r = "blob refcount overflow";
+			return -1;
+		}
+		blob->refcount++;
+		return 0;
+	}
+	if (input == NULL) {
+		*error_r = t_strdup_printf("blob %s is not in the store",
+					   cas_blob_id_to_hex(&part->id));
+		return -1;
+	}
+	if (txn->pack_txn == NULL) {
+		if (casbox_store_open_keys(store, error_r) < 0)
+			return -1;
+		if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
+					  &error) < 0) {
+			*error_r = t_strdup_printf("pack append: %s", error);
+			return -1;
+		}
+	}
+	if (casbox_pack_txn_add(txn->pack_txn, &part->id, input,
+				&brec, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	buffer_set_used_size(blob->pack_record, 0);
+	casbox_blob_record_export(&brec, blob->pack_record);
+	blob->refcount = 1;
+	return 0;
+}
+
+static int
+casbox_store_txn_unref_parts(struct casbox_store_txn *txn,
+			     const struct casbox_msg_record *rec,
+			     const char **error_r)
+{
+	const struct casbox_msg_part *part;
+	struct casbox_pending_blob *blob;
+
+	array_foreach(&rec->parts, part) {
+		if (casbox_store_txn_get_blob(txn, &part->id, &blob,
+					      error_r) < 0)
+			return -1;
+		/* a missing blob can't be released twice: ignore */
+		if (blob->refcount > 0)
+			blob->refcount--;
+	}
+	return 0;
+}
+
+static int
+casbox_store_txn_get_msg(struct casbox_store_txn *txn, const buffer_t *key,
+			 struct casbox_msg_record *rec_r,
+			 const char **error_r)
+{
+	buffer_t *value = t_buffer_create(256);
+	int ret;
+
+	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
+	if (ret <= 0)
+		return ret;
+	return casbox_msg_record_import(value->data, value->used,
+					pool_datastack_create(), rec_r,
+					error_r);
+}
+
+int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
+			     const guid_128_t mailbox_guid, uint32_t uid,
+			     const struct casbox_msg_record *rec,
+			     struct istream *const *part_inputs,
+			     const char **error_r)
+{
+	const struct casbox_msg_part *parts;
+	struct casbox_msg_record old_rec;
+	unsigned int i, count;
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	ret = casbox_store_txn_get_msg(txn, key, &old_rec, error_r);
+	if (ret < 0)
+		return -1;
+	if (ret > 0 && casbox_store_txn_unref_parts(txn, &old_rec,
+						    error_r) < 0)
+		return -1;
+
+	parts = array_get(&rec->parts, &count);
+	for (i = 0; i < count; i++) {
+		if (casbox_store_txn_ref_part(txn, &parts[i],
+				part_inputs == NULL ? NULL : part_inputs[i],
+				error_r) < 0)
+			return -1;
+	}
+	value = t_buffer_create(256);
+	casbox_msg_record_export(rec, value);
+	casbox_lsm_batch_put(txn->batch, key->data, key->used,
+			     value->data, value->used);
+	return 0;
+}
+
+int casbox_store_txn_expunge(struct casbox_store_txn *txn,
+			     const guid_128_t mailbox_guid, uint32_t uid,
+			     const char **error_r)
+{
+	struct casbox_msg_record rec;
+	buffer_t *key;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	ret = casbox_store_txn_get_msg(txn, key, &rec, error_r);
+	if (ret <= 0)
+		return ret;
+	if (casbox_store_txn_unref_parts(txn, &rec, error_r) < 0)
+		return -1;
+	casbox_lsm_batch_delete(txn->batch, key->data, key->used);
+	return 0;
+}
+
+int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
+				  const guid_128_t mailbox_guid, uint32_t uid,
+				  uint32_t flags,
+				  const char *const *keywords,
+				  uint64_t modseq, const char **error_r)
+{
+	struct casbox_msg_record rec;
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	ret = casbox_store_txn_get_msg(txn, key, &rec, error_r);
+	if (ret <= 0)
+		return ret;
+	rec.flags = flags;
+	rec.modseq = modseq;
+	array_clear(&rec.keywords);
+	for (; keywords != NULL && *keywords != NULL; keywords++)
+		array_push_back(&rec.keywords, keywords);
+	value = t_buffer_create(256);
+	casbox_msg_record_export(&rec, value);
+	casbox_lsm_batch_put(txn->batch, key->data, key->used,
+			     value->data, value->used);
+	return 0;
+}
+
+static void casbox_store_txn_free(struct casbox_store_txn **_txn)
+{
+	struct casbox_store_txn *txn = *_txn;
+
+	*_txn = NULL;
+	hash_table_destroy(&txn->blobs);
+	pool_unref(&txn->pool);
+}
+
+int casbox_store_txn_commit(struct casbox_store_txn **_txn,
+			    const char **error_r)
+{
+	struct casbox_store_txn *txn = *_txn;
+	struct casbox_pending_blob *blob;
+	struct casbox_blob_value bval;
+	const char *error;
+	buffer_t *key, *value;
+	int ret;
+
+	/* blobs first: a record must never point to bytes that are not
+	   durable */
+	if (txn->pack_txn != NULL &&
+	    casbox_pack_txn_commit(&txn->pack_txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack commit: %s", error);
+		casbox_store_txn_rollback(_txn);
+		return -1;
+	}
+	key = t_buffer_create(40);
+	value = t_buffer_create(128);
+	array_foreach_elem(&txn->blob_list, blob) {
+		buffer_set_used_size(key, 0);
+		casbox_key_blob(key, &blob->id);
+		if (blob->refcount == 0) {
+			if (blob->in_lsm) {
+				casbox_lsm_batch_delete(txn->batch, key->data,
+							key->used);
+			}
+			continue;
+		}
+		i_zero(&bval);
+		bval.refcount = blob->refcount;
+		bval.pack_record = blob->pack_record->data;
+		bval.pack_record_size = blob->pack_record->used;
+		buffer_set_used_size(value, 0);
+		casbox_blob_value_export(&bval, value);
+		casbox_lsm_batch_put(txn->batch, key->data, key->used,
+				     value->data, value->used);
+	}
+	ret = casbox_lsm_batch_commit(&txn->batch, error_r);
+	casbox_store_txn_free(_txn);
+	return ret < 0 ? -1 : 0;
+}
+
+void casbox_store_txn_rollback(struct casbox_store_txn **_txn)
+{
+	struct casbox_store_txn *txn = *_txn;
+
+	if (txn->pack_txn != NULL)
+		casbox_pack_txn_rollback(&txn->pack_txn);
+	if (txn->batch != NULL)
+		casbox_lsm_batch_rollback(&txn->batch);
+	casbox_store_txn_free(_txn);
+}

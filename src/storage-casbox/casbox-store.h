@@ -1,0 +1,91 @@
+#ifndef CASBOX_STORE_H
+#define CASBOX_STORE_H
+
+/* casbox-store: one user's store under the casbox root: the LSM (lsm/),
+   the key ring (casbox_key_file) and the packs (packs/). The storage
+   glue talks only to this layer; it knows the record layout
+   (casbox-records.h) and keeps blob refcounts consistent. */
+
+#include "fsync-mode.h"
+#include "file-lock.h"
+#include "seq-range-array.h"
+#include "casbox-records.h"
+
+struct istream;
+struct casbox_settings;
+struct casbox_store;
+struct casbox_store_txn;
+
+/* Open the LSM; keys and packs are opened on first need. Returns 0 ok,
+   -1 error. */
+int casbox_store_open(const char *root_dir,
+		      const struct casbox_settings *set,
+		      enum fsync_mode fsync_mode,
+		      enum file_lock_method lock_method,
+		      struct casbox_store **store_r, const char **error_r);
+void casbox_store_close(struct casbox_store **store);
+
+/* Load (or, for an empty store with casbox_key_autocreate, create) the
+   key ring and open the packs. Returns 0 ok, -1 error (a missing key
+   for a store with data, or a key that is not the store's, are errors
+   naming the key file). */
+int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
+
+/* Keyed content address of input's bytes [offset, offset+size). Needs
+   the keys. Returns 0 ok, -1 read error. */
+int casbox_store_blob_id(struct casbox_store *store, struct istream *input,
+			 uoff_t offset, uoff_t size,
+			 struct cas_blob_id *id_r, const char **error_r);
+
+int casbox_store_mailbox_put(struct casbox_store *store,
+			     const guid_128_t mailbox_guid,
+			     uint32_t uid_validity, const char *name,
+			     const char **error_r);
+/* Delete the mailbox record and release any message records left. */
+int casbox_store_mailbox_delete(struct casbox_store *store,
+				const guid_128_t mailbox_guid,
+				const char **error_r);
+
+/* Returns 1 found, 0 not found (after a refresh), -1 error. */
+int casbox_store_msg_lookup(struct casbox_store *store,
+			    const guid_128_t mailbox_guid, uint32_t uid,
+			    pool_t pool, struct casbox_msg_record *rec_r,
+			    const char **error_r);
+/* The message bytes: the concatenation of its blobs. Each blob verifies
+   itself while read (errors surface as stream errors). Returns 0 ok,
+   -1 error (missing blob record, no keys). */
+int casbox_store_msg_open(struct casbox_store *store,
+			  const struct casbox_msg_record *rec,
+			  struct istream **input_r, const char **error_r);
+
+/* Write transaction: holds the LSM write lock until commit/rollback. */
+int casbox_store_txn_begin(struct casbox_store *store,
+			   struct casbox_store_txn **txn_r,
+			   const char **error_r);
+/* Add a message record. part_inputs[i] gives the bytes of parts[i] for
+   blobs not in the store yet; NULL part_inputs (copy) requires every
+   blob to exist already. A record already under this key (left over
+   from a crash before the index commit) is replaced and its blobs
+   released. Returns 0 ok, -1 error. */
+int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
+			     const guid_128_t mailbox_guid, uint32_t uid,
+			     const struct casbox_msg_record *rec,
+			     struct istream *const *part_inputs,
+			     const char **error_r);
+/* Remove a message record and release its blobs. Missing is ok. */
+int casbox_store_txn_expunge(struct casbox_store_txn *txn,
+			     const guid_128_t mailbox_guid, uint32_t uid,
+			     const char **error_r);
+/* Mirror the index's flags/keywords/modseq into an existing record. */
+int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
+				  const guid_128_t mailbox_guid, uint32_t uid,
+				  uint32_t flags,
+				  const char *const *keywords,
+				  uint64_t modseq, const char **error_r);
+/* Commit the packs (fsync), then the LSM batch (fsync). Returns 0 when
+   durable, -1 error (nothing applied). Frees txn either way. */
+int casbox_store_txn_commit(struct casbox_store_txn **txn,
+			    const char **error_r);
+void casbox_store_txn_rollback(struct casbox_store_txn **txn);
+
+#endif

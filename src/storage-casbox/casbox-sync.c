@@ -1,0 +1,274 @@
+/* casbox: index sync. Expunges and flag changes are applied to the
+   index under its sync lock like sdbox; the LSM records are updated
+   after the index commit (a crash in between leaves only orphaned
+   records, which rebuild/gc reclaim, never an index entry without its
+   record). */
+
+#include "lib.h"
+#include "casbox-storage.h"
+#include "array.h"
+#include "mail-index-modseq.h"
+#include "mailbox-recent-flags.h"
+#include "casbox-plugin.h"
+#include "casbox-store.h"
+#include "casbox-sync.h"
+
+static void casbox_sync_add(struct casbox_sync_context *ctx,
+			    const struct mail_index_sync_rec *sync_rec)
+{
+	uint32_t seq, seq1, seq2, uid;
+
+	switch (sync_rec->type) {
+	case MAIL_INDEX_SYNC_TYPE_EXPUNGE:
+		break;
+	case MAIL_INDEX_SYNC_TYPE_FLAGS:
+	case MAIL_INDEX_SYNC_TYPE_KEYWORD_ADD:
+	case MAIL_INDEX_SYNC_TYPE_KEYWORD_REMOVE:
+		seq_range_array_add_range(&ctx->changed_uids,
+					  sync_rec->uid1, sync_rec->uid2);
+		return;
+	}
+
+	if (!mail_index_lookup_seq_range(ctx->sync_view,
+					 sync_rec->uid1, sync_rec->uid2,
+					 &seq1, &seq2)) {
+		/* already expunged */
+		return;
+	}
+	for (seq = seq1; seq <= seq2; seq++) {
+		mail_index_lookup_uid(ctx->sync_view, seq, &uid);
+		if (!mail_index_transaction_is_expunged(ctx->trans, seq)) {
+			mail_index_expunge(ctx->trans, seq);
+			seq_range_array_add(&ctx->expunged_uids, uid);
+		}
+	}
+}
+
+static int casbox_sync_index(struct casbox_sync_context *ctx)
+{
+	struct mailbox *box = &ctx->mbox->box;
+	const struct mail_index_header *hdr;
+	struct mail_index_sync_rec sync_rec;
+	uint32_t seq1, seq2;
+
+	hdr = mail_index_get_header(ctx->sync_view);
+	if (hdr->uid_validity == 0) {
+		/* opened between mkdir and index creation: finish it */
+		return casbox_mailbox_create_indexes(box, NULL, ctx->trans);
+	}
+
+	/* mark the newly seen messages as recent */
+	if (mail_index_lookup_seq_range(ctx->sync_view, hdr->first_recent_uid,
+					hdr->next_uid, &seq1, &seq2))
+		mailbox_recent_flags_set_seqs(box, ctx->sync_view, seq1, seq2);
+
+	while (mail_index_sync_next(ctx->index_sync_ctx, &sync_rec))
+		casbox_sync_add(ctx, &sync_rec);
+	return 0;
+}
+
+int casbox_sync_begin(struct casbox_mailbox *mbox,
+		      enum casbox_sync_flags flags,
+		      struct casbox_sync_context **ctx_r)
+{
+	struct casbox_sync_context *ctx;
+	enum mail_index_sync_flags sync_flags;
+	int ret;
+
+	ctx = i_new(struct casbox_sync_context, 1);
+	ctx->mbox = mbox;
+	ctx->flags = flags;
+	i_array_init(&ctx->expunged_uids, 32);
+	i_array_init(&ctx->changed_uids, 32);
+
+	sync_flags = index_storage_get_sync_flags(&mbox->box);
+	if ((flags & CASBOX_SYNC_FLAG_FORCE) == 0)
+		sync_flags |= MAIL_INDEX_SYNC_FLAG_REQUIRE_CHANGES;
+	if ((flags & CASBOX_SYNC_FLAG_FSYNC) != 0)
+		sync_flags |= MAIL_INDEX_SYNC_FLAG_FSYNC;
+	/* don't write unnecessary dirty flag updates */
+	sync_flags |= MAIL_INDEX_SYNC_FLAG_AVOID_FLAG_UPDATES;
+
+	ret = index_storage_expunged_sync_begin(&mbox->box,
+			&ctx->index_sync_ctx, &ctx->sync_view,
+			&ctx->trans, sync_flags);
+	if (ret > 0) {
+		if (casbox_sync_index(ctx) < 0) {
+			mail_index_sync_rollback(&ctx->index_sync_ctx);
+			index_storage_expunging_deinit(&mbox->box);
+			ret = -1;
+		}
+	}
+	if (ret <= 0) {
+		array_free(&ctx->expunged_uids);
+		array_free(&ctx->changed_uids);
+		i_free(ctx);
+		*ctx_r = NULL;
+		return ret;
+	}
+	*ctx_r = ctx;
+	return 0;
+}
+
+static const char *const *
+casbox_sync_keyword_names(struct mail_index_view *view, uint32_t seq)
+{
+	const ARRAY_TYPE(keywords) *names =
+		mail_index_get_keywords(mail_index_view_get_index(view));
+	ARRAY_TYPE(keyword_indexes) kw_idx;
+	ARRAY_TYPE(const_string) result;
+	unsigned int idx;
+	const char *name;
+
+	t_array_init(&kw_idx, 8);
+	mail_index_lookup_keywords(view, seq, &kw_idx);
+	t_array_init(&result, array_count(&kw_idx) + 1);
+	array_foreach_elem(&kw_idx, idx) {
+		if (idx < array_count(names)) {
+			name = array_idx_elem(names, idx);
+			array_push_back(&result, &name);
+		}
+	}
+	array_append_zero(&result);
+	return array_front(&result);
+}
+
+static int
+casbox_sync_mirror_flags(struct casbox_sync_context *ctx,
+			 struct casbox_store_txn *txn, const char **error_r)
+{
+	struct mailbox *box = &ctx->mbox->box;
+	struct mail_index_view *view;
+	const struct mail_index_record *rec;
+	struct seq_range_iter iter;
+	unsigned int n = 0;
+	uint32_t uid, seq;
+	int ret = 0;
+
+	if (array_count(&ctx->changed_uids) == 0)
+		return 0;
+	view = mail_index_view_open(box->index);
+	seq_range_array_iter_init(&iter, &ctx->changed_uids);
+	while (ret == 0 && seq_range_array_iter_nth(&iter, n++, &uid)) {
+		if (seq_range_exists(&ctx->expunged_uids, uid) ||
+		    !mail_index_lookup_seq(view, uid, &seq))
+			continue;
+		rec = mail_index_lookup(view, seq);
+		ret = casbox_store_txn_update_flags(txn,
+			ctx->mbox->mailbox_guid, uid, rec->flags,
+			casbox_sync_keyword_names(view, seq),
+			mail_index_modseq_lookup(view, seq), error_r);
+	}
+	mail_index_view_close(&view);
+	return ret;
+}
+
+/* After the index commit: release expunged messages' records and blobs,
+   and mirror changed flags. */
+static int casbox_sync_update_store(struct casbox_sync_context *ctx)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	struct seq_range_iter iter;
+	const char *error = NULL;
+	unsigned int n = 0;
+	uint32_t uid;
+	int ret = 0;
+
+	if (array_count(&ctx->expunged_uids) == 0 &&
+	    array_count(&ctx->changed_uids) == 0)
+		return 0;
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	if (casbox_store_txn_begin(store, &txn, &error) < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	seq_range_array_iter_init(&iter, &ctx->expunged_uids);
+	while (ret == 0 && seq_range_array_iter_nth(&iter, n++, &uid)) {
+		ret = casbox_store_txn_expunge(txn, mbox->mailbox_guid, uid,
+					       &error);
+	}
+	if (ret == 0)
+		ret = casbox_sync_mirror_flags(ctx, txn, &error);
+	if (ret < 0)
+		casbox_store_txn_rollback(&txn);
+	else
+		ret = casbox_store_txn_commit(&txn, &error);
+	if (ret < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Failed to update records: %s", error);
+	}
+	return ret;
+}
+
+static void casbox_sync_notify_expunges(struct casbox_sync_context *ctx)
+{
+	struct mailbox *box = &ctx->mbox->box;
+	struct seq_range_iter iter;
+	unsigned int n = 0;
+	uint32_t uid;
+
+	if (array_count(&ctx->expunged_uids) == 0)
+		return;
+	box->tmp_sync_view = ctx->sync_view;
+	seq_range_array_iter_init(&iter, &ctx->expunged_uids);
+	while (seq_range_array_iter_nth(&iter, n++, &uid))
+		mailbox_sync_notify(box, uid, MAILBOX_SYNC_TYPE_EXPUNGE);
+	mailbox_sync_notify(box, 0, 0);
+	box->tmp_sync_view = NULL;
+}
+
+int casbox_sync_finish(struct casbox_sync_context **_ctx, bool success)
+{
+	struct casbox_sync_context *ctx = *_ctx;
+	struct mailbox *box = &ctx->mbox->box;
+	int ret = success ? 0 : -1;
+
+	*_ctx = NULL;
+	if (success) {
+		mail_index_view_ref(ctx->sync_view);
+		if (mail_index_sync_commit(&ctx->index_sync_ctx) < 0) {
+			mailbox_set_index_error(box);
+			ret = -1;
+		} else T_BEGIN {
+			/* the index is unlocked now; the LSM batch
+			   serialises concurrent releasers */
+			if (casbox_sync_update_store(ctx) < 0)
+				ret = -1;
+			casbox_sync_notify_expunges(ctx);
+		} T_END;
+		mail_index_view_close(&ctx->sync_view);
+	} else {
+		mail_index_sync_rollback(&ctx->index_sync_ctx);
+	}
+
+	index_storage_expunging_deinit(box);
+	array_free(&ctx->expunged_uids);
+	array_free(&ctx->changed_uids);
+	i_free(ctx);
+	return ret;
+}
+
+int casbox_sync(struct casbox_mailbox *mbox, enum casbox_sync_flags flags)
+{
+	struct casbox_sync_context *sync_ctx;
+
+	if (casbox_sync_begin(mbox, flags, &sync_ctx) < 0)
+		return -1;
+	if (sync_ctx == NULL)
+		return 0;
+	return casbox_sync_finish(&sync_ctx, TRUE);
+}
+
+struct mailbox_sync_context *
+casbox_storage_sync_init(struct mailbox *box, enum mailbox_sync_flags flags)
+{
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
+	int ret = 0;
+
+	if (index_mailbox_want_full_sync(&mbox->box, flags))
+		ret = casbox_sync(mbox, 0);
+	return index_mailbox_sync_init(box, flags, ret < 0);
+}

@@ -1,0 +1,159 @@
+"""casbox in a stock Dovecot: mailbox list operations, an empty SELECT/
+STATUS, APPEND and LMTP saves read back byte-exact, flags, copy, move,
+expunge, and the key-file rules."""
+
+import imaplib
+import os
+import re
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot  # noqa: E402
+
+KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+
+
+def crlf(data):
+    """What IMAP gives back for saved bytes: every line ends in CRLF."""
+    return re.sub(rb"\r?\n", b"\r\n", data)
+
+
+def ok(typ_data):
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+def mailbox_names(imap):
+    names = set()
+    for line in ok(imap.list()):
+        m = re.match(rb'\(.*?\) "/" "?(.*?)"?$', line)
+        names.add(m.group(1).decode())
+    return names
+
+
+def fetch_one(imap, uid, item):
+    data = ok(imap.uid("FETCH", str(uid), "(%s)" % item))
+    for entry in data:
+        if isinstance(entry, tuple):
+            return entry[0], entry[1]
+    return data[0], None
+
+
+MSG1 = (b"From: alice@example.com\r\nTo: bob@example.com\r\n"
+        b"Subject: casbox basic one\r\nMessage-ID: <one@example.com>\r\n"
+        b"\r\nHello casbox.\r\nSecond line.\r\n")
+MSG2 = (b"From: carol@example.com\nSubject: lf only\n\nbody with LF only\n"
+        b"and more\n")
+
+
+class StorageBasicTest(unittest.TestCase):
+
+    def test_mailbox_operations(self):
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            imap = dc.imap_login("user1")
+            data = ok(imap.select("INBOX"))
+            self.assertEqual(data, [b"0"])
+            uidv = imap.response("UIDVALIDITY")[1][0]
+            self.assertTrue(int(uidv) > 0)
+            ok(imap.create("Work"))
+            ok(imap.create("Work/Sub"))
+            self.assertEqual(mailbox_names(imap),
+                             {"INBOX", "Work", "Work/Sub"})
+            st = ok(imap.status("Work", "(MESSAGES UIDNEXT UIDVALIDITY)"))
+            self.assertIn(b"MESSAGES 0", st[0])
+            self.assertIn(b"UIDNEXT 1", st[0])
+            ok(imap.rename("Work/Sub", "Other"))
+            self.assertEqual(mailbox_names(imap), {"INBOX", "Work", "Other"})
+            ok(imap.delete("Other"))
+            self.assertEqual(mailbox_names(imap), {"INBOX", "Work"})
+            imap.logout()
+            r = dc.doveadm("mailbox", "status", "-u", "user1", "guid",
+                           "INBOX")
+            self.assertRegex(r.stdout, r"guid=[0-9a-f]{32}")
+            # sdbox-like layout, no message files
+            root = os.path.join(dc.home("user1"), "casbox")
+            self.assertTrue(os.path.exists(os.path.join(
+                root, "mailboxes", "INBOX", "casbox-Mails",
+                "dovecot.index.log")))
+
+    def test_save_fetch_flags_copy_expunge(self):
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            dc.lmtp_deliver("user1", MSG1)
+            imap = dc.imap_login("user1")
+            ok(imap.append("INBOX", r"(\Flagged $Label1)",
+                           '"14-Nov-2023 22:13:20 +0000"', MSG2))
+            ok(imap.select("INBOX"))
+            _, lmtp_body = fetch_one(imap, 1, "BODY.PEEK[]")
+            # LMTP prepends Return-Path and Delivered-To
+            self.assertTrue(lmtp_body.startswith(b"Return-Path: "))
+            self.assertTrue(lmtp_body.endswith(crlf(MSG1)))
+            _, body = fetch_one(imap, 2, "BODY.PEEK[]")
+            self.assertEqual(body, crlf(MSG2))
+            meta, _ = fetch_one(imap, 2, "RFC822.SIZE INTERNALDATE FLAGS")
+            self.assertIn(b"RFC822.SIZE %d" % len(crlf(MSG2)), meta)
+            self.assertIn(b'"14-Nov-2023 22:13:20 +0000"', meta)
+            self.assertIn(b"\\Flagged", meta)
+            self.assertIn(b"$Label1", meta)
+            _, part = fetch_one(imap, 1, "BODY.PEEK[TEXT]<6.6>")
+            self.assertEqual(part, b"casbox")
+
+            ok(imap.create("Archive"))
+            ok(imap.uid("COPY", "1:2", "Archive"))
+            ok(imap.uid("MOVE", "1", "Archive"))
+            ok(imap.uid("STORE", "2", "+FLAGS", r"(\Deleted)"))
+            ok(imap.expunge())
+            self.assertEqual(ok(imap.select("INBOX")), [b"0"])
+            self.assertEqual(ok(imap.select("Archive")), [b"3"])
+            uids = ok(imap.uid("SEARCH", "ALL"))[0].split()
+            bodies = [fetch_one(imap, int(u), "BODY.PEEK[]")[1]
+                      for u in uids]
+            self.assertEqual(sorted(bodies),
+                             sorted([lmtp_body, lmtp_body, crlf(MSG2)]))
+            imap.logout()
+
+            # GUIDs survive copy, dsync sees them
+            r = dc.doveadm("fetch", "-u", "user1", "guid", "mailbox",
+                           "Archive", "all")
+            guids = re.findall(r"guid: (\S+)", r.stdout)
+            self.assertEqual(len(guids), 3)
+            self.assertEqual(len(set(guids)), 2)
+
+            # expunging everything releases every record
+            r = dc.doveadm("expunge", "-u", "user1", "mailbox", "Archive",
+                           "all")
+            r = dc.doveadm("mailbox", "status", "-u", "user1", "messages",
+                           "Archive")
+            self.assertIn("messages=0", r.stdout)
+
+    def test_missing_key_with_data_is_refused(self):
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            dc.lmtp_deliver("user1", MSG1)
+            key = os.path.join(dc.home("user1"), "casbox.key")
+            self.assertTrue(os.path.exists(key))
+            os.rename(key, key + ".moved")
+            dc.allow_log(r"casbox: .*key file .* does not exist, but the store")
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            # Dovecot answers an internal FETCH error with BYE
+            with self.assertRaises((imaplib.IMAP4.abort,
+                                    imaplib.IMAP4.error)):
+                typ, data = imap.uid("FETCH", "1", "(BODY.PEEK[])")
+                if typ != "OK":
+                    raise imaplib.IMAP4.error(data)
+            self.assertFalse(os.path.exists(key))
+            os.rename(key + ".moved", key)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            _, body = fetch_one(imap, 1, "BODY.PEEK[]")
+            self.assertTrue(body.endswith(crlf(MSG1)))
+            imap.logout()
+
+
+if __name__ == "__main__":
+    unittest.main()
