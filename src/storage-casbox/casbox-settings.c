@@ -63,6 +63,8 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	}
 	set_r->key_autocreate =
 		mail_user_plugin_getenv_bool(user, "casbox_key_autocreate");
+	set_r->cache_plaintext =
+		mail_user_plugin_getenv_bool(user, "casbox_cache_plaintext");
 
 	if (casbox_setting_uint(user, "casbox_zstd_level",
 				CASBOX_DEFAULT_ZSTD_LEVEL, 19,

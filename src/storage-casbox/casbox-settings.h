@@ -23,6 +23,10 @@ struct casbox_settings {
 	uoff_t pack_size;
 	/* gc rewrites a pack when this percentage of it is dead. */
 	unsigned int gc_dead_ratio;
+	/* Let Dovecot's dovecot.index.cache keep headers, envelopes and
+	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
+	   are then parsed from the (encrypted) blobs when asked for. */
+	bool cache_plaintext;
 };
 
 /* Fill set_r from the user's plugin settings (defaults for missing
