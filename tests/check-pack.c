@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 static char tmpdir[] = "/tmp/check-pack.XXXXXX";
 static struct cas_keyring *keyring;
@@ -314,8 +315,10 @@ static void pack_truncate(const struct casbox_blob_record *rec,
 	ck_assert_int_eq(truncate(path, rec->offset + frame_len), 0);
 }
 
+static const unsigned char damage_xors[] = { 0x01, 0x80, 0xff };
+
 static void
-damage_frame(uint64_t blob_size, unsigned int step)
+damage_frame(uint64_t blob_size, unsigned int step, unsigned int n_xors)
 {
 	struct casbox_pack_store *store = store_open();
 	buffer_t *blob = pattern_blob(blob_size, 5);
@@ -328,10 +331,15 @@ damage_frame(uint64_t blob_size, unsigned int step)
 	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
 	assert_blob(store, &id, &rec, blob);
 	for (i = 0; i < rec.frame_size; i += step) T_BEGIN {
-		pack_poke(&rec, i, 0x5a, &old);
-		ck_assert_msg(read_blob(store, &id, &rec, out) < 0,
-			      "byte %"PRIu64" changed, still read", i);
-		pack_poke(&rec, i, 0x5a, &old);
+		unsigned int x;
+
+		for (x = 0; x < n_xors; x++) {
+			pack_poke(&rec, i, damage_xors[x], &old);
+			ck_assert_msg(read_blob(store, &id, &rec, out) < 0,
+				"byte %"PRIu64" ^ %02x, still read", i,
+				damage_xors[x]);
+			pack_poke(&rec, i, damage_xors[x], &old);
+		}
 	} T_END;
 	assert_blob(store, &id, &rec, blob);
 	for (i = rec.frame_size; i > 0; i -= I_MIN(i, step)) T_BEGIN {
@@ -346,13 +354,13 @@ damage_frame(uint64_t blob_size, unsigned int step)
 
 START_TEST(test_damage_small_exhaustive)
 {
-	damage_frame(3000, 1);
+	damage_frame(3000, 1, N_ELEMENTS(damage_xors));
 }
 END_TEST
 
 START_TEST(test_damage_large_sampled)
 {
-	damage_frame(300 * 1000, 997);
+	damage_frame(300 * 1000, 997, 1);
 }
 END_TEST
 
@@ -667,6 +675,167 @@ START_TEST(test_dictionary)
 }
 END_TEST
 
+START_TEST(test_small_reads)
+{
+	/* an input that delivers a few bytes per read, across chunks */
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blob = pattern_blob(150000, 9);
+	const char *path = t_strdup_printf("%s/input", tmpdir), *error;
+	struct casbox_pack_txn *txn;
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	struct istream *input;
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(blob->data, 1, blob->used, f), blob->used);
+	ck_assert_int_eq(fclose(f), 0);
+	cas_blob_id_compute(keyring, blob->data, blob->used, &id);
+	input = i_stream_create_file(path, 7);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	i_stream_unref(&input);
+	assert_blob(store, &id, &rec, blob);
+	buffer_free(&blob);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+#define CONCURRENT_CHILDREN 3
+#define CONCURRENT_BLOBS 15
+
+START_TEST(test_concurrent_appends)
+{
+	/* several processes append to one store at once: the lock must
+	   keep every frame whole */
+	struct casbox_pack_store *store;
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	struct scan_result res;
+	buffer_t *blob, *buf;
+	const char *error;
+	unsigned int c, i, n = 0;
+	int fds[2], status;
+	pid_t pids[CONCURRENT_CHILDREN];
+	ssize_t ret;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	for (c = 0; c < CONCURRENT_CHILDREN; c++) {
+		pids[c] = fork();
+		ck_assert_int_ne(pids[c], -1);
+		if (pids[c] != 0)
+			continue;
+		/* child: small max pack size, so rotation races too */
+		i_close_fd(&fds[0]);
+		store = store_open_with(keyring, 200000);
+		for (i = 0; i < CONCURRENT_BLOBS; i++) T_BEGIN {
+			blob = pattern_blob(20000 + c * 1000 + i, c * 100 + i);
+			add_blobs(store, (const buffer_t *const *)&blob, 1,
+				  &id, &rec);
+			buf = t_buffer_create(256);
+			buffer_append(buf, &c, sizeof(c));
+			buffer_append(buf, &i, sizeof(i));
+			casbox_blob_record_export(&rec, buf);
+			if (write(fds[1], buf->data, buf->used) !=
+			    (ssize_t)buf->used)
+				_exit(2);
+			buffer_free(&blob);
+		} T_END;
+		casbox_pack_store_close(&store);
+		_exit(0);
+	}
+	i_close_fd(&fds[1]);
+	store = store_open();
+	buf = buffer_create_dynamic(default_pool, 256);
+	for (;;) {
+		unsigned char rbuf[8 + CASBOX_BLOB_RECORD_EXPORT_SIZE];
+
+		ret = read(fds[0], rbuf, sizeof(rbuf));
+		if (ret == 0)
+			break;
+		ck_assert_int_eq(ret, sizeof(rbuf));
+		memcpy(&c, rbuf, sizeof(c));
+		memcpy(&i, rbuf + 4, sizeof(i));
+		ck_assert_int_eq(casbox_blob_record_import(rbuf + 8,
+			CASBOX_BLOB_RECORD_EXPORT_SIZE, &rec, &error), 1);
+		blob = pattern_blob(20000 + c * 1000 + i, c * 100 + i);
+		cas_blob_id_compute(keyring, blob->data, blob->used, &id);
+		assert_blob(store, &id, &rec, blob);
+		buffer_free(&blob);
+		n++;
+	}
+	for (c = 0; c < CONCURRENT_CHILDREN; c++) {
+		ck_assert_int_eq(waitpid(pids[c], &status, 0), pids[c]);
+		ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	}
+	ck_assert_uint_eq(n, CONCURRENT_CHILDREN * CONCURRENT_BLOBS);
+	scan_all(store, &id, 1, &res);
+	ck_assert_uint_eq(res.intact, n);
+	ck_assert_uint_eq(res.damaged, 0);
+	i_close_fd(&fds[0]);
+	buffer_free(&buf);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_crash_without_commit)
+{
+	/* a process dies holding the lock mid-transaction: the lock goes
+	   with it, committed blobs stay readable, the next writer appends */
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[2];
+	struct cas_blob_id ids[2];
+	struct casbox_blob_record recs[2];
+	struct scan_result res;
+	struct casbox_pack_txn *txn;
+	struct istream *input;
+	const char *error;
+	int status;
+	pid_t pid;
+
+	blobs[0] = pattern_blob(5000, 1);
+	blobs[1] = pattern_blob(90000, 2);
+	add_blobs(store, (const buffer_t *const *)blobs, 1, ids, recs);
+	pid = fork();
+	ck_assert_int_ne(pid, -1);
+	if (pid == 0) {
+		buffer_t *b = pattern_blob(100000, 3);
+		struct casbox_blob_record rec;
+		struct cas_blob_id id;
+
+		if (casbox_pack_txn_begin(store, &txn, &error) < 0)
+			_exit(2);
+		cas_blob_id_compute(keyring, b->data, b->used, &id);
+		input = i_stream_create_from_data(b->data, b->used);
+		if (casbox_pack_txn_add(txn, &id, input, &rec, &error) < 0)
+			_exit(3);
+		/* and a torn frame after it: chunks written, no header */
+		if (pwrite(open(t_strdup_printf("%s/packs/pack-00000001.cbp",
+						tmpdir), O_WRONLY),
+			   "garbage", 7, rec.offset + rec.frame_size + 100) != 7)
+			_exit(4);
+		kill(getpid(), SIGKILL);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	add_blobs(store, (const buffer_t *const *)blobs + 1, 1, ids + 1,
+		  recs + 1);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	assert_blob(store, &ids[1], &recs[1], blobs[1]);
+	scan_all(store, ids, 2, &res);
+	ck_assert(res.found[0] && res.found[1]);
+	/* the uncommitted but complete frame is intact garbage for gc; the
+	   torn bytes are reported as damage */
+	ck_assert_uint_eq(res.intact, 3);
+	ck_assert_uint_eq(res.damaged, 1);
+	buffer_free(&blobs[0]);
+	buffer_free(&blobs[1]);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pack");
@@ -689,6 +858,9 @@ int main(void)
 	tcase_add_test(tc, test_rotation);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);
+	tcase_add_test(tc, test_small_reads);
+	tcase_add_test(tc, test_concurrent_appends);
+	tcase_add_test(tc, test_crash_without_commit);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
