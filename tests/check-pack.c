@@ -441,6 +441,17 @@ START_TEST(test_add_rejects)
 	i_stream_unref(&input);
 	ck_assert_int_eq(stat(path, &st), 0);
 	ck_assert_int_eq(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	/* a second store on the same directory in this process cannot
+	   interleave appends (fcntl locks do not exclude it) */
+	{
+		struct casbox_pack_store *store2 = store_open();
+		struct casbox_pack_txn *txn2;
+
+		ck_assert_int_eq(casbox_pack_txn_begin(store2, &txn2, &error),
+				 -1);
+		ck_assert_ptr_nonnull(strstr(error, "already appending"));
+		casbox_pack_store_close(&store2);
+	}
 	/* rollback drops what was added */
 	input = i_stream_create_from_data("abc", 3);
 	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
@@ -451,6 +462,9 @@ START_TEST(test_add_rejects)
 	casbox_pack_txn_rollback(&txn);
 	ck_assert_int_eq(stat(path, &st), 0);
 	ck_assert_int_eq(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	/* and after the rollback it can */
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	casbox_pack_txn_rollback(&txn);
 	casbox_pack_store_close(&store);
 }
 END_TEST

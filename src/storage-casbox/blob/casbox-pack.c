@@ -19,10 +19,21 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+/* fcntl locks do not exclude another fd of the same process: remember
+   which lock files this process holds so that two stores on one
+   directory cannot interleave appends */
+#define CASBOX_PACK_MAX_LOCAL_LOCKS 16
+static struct {
+	dev_t dev;
+	ino_t ino;
+	bool used;
+} casbox_pack_local_locks[CASBOX_PACK_MAX_LOCAL_LOCKS];
+
 struct casbox_pack_txn {
 	struct casbox_pack_store *store;
 	int lock_fd;
 	struct file_lock *lock;
+	int local_lock_idx;
 
 	int fd;
 	uint32_t pack_id;
@@ -237,8 +248,44 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 	return 0;
 }
 
+static int
+casbox_pack_local_lock(struct casbox_pack_txn *txn, const char *lock_path,
+		       const char **error_r)
+{
+	struct stat st;
+	int i, free_idx = -1;
+
+	if (fstat(txn->lock_fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", lock_path);
+		return -1;
+	}
+	for (i = 0; i < CASBOX_PACK_MAX_LOCAL_LOCKS; i++) {
+		if (!casbox_pack_local_locks[i].used) {
+			if (free_idx == -1)
+				free_idx = i;
+		} else if (casbox_pack_local_locks[i].dev == st.st_dev &&
+			   casbox_pack_local_locks[i].ino == st.st_ino) {
+			*error_r = t_strdup_printf(
+				"%s: this process is already appending",
+				lock_path);
+			return -1;
+		}
+	}
+	if (free_idx == -1) {
+		*error_r = "too many pack transactions in one process";
+		return -1;
+	}
+	casbox_pack_local_locks[free_idx].dev = st.st_dev;
+	casbox_pack_local_locks[free_idx].ino = st.st_ino;
+	casbox_pack_local_locks[free_idx].used = TRUE;
+	txn->local_lock_idx = free_idx;
+	return 0;
+}
+
 static void casbox_pack_txn_free(struct casbox_pack_txn *txn)
 {
+	if (txn->local_lock_idx != -1)
+		casbox_pack_local_locks[txn->local_lock_idx].used = FALSE;
 	if (txn->fd != -1)
 		i_close_fd(&txn->fd);
 	if (txn->lock != NULL)
@@ -269,6 +316,7 @@ int casbox_pack_txn_begin(struct casbox_pack_store *store,
 	txn = i_new(struct casbox_pack_txn, 1);
 	txn->store = store;
 	txn->fd = -1;
+	txn->local_lock_idx = -1;
 	txn->plain = i_malloc(CASBOX_CHUNK_SIZE);
 	txn->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
 	txn->table = buffer_create_dynamic(default_pool, 64);
@@ -278,6 +326,10 @@ int casbox_pack_txn_begin(struct casbox_pack_store *store,
 	txn->lock_fd = open(lock_path, O_RDWR | O_CREAT, 0600);
 	if (txn->lock_fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", lock_path);
+		casbox_pack_txn_free(txn);
+		return -1;
+	}
+	if (casbox_pack_local_lock(txn, lock_path, error_r) < 0) {
 		casbox_pack_txn_free(txn);
 		return -1;
 	}

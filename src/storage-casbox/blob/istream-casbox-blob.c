@@ -12,6 +12,7 @@
 #include <sodium.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 struct casbox_blob_istream {
 	struct istream_private istream;
@@ -106,6 +107,7 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 {
 	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE], *table;
 	const char *error;
+	struct stat st;
 	size_t table_size;
 	int ret;
 
@@ -114,6 +116,19 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	if (bstream->fd == -1) {
 		return casbox_blob_error(bstream, "open() failed: %s",
 					 strerror(errno));
+	}
+	if (fstat(bstream->fd, &st) < 0) {
+		return casbox_blob_error(bstream, "fstat() failed: %s",
+					 strerror(errno));
+	}
+	/* before sizing anything by the frame: it must fit in the pack */
+	if ((uint64_t)st.st_size < bstream->rec.offset ||
+	    (uint64_t)st.st_size - bstream->rec.offset <
+	    bstream->rec.frame_size) {
+		return casbox_blob_error(bstream,
+			"pack truncated (size %lld, frame ends at %"PRIu64")",
+			(long long)st.st_size,
+			bstream->rec.offset + bstream->rec.frame_size);
 	}
 	if (casbox_blob_pread(bstream, hdr, sizeof(hdr), 0) < 0)
 		return -1;
