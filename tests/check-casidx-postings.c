@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/wait.h>
 
 static char *test_dir;
 
@@ -468,6 +469,84 @@ START_TEST(test_index_corruption_rejected)
 }
 END_TEST
 
+/* Two processes commit at once: the lock serialises them and no commit
+   is lost. Meanwhile a reader refreshes continuously and every snapshot
+   it sees is complete: all UIDs 1..last_uid present, none missing. */
+static void child_writer(uint32_t first, unsigned int rounds, bool optimize)
+{
+	struct casidx_index_settings set = test_set;
+	struct casidx_index *index;
+	const char *error;
+	unsigned int i;
+
+	set.merge_threshold = 4;
+	index = casidx_index_init(test_dir, &set);
+	for (i = 0; i < rounds; i++) {
+		/* each writer owns UIDs first + 2k */
+		struct casidx_index_writer *w = casidx_index_writer_begin(index);
+		uint32_t uid = first + 2 * i;
+
+		casidx_index_writer_add_doc(w, uid);
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, "conc", 4);
+		if (casidx_index_writer_commit(&w, &error) < 0)
+			_exit(1);
+		if (optimize && i % 7 == 0 &&
+		    casidx_index_optimize(index, &error) < 0)
+			_exit(2);
+	}
+	casidx_index_deinit(&index);
+	_exit(0);
+}
+
+START_TEST(test_index_concurrent_writers_and_reader)
+{
+	struct casidx_index *reader;
+	roaring_bitmap_t *all;
+	const char *error;
+	unsigned int rounds = 60, snapshots = 0, i;
+	pid_t pids[2];
+	int status, alive = 2;
+
+	for (i = 0; i < 2; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0)
+			child_writer(1 + i, rounds, i == 1);
+	}
+	reader = casidx_index_init(test_dir, &test_set);
+	while (alive > 0) {
+		ck_assert_int_ge(casidx_index_refresh(reader, &error), 0);
+		all = casidx_index_get_universe(reader);
+		/* both writers' commits interleave, so any snapshot holds a
+		   prefix of each writer's sequence */
+		ck_assert_uint_le(roaring_bitmap_get_cardinality(all),
+				  casidx_index_get_last_uid(reader));
+		ck_assert_uint_eq(roaring_bitmap_get_cardinality(all),
+				  scan_count(reader, CASIDX_FIELD_BODY, "conc",
+					     CASIDX_MATCH_EXACT, NULL));
+		roaring_bitmap_free(all);
+		snapshots++;
+		for (i = 0; i < 2; i++) {
+			if (pids[i] > 0 &&
+			    waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+				ck_assert(WIFEXITED(status));
+				ck_assert_int_eq(WEXITSTATUS(status), 0);
+				pids[i] = 0;
+				alive--;
+			}
+		}
+	}
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	all = casidx_index_get_universe(reader);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 2 * rounds);
+	ck_assert_uint_eq(roaring_bitmap_maximum(all), 2 * rounds);
+	roaring_bitmap_free(all);
+	ck_assert_uint_le(casidx_index_get_segment_count(reader), 5);
+	ck_assert_uint_gt(snapshots, 0);
+	casidx_index_deinit(&reader);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-postings");
@@ -487,6 +566,7 @@ int main(void)
 	tcase_add_test(tci, test_index_expunge_and_optimize);
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
 	tcase_add_test(tci, test_index_corruption_rejected);
+	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	suite_add_tcase(s, tci);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
