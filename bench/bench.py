@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""casbox bench suite: physical limits, storage peers, FTS hook.
+
+Normally started by bench/run (which installs the tools and builds
+bench/physical-aead first); see bench/README.md. Writes a JSON result file,
+a Markdown report and PNG plots."""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP_SRCDIR = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(TOP_SRCDIR, "tests", "e2e"))
+
+import fts  # noqa: E402
+import physical  # noqa: E402
+import report  # noqa: E402
+import storage  # noqa: E402
+
+# Sizes: messages = how many corpus messages are delivered (spread evenly
+# over the whole corpus, every folder in proportion); None = all of it.
+SIZES = {
+    "tiny": dict(messages=12, rounds=1, fetch_repeats=1, large=60,
+                 large_batch=30, latency_repeats=3, seq_mb=8,
+                 fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
+                 physical_repeats=1),
+    "quick": dict(messages=600, rounds=2, fetch_repeats=2, large=5000,
+                  large_batch=250, latency_repeats=5, seq_mb=64,
+                  fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
+                  physical_repeats=2),
+    "full": dict(messages=None, rounds=3, fetch_repeats=3, large=100000,
+                 large_batch=500, latency_repeats=7, seq_mb=512,
+                 fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
+                 physical_repeats=3),
+}
+
+
+def log(msg):
+    sys.stderr.write("[bench %s] %s\n" % (time.strftime("%H:%M:%S"), msg))
+    sys.stderr.flush()
+
+
+def corpus_messages(harness, count):
+    """All .eml files of the shared corpus (sorted by folder then name),
+    or `count` of them spread evenly over that list so every folder is
+    represented in proportion."""
+    root = harness.corpus_dir()
+    paths = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs.sort()
+        paths.extend(os.path.join(dirpath, f) for f in sorted(files)
+                     if f.endswith(".eml"))
+    if count is not None and count < len(paths):
+        step = len(paths) / count
+        paths = [paths[int(i * step)] for i in range(count)]
+    return root, paths
+
+
+def machine_info():
+    info = {"nproc": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            info["mem_gb"] = round(int(f.readline().split()[1]) / 1e6, 1)
+    except OSError:
+        pass
+    try:
+        import subprocess
+        info["dovecot"] = subprocess.run(
+            ["dovecot", "--version"], capture_output=True,
+            text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="mode", action="store_const",
+                      const="quick", help="CI-sized run (a few minutes)")
+    mode.add_argument("--tiny", dest="mode", action="store_const",
+                      const="tiny", help="smoke-test size (seconds)")
+    ap.set_defaults(mode="full")
+    ap.add_argument("--builddir", help="build tree with our plugins "
+                    "(default: $CASBOX_TOP_BUILDDIR)")
+    ap.add_argument("--messages", type=int, help="override message count")
+    ap.add_argument("--rounds", type=int, help="override rounds")
+    ap.add_argument("--large", type=int, help="override large mailbox size")
+    ap.add_argument("--peers", help="comma-separated subset of peers")
+    ap.add_argument("--aead-binary", help="built physical-aead program")
+    ap.add_argument("--skip-physical", action="store_true")
+    ap.add_argument("--json", help="where to write raw results")
+    ap.add_argument("--report", help="Markdown report path "
+                    "(default doc/benchmarks.md)")
+    ap.add_argument("--plots-dir", help="PNG dir (default doc/bench)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--command", help="command line to print in the report")
+    args = ap.parse_args(argv)
+
+    if args.builddir:
+        os.environ["CASBOX_TOP_BUILDDIR"] = os.path.abspath(args.builddir)
+    import dovecot_harness as harness
+
+    size = dict(SIZES[args.mode])
+    if args.messages is not None:
+        size["messages"] = args.messages
+    if args.rounds is not None:
+        size["rounds"] = args.rounds
+    if args.large is not None:
+        size["large"] = args.large
+    only = set(args.peers.split(",")) if args.peers else None
+
+    root, paths = corpus_messages(harness, size["messages"])
+    messages = []
+    for p in paths:
+        with open(p, "rb") as f:
+            messages.append(f.read())
+    corpus_bytes = sum(len(m) for m in messages)
+    log("mode %s: %d messages, %.1f MB, %d rounds, large mailbox %d"
+        % (args.mode, len(messages), corpus_bytes / 1e6, size["rounds"],
+           size["large"]))
+
+    workdir = tempfile.mkdtemp(prefix="cbx-bench-", dir="/tmp")
+    started = time.time()
+    results = {
+        "mode": args.mode, "size": size, "machine": machine_info(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                 time.gmtime(started)),
+        "command": args.command or "bench/bench.py " + " ".join(
+            shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "corpus": {"root": root, "messages": len(messages),
+                   "bytes": corpus_bytes,
+                   "folders": sorted({os.path.relpath(os.path.dirname(p),
+                                                      root)
+                                      for p in paths})},
+    }
+    try:
+        if not args.skip_physical:
+            results["physical"] = physical.run_physical(
+                workdir, paths, args.aead_binary, size,
+                size["physical_repeats"], log)
+        runs = storage.run_storage(harness, messages, size, size["rounds"],
+                                   os.path.join(workdir, "keys"), log, only)
+        results["storage_runs"] = runs
+        results["storage"] = {n: storage.summarize_peer(r, corpus_bytes)
+                              for n, r in runs.items()}
+        results["fts"] = fts.run_fts(harness, messages, size, log)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["elapsed_s"] = time.time() - started
+
+    json_path = args.json or os.path.join(HERE, "results",
+                                          "%s.json" % args.mode)
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    report_path = args.report or os.path.join(TOP_SRCDIR, "doc",
+                                              "benchmarks.md")
+    plots_dir = args.plots_dir or os.path.join(TOP_SRCDIR, "doc", "bench")
+    plots = [] if args.no_plots else report.plots(results, plots_dir, log)
+    report.write_markdown(results, report_path, plots)
+    log("wrote %s, %s (%.0f s)" % (report_path, json_path,
+                                   results["elapsed_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Small statistics helpers: the report shows medians with their spread
+(min..max over repeated runs), never a single lucky run."""
+
+import statistics
+
+
+def summarize(values):
+    """{"median", "min", "max", "n"} of a list of numbers (None if empty)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals),
+            "max": max(vals), "n": len(vals)}
+
+
+def median(values):
+    s = summarize(values)
+    return None if s is None else s["median"]
+
+
+def percentile(sorted_vals, p):
+    if not sorted_vals:
+        return None
+    k = min(len(sorted_vals) - 1, max(0, int(round(p / 100.0 *
+                                                   (len(sorted_vals) - 1)))))
+    return sorted_vals[k]

@@ -1,0 +1,299 @@
+"""Storage suite: every peer is a real Dovecot configuration started by the
+e2e harness (tests/e2e/dovecot_harness.py) on loopback, measured in the
+same run, in interleaved order.
+
+Per peer and round (a fresh Dovecot instance each time):
+  1. LMTP-deliver the message set to INBOX (timed: deliveries/s), then
+     bytes on disk of the user's home;
+  2. LMTP-deliver it again to a second folder (user+Second, timed) and
+     measure again (what a second copy costs: dedup/SIS show here);
+  3. IMAP APPEND the set one message per command (LITERAL+, timed);
+  4. UID FETCH BODY.PEEK[] of INBOX (timed, MB/s) and check every
+     delivered message came back with its bytes;
+  5. round 1 only: build a large mailbox with MULTIAPPEND and time SELECT
+     and STATUS on fresh connections.
+VmHWM (peak RSS) of the imap and lmtp processes is read from /proc at the
+end of each phase. mail_fsync = optimized (Dovecot's default) is set
+explicitly for every peer."""
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+from imapraw import RawIMAP
+from stats import summarize
+
+COMMON_CONF = """mail_fsync = optimized
+recipient_delimiter = +
+lmtp_save_to_detail_mailbox = yes
+lda_mailbox_autocreate = yes
+"""
+
+USER = "bench1"
+LARGE_USER = "benchlarge"
+
+
+def peer_configs(keydir):
+    """(name, harness kwargs). casbox last so a failure there never hides
+    a peer row."""
+    crypt = {
+        "mail_crypt_global_private_key": "<%s/ecprivkey.pem" % keydir,
+        "mail_crypt_global_public_key": "<%s/ecpubkey.pem" % keydir,
+        "mail_crypt_save_version": "2",
+    }
+    zstd = {"zlib_save": "zstd"}
+    peers = []
+    for fmt, loc in (("maildir", "maildir:~/Maildir"),
+                     ("sdbox", "sdbox:~/sdbox"),
+                     ("mdbox", "mdbox:~/mdbox")):
+        peers.append((fmt, dict(mail_location=loc, mail_plugins=[])))
+        peers.append((fmt + "+zstd", dict(mail_location=loc,
+                                          mail_plugins=["zlib"],
+                                          plugin_settings=zstd)))
+    peers.append(("mdbox+SIS", dict(
+        mail_location="mdbox:~/mdbox", mail_plugins=[],
+        extra_conf="mail_attachment_dir = %h/attachments\n")))
+    peers.append(("sdbox+mail_crypt", dict(
+        mail_location="sdbox:~/sdbox", mail_plugins=["mail_crypt"],
+        plugin_settings=crypt)))
+    peers.append(("casbox", dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        plugin_settings={"casbox_key_file": "%h/casbox.key",
+                         "casbox_key_autocreate": "yes"})))
+    return peers
+
+
+PEER_NAMES = [n for n, _ in peer_configs("/nonexistent")]
+
+
+def make_crypt_keys(keydir):
+    """EC key pair for mail_crypt's global-key mode, made with openssl."""
+    os.makedirs(keydir, exist_ok=True)
+    priv = os.path.join(keydir, "ecprivkey.pem")
+    pub = os.path.join(keydir, "ecpubkey.pem")
+    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey",
+                    "-noout", "-out", priv], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", priv, "-pubout", "-out", pub],
+                   check=True, capture_output=True)
+    os.chmod(priv, 0o644)
+
+
+def disk_usage(path):
+    """(allocated bytes, apparent bytes, allocated bytes of Dovecot's own
+    index/cache/list files) under path."""
+    alloc = apparent = index = 0
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except FileNotFoundError:
+                continue
+            alloc += st.st_blocks * 512
+            if name in files:
+                apparent += st.st_size
+                if name.startswith("dovecot.") or name.startswith(
+                        "dovecot-"):
+                    index += st.st_blocks * 512
+    return alloc, apparent, index
+
+
+def vm_hwm_kb(pids):
+    best = 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        best = max(best, int(line.split()[1]))
+        except OSError:
+            pass
+    return best
+
+
+def _norm(b):
+    return b.replace(b"\r\n", b"\n").rstrip(b"\n")
+
+
+class PeerRun:
+    """One peer in one round, inside one Dovecot instance."""
+
+    def __init__(self, dc, messages, size, log, password):
+        self.dc = dc
+        self.messages = messages
+        self.size = size
+        self.log = log
+        self.password = password
+        self.rss = {"imap_kb": 0, "lmtp_kb": 0}
+        self.res = {}
+
+    def sample_rss(self):
+        self.rss["imap_kb"] = max(self.rss["imap_kb"],
+                                  vm_hwm_kb(self.dc.pids("imap")))
+        self.rss["lmtp_kb"] = max(self.rss["lmtp_kb"],
+                                  vm_hwm_kb(self.dc.pids("lmtp")))
+
+    def imap(self, user=USER):
+        c = RawIMAP(self.dc.imap_port)
+        c.login(user, self.password)
+        return c
+
+    def deliver(self, rcpt):
+        t0 = time.perf_counter()
+        self.dc.lmtp_deliver_many(rcpt, self.messages)
+        dt = time.perf_counter() - t0
+        self.sample_rss()
+        return len(self.messages) / dt
+
+    def run(self, first_round):
+        dc, res = self.dc, self.res
+        home = dc.home(USER)
+        res["lmtp_per_s"] = [self.deliver(USER)]
+        res["disk1"] = disk_usage(home)
+        res["lmtp_per_s"].append(self.deliver(USER + "+Second"))
+        res["disk2"] = disk_usage(home)
+
+        with self.imap() as c:
+            c.create("Appended")
+            t0 = time.perf_counter()
+            for msg in self.messages:
+                c.append("Appended", msg)
+            res["append_per_s"] = len(self.messages) / (
+                time.perf_counter() - t0)
+            self.sample_rss()
+
+        res["fetch_mbps"] = []
+        with self.imap() as c:
+            n = c.select("INBOX")
+            res["inbox_exists"] = n
+            for rep in range(self.size["fetch_repeats"]):
+                got = {}
+                t0 = time.perf_counter()
+                total = c.fetch_bodies("1:*", got.__setitem__)
+                dt = time.perf_counter() - t0
+                res["fetch_mbps"].append(total / dt / 1e6)
+                if rep == 0:
+                    res["fetched"] = len(got)
+                    res["intact"] = sum(
+                        1 for i, m in enumerate(self.messages)
+                        if (i + 1) in got
+                        and _norm(got[i + 1]).endswith(_norm(m)))
+            self.sample_rss()
+        if first_round:
+            self.large()
+        res["rss"] = dict(self.rss)
+        return res
+
+    def large(self):
+        """Large mailbox for SELECT/STATUS latency, built by MULTIAPPEND of
+        corpus messages repeated (smallest first so the size is about the
+        message count, not the bytes)."""
+        res, n = self.res, self.size["large"]
+        pool = sorted(self.messages, key=len)[:max(1, len(self.messages)
+                                                   // 2)]
+        batch = self.size["large_batch"]
+        t0 = time.perf_counter()
+        with self.imap(LARGE_USER) as c:
+            done = 0
+            while done < n:
+                k = min(batch, n - done)
+                c.append("INBOX", [pool[(done + j) % len(pool)]
+                                   for j in range(k)])
+                done += k
+            self.sample_rss()
+        res["large_build_s"] = time.perf_counter() - t0
+        sel, st = [], []
+        for _ in range(self.size["latency_repeats"]):
+            with self.imap(LARGE_USER) as c:
+                t0 = time.perf_counter()
+                status = c.status("INBOX")
+                st.append((time.perf_counter() - t0) * 1000)
+            with self.imap(LARGE_USER) as c:
+                t0 = time.perf_counter()
+                exists = c.select("INBOX")
+                sel.append((time.perf_counter() - t0) * 1000)
+                self.sample_rss()
+        res["large_exists"] = exists
+        res["large_status"] = status.decode("latin-1").strip()
+        res["select_ms"] = sel
+        res["status_ms"] = st
+
+
+def run_peer(harness, name, kwargs, messages, size, log, first_round):
+    """Returns the result dict, or {"error": "..."} when the peer fails
+    (casbox may not work yet: the run goes on and the report says so)."""
+    kwargs = dict(kwargs)
+    kwargs["extra_conf"] = COMMON_CONF + kwargs.get("extra_conf", "")
+    t0 = time.perf_counter()
+    try:
+        with harness.Dovecot(**kwargs) as dc:
+            res = PeerRun(dc, messages, size, log, harness.PASSWORD).run(
+                first_round)
+            problems = dc.log_problems()
+            # Record log problems in the report instead of letting the
+            # harness fail the whole bench at exit.
+            dc.allow_log(".")
+    except Exception as e:  # noqa: BLE001 - any failure becomes a row
+        msg = "%s: %s" % (type(e).__name__, str(e).strip())
+        first = msg.splitlines()[0] if msg else type(e).__name__
+        log("%s failed: %s" % (name, first))
+        if os.environ.get("CASBOX_BENCH_DEBUG"):
+            traceback.print_exc(file=sys.stderr)
+        return {"error": first[:300]}
+    res["log_problems"] = problems[:5]
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def run_storage(harness, messages, size, rounds, keydir, log,
+                only=None):
+    make_crypt_keys(keydir)
+    peers = [(n, kw) for n, kw in peer_configs(keydir)
+             if only is None or n in only]
+    out = {n: [] for n, _ in peers}
+    for r in range(rounds):
+        # Interleave: rotate (and reverse every other round) so no peer
+        # always runs first or right after the same neighbour.
+        order = peers[r % len(peers):] + peers[:r % len(peers)]
+        if r % 2:
+            order.reverse()
+        for name, kw in order:
+            log("storage round %d/%d: %s" % (r + 1, rounds, name))
+            out[name].append(run_peer(harness, name, kw, messages, size,
+                                      log, first_round=(r == 0)))
+    return out
+
+
+def summarize_peer(runs, corpus_bytes):
+    """Fold the rounds of one peer into medians with spread."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0]["error"] if runs else "not run"}
+    first = ok[0]
+    s = {
+        "rounds": len(ok),
+        "disk1_ratio": first["disk1"][0] / corpus_bytes,
+        "disk2_ratio": first["disk2"][0] / (2 * corpus_bytes),
+        "disk1_bytes": first["disk1"][0],
+        "disk2_bytes": first["disk2"][0],
+        "index1_bytes": first["disk1"][2],
+        "lmtp_per_s": summarize([v for r in ok for v in r["lmtp_per_s"]]),
+        "append_per_s": summarize([r["append_per_s"] for r in ok]),
+        "fetch_mbps": summarize([v for r in ok for v in r["fetch_mbps"]]),
+        "fetched": first["fetched"],
+        "intact": first["intact"],
+        "inbox_exists": first["inbox_exists"],
+        "imap_rss_kb": max(r["rss"]["imap_kb"] for r in ok),
+        "lmtp_rss_kb": max(r["rss"]["lmtp_kb"] for r in ok),
+        "log_problems": first.get("log_problems", []),
+    }
+    if "select_ms" in first:
+        s["select_ms"] = summarize(first["select_ms"])
+        s["status_ms"] = summarize(first["status_ms"])
+        s["large_exists"] = first["large_exists"]
+        s["large_build_s"] = first["large_build_s"]
+    errs = [r["error"] for r in runs if "error" in r]
+    if errs:
+        s["failed_rounds"] = errs
+    return s
