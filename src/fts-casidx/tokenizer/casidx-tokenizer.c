@@ -340,7 +340,7 @@ static size_t ascii_word_end(const unsigned char *data, size_t len)
 static void ascii_segment(struct casidx_tokenizer *tok,
 			  const unsigned char *data, size_t len)
 {
-	size_t i = 0, end, j;
+	size_t i = 0, end, j, wlen;
 	bool alnum;
 	char *term;
 
@@ -350,14 +350,16 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 			continue;
 		}
 		end = i + ascii_word_end(data + i, len - i);
+		/* the same input cap as the ICU path applies */
+		wlen = I_MIN(end - i, CASIDX_TOK_WORD_INPUT_MAX);
 		alnum = FALSE;
-		term = buffer_get_space_unsafe(tok->term, 0, end - i);
-		for (j = i; j < end; j++) {
-			term[j - i] = ascii_lower(data[j]);
-			alnum = alnum || ascii_is_alnum(data[j]);
+		term = buffer_get_space_unsafe(tok->term, 0, wlen);
+		for (j = 0; j < wlen; j++) {
+			term[j] = ascii_lower(data[i + j]);
+			alnum = alnum || ascii_is_alnum(data[i + j]);
 		}
 		if (alnum)
-			casidx_tokenizer_emit_word(tok, term, end - i, FALSE);
+			casidx_tokenizer_emit_word(tok, term, wlen, FALSE);
 		i = end;
 	}
 }
