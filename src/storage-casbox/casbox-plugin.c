@@ -6,6 +6,8 @@
 #include "casbox-storage.h"
 #include "casbox-plugin.h"
 
+#include <sodium.h>
+
 const char *casbox_plugin_version = DOVECOT_ABI_VERSION;
 
 static unsigned int casbox_plugin_refcount = 0;
@@ -14,6 +16,10 @@ void casbox_plugin_init(struct module *module ATTR_UNUSED)
 {
 	if (casbox_plugin_refcount++ > 0)
 		return;
+	/* libsodium must be initialised before any key is loaded
+	   (sodium_malloc aborts otherwise); it is idempotent */
+	if (sodium_init() < 0)
+		i_fatal(CASBOX_LOG_PREFIX"sodium_init() failed");
 	mail_storage_class_register(&casbox_storage);
 }
 
