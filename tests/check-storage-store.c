@@ -1,0 +1,337 @@
+/* casbox-store: blob refcounts across save, copy, replace and expunge
+   (checked in the LSM itself), byte-exact reassembly, rollback, and
+   the key-file rules (missing key over data, wrong key). */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "str.h"
+#include "unlink-directory.h"
+#include "casbox-lsm.h"
+#include "casbox-settings.h"
+#include "casbox-store.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sodium.h>
+
+static char test_dir[] = "/tmp/check-storage-store.XXXXXX";
+static const char *root, *key_path;
+static struct casbox_settings set;
+static const guid_128_t box_guid = { 1, 2, 3, 4, 5, 6, 7, 8,
+				     9, 10, 11, 12, 13, 14, 15, 16 };
+
+static void setup(void)
+{
+	const char *error;
+
+	ck_assert_ptr_nonnull(mkdtemp(test_dir));
+	root = t_strconcat(test_dir, "/casbox", NULL);
+	key_path = t_strconcat(test_dir, "/user.key", NULL);
+	ck_assert_int_eq(mkdir(root, 0700), 0);
+	i_zero(&set);
+	set.key_file = key_path;
+	set.key_autocreate = TRUE;
+	set.zstd_level = 3;
+	set.part_split_size = 1024;
+	set.pack_size = 1024 * 1024;
+	(void)error;
+}
+
+static void teardown(void)
+{
+	const char *error;
+
+	ck_assert_int_eq(unlink_directory(test_dir,
+		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
+	memcpy(test_dir + strlen(test_dir) - 6, "XXXXXX", 6);
+}
+
+static struct casbox_store *store_open(void)
+{
+	struct casbox_store *store;
+	const char *error = NULL;
+
+	if (casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
+			      FILE_LOCK_METHOD_FCNTL, &store, &error) < 0)
+		ck_abort_msg("store open: %s", error);
+	return store;
+}
+
+/* Refcount of blob id as stored (0 = no record). */
+static uint32_t blob_refcount(const struct cas_blob_id *id)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_lsm *lsm;
+	struct casbox_blob_value val;
+	buffer_t *key = t_buffer_create(40), *value = t_buffer_create(128);
+	const char *error = NULL;
+	uint32_t refcount = 0;
+	int ret;
+
+	i_zero(&lsm_set);
+	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	casbox_key_blob(key, id);
+	ret = casbox_lsm_get(lsm, key->data, key->used, value, &error);
+	ck_assert_int_ge(ret, 0);
+	if (ret > 0) {
+		ck_assert_int_eq(casbox_blob_value_import(value->data,
+			value->used, &val, &error), 1);
+		refcount = val.refcount;
+	}
+	casbox_lsm_close(&lsm);
+	return refcount;
+}
+
+/* A record whose parts are the given strings. */
+static void
+make_record(struct casbox_store *store, pool_t pool, const char *const *parts,
+	    struct casbox_msg_record *rec, struct istream ***inputs_r)
+{
+	struct casbox_msg_part *part;
+	struct istream *input;
+	unsigned int i, count = str_array_length(parts);
+	const char *error;
+
+	casbox_msg_record_init(pool, rec);
+	rec->guid = "guid-1";
+	*inputs_r = p_new(pool, struct istream *, count + 1);
+	for (i = 0; i < count; i++) {
+		part = array_append_space(&rec->parts);
+		part->size = strlen(parts[i]);
+		rec->physical_size += part->size;
+		input = i_stream_create_from_data(parts[i], part->size);
+		ck_assert_int_eq(casbox_store_blob_id(store, input, 0,
+			part->size, &part->id, &error), 0);
+		i_stream_seek(input, 0);
+		(*inputs_r)[i] = input;
+	}
+	rec->virtual_size = rec->physical_size;
+}
+
+static void free_inputs(struct istream **inputs)
+{
+	for (; *inputs != NULL; inputs++)
+		i_stream_unref(inputs);
+}
+
+static void
+add_msg(struct casbox_store *store, uint32_t uid,
+	const struct casbox_msg_record *rec, struct istream *const *inputs)
+{
+	struct casbox_store_txn *txn;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	if (casbox_store_txn_add_msg(txn, box_guid, uid, rec, inputs,
+				     &error) < 0)
+		ck_abort_msg("add: %s", error);
+	if (casbox_store_txn_commit(&txn, &error) < 0)
+		ck_abort_msg("commit: %s", error);
+}
+
+static void expunge(struct casbox_store *store, uint32_t uid)
+{
+	struct casbox_store_txn *txn;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_expunge(txn, box_guid, uid,
+						  &error), 0);
+	ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+}
+
+static const char *read_msg(struct casbox_store *store, uint32_t uid)
+{
+	struct casbox_msg_record rec;
+	struct istream *input;
+	const unsigned char *data;
+	size_t size;
+	string_t *str = t_str_new(256);
+	const char *error = NULL;
+
+	if (casbox_store_msg_lookup(store, box_guid, uid,
+				    pool_datastack_create(), &rec,
+				    &error) <= 0)
+		return NULL;
+	if (casbox_store_msg_open(store, &rec, &input, &error) < 0)
+		ck_abort_msg("open: %s", error);
+	while (i_stream_read_more(input, &data, &size) > 0) {
+		str_append_data(str, data, size);
+		i_stream_skip(input, size);
+	}
+	ck_assert_int_eq(input->stream_errno, 0);
+	i_stream_unref(&input);
+	return str_c(str);
+}
+
+static const char *part_a = "Subject: a\n\nshared attachment bytes, long";
+static const char *part_b = "\nunique tail of message one\n";
+static const char *part_c = "\nunique tail of message two\n";
+
+START_TEST(test_refcounts)
+{
+	const char *const parts1[] = { part_a, part_b, NULL };
+	const char *const parts2[] = { part_a, part_c, NULL };
+	struct casbox_msg_record rec1, rec2;
+	struct istream **in1, **in2;
+	struct casbox_store *store = store_open();
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts1, &rec1, &in1);
+	make_record(store, pool, parts2, &rec2, &in2);
+	const struct casbox_msg_part *a = array_idx(&rec1.parts, 0);
+	const struct casbox_msg_part *b = array_idx(&rec1.parts, 1);
+	const struct casbox_msg_part *c = array_idx(&rec2.parts, 1);
+
+	add_msg(store, 1, &rec1, in1);
+	ck_assert_uint_eq(blob_refcount(&a->id), 1);
+	ck_assert_uint_eq(blob_refcount(&b->id), 1);
+	add_msg(store, 2, &rec2, in2);
+	ck_assert_uint_eq(blob_refcount(&a->id), 2);
+	ck_assert_uint_eq(blob_refcount(&c->id), 1);
+	/* a copy needs no bytes */
+	add_msg(store, 3, &rec1, NULL);
+	ck_assert_uint_eq(blob_refcount(&a->id), 3);
+	ck_assert_uint_eq(blob_refcount(&b->id), 2);
+	ck_assert_str_eq(read_msg(store, 3), t_strconcat(part_a, part_b,
+							  NULL));
+	ck_assert_str_eq(read_msg(store, 2), t_strconcat(part_a, part_c,
+							  NULL));
+	/* replacing uid 3 (crash leftover) releases its old blobs */
+	add_msg(store, 3, &rec2, NULL);
+	ck_assert_uint_eq(blob_refcount(&b->id), 1);
+	ck_assert_uint_eq(blob_refcount(&c->id), 2);
+
+	expunge(store, 1);
+	ck_assert_ptr_null(read_msg(store, 1));
+	ck_assert_uint_eq(blob_refcount(&a->id), 2);
+	ck_assert_uint_eq(blob_refcount(&b->id), 0);
+	expunge(store, 1); /* again: no effect */
+	ck_assert_uint_eq(blob_refcount(&a->id), 2);
+	ck_assert_int_eq(casbox_store_mailbox_delete(store, box_guid,
+						     &error), 0);
+	ck_assert_uint_eq(blob_refcount(&a->id), 0);
+	ck_assert_uint_eq(blob_refcount(&c->id), 0);
+	ck_assert_ptr_null(read_msg(store, 2));
+
+	free_inputs(in1);
+	free_inputs(in2);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_rollback_and_missing_blob)
+{
+	const char *const parts1[] = { part_a, part_b, NULL };
+	struct casbox_msg_record rec1;
+	struct casbox_store_txn *txn;
+	struct istream **in1;
+	struct casbox_store *store = store_open();
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts1, &rec1, &in1);
+	/* a copy of bytes that are not stored fails */
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_add_msg(txn, box_guid, 1, &rec1,
+						  NULL, &error), -1);
+	ck_assert(strstr(error, "not in the store") != NULL);
+	casbox_store_txn_rollback(&txn);
+	/* rolled back: nothing visible */
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_add_msg(txn, box_guid, 1, &rec1,
+						  in1, &error), 0);
+	casbox_store_txn_rollback(&txn);
+	ck_assert_ptr_null(read_msg(store, 1));
+	const struct casbox_msg_part *a = array_idx(&rec1.parts, 0);
+	ck_assert_uint_eq(blob_refcount(&a->id), 0);
+	free_inputs(in1);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_key_rules)
+{
+	const char *const parts1[] = { part_a, NULL };
+	struct casbox_msg_record rec1;
+	struct istream **in1;
+	struct casbox_store *store = store_open();
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *moved = t_strconcat(key_path, ".moved", NULL);
+	const char *error = NULL;
+
+	/* no key and an empty store without autocreate: refused */
+	set.key_autocreate = FALSE;
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, key_path) != NULL);
+	set.key_autocreate = TRUE;
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts1, &rec1, &in1);
+	add_msg(store, 1, &rec1, in1);
+	casbox_store_close(&store);
+
+	/* key gone, store has data: refused, nothing created */
+	ck_assert_int_eq(rename(key_path, moved), 0);
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, key_path) != NULL);
+	ck_assert(strstr(error, "refusing") != NULL);
+	ck_assert_int_eq(access(key_path, F_OK), -1);
+	casbox_store_close(&store);
+
+	/* another key: refused by the K record */
+	store = store_open();
+	set.key_autocreate = TRUE;
+	{
+		struct cas_keyring *other;
+		ck_assert_int_eq(cas_keyring_create(key_path, &other,
+						    &error), 1);
+		cas_keyring_free(&other);
+	}
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, "is not the key of store") != NULL);
+	casbox_store_close(&store);
+
+	/* the right key again: readable */
+	ck_assert_int_eq(rename(moved, key_path), 0);
+	store = store_open();
+	ck_assert_str_eq(read_msg(store, 1), part_a);
+	free_inputs(in1);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("storage-store");
+	TCase *tc = tcase_create("store");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	if (sodium_init() < 0)
+		i_fatal("sodium_init() failed");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_refcounts);
+	tcase_add_test(tc, test_rollback_and_missing_blob);
+	tcase_add_test(tc, test_key_rules);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
