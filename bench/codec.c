@@ -225,10 +225,12 @@ static void bench_raw(ARRAY_TYPE(blob_p) *blobs, uint64_t total)
 			i_fatal("aead decode failed");
 		t_ad += now() - t0;
 	}
-	printf("zstd%d   encode_mbps=%.1f decode_mbps=%.1f compressed/plain=%.4f\n",
+	printf("zstd%d   encode_mbps=%.1f decode_mbps=%.1f "
+	       "compressed/plain=%.4f\n",
 	       BENCH_LEVEL, total / t_zc / 1e6, total / t_zd / 1e6,
 	       (double)csize / total);
-	printf("aead    encode_mbps=%.1f decode_mbps=%.1f (xchacha20poly1305)\n",
+	printf("aead    encode_mbps=%.1f decode_mbps=%.1f "
+	       "(xchacha20poly1305)\n",
 	       total / t_ae / 1e6, total / t_ad / 1e6);
 	sodium_memzero(key, sizeof(key));
 	ZSTD_freeCCtx(cctx);

@@ -155,7 +155,8 @@ static buffer_t *read_path(const char *path)
 }
 
 static unsigned int
-corpus_files(const char *sub, unsigned int every, ARRAY_TYPE(const_string) *paths)
+corpus_files(const char *sub, unsigned int every,
+	     ARRAY_TYPE(const_string) *paths)
 {
 	struct dirent **names;
 	const char *dir = corpus_dir(sub);
@@ -276,8 +277,8 @@ START_TEST(test_seek)
 		if (off + 20 <= blob->used) {
 			ck_assert_int_eq(i_stream_read_bytes(input, &data,
 							     &size, 20), 1);
-			ck_assert(memcmp(data, CONST_PTR_OFFSET(blob->data,
-								 off), 20) == 0);
+			ck_assert(memcmp(data, CONST_PTR_OFFSET(blob->data, off),
+					 20) == 0);
 		}
 	}
 	i_stream_seek(input, blob->used);
@@ -828,7 +829,8 @@ START_TEST(test_crash_without_commit)
 		/* and a torn frame after it: chunks written, no header */
 		if (pwrite(open(t_strdup_printf("%s/packs/pack-00000001.cbp",
 						tmpdir), O_WRONLY),
-			   "garbage", 7, rec.offset + rec.frame_size + 100) != 7)
+			   "garbage", 7,
+			   rec.offset + rec.frame_size + 100) != 7)
 			_exit(4);
 		kill(getpid(), SIGKILL);
 	}

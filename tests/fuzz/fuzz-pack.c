@@ -193,7 +193,8 @@ fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
 	i_close_fd(&fd);
 	fd = open(t_strdup_printf("%s/%s", dir, name),
 		  O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (fd == -1 || write(fd, seed->data, seed->used) != (ssize_t)seed->used)
+	if (fd == -1 ||
+	    write(fd, seed->data, seed->used) != (ssize_t)seed->used)
 		i_fatal("write seed %s failed: %m", name);
 	i_close_fd(&fd);
 	buffer_free(&seed);

@@ -44,8 +44,8 @@ int casbox_pack_header_parse(const unsigned char *data, size_t size,
 	}
 	version = le32_to_cpu_unaligned(data + 8);
 	if (version != CASBOX_PACK_VERSION) {
-		*error_r = t_strdup_printf("pack header: unsupported version %u",
-					   version);
+		*error_r = t_strdup_printf(
+			"pack header: unsupported version %u", version);
 		return -1;
 	}
 	*pack_id_r = le32_to_cpu_unaligned(data + 12);

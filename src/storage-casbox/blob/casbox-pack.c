@@ -407,7 +407,8 @@ struct casbox_pack_add_ctx {
 	const struct casbox_pack_dict *dict;
 	uint32_t dict_id;
 	uint32_t idx;
-	uint64_t pos;		/* absolute pack offset of the next chunk */
+	/* absolute pack offset of the next chunk */
+	uint64_t pos;
 	uint64_t plain_size;
 };
 

@@ -33,7 +33,8 @@ struct casbox_blob_record {
 struct casbox_pack_settings {
 	const char *dir;	/* <root>/packs, created if missing */
 	bool fsync;		/* FALSE only for mail_fsync=never */
-	uint64_t max_pack_size;	/* rotate to a new pack past this (0=64MiB) */
+	/* rotate to a new pack past this (0 = 64 MiB) */
+	uint64_t max_pack_size;
 	int zstd_level;		/* 0 = default (3) */
 	/* Blobs up to this size use the current dictionary, if any
 	   (0 = 16 KiB). */

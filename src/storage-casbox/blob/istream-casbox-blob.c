@@ -179,7 +179,8 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 		return -1;
 	if (cas_crc32c_mask(cas_crc32c(bstream->stored,
 				       chunk->stored_size)) != chunk->crc)
-		return casbox_blob_error(bstream, "chunk %u: CRC mismatch", idx);
+		return casbox_blob_error(bstream, "chunk %u: CRC mismatch",
+					 idx);
 	casbox_frame_chunk_aad(&bstream->id, bstream->hdr.dict_id, idx,
 			       idx + 1 == bstream->hdr.chunk_count, aad);
 	casbox_frame_chunk_nonce(idx, nonce);
