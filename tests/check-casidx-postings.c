@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#include <dirent.h>
 
 static char *test_dir;
 
@@ -271,6 +272,22 @@ static void index_docs(struct casidx_index *index, uint32_t first,
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
 }
 
+/* seg-*.cxs files in the index directory */
+static unsigned int count_seg_files(void)
+{
+	struct dirent *d;
+	unsigned int n = 0;
+	DIR *dir = opendir(test_dir);
+
+	ck_assert_ptr_ne(dir, NULL);
+	while ((d = readdir(dir)) != NULL) {
+		if (strncmp(d->d_name, "seg-", 4) == 0)
+			n++;
+	}
+	(void)closedir(dir);
+	return n;
+}
+
 static const struct casidx_index_settings test_set = {
 	.no_fsync = TRUE,
 	.merge_threshold = 100,
@@ -414,6 +431,10 @@ START_TEST(test_index_auto_merge_and_budget)
 	ck_assert_uint_gt(casidx_index_writer_get_flushes(w), 3);
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
 	ck_assert_uint_le(casidx_index_get_segment_count(index), 3);
+	/* merged-away segments, also those created by the merging commit,
+	   are gone from disk */
+	ck_assert_uint_eq(count_seg_files(),
+			  casidx_index_get_segment_count(index));
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 200);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "all",
 				     CASIDX_MATCH_EXACT, NULL), 200);
@@ -542,6 +563,8 @@ START_TEST(test_index_concurrent_writers_and_reader)
 	ck_assert_uint_eq(roaring_bitmap_maximum(all), 2 * rounds);
 	roaring_bitmap_free(all);
 	ck_assert_uint_le(casidx_index_get_segment_count(reader), 5);
+	ck_assert_uint_eq(count_seg_files(),
+			  casidx_index_get_segment_count(reader));
 	ck_assert_uint_gt(snapshots, 0);
 	casidx_index_deinit(&reader);
 }

@@ -38,6 +38,7 @@ struct casidx_fts_backend {
 
 struct casidx_fts_backend_update_context {
 	struct fts_backend_update_context ctx;
+	struct casidx_index *index;
 	struct casidx_index_writer *writer;
 	uint32_t uid;
 	enum casidx_field field;
@@ -109,6 +110,7 @@ fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
 					    MAILBOX_LIST_PATH_TYPE_INDEX);
 	backend->root = i_strconcat(root, "/"CASIDX_DIR_NAME, NULL);
 	backend->event = event_create(ns->user->event);
+	event_set_forced_debug(backend->event, ns->user->mail_debug);
 	event_set_append_log_prefix(backend->event, CASIDX_LOG_PREFIX);
 	backend->tok = casidx_tokenizer_create();
 	backend->pool = pool_alloconly_create("casidx backend", 1024);
@@ -219,14 +221,23 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 	struct casidx_fts_backend *backend =
 		container_of(ctx->ctx.backend, struct casidx_fts_backend,
 			     backend);
+	unsigned int flushes;
 	const char *error;
 
 	if (ctx->writer == NULL)
 		return;
+	flushes = casidx_index_writer_get_flushes(ctx->writer);
 	if (casidx_index_writer_commit(&ctx->writer, &error) < 0) {
 		e_error(backend->event, "Index commit failed: %s", error);
 		ctx->ctx.failed = TRUE;
+	} else {
+		e_debug(backend->event, "%s: committed, last_uid=%u "
+			"segments=%u budget_flushes=%u",
+			casidx_index_get_dir(ctx->index),
+			casidx_index_get_last_uid(ctx->index),
+			casidx_index_get_segment_count(ctx->index), flushes);
 	}
+	ctx->index = NULL;
 	ctx->uid = 0;
 	ctx->doc_open = FALSE;
 }
@@ -264,6 +275,7 @@ fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *_ctx,
 		_ctx->failed = TRUE;
 		return;
 	}
+	ctx->index = index;
 	ctx->writer = casidx_index_writer_begin(index);
 }
 

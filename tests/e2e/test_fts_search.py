@@ -203,6 +203,30 @@ class FtsCasidxSearch(unittest.TestCase):
             self.assert_same(run_queries(dc), self.oracle_after_expunge,
                              "rebuilt")
 
+    def test_memory_budget_flushes_and_merges(self):
+        """A 1 MB writer budget forces several segment flushes and merges
+        inside one indexing run; answers stay identical."""
+        dc = Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx",
+                                      "fts_enforced": "yes",
+                                      "fts_casidx_memory_budget": "1M",
+                                      "fts_casidx_merge_segments": "2"})
+        with dc:
+            dc.lmtp_deliver_many(USER, self.messages)
+            r = dc.doveadm("-D", "index", "-u", USER, "INBOX")
+            commits = [line for line in dc.log_lines()
+                       + r.stderr.splitlines() + r.stdout.splitlines()
+                       if "budget_flushes=" in line]
+            flushes = [int(line.rsplit("budget_flushes=", 1)[1])
+                       for line in commits]
+            self.assertTrue(flushes and max(flushes) >= 2, commits)
+            # at most merge_segments live, merged-away ones unlinked
+            segs = [f for d in casidx_dirs(dc) for f in os.listdir(d)
+                    if f.endswith(".cxs")]
+            self.assertLessEqual(len(segs), 2, segs)
+            self.assert_same(run_queries(dc), self.oracle, "budget")
+
     def test_new_mail_is_searchable(self):
         with self.fts_dovecot() as dc:
             dc.lmtp_deliver_many(USER, self.messages[:20])

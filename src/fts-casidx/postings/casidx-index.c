@@ -774,6 +774,9 @@ static int index_commit(struct casidx_index *index,
 					   !index->set.no_fsync, error_r);
 		if (ret == 0) {
 			array_push_back(&m.seg_ids, &id);
+			/* a merge below may replace it at once: then it
+			   must be unlinked like the old ones */
+			array_push_back(&old.seg_ids, &id);
 			m.last_uid = I_MAX(m.last_uid,
 					   casidx_builder_max_uid(builder));
 		}
