@@ -76,9 +76,10 @@ void casidx_tok_icu_destroy(struct casidx_tok_icu **_icu)
 	i_free(icu);
 }
 
+/* Scratch space of at least units; the used size only grows, so the
+   buffer zero-fills only new space. */
 static UChar *uchar_space(buffer_t *buf, int32_t units)
 {
-	buffer_set_used_size(buf, 0);
 	return buffer_get_space_unsafe(buf, 0, (size_t)units * sizeof(UChar));
 }
 
@@ -188,7 +189,6 @@ static void emit_normalized(struct casidx_tok_icu *icu,
 		word = icu->norm1->data;
 	}
 	cap = wlen * 3 + 1;
-	buffer_set_used_size(icu->utf8, 0);
 	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
 		    word, wlen, &err);
 	icu_check(err, "u_strToUTF8");

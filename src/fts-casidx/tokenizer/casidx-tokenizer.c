@@ -22,23 +22,63 @@ struct casidx_tokenizer {
 	void *context;
 };
 
+/* Byte classes for the hot loops. */
+#define CC_SPACE 0x01	/* ASCII whitespace: separates pieces */
+#define CC_ALNUM 0x02	/* [0-9A-Za-z] */
+#define CC_PUNCT 0x04	/* other ASCII: trims words, splits parts */
+#define CC_BASE64 0x08	/* [0-9A-Za-z+/=_-] */
+#define CC_TRIGGER 0x10	/* may start or mark a compound: @ : w W */
+#define CC_HIGH 0x20	/* a UTF-8 lead or continuation byte */
+static const uint8_t char_class[256] = {
+	/* 00 */ 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04,
+	/* 08 */ 0x04, 0x05, 0x05, 0x05, 0x05, 0x05, 0x04, 0x04,
+	/* 10 */ 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04,
+	/* 18 */ 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04,
+	/* 20 */ 0x05, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04,
+	/* 28 */ 0x04, 0x04, 0x04, 0x0c, 0x04, 0x0c, 0x04, 0x0c,
+	/* 30 */ 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a,
+	/* 38 */ 0x0a, 0x0a, 0x14, 0x04, 0x04, 0x0c, 0x04, 0x04,
+	/* 40 */ 0x14, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a,
+	/* 48 */ 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a,
+	/* 50 */ 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x1a,
+	/* 58 */ 0x0a, 0x0a, 0x0a, 0x04, 0x04, 0x04, 0x04, 0x0c,
+	/* 60 */ 0x04, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a,
+	/* 68 */ 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a,
+	/* 70 */ 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x0a, 0x1a,
+	/* 78 */ 0x0a, 0x0a, 0x0a, 0x04, 0x04, 0x04, 0x04, 0x04,
+	/* 80 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* 88 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* 90 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* 98 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* a0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* a8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* b0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* b8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* c0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* c8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* d0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* d8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* e0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* e8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* f0 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+	/* f8 */ 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20, 0x20,
+};
+
 static inline bool ascii_is_space(unsigned char c)
 {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' ||
-		c == '\f' || c == '\v';
+	return (char_class[c] & CC_SPACE) != 0;
 }
 
 static inline bool ascii_is_alnum(unsigned char c)
 {
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
-		(c >= 'A' && c <= 'Z');
+	return (char_class[c] & CC_ALNUM) != 0;
 }
 
 /* An ASCII byte that is neither a letter nor a digit: parts are split
    and whole words trimmed at these. Non-ASCII bytes never count. */
 static inline bool ascii_is_punct(unsigned char c)
 {
-	return c < 0x80 && !ascii_is_alnum(c);
+	return (char_class[c] & CC_PUNCT) != 0;
 }
 
 static inline unsigned char ascii_lower(unsigned char c)
@@ -146,8 +186,7 @@ static void emit(struct casidx_tokenizer *tok, const char *term, size_t len,
 /* Alphabet of base64 (with the URL-safe variant and padding) and hex. */
 static inline bool is_base64_char(unsigned char c)
 {
-	return ascii_is_alnum(c) || c == '+' || c == '/' || c == '=' ||
-		c == '-' || c == '_';
+	return (char_class[c] & CC_BASE64) != 0;
 }
 
 /* A run of the base64 alphabet that is no natural word: long and either
@@ -274,46 +313,45 @@ void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
 /* Word_Break classes of ASCII as ICU 72 applies them (there '@' is
    ALetter and ':' is not MidLetter); tests compare with ICU. */
 enum ascii_wb {
-	WB_OTHER,
-	WB_LETTER,
-	WB_NUMERIC,
-	WB_MIDNUMLETQ,	/* . ' */
-	WB_MIDNUM,	/* , ; */
-	WB_EXTENDNUMLET	/* _ */
+	WO,	/* Other */
+	WL,	/* ALetter */
+	WN,	/* Numeric */
+	WQ,	/* MidNumLet or Single_Quote: . ' */
+	WM,	/* MidNum: , ; */
+	WE,	/* ExtendNumLet: _ */
+};
+static const uint8_t ascii_wb[128] = {
+	/* 00 */ WO, WO, WO, WO, WO, WO, WO, WO,
+	/* 08 */ WO, WO, WO, WO, WO, WO, WO, WO,
+	/* 10 */ WO, WO, WO, WO, WO, WO, WO, WO,
+	/* 18 */ WO, WO, WO, WO, WO, WO, WO, WO,
+	/* 20 */ WO, WO, WO, WO, WO, WO, WO, WQ,
+	/* 28 */ WO, WO, WO, WO, WM, WO, WQ, WO,
+	/* 30 */ WN, WN, WN, WN, WN, WN, WN, WN,
+	/* 38 */ WN, WN, WO, WM, WO, WO, WO, WO,
+	/* 40 */ WL, WL, WL, WL, WL, WL, WL, WL,
+	/* 48 */ WL, WL, WL, WL, WL, WL, WL, WL,
+	/* 50 */ WL, WL, WL, WL, WL, WL, WL, WL,
+	/* 58 */ WL, WL, WL, WO, WO, WO, WO, WE,
+	/* 60 */ WO, WL, WL, WL, WL, WL, WL, WL,
+	/* 68 */ WL, WL, WL, WL, WL, WL, WL, WL,
+	/* 70 */ WL, WL, WL, WL, WL, WL, WL, WL,
+	/* 78 */ WL, WL, WL, WO, WO, WO, WO, WO,
 };
 
-static enum ascii_wb ascii_wb_class(unsigned char c)
+static inline bool ascii_wb_is_wordish(uint8_t c)
 {
-	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '@')
-		return WB_LETTER;
-	if (c >= '0' && c <= '9')
-		return WB_NUMERIC;
-	switch (c) {
-	case '.':
-	case '\'':
-		return WB_MIDNUMLETQ;
-	case ',':
-	case ';':
-		return WB_MIDNUM;
-	case '_':
-		return WB_EXTENDNUMLET;
-	}
-	return WB_OTHER;
-}
-
-static bool ascii_wb_is_wordish(enum ascii_wb c)
-{
-	return c == WB_LETTER || c == WB_NUMERIC || c == WB_EXTENDNUMLET;
+	return c == WL || c == WN || c == WE;
 }
 
 /* End of the UAX #29 word that starts at data[0] (rules WB5-WB13b). */
 static size_t ascii_word_end(const unsigned char *data, size_t len)
 {
-	enum ascii_wb prev = ascii_wb_class(data[0]), cur, next;
+	uint8_t prev = ascii_wb[data[0]], cur, next;
 	size_t i = 1;
 
 	while (i < len) {
-		cur = ascii_wb_class(data[i]);
+		cur = ascii_wb[data[i]];
 		if (ascii_wb_is_wordish(cur)) {
 			prev = cur;
 			i++;
@@ -321,12 +359,11 @@ static size_t ascii_word_end(const unsigned char *data, size_t len)
 		}
 		if (i + 1 >= len)
 			break;
-		next = ascii_wb_class(data[i + 1]);
-		if (prev == WB_LETTER && cur == WB_MIDNUMLETQ &&
-		    next == WB_LETTER) {
+		next = ascii_wb[data[i + 1]];
+		if (prev == WL && cur == WQ && next == WL) {
 			/* WB6, WB7 */
-		} else if (prev == WB_NUMERIC && next == WB_NUMERIC &&
-			   (cur == WB_MIDNUM || cur == WB_MIDNUMLETQ)) {
+		} else if (prev == WN && next == WN &&
+			   (cur == WM || cur == WQ)) {
 			/* WB11, WB12 */
 		} else {
 			break;
@@ -345,7 +382,7 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 	char *term;
 
 	while (i < len) {
-		if (!ascii_wb_is_wordish(ascii_wb_class(data[i]))) {
+		if (!ascii_wb_is_wordish(ascii_wb[data[i]])) {
 			i++;
 			continue;
 		}
@@ -365,18 +402,18 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 }
 
 static void segment_range(struct casidx_tokenizer *tok,
-			  const unsigned char *data, size_t len)
+			  const unsigned char *data, size_t len, bool ascii)
 {
 	size_t i;
 
 	if (len == 0)
 		return;
 	if (tok->ascii_fast_path) {
-		for (i = 0; i < len; i++) {
+		for (i = 0; !ascii && i < len; i++) {
 			if (data[i] >= 0x80)
 				break;
 		}
-		if (i == len) {
+		if (ascii || i == len) {
 			ascii_segment(tok, data, len);
 			return;
 		}
@@ -384,9 +421,10 @@ static void segment_range(struct casidx_tokenizer *tok,
 	casidx_tok_icu_segment(tok->icu, tok, data, len);
 }
 
-/* Text between compounds: drop base64/hex runs, segment the rest. */
+/* Text between compounds: drop base64/hex runs, segment the rest.
+   ascii=TRUE says the range has no byte >= 0x80 (FALSE: unknown). */
 static void process_range(struct casidx_tokenizer *tok,
-			  const unsigned char *data, size_t len)
+			  const unsigned char *data, size_t len, bool ascii)
 {
 	size_t i = 0, start = 0, run;
 
@@ -398,12 +436,13 @@ static void process_range(struct casidx_tokenizer *tok,
 		run = i;
 		while (i < len && is_base64_char(data[i]))
 			i++;
-		if (is_base64_run(data + run, i - run)) {
-			segment_range(tok, data + start, run - start);
+		if (i - run >= CASIDX_TOK_BASE64_MIN &&
+		    is_base64_run(data + run, i - run)) {
+			segment_range(tok, data + start, run - start, ascii);
 			start = i;
 		}
 	}
-	segment_range(tok, data + start, len - start);
+	segment_range(tok, data + start, len - start, ascii);
 }
 
 static void emit_compound(struct casidx_tokenizer *tok,
@@ -555,34 +594,38 @@ find_url(const unsigned char *data, size_t len, size_t min, size_t i,
 /* A piece: valid UTF-8 without ASCII whitespace. Addresses and URLs in
    it are compounds; the text between them is segmented into words. */
 static void process_piece(struct casidx_tokenizer *tok,
-			  const unsigned char *data, size_t len)
+			  const unsigned char *data, size_t len, bool ascii)
 {
 	size_t i, done = 0, start, end, sub_start, sub_len;
 	bool email;
 
 	for (i = 0; i < len; i++) {
+		if ((char_class[data[i]] & CC_TRIGGER) == 0)
+			continue;
+		/* cheap rejects: "w" not followed by "ww.", ":" not by "//" */
+		if (data[i] != '@' && (i + 3 >= len ||
+				       (data[i + 1] != '/' &&
+					data[i + 3] != '.')))
+			continue;
 		if (data[i] == '@') {
 			if (!find_email(data, len, done, i, &start, &end))
 				continue;
 			email = TRUE;
 			sub_start = i + 1;
 			sub_len = end - sub_start;
-		} else if (data[i] == ':' || data[i] == 'w' ||
-			   data[i] == 'W') {
+		} else {
 			if (!find_url(data, len, done, i, &start, &end,
 				      &sub_start, &sub_len))
 				continue;
 			email = FALSE;
-		} else {
-			continue;
 		}
-		process_range(tok, data + done, start - done);
+		process_range(tok, data + done, start - done, ascii);
 		emit_compound(tok, data + start, end - start,
 			      sub_start - start, sub_len, email);
 		done = end;
 		i = end - 1;
 	}
-	process_range(tok, data + done, len - done);
+	process_range(tok, data + done, len - done, ascii);
 }
 
 /* Where to cut a piece that reached CASIDX_TOK_PIECE_MAX bytes: after the
@@ -602,53 +645,92 @@ static size_t piece_force_cut(const unsigned char *data, size_t avail)
 	return i;
 }
 
-/* Process all complete pieces in pending; keep the incomplete tail. */
-static void process_pending(struct casidx_tokenizer *tok, bool final)
+/* Process the complete pieces in data; returns how many bytes were
+   consumed. Unless final, the rest (an unfinished piece) is left. */
+static size_t process_data(struct casidx_tokenizer *tok,
+			   const unsigned char *data, size_t len, bool final)
 {
-	const unsigned char *data = tok->pending->data;
-	size_t len = tok->pending->used, pos = 0, end;
+	size_t pos = 0, end, limit;
+	bool ascii;
 	int n;
 
 	while (pos < len) {
-		if (ascii_is_space(data[pos])) {
-			pos++;
-			continue;
+		if (data[pos] < 0x80) {
+			if (ascii_is_space(data[pos])) {
+				pos++;
+				continue;
+			}
+		} else {
+			n = casidx_tok_utf8_seq_len(data + pos, len - pos);
+			if (n < 0 || (n == 0 && final)) {
+				pos++;
+				continue;
+			}
+			if (n == 0)
+				break;
 		}
-		n = casidx_tok_utf8_seq_len(data + pos, len - pos);
-		if (n < 0 || (n == 0 && final)) {
-			pos++;
-			continue;
-		}
-		if (n == 0)
-			break;
 		end = pos;
-		while (end < len && end - pos < CASIDX_TOK_PIECE_MAX &&
-		       !ascii_is_space(data[end])) {
+		limit = I_MIN(len, pos + CASIDX_TOK_PIECE_MAX);
+		ascii = TRUE;
+		n = 1;
+		while (end < limit) {
+			if ((char_class[data[end]] & (CC_SPACE | CC_HIGH)) == 0) {
+				end++;
+				continue;
+			}
+			if (data[end] < 0x80)
+				break;
 			n = casidx_tok_utf8_seq_len(data + end, len - end);
 			if (n <= 0)
 				break;
+			ascii = FALSE;
 			end += n;
 		}
 		if (end - pos >= CASIDX_TOK_PIECE_MAX)
 			end = pos + piece_force_cut(data + pos, end - pos);
-		else if (end == len && !final)
+		else if (!final && (end == len || n == 0))
 			break;
-		else if (end < len && n == 0 && !final)
-			break;
-		process_piece(tok, data + pos, end - pos);
+		process_piece(tok, data + pos, end - pos, ascii);
 		pos = end;
 	}
-	buffer_delete(tok->pending, 0, pos);
+	return pos;
+}
+
+static void process_pending(struct casidx_tokenizer *tok, bool final)
+{
+	size_t consumed;
+
+	consumed = process_data(tok, tok->pending->data, tok->pending->used,
+				final);
+	buffer_delete(tok->pending, 0, consumed);
 }
 
 void casidx_tokenizer_feed(struct casidx_tokenizer *tok,
 			   const unsigned char *data, size_t size,
 			   casidx_token_callback_t *callback, void *context)
 {
+	size_t i, consumed;
+
 	tok->callback = callback;
 	tok->context = context;
-	buffer_append(tok->pending, data, size);
-	process_pending(tok, FALSE);
+	if (tok->pending->used > 0) {
+		/* complete the pending piece with data up to and including
+		   the first whitespace, then work on data in place */
+		for (i = 0; i < size && !ascii_is_space(data[i]); i++) ;
+		if (i < size)
+			i++;
+		buffer_append(tok->pending, data, i);
+		process_pending(tok, FALSE);
+		data += i;
+		size -= i;
+		if (tok->pending->used > 0) {
+			buffer_append(tok->pending, data, size);
+			process_pending(tok, FALSE);
+			return;
+		}
+	}
+	consumed = process_data(tok, data, size, FALSE);
+	buffer_append(tok->pending, data + consumed, size - consumed);
 }
 
 void casidx_tokenizer_final(struct casidx_tokenizer *tok,
