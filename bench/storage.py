@@ -17,8 +17,10 @@ end of each phase. mail_fsync = optimized (Dovecot's default) is set
 explicitly for every peer."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -73,8 +75,13 @@ def make_crypt_keys(keydir):
     os.makedirs(keydir, exist_ok=True)
     priv = os.path.join(keydir, "ecprivkey.pem")
     pub = os.path.join(keydir, "ecpubkey.pem")
-    subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey",
-                    "-noout", "-out", priv], check=True, capture_output=True)
+    # Dovecot's dcrypt wants PKCS#8 ("BEGIN PRIVATE KEY"), not the SEC1
+    # form ecparam writes, hence the pkey conversion (as its docs do).
+    sec1 = subprocess.run(["openssl", "ecparam", "-name", "prime256v1",
+                           "-genkey", "-noout"], check=True,
+                          capture_output=True).stdout
+    subprocess.run(["openssl", "pkey", "-out", priv], input=sec1,
+                   check=True, capture_output=True)
     subprocess.run(["openssl", "pkey", "-in", priv, "-pubout", "-out", pub],
                    check=True, capture_output=True)
     os.chmod(priv, 0o644)
@@ -220,14 +227,57 @@ class PeerRun:
         res["status_ms"] = st
 
 
+def _instance_pids(dc):
+    """Pids of the Dovecot processes of this one instance: every process
+    whose command line names its private config or temp dir, and the
+    children of its master."""
+    tmp = dc.tmp
+    if not tmp:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if tmp.encode() in cmd or (os.path.basename(tmp).encode() in cmd
+                                   and b"dovecot" in cmd):
+            found.append(int(entry))
+    if dc.master_pid:
+        found.extend(p for p in dc.pids("imap") + dc.pids("lmtp"))
+        found.append(dc.master_pid)
+    return sorted(set(found))
+
+
+def _kill_instance(dc, fired):
+    fired.append(True)
+    for pid in _instance_pids(dc):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_peer(harness, name, kwargs, messages, size, log, first_round):
     """Returns the result dict, or {"error": "..."} when the peer fails
     (casbox may not work yet: the run goes on and the report says so)."""
     kwargs = dict(kwargs)
     kwargs["extra_conf"] = COMMON_CONF + kwargs.get("extra_conf", "")
     t0 = time.perf_counter()
+    dc = harness.Dovecot(**kwargs)
+    # A peer that hangs (casbox under construction) must not stall the
+    # whole run: after the time limit its Dovecot processes are killed,
+    # which makes the blocked client call fail and the peer an error row.
+    fired = []
+    watchdog = threading.Timer(size["peer_timeout"], _kill_instance,
+                               (dc, fired))
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        with harness.Dovecot(**kwargs) as dc:
+        with dc:
             res = PeerRun(dc, messages, size, log, harness.PASSWORD).run(
                 first_round)
             problems = dc.log_problems()
@@ -237,10 +287,21 @@ def run_peer(harness, name, kwargs, messages, size, log, first_round):
     except Exception as e:  # noqa: BLE001 - any failure becomes a row
         msg = "%s: %s" % (type(e).__name__, str(e).strip())
         first = msg.splitlines()[0] if msg else type(e).__name__
+        try:
+            logged = dc.log_problems()
+        except Exception:  # noqa: BLE001 - the log is only a hint
+            logged = []
+        if logged:
+            first += " | log: " + logged[0].split(": ", 1)[-1][-200:]
+        if fired:
+            first = "timed out after %d s (%s)" % (size["peer_timeout"],
+                                                  first)
         log("%s failed: %s" % (name, first))
         if os.environ.get("CASBOX_BENCH_DEBUG"):
             traceback.print_exc(file=sys.stderr)
         return {"error": first[:300]}
+    finally:
+        watchdog.cancel()
     res["log_problems"] = problems[:5]
     res["wall_s"] = time.perf_counter() - t0
     return res
