@@ -544,12 +544,17 @@ static size_t url_trim(const unsigned char *data, size_t start, size_t end)
 	return end;
 }
 
-static bool
+/* Try a URL at the trigger data[i] (':' of "://" or 'w' of "www."); it
+   may not start before data[min]. Returns 1 and the URL and host ranges,
+   0 if there is none here, -1 if no URL can be found before *end_r
+   either (the URL characters run into non-ASCII text), so the caller
+   skips those triggers instead of rescanning the run for each. */
+static int
 find_url(const unsigned char *data, size_t len, size_t min, size_t i,
 	 size_t *start_r, size_t *end_r, size_t *host_start_r,
 	 size_t *host_len_r)
 {
-	size_t s = i, e, host;
+	size_t s = i, e, host, host_end;
 
 	if (i + 3 < len && data[i] == ':' && data[i + 1] == '/' &&
 	    data[i + 2] == '/') {
@@ -560,7 +565,7 @@ find_url(const unsigned char *data, size_t len, size_t min, size_t i,
 		while (s < i && !ascii_is_alnum(data[s]))
 			s++;
 		if (i - s < 2 || (s > min && data[s - 1] >= 0x80))
-			return FALSE;
+			return 0;
 		host = i + 3;
 	} else if (i + 4 < len &&
 		   (i == min || !is_email_local_char(data[i - 1])) &&
@@ -571,24 +576,30 @@ find_url(const unsigned char *data, size_t len, size_t min, size_t i,
 		   ascii_is_alnum(data[i + 4])) {
 		host = i;
 	} else {
-		return FALSE;
+		return 0;
 	}
-	e = host;
+	/* the host first: it is short, the rest of the URL may not be */
+	host_end = host;
+	while (host_end < len && is_host_char(data[host_end]))
+		host_end++;
+	if (!range_has_alnum(data + host, host_end - host))
+		return 0;
+	e = host_end;
 	while (e < len && is_url_char(data[e]))
 		e++;
-	if (e < len && data[e] >= 0x80)
-		return FALSE;
+	if (e < len && data[e] >= 0x80) {
+		*end_r = e;
+		return -1;
+	}
 	e = url_trim(data, s, e);
-	*host_start_r = host;
-	while (host < e && is_host_char(data[host]))
-		host++;
-	*host_len_r = host - *host_start_r;
-	if (*host_len_r == 0 ||
-	    !range_has_alnum(data + *host_start_r, *host_len_r))
-		return FALSE;
+	host_end = I_MIN(host_end, e);
+	if (!range_has_alnum(data + host, host_end - host))
+		return 0;
 	*start_r = s;
 	*end_r = e;
-	return TRUE;
+	*host_start_r = host;
+	*host_len_r = host_end - host;
+	return 1;
 }
 
 /* A piece: valid UTF-8 without ASCII whitespace. Addresses and URLs in
@@ -596,8 +607,9 @@ find_url(const unsigned char *data, size_t len, size_t min, size_t i,
 static void process_piece(struct casidx_tokenizer *tok,
 			  const unsigned char *data, size_t len, bool ascii)
 {
-	size_t i, done = 0, start, end, sub_start, sub_len;
+	size_t i, done = 0, start, end, sub_start, sub_len, no_url = 0;
 	bool email;
+	int ret;
 
 	for (i = 0; i < len; i++) {
 		if ((char_class[data[i]] & CC_TRIGGER) == 0)
@@ -614,8 +626,13 @@ static void process_piece(struct casidx_tokenizer *tok,
 			sub_start = i + 1;
 			sub_len = end - sub_start;
 		} else {
-			if (!find_url(data, len, done, i, &start, &end,
-				      &sub_start, &sub_len))
+			if (i < no_url)
+				continue;
+			ret = find_url(data, len, done, i, &start, &end,
+				       &sub_start, &sub_len);
+			if (ret < 0)
+				no_url = end;
+			if (ret <= 0)
 				continue;
 			email = FALSE;
 		}
