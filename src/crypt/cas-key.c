@@ -133,7 +133,7 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 	int fd, result;
 
 	*keyring_r = NULL;
-	fd = open(path, O_RDONLY);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		if (errno == ENOENT)
 			return 0;
@@ -180,7 +180,7 @@ static int fsync_parent_dir(const char *path, const char **error_r)
 		p == path ? "/" : t_strdup_until(path, p);
 	int fd, ret = 0;
 
-	fd = open(dir, O_RDONLY);
+	fd = open(dir, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
 		return -1;
@@ -201,7 +201,7 @@ int cas_keyring_create(const char *path, struct cas_keyring **keyring_r,
 
 	*keyring_r = NULL;
 	cas_sodium_init();
-	fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
 					   path);

@@ -68,7 +68,7 @@ casbox_pack_dict_read(struct casbox_pack_store *store, uint32_t id,
 	struct stat st;
 	int fd, ret = 0;
 
-	fd = open(path, O_RDONLY);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
@@ -174,7 +174,7 @@ casbox_pack_dict_write(struct casbox_pack_store *store, const void *dict,
 	do {
 		id++;
 		path = casbox_dict_path(store, id);
-		fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+		fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	} while (fd == -1 && errno == EEXIST);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
@@ -197,7 +197,7 @@ casbox_pack_dict_write(struct casbox_pack_store *store, const void *dict,
 	}
 	/* the directory fsync makes the name durable before any frame
 	   that uses it can be committed */
-	fd = open(store->set.dir, O_RDONLY);
+	fd = open(store->set.dir, O_RDONLY | O_CLOEXEC);
 	if (fd == -1 || fsync(fd) < 0) {
 		*error_r = t_strdup_printf("fsync(%s) failed: %m",
 					   store->set.dir);

@@ -185,7 +185,7 @@ static bool casbox_pack_scan_open_next(struct casbox_pack_scan *scan,
 	scan->idx++;
 	i_free(scan->path);
 	scan->path = i_strdup(casbox_pack_path(scan->store, scan->pack_id));
-	scan->fd = open(scan->path, O_RDONLY);
+	scan->fd = open(scan->path, O_RDONLY | O_CLOEXEC);
 	if (scan->fd == -1 || fstat(scan->fd, &st) < 0) {
 		casbox_pack_scan_set_error(scan, t_strdup_printf(
 			"open(%s) failed: %m", scan->path));

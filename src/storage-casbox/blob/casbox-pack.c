@@ -63,7 +63,7 @@ static int fsync_dir(const char *dir, const char **error_r)
 {
 	int fd, ret = 0;
 
-	fd = open(dir, O_RDONLY);
+	fd = open(dir, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
 		return -1;
@@ -178,7 +178,7 @@ casbox_pack_create(struct casbox_pack_txn *txn, uint32_t pack_id,
 	const char *path = casbox_pack_path(store, pack_id);
 	int fd;
 
-	fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
 					   path);
@@ -228,7 +228,7 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 	store->last_pack_id = id;
 
 	path = casbox_pack_path(store, id);
-	txn->fd = open(path, O_RDWR);
+	txn->fd = open(path, O_RDWR | O_CLOEXEC);
 	if (txn->fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
@@ -323,7 +323,7 @@ int casbox_pack_txn_begin(struct casbox_pack_store *store,
 	store->txn = txn;
 
 	lock_path = t_strdup_printf("%s/pack.lock", store->set.dir);
-	txn->lock_fd = open(lock_path, O_RDWR | O_CREAT, 0600);
+	txn->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (txn->lock_fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", lock_path);
 		casbox_pack_txn_free(txn);

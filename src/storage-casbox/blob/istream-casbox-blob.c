@@ -112,7 +112,7 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	int ret;
 
 	bstream->opened = TRUE;
-	bstream->fd = open(bstream->path, O_RDONLY);
+	bstream->fd = open(bstream->path, O_RDONLY | O_CLOEXEC);
 	if (bstream->fd == -1) {
 		return casbox_blob_error(bstream, "open() failed: %s",
 					 strerror(errno));
