@@ -187,8 +187,6 @@ class PeerRun:
                         if (i + 1) in got
                         and _norm(got[i + 1]).endswith(_norm(m)))
             self.sample_rss()
-        if first_round:
-            self.large()
         res["rss"] = dict(self.rss)
         return res
 
@@ -261,47 +259,81 @@ def _kill_instance(dc, fired):
             pass
 
 
+def _describe_failure(e, dc, fired, timeout):
+    msg = "%s: %s" % (type(e).__name__, str(e).strip())
+    first = msg.splitlines()[0] if msg else type(e).__name__
+    try:
+        logged = dc.log_problems()
+    except Exception:  # noqa: BLE001 - the log is only a hint
+        logged = []
+    if logged:
+        first += " / log: " + logged[0].split(": ", 1)[-1][-200:]
+    if fired:
+        first = "timed out after %d s (%s)" % (timeout, first)
+    return first[:400]
+
+
+def _in_instance(harness, kwargs, timeout, body):
+    """Start one Dovecot with kwargs, run body(dc), stop it. Returns
+    (result, log problems, None) or (None, None, error text). A peer that
+    hangs (casbox under construction) must not stall the whole run: after
+    `timeout` seconds its Dovecot processes are killed, which makes the
+    blocked client call fail and the peer an error row."""
+    dc = harness.Dovecot(**kwargs)
+    fired = []
+    watchdog = threading.Timer(timeout, _kill_instance, (dc, fired))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        with dc:
+            out = body(dc)
+            problems = dc.log_problems()
+            # Record log problems in the report instead of letting the
+            # harness fail the whole bench at exit.
+            dc.allow_log(".")
+        return out, problems, None
+    except Exception as e:  # noqa: BLE001 - any failure becomes a row
+        if os.environ.get("CASBOX_BENCH_DEBUG"):
+            traceback.print_exc(file=sys.stderr)
+        return None, None, _describe_failure(e, dc, fired, timeout)
+    finally:
+        watchdog.cancel()
+
+
 def run_peer(harness, name, kwargs, messages, size, log, first_round):
     """Returns the result dict, or {"error": "..."} when the peer fails
     (casbox may not work yet: the run goes on and the report says so)."""
     kwargs = dict(kwargs)
     kwargs["extra_conf"] = COMMON_CONF + kwargs.get("extra_conf", "")
     t0 = time.perf_counter()
-    dc = harness.Dovecot(**kwargs)
-    # A peer that hangs (casbox under construction) must not stall the
-    # whole run: after the time limit its Dovecot processes are killed,
-    # which makes the blocked client call fail and the peer an error row.
-    fired = []
-    watchdog = threading.Timer(size["peer_timeout"], _kill_instance,
-                               (dc, fired))
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        with dc:
-            res = PeerRun(dc, messages, size, log, harness.PASSWORD).run(
-                first_round)
-            problems = dc.log_problems()
-            # Record log problems in the report instead of letting the
-            # harness fail the whole bench at exit.
-            dc.allow_log(".")
-    except Exception as e:  # noqa: BLE001 - any failure becomes a row
-        msg = "%s: %s" % (type(e).__name__, str(e).strip())
-        first = msg.splitlines()[0] if msg else type(e).__name__
-        try:
-            logged = dc.log_problems()
-        except Exception:  # noqa: BLE001 - the log is only a hint
-            logged = []
-        if logged:
-            first += " | log: " + logged[0].split(": ", 1)[-1][-200:]
-        if fired:
-            first = "timed out after %d s (%s)" % (size["peer_timeout"],
-                                                  first)
-        log("%s failed: %s" % (name, first))
-        if os.environ.get("CASBOX_BENCH_DEBUG"):
-            traceback.print_exc(file=sys.stderr)
-        return {"error": first[:300]}
-    finally:
-        watchdog.cancel()
+    res, problems, err = _in_instance(
+        harness, kwargs, size["peer_timeout"],
+        lambda dc: PeerRun(dc, messages, size, log,
+                           harness.PASSWORD).run(first_round))
+    if err:
+        log("%s failed: %s" % (name, err))
+        return {"error": err}
+    if first_round and size["large"]:
+        # The large mailbox is only there to be SELECTed and STATUSed: it
+        # is built in a second instance with mail_fsync = never, so that
+        # 100k messages in the one-file-per-message formats take minutes,
+        # not an hour. SELECT and STATUS only read.
+        kw2 = dict(kwargs)
+        kw2["extra_conf"] = kwargs["extra_conf"] + "mail_fsync = never\n"
+
+        def large(dc):
+            pr = PeerRun(dc, messages, size, log, harness.PASSWORD)
+            pr.large()
+            pr.res["rss_large"] = dict(pr.rss)
+            return pr.res
+        lres, lprob, lerr = _in_instance(harness, kw2, size["peer_timeout"],
+                                         large)
+        if lerr:
+            log("%s large mailbox failed: %s" % (name, lerr))
+            res["large_error"] = lerr
+        else:
+            res.update(lres)
+            problems += lprob
     res["log_problems"] = problems[:5]
     res["wall_s"] = time.perf_counter() - t0
     return res
@@ -354,6 +386,9 @@ def summarize_peer(runs, corpus_bytes):
         s["status_ms"] = summarize(first["status_ms"])
         s["large_exists"] = first["large_exists"]
         s["large_build_s"] = first["large_build_s"]
+        s["imap_large_rss_kb"] = first["rss_large"]["imap_kb"]
+    if "large_error" in first:
+        s["large_error"] = first["large_error"]
     errs = [r["error"] for r in runs if "error" in r]
     if errs:
         s["failed_rounds"] = errs
