@@ -157,6 +157,10 @@ static bool bloom_may_contain(const buffer_t *bloom, const void *key,
 	uint32_t h, delta, bits, pos;
 	unsigned int j, k;
 
+#ifdef CASBOX_FUZZ_NO_CRC
+	/* unchecked filter bits would make the lookup oracle fail */
+	return TRUE;
+#endif
 	if (bloom->used < 2)
 		return TRUE;
 	k = array[bloom->used - 1];
@@ -457,7 +461,8 @@ static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
 	if (table_pread(table, data, size + 4, offset, error_r) < 0)
 		return -1;
 	crc = cas_crc32c(data, size);
-	if (cas_crc32c_mask(crc) != be32_to_cpu_unaligned(data + size)) {
+	if (CASBOX_LSM_CRC_BAD(cas_crc32c_mask(crc),
+			       be32_to_cpu_unaligned(data + size))) {
 		*error_r = table_error(table, offset,
 				       "block checksum mismatch");
 		return -1;
@@ -501,13 +506,57 @@ static int block_parse(struct casbox_lsm_table *table, struct block *block,
 	return 0;
 }
 
+static bool block_iter_decode(struct block_iter *bi);
+static bool block_iter_next(struct block_iter *bi);
+static void block_iter_init(struct block_iter *bi, const struct block *block);
+
+/* Walk the whole block once: keys strictly increase and every restart
+   point is the start of an entry. Seeks jump to restart points, so
+   without this a bad restart could make a lookup miss a key that
+   iteration finds. */
+static const char *block_validate(const struct block *block)
+{
+	struct block_iter bi;
+	unsigned int restart_idx = 0;
+	uint32_t restart;
+
+	i_zero(&bi);
+	bi.key = t_buffer_create(128);
+	for (block_iter_init(&bi, block); bi.valid; block_iter_next(&bi)) {
+		if (restart_idx >= block->n_restarts)
+			continue;
+		restart = be32_to_cpu_unaligned(block->restarts +
+						restart_idx * 4);
+		if (restart < bi.pos)
+			return "restart point inside an entry";
+		if (restart == bi.pos)
+			restart_idx++;
+	}
+	if (bi.error != NULL)
+		return bi.error;
+	if (restart_idx != block->n_restarts)
+		return "restart point past the last entry";
+	return NULL;
+}
+
 static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 			    uint32_t size, struct block *block,
 			    const char **error_r)
 {
-	if (table_read_raw(table, offset, size, block->buf, error_r) < 0)
+	const char *reason;
+
+	if (table_read_raw(table, offset, size, block->buf, error_r) < 0 ||
+	    block_parse(table, block, offset, error_r) < 0)
 		return -1;
-	return block_parse(table, block, offset, error_r);
+	T_BEGIN {
+		/* reasons are static strings */
+		reason = block_validate(block);
+	} T_END;
+	if (reason != NULL) {
+		*error_r = table_error(table, offset, reason);
+		return -1;
+	}
+	return 0;
 }
 
 /* Decode the entry at bi->next_pos. Returns FALSE at the end or on
@@ -688,7 +737,8 @@ static int table_load(struct casbox_lsm_table *table, const char **error_r)
 		*error_r = table_error(table, footer_off, "bad magic");
 		return -1;
 	}
-	if (cas_crc32c(footer, 36) != be32_to_cpu_unaligned(footer + 36)) {
+	if (CASBOX_LSM_CRC_BAD(cas_crc32c(footer, 36),
+			       be32_to_cpu_unaligned(footer + 36))) {
 		*error_r = table_error(table, footer_off,
 				       "footer checksum mismatch");
 		return -1;

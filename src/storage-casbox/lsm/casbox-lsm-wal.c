@@ -133,7 +133,8 @@ casbox_lsm_wal_record_parse(const unsigned char *data, size_t size,
 	}
 	crc = cas_crc32c(data, 4);
 	crc = cas_crc32c_update(crc, data + CASBOX_LSM_WAL_RECORD_HDR, len);
-	if (cas_crc32c_mask(crc) != be32_to_cpu_unaligned(data + 4)) {
+	if (CASBOX_LSM_CRC_BAD(cas_crc32c_mask(crc),
+			       be32_to_cpu_unaligned(data + 4))) {
 		if (end == size || all_zero(data + end, size - end))
 			return CASBOX_LSM_WAL_END;
 		*error_r = "record checksum mismatch";
