@@ -154,7 +154,7 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 {
 	struct mailbox_metadata metadata;
 	struct casidx_index *index;
-	const char *guid;
+	const char *guid, *root;
 
 	if (mailbox_get_metadata(box, MAILBOX_METADATA_GUID, &metadata) < 0) {
 		e_error(backend->event, "%s: Couldn't get mailbox GUID: %s",
@@ -165,8 +165,13 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 	guid = guid_128_to_string(metadata.guid);
 	index = hash_table_lookup(backend->indexes, guid);
 	if (index == NULL) {
+		/* the box's own namespace: a virtual mailbox's backend looks
+		   up boxes of other namespaces */
+		root = mailbox_list_get_root_forced(
+			mailbox_get_namespace(box)->list,
+			MAILBOX_LIST_PATH_TYPE_INDEX);
 		index = casidx_index_init(
-			t_strdup_printf("%s/%s", backend->root, guid),
+			t_strdup_printf("%s/"CASIDX_DIR_NAME"/%s", root, guid),
 			&backend->set);
 		hash_table_insert(backend->indexes,
 				  p_strdup(backend->pool, guid), index);

@@ -227,6 +227,39 @@ class FtsCasidxSearch(unittest.TestCase):
             self.assertLessEqual(len(segs), 2, segs)
             self.assert_same(run_queries(dc), self.oracle, "budget")
 
+    def test_virtual_mailbox(self):
+        """A virtual mailbox over INBOX is searched through the backend
+        of another namespace (lookup per backing box: result->box,
+        unique sorted scores) and gives INBOX's answers."""
+        extra = ("namespace virtual {\n  prefix = Virtual/\n"
+                 "  separator = /\n  location = virtual:~/virtual\n}\n")
+        with Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx", "virtual"],
+                     plugin_settings={"fts": "casidx",
+                                      "fts_enforced": "yes"},
+                     extra_conf=extra) as dc:
+            dc.lmtp_deliver_many(USER, self.messages)
+            dc.doveadm("index", "-u", USER, "INBOX")
+            vdir = os.path.join(dc.home(USER), "virtual", "All")
+            os.makedirs(vdir)
+            with open(os.path.join(vdir, "dovecot-virtual"), "w") as f:
+                f.write("INBOX\n  all\n")
+            for d in (os.path.dirname(vdir), vdir,
+                      os.path.join(vdir, "dovecot-virtual")):
+                os.chown(d, dc.uid, dc.gid)
+            imap = dc.imap_login(USER)
+            for q in (["BODY", "usrp"], ["BODY", "rmwar"],
+                      ["FROM", "ettus"], ["NOT", "BODY", "usrp"],
+                      ["BODY", "sample rate"]):
+                imap.select("Virtual/All", readonly=True)
+                typ, vdata = imap.search(
+                    None, *['"%s"' % a if " " in a else a for a in q])
+                self.assertEqual(typ, "OK")
+                # INBOX seqs = UIDs here: nothing was expunged
+                self.assertEqual(sorted(int(x) for x in vdata[0].split()),
+                                 self.oracle[tuple(q)], q)
+            imap.logout()
+
     def test_new_mail_is_searchable(self):
         with self.fts_dovecot() as dc:
             dc.lmtp_deliver_many(USER, self.messages[:20])
