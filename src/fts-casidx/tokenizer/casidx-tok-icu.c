@@ -47,7 +47,8 @@ struct casidx_tok_icu *casidx_tok_icu_create(void)
 	icu = i_new(struct casidx_tok_icu, 1);
 	icu->bi = ubrk_open(UBRK_WORD, "", NULL, 0, &err);
 	if (U_FAILURE(err))
-		i_fatal("ICU ubrk_open(UBRK_WORD) failed: %s", u_errorName(err));
+		i_fatal("ICU ubrk_open(UBRK_WORD) failed: %s",
+			u_errorName(err));
 	icu->nfkc_cf = unorm2_getNFKCCasefoldInstance(&err);
 	icu->nfd = unorm2_getNFDInstance(&err);
 	icu->nfc = unorm2_getNFCInstance(&err);
@@ -223,7 +224,8 @@ classify(const UChar *text, int32_t start, int32_t end)
 			else if (script != USCRIPT_COMMON &&
 				 script != USCRIPT_INHERITED)
 				other = TRUE;
-		} else if (u_hasBinaryProperty(c, UCHAR_EXTENDED_PICTOGRAPHIC)) {
+		} else if (u_hasBinaryProperty(c,
+					       UCHAR_EXTENDED_PICTOGRAPHIC)) {
 			word = TRUE;
 			other = TRUE;
 		}

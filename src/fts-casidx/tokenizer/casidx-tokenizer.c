@@ -691,7 +691,8 @@ static size_t process_data(struct casidx_tokenizer *tok,
 		ascii = TRUE;
 		n = 1;
 		while (end < limit) {
-			if ((char_class[data[end]] & (CC_SPACE | CC_HIGH)) == 0) {
+			if ((char_class[data[end]] &
+			     (CC_SPACE | CC_HIGH)) == 0) {
 				end++;
 				continue;
 			}
