@@ -25,21 +25,26 @@ import physical  # noqa: E402
 import report  # noqa: E402
 import storage  # noqa: E402
 
-# Sizes: messages = how many corpus messages are delivered (spread evenly
-# over the whole corpus, every folder in proportion); None = all of it.
+# Sizes: messages = how many corpus messages are delivered by LMTP and
+# APPENDed one by one in the timed phases (spread evenly over the whole
+# corpus, every folder in proportion; None = all of it). space_all: also
+# save the whole corpus twice (untimed MULTIAPPEND) for bytes on disk.
+# The full run's timed sample is 1000 messages because one LMTP delivery
+# costs ~20 ms on this 2-core machine: all 9568 twice, for 10 peers and 2
+# rounds, would take over two hours.
 SIZES = {
     "tiny": dict(messages=12, rounds=1, fetch_repeats=1, large=60,
                  large_batch=30, latency_repeats=3, seq_mb=8,
                  fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
-                 physical_repeats=1, peer_timeout=300),
+                 physical_repeats=1, peer_timeout=300, space_all=False),
     "quick": dict(messages=600, rounds=2, fetch_repeats=2, large=5000,
                   large_batch=250, latency_repeats=5, seq_mb=64,
                   fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
-                  physical_repeats=2, peer_timeout=900),
-    "full": dict(messages=None, rounds=3, fetch_repeats=3, large=100000,
+                  physical_repeats=2, peer_timeout=900, space_all=False),
+    "full": dict(messages=1000, rounds=2, fetch_repeats=3, large=100000,
                  large_batch=500, latency_repeats=7, seq_mb=512,
                  fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
-                 physical_repeats=3, peer_timeout=2400),
+                 physical_repeats=3, peer_timeout=1800, space_all=True),
 }
 
 
@@ -49,15 +54,18 @@ def log(msg):
 
 
 def corpus_messages(harness, count):
-    """All .eml files of the shared corpus (sorted by folder then name),
+    """All non-empty .eml files of the shared corpus (sorted by folder
+    then name),
     or `count` of them spread evenly over that list so every folder is
     represented in proportion."""
     root = harness.corpus_dir()
     paths = []
     for dirpath, dirs, files in os.walk(root):
         dirs.sort()
+        # IMAP cannot save an empty message (the corpus has one).
         paths.extend(os.path.join(dirpath, f) for f in sorted(files)
-                     if f.endswith(".eml"))
+                     if f.endswith(".eml")
+                     and os.path.getsize(os.path.join(dirpath, f)) > 0)
     if count is not None and count < len(paths):
         step = len(paths) / count
         paths = [paths[int(i * step)] for i in range(count)]
@@ -100,6 +108,8 @@ def main(argv=None):
     ap.add_argument("--messages", type=int, help="override message count")
     ap.add_argument("--rounds", type=int, help="override rounds")
     ap.add_argument("--large", type=int, help="override large mailbox size")
+    ap.add_argument("--space-all", action="store_true",
+                    help="also measure bytes on disk for the whole corpus")
     ap.add_argument("--peers", help="comma-separated subset of peers")
     ap.add_argument("--aead-binary", help="built physical-aead program")
     ap.add_argument("--skip-physical", action="store_true")
@@ -122,6 +132,8 @@ def main(argv=None):
         size["rounds"] = args.rounds
     if args.large is not None:
         size["large"] = args.large
+    if args.space_all:
+        size["space_all"] = True
     only = set(args.peers.split(",")) if args.peers else None
 
     root, paths = corpus_messages(harness, size["messages"])
@@ -153,8 +165,19 @@ def main(argv=None):
             results["physical"] = physical.run_physical(
                 workdir, paths, args.aead_binary, size,
                 size["physical_repeats"], log)
+        space_corpus = None
+        if size["space_all"]:
+            _, all_paths = corpus_messages(harness, None)
+            space_corpus = []
+            for p in all_paths:
+                with open(p, "rb") as f:
+                    space_corpus.append(f.read())
+            results["space_corpus"] = {
+                "messages": len(space_corpus),
+                "bytes": sum(len(m) for m in space_corpus)}
         runs = storage.run_storage(harness, messages, size, size["rounds"],
-                                   os.path.join(workdir, "keys"), log, only)
+                                   os.path.join(workdir, "keys"), log, only,
+                                   space_corpus)
         results["storage_runs"] = runs
         results["storage"] = {n: storage.summarize_peer(r, corpus_bytes)
                               for n, r in runs.items()}

@@ -35,6 +35,7 @@ lda_mailbox_autocreate = yes
 
 USER = "bench1"
 LARGE_USER = "benchlarge"
+SPACE_USER = "benchspace"
 
 
 def peer_configs(keydir):
@@ -190,6 +191,29 @@ class PeerRun:
         res["rss"] = dict(self.rss)
         return res
 
+    def space(self, corpus):
+        """Bytes on disk for a whole corpus saved twice (INBOX, then a
+        second folder) by MULTIAPPEND, for a user of its own. Untimed."""
+        res = self.res
+        home = self.dc.home(SPACE_USER)
+        with self.imap(SPACE_USER) as c:
+            c.create("Second")
+            for box, key in (("INBOX", "space1"), ("Second", "space2")):
+                batch, nbytes = [], 0
+                for msg in corpus:
+                    batch.append(msg)
+                    nbytes += len(msg)
+                    if len(batch) >= 100 or nbytes >= 8000000:
+                        c.append(box, batch)
+                        batch, nbytes = [], 0
+                if batch:
+                    c.append(box, batch)
+                res[key] = disk_usage(home)
+            res["space_exists"] = c.status("INBOX").decode(
+                "latin-1").strip()
+        res["space_messages"] = len(corpus)
+        res["space_bytes"] = sum(len(m) for m in corpus)
+
     def large(self):
         """Large mailbox for SELECT/STATUS latency, built by MULTIAPPEND of
         corpus messages repeated (smallest first so the size is about the
@@ -300,7 +324,8 @@ def _in_instance(harness, kwargs, timeout, body):
         watchdog.cancel()
 
 
-def run_peer(harness, name, kwargs, messages, size, log, first_round):
+def run_peer(harness, name, kwargs, messages, size, log, first_round,
+             space_corpus=None):
     """Returns the result dict, or {"error": "..."} when the peer fails
     (casbox may not work yet: the run goes on and the report says so)."""
     kwargs = dict(kwargs)
@@ -313,7 +338,7 @@ def run_peer(harness, name, kwargs, messages, size, log, first_round):
     if err:
         log("%s failed: %s" % (name, err))
         return {"error": err}
-    if first_round and size["large"]:
+    if first_round and (size["large"] or space_corpus):
         # The large mailbox is only there to be SELECTed and STATUSed: it
         # is built in a second instance with mail_fsync = never, so that
         # 100k messages in the one-file-per-message formats take minutes,
@@ -323,6 +348,8 @@ def run_peer(harness, name, kwargs, messages, size, log, first_round):
 
         def large(dc):
             pr = PeerRun(dc, messages, size, log, harness.PASSWORD)
+            if space_corpus:
+                pr.space(space_corpus)
             pr.large()
             pr.res["rss_large"] = dict(pr.rss)
             return pr.res
@@ -340,7 +367,7 @@ def run_peer(harness, name, kwargs, messages, size, log, first_round):
 
 
 def run_storage(harness, messages, size, rounds, keydir, log,
-                only=None):
+                only=None, space_corpus=None):
     make_crypt_keys(keydir)
     peers = [(n, kw) for n, kw in peer_configs(keydir)
              if only is None or n in only]
@@ -354,7 +381,8 @@ def run_storage(harness, messages, size, rounds, keydir, log,
         for name, kw in order:
             log("storage round %d/%d: %s" % (r + 1, rounds, name))
             out[name].append(run_peer(harness, name, kw, messages, size,
-                                      log, first_round=(r == 0)))
+                                      log, first_round=(r == 0),
+                                      space_corpus=space_corpus))
     return out
 
 
@@ -387,6 +415,14 @@ def summarize_peer(runs, corpus_bytes):
         s["large_exists"] = first["large_exists"]
         s["large_build_s"] = first["large_build_s"]
         s["imap_large_rss_kb"] = first["rss_large"]["imap_kb"]
+    if "space1" in first:
+        s["space_messages"] = first["space_messages"]
+        s["space_bytes"] = first["space_bytes"]
+        s["space1_ratio"] = first["space1"][0] / first["space_bytes"]
+        s["space2_ratio"] = first["space2"][0] / (2 * first["space_bytes"])
+        s["space1_alloc"] = first["space1"][0]
+        s["space2_alloc"] = first["space2"][0]
+        s["space1_index"] = first["space1"][2]
     if "large_error" in first:
         s["large_error"] = first["large_error"]
     errs = [r["error"] for r in runs if "error" in r]
