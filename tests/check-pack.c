@@ -946,7 +946,8 @@ static void golden_check(const char *name, const buffer_t *expected)
 	FILE *f;
 
 	seed = read_path(t_strdup_printf("%s/tests/fuzz/corpus/pack/%s",
-					 top == NULL ? "." : top, name));
+					 top == NULL ? CASBOX_SRCDIR : top,
+					 name));
 	ck_assert_uint_gt(seed->used, CASBOX_BLOB_RECORD_EXPORT_SIZE);
 	ck_assert_int_eq(casbox_blob_record_import(seed->data,
 		CASBOX_BLOB_RECORD_EXPORT_SIZE, &rec, &error), 1);

@@ -52,7 +52,7 @@ int fuzz_replay_main(const char *name, int argc, char **argv)
 		return 0;
 	}
 	snprintf(dir, sizeof(dir), "%s/tests/fuzz/corpus/%s",
-		 top == NULL ? "." : top, name);
+		 top == NULL ? CASBOX_SRCDIR : top, name);
 	dh = opendir(dir);
 	if (dh == NULL) {
 		fprintf(stderr, "seed corpus %s missing\n", dir);
