@@ -274,6 +274,31 @@ START_TEST(test_dek_wrap)
 }
 END_TEST
 
+START_TEST(test_dek_rewrap)
+{
+	struct cas_keyring *k1 = test_keyring(0), *k2 = test_keyring(1);
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char w1[CAS_WRAPPED_DEK_SIZE], w2[CAS_WRAPPED_DEK_SIZE];
+	unsigned char w3[CAS_WRAPPED_DEK_SIZE];
+	struct cas_blob_id id;
+	const char *error;
+
+	cas_blob_id_compute(k1, "m", 1, &id);
+	cas_dek_generate(dek);
+	cas_dek_wrap(k1, &id, dek, w1);
+	ck_assert_int_eq(cas_dek_rewrap(k1, k2, &id, w1, w2, &error), 1);
+	ck_assert_int_eq(cas_dek_unwrap(k2, &id, w2, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	ck_assert_int_eq(cas_dek_unwrap(k1, &id, w2, out, &error), -1);
+	/* rewrapping something the old key cannot open fails */
+	memset(w3, 0xaa, sizeof(w3));
+	ck_assert_int_eq(cas_dek_rewrap(k1, k2, &id, w2, w3, &error), -1);
+	ck_assert_uint_eq(w3[0], 0xaa);
+	cas_keyring_free(&k1);
+	cas_keyring_free(&k2);
+}
+END_TEST
+
 START_TEST(test_record_seal)
 {
 	struct cas_keyring *k = test_keyring(0), *k2 = test_keyring(1);
@@ -370,6 +395,7 @@ int main(void)
 	tcase_add_test(tc, test_blob_id_known_answers);
 	tcase_add_test(tc, test_blob_id_hex_rejects);
 	tcase_add_test(tc, test_dek_wrap);
+	tcase_add_test(tc, test_dek_rewrap);
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_raw_aead);
 	suite_add_tcase(s, tc);

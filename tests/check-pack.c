@@ -655,9 +655,11 @@ START_TEST(test_dictionary)
 		sizes[i] = header_len(bufs[i]);
 		i++;
 	}
+	ck_assert_uint_eq(casbox_pack_dict_current(store), 0);
 	ck_assert_int_eq(casbox_pack_dict_train(store, samples, sizes, count,
 						&dict_id, &error), 1);
 	ck_assert_uint_eq(dict_id, 1);
+	ck_assert_uint_eq(casbox_pack_dict_current(store), 1);
 
 	small = buffer_create_dynamic(default_pool, 4096);
 	buffer_append(small, bufs[1]->data, I_MIN(bufs[1]->used, 3000));

@@ -375,6 +375,22 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 	return 1;
 }
 
+int cas_dek_rewrap(const struct cas_keyring *old_keyring,
+		   const struct cas_keyring *new_keyring,
+		   const struct cas_blob_id *id,
+		   const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE],
+		   unsigned char new_wrapped_r[CAS_WRAPPED_DEK_SIZE],
+		   const char **error_r)
+{
+	unsigned char dek[CAS_DEK_SIZE];
+
+	if (cas_dek_unwrap(old_keyring, id, wrapped, dek, error_r) < 0)
+		return -1;
+	cas_dek_wrap(new_keyring, id, dek, new_wrapped_r);
+	sodium_memzero(dek, sizeof(dek));
+	return 1;
+}
+
 void cas_record_seal(const struct cas_keyring *keyring,
 		     const void *aad, size_t aad_size,
 		     const void *data, size_t size, buffer_t *sealed)

@@ -80,6 +80,16 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 		   const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE],
 		   unsigned char dek_r[CAS_DEK_SIZE], const char **error_r);
 
+/* Key rotation: unwrap with old_keyring, wrap again with new_keyring.
+   Only the 76 bytes change; packs are never touched. Returns 1 ok, -1
+   as cas_dek_unwrap() (new_wrapped_r untouched then). */
+int cas_dek_rewrap(const struct cas_keyring *old_keyring,
+		   const struct cas_keyring *new_keyring,
+		   const struct cas_blob_id *id,
+		   const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE],
+		   unsigned char new_wrapped_r[CAS_WRAPPED_DEK_SIZE],
+		   const char **error_r);
+
 /* Seal/open small records with the index key (FTS segments, compression
    dictionaries, ...). aad binds the record to its place (e.g. a file
    name). sealed = nonce | ciphertext | tag. Returns 1 ok, -1 failure. */

@@ -42,6 +42,11 @@ casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id)
 	return NULL;
 }
 
+uint32_t casbox_pack_dict_current(struct casbox_pack_store *store)
+{
+	return store->cur_dict_id;
+}
+
 static void
 casbox_pack_dict_add(struct casbox_pack_store *store, uint32_t id,
 		     const void *data, size_t size)

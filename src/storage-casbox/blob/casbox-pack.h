@@ -77,6 +77,10 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 			   unsigned int count, uint32_t *dict_id_r,
 			   const char **error_r);
 
+/* Id of the dictionary new small blobs use, 0 = none yet (the caller
+   decides when to train one). */
+uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
+
 /* Open a blob for reading: a seekable istream of the plaintext, with
    size known. Seeking decodes only the chunks needed. Every chunk is
    CRC- and AEAD-verified before a byte of it is returned; damage or a
