@@ -29,7 +29,7 @@ import storage  # noqa: E402
 # APPENDed one by one in the timed phases (spread evenly over the whole
 # corpus, every folder in proportion; None = all of it). space_all: also
 # save the whole corpus twice (untimed MULTIAPPEND) for bytes on disk.
-# The full run's timed sample is 1000 messages because one LMTP delivery
+# The full run's timed sample is 800 messages because one LMTP delivery
 # costs ~20 ms on this 2-core machine: all 9568 twice, for 10 peers and 2
 # rounds, would take over two hours.
 SIZES = {
@@ -37,11 +37,11 @@ SIZES = {
                  large_batch=30, latency_repeats=3, seq_mb=8,
                  fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
                  physical_repeats=1, peer_timeout=300, space_all=False),
-    "quick": dict(messages=600, rounds=2, fetch_repeats=2, large=5000,
+    "quick": dict(messages=300, rounds=2, fetch_repeats=2, large=5000,
                   large_batch=250, latency_repeats=5, seq_mb=64,
                   fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
                   physical_repeats=2, peer_timeout=900, space_all=False),
-    "full": dict(messages=1000, rounds=2, fetch_repeats=3, large=100000,
+    "full": dict(messages=800, rounds=2, fetch_repeats=3, large=100000,
                  large_batch=500, latency_repeats=7, seq_mb=512,
                  fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
                  physical_repeats=3, peer_timeout=1800, space_all=True),
@@ -113,6 +113,7 @@ def main(argv=None):
     ap.add_argument("--peers", help="comma-separated subset of peers")
     ap.add_argument("--aead-binary", help="built physical-aead program")
     ap.add_argument("--skip-physical", action="store_true")
+    ap.add_argument("--skip-fts", action="store_true")
     ap.add_argument("--json", help="where to write raw results")
     ap.add_argument("--report", help="Markdown report path "
                     "(default doc/benchmarks.md)")
@@ -181,7 +182,9 @@ def main(argv=None):
         results["storage_runs"] = runs
         results["storage"] = {n: storage.summarize_peer(r, corpus_bytes)
                               for n, r in runs.items()}
-        results["fts"] = fts.run_fts(harness, messages, size, log)
+        if not args.skip_fts:
+            results["fts"] = fts.run_fts(harness, messages, size, log,
+                                         workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["elapsed_s"] = time.time() - started

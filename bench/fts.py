@@ -1,42 +1,221 @@
-"""FTS suite -- HOOK, to be filled by the FTS engineer.
+"""FTS suite: casidx vs fts-xapian, fts-lucene, squat, with SQLite FTS5 as
+the outside oracle.
 
 === FTS HOOK ===================================================================
 bench.py calls run_fts(harness, messages, size, log) once per bench run,
-after the storage suite, and report.py renders whatever it returns.
-
-Contract (what report.py expects back):
-    {
-      "status": "not implemented" | "ok",
-      "engines": {                       # one entry per engine
-        "casidx":      {...} or {"error": "..."},
-        "fts-xapian":  {...},
-        "fts-lucene":  {...},
-        "squat":       {...},
-        "sqlite-fts5": {...},            # outside oracle (python sqlite3)
-      },
-    }
-    and each engine's dict may hold these keys (all optional, numbers):
-      "index_msgs_per_s"     messages indexed per second (doveadm index)
-      "index_bytes_ratio"    index bytes on disk / mail bytes
-      "query_p50_ms", "query_p99_ms"  over the query set
-      "peak_rss_kb"          indexer-worker / doveadm VmHWM
-      "agreement"            share of queries whose UID set equals the
-                             oracle's (sqlite-fts5)
-
-How to start a peer: harness.Dovecot(mail_location="sdbox:~/sdbox",
-mail_plugins=["fts", "fts_xapian"], plugin_settings={"fts": "xapian",
-"fts_xapian": "partial=3 full=20", "fts_autoindex": "no"},
-extra_conf=storage.COMMON_CONF), deliver `messages` with
-dc.lmtp_deliver_many(), then time dc.doveadm("index", "-u", user, "INBOX")
-and run IMAP SEARCH queries (bench/imapraw.py RawIMAP.command). For casidx:
-mail_plugins=["casbox", "fts", "fts_casidx"], plugin fts = casidx.
+after the storage suite, and report.py renders what it returns:
+    {"status": "ok", "messages": N, "mail_bytes": B, "queries": [...],
+     "engines": {name: {...} or {"error": "..."}}}
+with, per engine (all optional numbers):
+    "index_msgs_per_s"   messages indexed per second (doveadm index, timed)
+    "index_bytes_ratio"  index bytes on disk / mail bytes
+    "query_p50_ms", "query_p99_ms"  IMAP UID SEARCH BODY latency
+    "peak_rss_kb"        VmHWM (ru_maxrss) of the doveadm index process
+    "agreement"          share of queries whose UID set equals FTS5's
+    "jaccard"            mean Jaccard similarity with FTS5's UID sets
+The Dovecot engines below are generic (ENGINE_CONFIGS); the casidx
+engineer only needs to keep its entry right (plugin names, settings, the
+directory its index lives in) and may add casidx-only figures.
 ================================================================================
+
+Semantics differ, so agreement is a sanity figure, not a correctness test:
+Dovecot's SEARCH BODY is a substring match that each engine approximates
+(fts-xapian matches word prefixes of >= 3 characters), FTS5 here matches
+word prefixes (`"term"*`) in the decoded text parts.
 """
 
-ENGINES = ["casidx", "fts-xapian", "fts-lucene", "squat", "sqlite-fts5"]
+import email
+import email.policy
+import os
+import sqlite3
+import subprocess
+import time
+
+from imapraw import RawIMAP
+from stats import percentile
+import storage
+
+USER = "ftsuser"
+
+# Query terms: frequent, mid and rare words of this corpus, plus one that
+# matches nothing.
+QUERIES = ["the", "error", "usrp", "firmware", "python", "linux", "money",
+           "subscribe", "ettus", "gnuradio", "fpga", "unsubscribe",
+           "spamassassin", "xyzzyquux"]
+
+# name: (storage mail_location, mail_plugins, plugin settings, index dir
+# under the user's home that holds only FTS data)
+ENGINE_CONFIGS = {
+    "casidx": ("casbox:~/casbox", ["casbox", "fts", "fts_casidx"],
+               {"fts": "casidx", "casbox_key_file": "%h/casbox.key",
+                "casbox_key_autocreate": "yes"}, None),
+    "fts-xapian": ("sdbox:~/sdbox", ["fts", "fts_xapian"],
+                   {"fts": "xapian", "fts_xapian": "partial=3 full=20"},
+                   "xapian-indexes"),
+    "fts-lucene": ("sdbox:~/sdbox", ["fts", "fts_lucene"],
+                   {"fts": "lucene"}, None),
+    "squat": ("sdbox:~/sdbox", ["fts", "fts_squat"],
+              {"fts": "squat"}, None),
+}
+ENGINES = list(ENGINE_CONFIGS) + ["sqlite-fts5"]
 
 
-def run_fts(harness, messages, size, log):
-    log("fts: suite not implemented yet (hook in bench/fts.py)")
-    return {"status": "not implemented",
-            "engines": {e: {"error": "not yet measured"} for e in ENGINES}}
+def _text_of(raw):
+    """Decoded text of a message's text/* parts plus its Subject."""
+    try:
+        msg = email.message_from_bytes(raw, policy=email.policy.compat32)
+    except Exception:  # noqa: BLE001 - broken messages are in the corpus
+        return raw.decode("latin-1")
+    out = []
+    for part in msg.walk():
+        if part.get_content_maintype() != "text":
+            continue
+        payload = part.get_payload(decode=True) or b""
+        charset = part.get_content_charset() or "latin-1"
+        try:
+            out.append(payload.decode(charset, errors="replace"))
+        except LookupError:
+            out.append(payload.decode("latin-1"))
+    return "\n".join(out)
+
+
+def run_fts5(messages, workdir):
+    path = os.path.join(workdir, "fts5.db")
+    db = sqlite3.connect(path)
+    db.execute("CREATE VIRTUAL TABLE m USING fts5(body)")
+    t0 = time.perf_counter()
+    texts = [_text_of(m) for m in messages]
+    with db:
+        db.executemany("INSERT INTO m(rowid, body) VALUES (?, ?)",
+                       ((i + 1, t) for i, t in enumerate(texts)))
+    db.execute("INSERT INTO m(m) VALUES('optimize')")
+    db.commit()
+    dt = time.perf_counter() - t0
+    results, lat = {}, []
+    for q in QUERIES:
+        t1 = time.perf_counter()
+        rows = db.execute("SELECT rowid FROM m WHERE m MATCH ?",
+                          ('"%s"*' % q,)).fetchall()
+        lat.append((time.perf_counter() - t1) * 1000)
+        results[q] = {r[0] for r in rows}
+    db.close()
+    lat.sort()
+    res = {"index_msgs_per_s": len(messages) / dt,
+           "index_bytes_ratio": os.path.getsize(path)
+           / sum(len(m) for m in messages),
+           "query_p50_ms": percentile(lat, 50),
+           "query_p99_ms": percentile(lat, 99)}
+    os.unlink(path)
+    return res, results
+
+
+def _dir_bytes(path):
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _timed_doveadm(harness, dc, args):
+    """Run doveadm under this instance's config and return (seconds,
+    ru_maxrss KiB) of exactly that process (os.wait4)."""
+    p = subprocess.Popen([harness.DOVEADM, "-c", dc.conf_path] + args,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    t0 = time.perf_counter()
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    dt = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError("doveadm %s failed (%d): %s"
+                           % (" ".join(args), p.returncode,
+                              out.decode("latin-1", "replace")[-300:]))
+    return dt, ru.ru_maxrss
+
+
+def run_engine(harness, name, messages, log, timeout):
+    loc, plugins, settings, index_dir = ENGINE_CONFIGS[name]
+    settings = dict(settings)
+    settings.setdefault("fts_autoindex", "no")
+    settings["fts_enforced"] = "yes"  # never fall back to a scan
+    kwargs = dict(mail_location=loc, mail_plugins=plugins,
+                  plugin_settings=settings,
+                  extra_conf=storage.COMMON_CONF)
+
+    def body(dc):
+        with RawIMAP(dc.imap_port) as c:
+            c.login(USER, harness.PASSWORD)
+            for i in range(0, len(messages), 100):
+                c.append("INBOX", messages[i:i + 100])
+        home = dc.home(USER)
+        before = storage.disk_usage(home)[0]
+        dt, rss = _timed_doveadm(harness, dc,
+                                 ["index", "-u", USER, "INBOX"])
+        after = storage.disk_usage(home)[0]
+        if index_dir and os.path.isdir(os.path.join(home, index_dir)):
+            index_bytes = _dir_bytes(os.path.join(home, index_dir))
+        else:
+            # Index living among the mail files: what indexing added.
+            index_bytes = max(0, after - before)
+        results, lat = {}, []
+        with RawIMAP(dc.imap_port) as c:
+            c.login(USER, harness.PASSWORD)
+            c.select("INBOX")
+            for q in QUERIES:
+                found = []
+                t0 = time.perf_counter()
+                c.command('UID SEARCH BODY "%s"' % q,
+                          lambda parts: found.append(parts[0]))
+                lat.append((time.perf_counter() - t0) * 1000)
+                uids = set()
+                for line in found:
+                    if line.startswith(b"* SEARCH"):
+                        uids |= {int(x) for x in line.split()[2:]}
+                results[q] = uids
+        lat.sort()
+        return ({"index_msgs_per_s": len(messages) / dt,
+                 "index_bytes_ratio": index_bytes
+                 / sum(len(m) for m in messages),
+                 "query_p50_ms": percentile(lat, 50),
+                 "query_p99_ms": percentile(lat, 99),
+                 "peak_rss_kb": rss}, results)
+
+    out, problems, err = storage._in_instance(harness, kwargs, timeout, body)
+    if err:
+        log("fts %s failed: %s" % (name, err))
+        return {"error": err}, None
+    res, results = out
+    if problems:
+        res["log_problems"] = problems[:3]
+    return res, results
+
+
+def run_fts(harness, messages, size, log, workdir="/tmp"):
+    n = size.get("fts_messages") or len(messages)
+    msgs = messages[:n]
+    log("fts: %d messages, engines %s" % (len(msgs), ", ".join(ENGINES)))
+    out = {"status": "ok", "messages": len(msgs),
+           "mail_bytes": sum(len(m) for m in msgs), "queries": QUERIES,
+           "engines": {}}
+    oracle_res, oracle = run_fts5(msgs, workdir)
+    for name in ENGINE_CONFIGS:
+        log("fts: %s" % name)
+        res, results = run_engine(harness, name, msgs, log,
+                                  size["peer_timeout"])
+        if results is not None:
+            same = [results[q] == oracle[q] for q in QUERIES]
+            jac = [len(results[q] & oracle[q]) / len(results[q] | oracle[q])
+                   if results[q] | oracle[q] else 1.0 for q in QUERIES]
+            res["agreement"] = sum(same) / len(same)
+            res["jaccard"] = sum(jac) / len(jac)
+            res["hits"] = {q: len(results[q]) for q in QUERIES}
+        out["engines"][name] = res
+    oracle_res["agreement"] = 1.0
+    oracle_res["jaccard"] = 1.0
+    oracle_res["hits"] = {q: len(oracle[q]) for q in QUERIES}
+    out["engines"]["sqlite-fts5"] = oracle_res
+    return out

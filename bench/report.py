@@ -349,25 +349,48 @@ def write_markdown(results, path, plots):
     w("")
     f = results.get("fts") or {}
     if f.get("status") != "ok":
-        w("**Not yet implemented** (hook: `bench/fts.py`, `run_fts()`): "
-          "casidx vs fts-xapian, fts-lucene, squat and SQLite FTS5. Engines "
-          "planned: %s." % ", ".join(f.get("engines", {}) or ["-"]))
+        w("**Not run** (hook: `bench/fts.py`, `run_fts()`): casidx vs "
+          "fts-xapian, fts-lucene, squat and SQLite FTS5.")
     else:
+        w("%d messages (%.1f MB, the first of the timed sample) APPENDed to "
+          "a fresh INBOX, then `doveadm index -u USER INBOX` timed "
+          "(`fts_autoindex = no`, `fts_enforced = yes`), then `UID SEARCH "
+          "BODY term` for %d terms (%s). SQLite FTS5 (Python's sqlite3, "
+          "decoded text parts, prefix query `\"term\"*`) is the outside "
+          "oracle; agreement = share of queries with the same UID set, "
+          "Jaccard = mean overlap. The engines' semantics differ (BODY is "
+          "a substring search that each engine approximates), so low "
+          "agreement flags a difference to look at, not by itself a bug. "
+          "Peak RSS is ru_maxrss of the doveadm index process."
+          % (f["messages"], f["mail_bytes"] / 1e6, len(f["queries"]),
+             ", ".join(f["queries"])))
+        w("")
         w("| engine | msgs indexed/s | index bytes / mail byte | query p50 ms "
-          "| query p99 ms | peak RSS MB | agreement with FTS5 |")
-        w("|---|---|---|---|---|---|---|")
+          "| query p99 ms | peak RSS MB | agreement with FTS5 | Jaccard |")
+        w("|---|---|---|---|---|---|---|---|")
         for e, r in f["engines"].items():
             if "error" in r:
-                w("| %s | %s: not yet available (error %s) | | | | | |"
-                  % (e, e, r["error"]))
+                w("| %s | %s: failed (error %s) | | | | | | |"
+                  % (e, e, r["error"].replace("|", "/")))
                 continue
-            w("| %s | %s | %s | %s | %s | %s | %s |"
+            w("| %s | %s | %s | %s | %s | %s | %s | %s |"
               % (e, _fmt(r.get("index_msgs_per_s")),
                  _fmt(r.get("index_bytes_ratio"), 3),
                  _fmt(r.get("query_p50_ms")), _fmt(r.get("query_p99_ms")),
                  _fmt(r["peak_rss_kb"] / 1024.0) if r.get("peak_rss_kb")
                  else "n/a",
-                 _fmt(r.get("agreement"), 3)))
+                 _fmt(r.get("agreement"), 2), _fmt(r.get("jaccard"), 2)))
+        hits = [(e, r["hits"]) for e, r in f["engines"].items()
+                if r.get("hits")]
+        if hits:
+            w("")
+            w("Hits per query:")
+            w("")
+            w("| engine | %s |" % " | ".join(f["queries"]))
+            w("|---|%s" % ("---|" * len(f["queries"])))
+            for e, h in hits:
+                w("| %s | %s |" % (e, " | ".join(str(h[q])
+                                                 for q in f["queries"])))
     w("")
 
     if plots:
