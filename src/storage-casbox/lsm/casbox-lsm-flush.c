@@ -405,6 +405,13 @@ int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r)
 {
 	unsigned int n;
 
+	/* batch_begin did not look at MANIFEST: a merge by another
+	   process must not be undone by a manifest built from our list */
+	if (casbox_lsm_refresh_full(lsm, TRUE, error_r) < 0)
+		return -1;
+	if (lsm->wal_offset < lsm->wal_flush_bytes)
+		return 0;
+
 	if (lsm_flush_memtable(lsm, error_r) < 0)
 		return -1;
 	n = lsm_pick_merge(lsm);

@@ -47,6 +47,10 @@ const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
 			    const char *ext);
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r);
 void casbox_lsm_unlock(struct casbox_lsm *lsm);
+/* Refresh; check_manifest = FALSE skips the MANIFEST stat (enough for
+   appending, not for flushing). */
+int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
+			    const char **error_r);
 /* Returns 1 ok, 0 no MANIFEST, -1 error. */
 int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r);
 

@@ -942,6 +942,14 @@ static bool table_source_load(struct table_source *ts, unsigned int idx,
 				  "block key above its index key");
 		return FALSE;
 	}
+	if (ts->bi.valid && idx > 0 &&
+	    casbox_lsm_key_cmp(ts->bi.key->data, ts->bi.key->used,
+			       entry[-1].last_key,
+			       entry[-1].last_key_size) <= 0) {
+		table_source_fail(ts, entry->offset,
+				  "block overlaps the previous block");
+		return FALSE;
+	}
 	table_source_set(ts);
 	return ts->bi.valid;
 }

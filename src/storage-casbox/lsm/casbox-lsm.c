@@ -61,9 +61,15 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 			error = t_strdup_printf("file_dotlock_create(%s) "
 						"failed: %m", lsm->lock_path);
 	} else {
-		ret = file_wait_lock(lsm->lock_fd, lsm->lock_path, F_WRLCK,
-				     &lock_set, lsm->lock_timeout_secs,
-				     &lsm->lock, &error);
+		/* uncontended: one fcntl/flock instead of alarm+wait+alarm */
+		ret = file_try_lock(lsm->lock_fd, lsm->lock_path, F_WRLCK,
+				    &lock_set, &lsm->lock, &error);
+		if (ret == 0) {
+			ret = file_wait_lock(lsm->lock_fd, lsm->lock_path,
+					     F_WRLCK, &lock_set,
+					     lsm->lock_timeout_secs,
+					     &lsm->lock, &error);
+		}
 	}
 	if (ret == 0) {
 		*error_r = t_strdup_printf(
@@ -100,7 +106,8 @@ static void lsm_apply_entry(void *context, uint64_t seq,
    a torn tail (or a batch still being written). */
 static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 			struct casbox_lsm_memtable *mt, uoff_t *offset,
-			uint64_t *last_seq, const char **error_r)
+			uint64_t *last_seq, off_t file_size,
+			const char **error_r)
 {
 	const unsigned char *data, *payload;
 	size_t size, pos = 0, payload_size, rec_size;
@@ -111,14 +118,18 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 	const char *error;
 	ssize_t ret;
 
-	if (lsm->io->fstat(fd, &st) < 0) {
-		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
-		return -1;
+	if (file_size < 0) {
+		if (lsm->io->fstat(fd, &st) < 0) {
+			*error_r = t_strdup_printf("fstat(%s) failed: %m",
+						   path);
+			return -1;
+		}
+		file_size = st.st_size;
 	}
-	lsm->wal_file_size = st.st_size;
-	if ((uoff_t)st.st_size <= *offset)
+	lsm->wal_file_size = file_size;
+	if ((uoff_t)file_size <= *offset)
 		return 0;
-	size = st.st_size - *offset;
+	size = file_size - *offset;
 	buffer_set_used_size(lsm->read_buf, 0);
 	ret = lsm->io->pread(fd, buffer_append_space_unsafe(lsm->read_buf,
 							    size),
@@ -288,7 +299,7 @@ static int lsm_state_open(struct casbox_lsm *lsm,
 	state->wal_offset = CASBOX_LSM_WAL_HEADER_SIZE;
 	state->last_seq = man->last_seq;
 	return lsm_wal_read(lsm, state->wal_fd, path, state->mt,
-			    &state->wal_offset, &state->last_seq,
+			    &state->wal_offset, &state->last_seq, -1,
 			    error_r) < 0 ? -1 : 1;
 }
 
@@ -363,9 +374,19 @@ int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r)
 	return ret;
 }
 
-int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
+static bool lsm_manifest_changed(struct casbox_lsm *lsm,
+				 const struct stat *st)
 {
-	struct stat st;
+	return st->st_ino != lsm->manifest_st.st_ino ||
+		st->st_size != lsm->manifest_st.st_size ||
+		st->st_mtim.tv_sec != lsm->manifest_st.st_mtim.tv_sec ||
+		st->st_mtim.tv_nsec != lsm->manifest_st.st_mtim.tv_nsec;
+}
+
+int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
+			    const char **error_r)
+{
+	struct stat st, mst;
 	const char *path;
 
 	/* a flush replaces the WAL: an unlinked WAL means reload */
@@ -375,23 +396,30 @@ int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
 	}
 	if (st.st_nlink == 0)
 		return casbox_lsm_load(lsm, error_r) < 0 ? -1 : 1;
-	if (lsm->io->stat(lsm->manifest_path, &st) < 0) {
-		*error_r = t_strdup_printf("stat(%s) failed: %m",
-					   lsm->manifest_path);
-		return -1;
-	}
-	if (st.st_ino != lsm->manifest_st.st_ino ||
-	    st.st_size != lsm->manifest_st.st_size ||
-	    st.st_mtim.tv_sec != lsm->manifest_st.st_mtim.tv_sec ||
-	    st.st_mtim.tv_nsec != lsm->manifest_st.st_mtim.tv_nsec) {
-		if (casbox_lsm_load(lsm, error_r) < 0)
+	/* only a merge changes MANIFEST but not the WAL, and a merge
+	   leaves the data as it was: writers check it before flushing */
+	if (check_manifest) {
+		if (lsm->io->stat(lsm->manifest_path, &mst) < 0) {
+			*error_r = t_strdup_printf("stat(%s) failed: %m",
+						   lsm->manifest_path);
 			return -1;
+		}
+		if (lsm_manifest_changed(lsm, &mst)) {
+			if (casbox_lsm_load(lsm, error_r) < 0)
+				return -1;
+			st.st_size = -1;
+		}
 	}
 	path = casbox_lsm_path(lsm, lsm->wal_no, "wal");
 	if (lsm_wal_read(lsm, lsm->wal_fd, path, lsm->mt, &lsm->wal_offset,
-			 &lsm->last_seq, error_r) < 0)
+			 &lsm->last_seq, st.st_size, error_r) < 0)
 		return -1;
 	return 1;
+}
+
+int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
+{
+	return casbox_lsm_refresh_full(lsm, TRUE, error_r);
 }
 
 /* ---- open / close ---- */
@@ -554,7 +582,7 @@ int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
 	}
 	if (casbox_lsm_lock(lsm, error_r) < 0)
 		return -1;
-	if (casbox_lsm_refresh(lsm, error_r) < 0 ||
+	if (casbox_lsm_refresh_full(lsm, FALSE, error_r) < 0 ||
 	    casbox_lsm_wal_cut_tail(lsm, error_r) < 0) {
 		casbox_lsm_unlock(lsm);
 		return -1;
