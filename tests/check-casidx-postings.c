@@ -470,9 +470,11 @@ START_TEST(test_index_corruption_rejected)
 	index = casidx_index_init(test_dir, &test_set);
 	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
 	ck_assert_ptr_ne(strstr(error, "checksum"), NULL);
+	ck_assert(casidx_index_is_corrupted(index));
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
 	flip_file_byte(t_strdup_printf("%s/seg-00000001.cxs", test_dir), 20);
 	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+	ck_assert(!casidx_index_is_corrupted(index));
 
 	/* a flipped bit in the manifest */
 	flip_file_byte(t_strdup_printf("%s/manifest", test_dir), 17);
@@ -480,6 +482,7 @@ START_TEST(test_index_corruption_rejected)
 	index = casidx_index_init(test_dir, &test_set);
 	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
 	ck_assert_ptr_ne(strstr(error, "manifest"), NULL);
+	ck_assert(casidx_index_is_corrupted(index));
 
 	/* delete = fresh start */
 	ck_assert_int_eq(casidx_index_delete(index, &error), 0);

@@ -12,6 +12,9 @@
 
 #include <check.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 static char *test_dir;
 static struct casidx_index *idx;
@@ -216,6 +219,41 @@ START_TEST(test_scores)
 }
 END_TEST
 
+/* A damaged dictionary block is only read (and its CRC checked) by a
+   query: the query fails and flags the index corrupted for a rebuild. */
+START_TEST(test_lazy_corruption_detected)
+{
+	struct casidx_query_leaf leaf = {
+		.field_mask = BODY, .value = "hello",
+	};
+	struct casidx_query_result res;
+	const char *path = t_strdup_printf("%s/seg-00000001.cxs", test_dir);
+	unsigned char b[8];
+	uint64_t dict_off = 0;
+	const char *error;
+	struct stat st;
+	int fd, i;
+
+	fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	/* footer: u64 table at size - 200, DICT offset is entry 9 */
+	ck_assert_int_eq(pread(fd, b, 8, st.st_size - 200 + 9 * 8), 8);
+	for (i = 7; i >= 0; i--)
+		dict_off = (dict_off << 8) | b[i];
+	ck_assert_int_eq(pread(fd, b, 1, dict_off + 12), 1);
+	b[0] ^= 0x01;
+	ck_assert_int_eq(pwrite(fd, b, 1, dict_off + 12), 1);
+	i_close_fd(&fd);
+
+	/* the open snapshot mmaps the file: the damage is visible */
+	ck_assert_int_eq(casidx_query_eval(idx, tok, &leaf, 1, TRUE, &res,
+					   &error), -1);
+	ck_assert_ptr_ne(strstr(error, "checksum"), NULL);
+	ck_assert(casidx_index_is_corrupted(idx));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -230,6 +268,7 @@ int main(void)
 	tcase_add_test(tc, test_not_and_or);
 	tcase_add_test(tc, test_answerable);
 	tcase_add_test(tc, test_scores);
+	tcase_add_test(tc, test_lazy_corruption_detected);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -190,7 +190,17 @@ casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
 
 	if (casidx_backend_get_index(backend, box, index_r) < 0)
 		return -1;
-	if (casidx_index_refresh(*index_r, &error) < 0) {
+	if (casidx_index_refresh(*index_r, &error) >= 0)
+		return 0;
+	if (!casidx_index_is_corrupted(*index_r)) {
+		e_error(backend->event, "%s", error);
+		return -1;
+	}
+	/* derived data: drop it; get_last_uid() = 0 makes Dovecot search
+	   the mailbox itself and the indexer rebuild it */
+	e_error(backend->event, "%s - rebuilding the index", error);
+	if (casidx_index_delete(*index_r, &error) < 0 ||
+	    casidx_index_refresh(*index_r, &error) < 0) {
 		e_error(backend->event, "%s", error);
 		return -1;
 	}
@@ -601,9 +611,16 @@ fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 			      array_count(&leaves),
 			      (flags & FTS_LOOKUP_FLAG_AND_ARGS) != 0,
 			      &qres, &error) < 0) {
-		e_error(backend->event, "%s: lookup failed: %s",
-			mailbox_get_vname(box), error);
-		return -1;
+		if (!casidx_index_is_corrupted(index)) {
+			e_error(backend->event, "%s: lookup failed: %s",
+				mailbox_get_vname(box), error);
+			return -1;
+		}
+		/* claim nothing: Dovecot answers this search itself */
+		e_error(backend->event, "%s - rebuilding the index", error);
+		if (casidx_index_delete(index, &error) < 0)
+			e_error(backend->event, "%s", error);
+		return 0;
 	}
 	array_foreach(&claimed, argp)
 		(*argp)->match_always = TRUE;

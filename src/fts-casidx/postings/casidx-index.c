@@ -41,6 +41,7 @@ struct casidx_index {
 	struct casidx_index_settings set;
 
 	bool loaded;
+	bool corrupted;
 	struct manifest manifest;
 	ARRAY(struct open_segment) segments;
 };
@@ -200,6 +201,7 @@ static int manifest_read(struct casidx_index *index, struct manifest *m,
 	}
 	result = manifest_parse(buf->data, buf->used, m, error_r);
 	if (result < 0) {
+		index->corrupted = TRUE;
 		*error_r = t_strdup_printf("%s: %s", path, *error_r);
 		return -1;
 	}
@@ -322,6 +324,11 @@ const char *casidx_index_get_dir(const struct casidx_index *index)
 	return index->dir;
 }
 
+bool casidx_index_is_corrupted(const struct casidx_index *index)
+{
+	return index->corrupted;
+}
+
 static struct casidx_segment *
 index_find_open(struct casidx_index *index, uint32_t id)
 {
@@ -343,6 +350,7 @@ static int index_open_segments(struct casidx_index *index,
 	struct open_segment *segs;
 	const uint32_t *ids;
 	unsigned int i, j, count;
+	bool corrupted;
 	int ret;
 
 	ids = array_get(&m->seg_ids, &count);
@@ -353,7 +361,9 @@ static int index_open_segments(struct casidx_index *index,
 		if (segs[i].seg != NULL)
 			continue;
 		ret = casidx_segment_open(seg_path(index, ids[i]),
-					  &segs[i].seg, error_r);
+					  &segs[i].seg, &corrupted, error_r);
+		if (corrupted)
+			index->corrupted = TRUE;
 		if (ret <= 0 || (!roaring_bitmap_is_empty(
 				casidx_segment_get_docs(segs[i].seg)) &&
 			roaring_bitmap_maximum(casidx_segment_get_docs(
@@ -363,6 +373,7 @@ static int index_open_segments(struct casidx_index *index,
 					"%s: corrupted segment: "
 					"UID above last indexed UID",
 					seg_path(index, ids[i]));
+				index->corrupted = TRUE;
 				casidx_segment_close(&segs[i].seg);
 				ret = -1;
 			}
@@ -418,6 +429,7 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r)
 	unsigned int try;
 	int ret;
 
+	index->corrupted = FALSE;
 	for (try = 0; try < REFRESH_RETRIES; try++) {
 		ret = manifest_read(index, &m, error_r);
 		if (ret <= 0) {
@@ -585,6 +597,8 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 					 token, token_len, match,
 					 callback, context, error_r);
 		if (ret < 0) {
+			/* segments are mmapped: every failure is bad bytes */
+			index->corrupted = TRUE;
 			*error_r = t_strdup_printf("%s: %s", index->dir,
 						   *error_r);
 			return -1;
@@ -690,12 +704,13 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 	struct casidx_segment *seg;
 	const uint32_t *id;
 	uint32_t new_id;
+	bool corrupted;
 	int ret = 0;
 
 	builder = casidx_builder_create();
 	array_foreach(&m->seg_ids, id) {
 		if (casidx_segment_open(seg_path(index, *id), &seg,
-					error_r) <= 0) {
+					&corrupted, error_r) <= 0) {
 			if (ret == 0)
 				*error_r = t_strdup_printf(
 					"%s: segment missing", index->dir);

@@ -55,6 +55,10 @@ const char *casidx_index_get_dir(const struct casidx_index *index);
 /* Load the newest manifest. Returns 1 if ok, 0 if no index exists yet
    (empty snapshot), -1 on error (the snapshot is left empty). */
 int casidx_index_refresh(struct casidx_index *index, const char **error_r);
+/* TRUE if the last refresh or scan failed because of bad content
+   (checksum, format), not I/O: the caller should delete and rebuild the
+   index. */
+bool casidx_index_is_corrupted(const struct casidx_index *index);
 /* Highest committed UID of the current snapshot. */
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
 const roaring_bitmap_t *

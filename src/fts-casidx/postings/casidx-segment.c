@@ -773,12 +773,13 @@ int casidx_segment_open_buf(const void *data, size_t size,
 }
 
 int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
-			const char **error_r)
+			bool *corrupted_r, const char **error_r)
 {
 	struct casidx_segment *seg;
 	struct stat st;
 	int fd;
 
+	*corrupted_r = FALSE;
 	fd = open(path, O_RDONLY);
 	if (fd == -1) {
 		if (errno == ENOENT)
@@ -808,6 +809,7 @@ int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
 		seg->size = seg->mmap_size;
 	}
 	if (seg_parse(seg, error_r) < 0) {
+		*corrupted_r = TRUE;
 		*error_r = t_strdup_printf("%s: %s", path, *error_r);
 		casidx_segment_close(&seg);
 		return -1;

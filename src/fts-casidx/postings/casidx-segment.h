@@ -86,9 +86,11 @@ int casidx_builder_write(struct casidx_builder *builder, const char *path,
 /* Open a segment file (mmap) or a memory buffer (must stay valid while
    the segment is open). Header, footer, DOCS, DOCLEN and SPARSE are
    verified here; DICT blocks and postings are verified when read.
-   Returns 0 if the file doesn't exist, 1 if ok, -1 on error/corruption. */
+   Returns 0 if the file doesn't exist, 1 if ok, -1 on error, with
+   corrupted_r telling whether the content was bad (as opposed to an
+   I/O error). */
 int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
-			const char **error_r);
+			bool *corrupted_r, const char **error_r);
 int casidx_segment_open_buf(const void *data, size_t size,
 			    struct casidx_segment **seg_r,
 			    const char **error_r);
