@@ -128,8 +128,14 @@ static const struct tok_case cases[] = {
 	  "がっ@3/c っこ@4/c こう@5/c う@5/p/c" },
 	/* Korean: Hangul bigrams; digits stay a separate word */
 	{ "학교에서 3월", "학교@0/c 교에@1/c 에서@2/c 서@2/p/c 3@3 월@4/c" },
-	/* Mixed script: Latin next to Han is two words */
+	/* Mixed script: Latin or digits next to CJK are separate words;
+	   an ideographic variation selector stays with its character and
+	   NFKC_Casefold drops it; kana punctuation separates runs */
 	{ "Windows版", "windows@0 版@1/c" },
+	{ "カナ_x 東京2020年",
+	  "カナ@0/c ナ@0/p/c x@1 東京@2/c 京@2/p/c 2020@3 年@4/c" },
+	{ "葛\xF3\xA0\x84\x80城", "葛城@0/c 城@0/p/c" },
+	{ "゛か゛ ・カナ・", "か@0/c カナ@1/c ナ@1/p/c" },
 	/* Thai: ICU's dictionary segmentation (UAX #29 alone would not) */
 	{ "ภาษาไทยง่ายนิดเดียว",
 	  "ภาษา@0 ไทย@1 ง่าย@2 นิด@3 เดียว@4" },

@@ -236,6 +236,20 @@ classify(const UChar *text, int32_t start, int32_t end)
 	return cjk && !other ? SEGMENT_CJK : SEGMENT_WORD;
 }
 
+void casidx_tok_icu_cjk_run(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const unsigned char *data, size_t size)
+{
+	UErrorCode err = U_ZERO_ERROR;
+	int32_t len;
+
+	i_assert(size <= INT32_MAX);
+	u_strFromUTF8(uchar_space(icu->text, (int32_t)size), (int32_t)size,
+		      &len, (const char *)data, (int32_t)size, &err);
+	icu_check(err, "u_strFromUTF8");
+	emit_normalized(icu, tok, icu->text->data, len, TRUE);
+}
+
 void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
 			    struct casidx_tokenizer *tok,
 			    const unsigned char *data, size_t size)

@@ -32,6 +32,11 @@ void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
 			    struct casidx_tokenizer *tok,
 			    const unsigned char *data, size_t size);
 
+/* Normalise a run of CJK characters (UTF-8) and pass it on as one. */
+void casidx_tok_icu_cjk_run(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const unsigned char *data, size_t size);
+
 /* Test hook: when FALSE, pure-ASCII text also goes through ICU (the
    fast path must give identical tokens). Default TRUE. */
 void casidx_tokenizer_set_ascii_fast_path(struct casidx_tokenizer *tok,

@@ -401,6 +401,95 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 	}
 }
 
+/* Han, kana and Hangul letters (and the marks and selectors that extend
+   them) form CJK runs that are bigrammed. They are cut out before ICU
+   sees the text: its dictionary segmentation of them would be thrown
+   away and costs half the time on CJK text. U+309B/C, U+30A0 and U+30FB
+   are punctuation-like and stay out. */
+static bool is_cjk_char(uint32_t c)
+{
+	if (c < 0x1100)
+		return FALSE;
+	if (c < 0x3000)
+		return c <= 0x11ff;
+	if (c < 0x3100) {
+		return (c >= 0x3005 && c <= 0x3007) ||
+			(c >= 0x3041 && c <= 0x309a) || c == 0x309d ||
+			c == 0x309e || (c >= 0x30a1 && c <= 0x30fa) ||
+			(c >= 0x30fc && c <= 0x30ff);
+	}
+	return (c >= 0x3130 && c <= 0x318f) || (c >= 0x31f0 && c <= 0x31ff) ||
+		(c >= 0x3400 && c <= 0x4dbf) || (c >= 0x4e00 && c <= 0x9fff) ||
+		(c >= 0xa960 && c <= 0xa97f) || (c >= 0xac00 && c <= 0xd7ff) ||
+		(c >= 0xf900 && c <= 0xfaff) || (c >= 0xff66 && c <= 0xff9f) ||
+		(c >= 0x20000 && c <= 0x3134f);
+}
+
+/* Variation selectors: part of the preceding CJK character. */
+static bool is_cjk_extend(uint32_t c)
+{
+	return (c >= 0xfe00 && c <= 0xfe0f) || (c >= 0xe0100 && c <= 0xe01ef);
+}
+
+/* Decode the valid UTF-8 character at data[0]. */
+static uint32_t utf8_decode(const unsigned char *data, size_t *len_r)
+{
+	uint32_t c = data[0];
+
+	if (c < 0x80) {
+		*len_r = 1;
+		return c;
+	}
+	if (c < 0xe0) {
+		*len_r = 2;
+		return ((c & 0x1f) << 6) | (data[1] & 0x3f);
+	}
+	if (c < 0xf0) {
+		*len_r = 3;
+		return ((c & 0x0f) << 12) | ((data[1] & 0x3f) << 6) |
+			(data[2] & 0x3f);
+	}
+	*len_r = 4;
+	return ((c & 0x07) << 18) | ((data[1] & 0x3f) << 12) |
+		((data[2] & 0x3f) << 6) | (data[3] & 0x3f);
+}
+
+/* Non-ASCII text: CJK runs directly, the rest through ICU. */
+static void segment_unicode(struct casidx_tokenizer *tok,
+			    const unsigned char *data, size_t len)
+{
+	size_t i = 0, start = 0, run_start = 0, n;
+	bool in_run = FALSE, cjk;
+	uint32_t c;
+
+	while (i < len) {
+		c = utf8_decode(data + i, &n);
+		cjk = is_cjk_char(c) || (in_run && is_cjk_extend(c));
+		if (cjk && !in_run) {
+			if (i > start) {
+				casidx_tok_icu_segment(tok->icu, tok,
+						       data + start,
+						       i - start);
+			}
+			run_start = i;
+		} else if (!cjk && in_run) {
+			casidx_tok_icu_cjk_run(tok->icu, tok,
+					       data + run_start,
+					       i - run_start);
+			start = i;
+		}
+		in_run = cjk;
+		i += n;
+	}
+	if (in_run) {
+		casidx_tok_icu_cjk_run(tok->icu, tok, data + run_start,
+				       len - run_start);
+	} else if (len > start) {
+		casidx_tok_icu_segment(tok->icu, tok, data + start,
+				       len - start);
+	}
+}
+
 static void segment_range(struct casidx_tokenizer *tok,
 			  const unsigned char *data, size_t len, bool ascii)
 {
@@ -408,17 +497,18 @@ static void segment_range(struct casidx_tokenizer *tok,
 
 	if (len == 0)
 		return;
-	if (tok->ascii_fast_path) {
-		for (i = 0; !ascii && i < len; i++) {
-			if (data[i] >= 0x80)
-				break;
-		}
-		if (ascii || i == len) {
-			ascii_segment(tok, data, len);
-			return;
-		}
+	for (i = 0; !ascii && i < len; i++) {
+		if (data[i] >= 0x80)
+			break;
 	}
-	casidx_tok_icu_segment(tok->icu, tok, data, len);
+	if (ascii || i == len) {
+		if (tok->ascii_fast_path)
+			ascii_segment(tok, data, len);
+		else
+			casidx_tok_icu_segment(tok->icu, tok, data, len);
+		return;
+	}
+	segment_unicode(tok, data, len);
 }
 
 /* Text between compounds: drop base64/hex runs, segment the rest.
