@@ -18,6 +18,7 @@ from dovecot_harness import TOP_SRCDIR  # noqa: E402
 
 BENCH = os.path.join(TOP_SRCDIR, "bench")
 sys.path.insert(0, BENCH)
+import fts  # noqa: E402
 import storage  # noqa: E402
 
 TINY_MESSAGES = 12
@@ -104,6 +105,24 @@ class BenchSmoke(unittest.TestCase):
         self.assertTrue(p["aead"], "AEAD benchmark produced no figures")
         for figures in p["aead"][0].values():
             self.assertGreater(figures["decrypt_mbps"], 0)
+
+    def test_fts_rows(self):
+        f = self.res["fts"]
+        self.assertEqual(f["status"], "ok")
+        self.assertEqual(set(f["engines"]), set(fts.ENGINES))
+        for e in fts.ENGINES:
+            self.assertIn("| %s |" % e, self.md, e)
+        # The oracle and a stock Debian engine must work; every engine
+        # that works finds nothing for a word absent from the corpus and
+        # something for the commonest one.
+        for e in ("sqlite-fts5", "fts-xapian"):
+            self.assertNotIn("error", f["engines"][e], e)
+        for e, r in f["engines"].items():
+            if "hits" in r:
+                with self.subTest(engine=e):
+                    self.assertEqual(r["hits"]["xyzzyquux"], 0)
+                    self.assertGreater(r["hits"]["the"], 0)
+                    self.assertGreater(r["index_bytes_ratio"], 0)
 
     def test_report_sections(self):
         for heading in ("## Goals", "## Physical limits",
