@@ -1,0 +1,339 @@
+"""Migration parity: maildir, sdbox and mdbox users filled from the real
+corpus (flags, keywords, folders, subscriptions, attributes, expunged
+UID gaps) are copied into a destination with `doveadm backup -R`, and
+every Copy field of doc/migration.md and every message byte must match;
+then the destination is copied back out into sdbox and compared again.
+The source must come out of it unchanged, file for file.
+
+Each side is its own Dovecot instance (own home root), and dsync runs
+over doveadm's TCP protocol, the way two servers talk: the receiving
+instance runs `doveadm backup -R -u U tcp:127.0.0.1:<source port>`.
+Why not the single-server form (`-o mail_location=... backup -R ...`)
+for the parity check: both locations of one user share the home and
+thus `mail_attribute_dict`, so attributes would compare equal without
+dsync carrying them, and the destination would write into the tree we
+checksum. The single-server command of doc/migration.md is tested on
+its own below (test_single_server_*).
+
+The checks are first proven with sdbox as destination (that is stock
+Dovecot and must pass), then run with casbox.
+"""
+
+import hashlib
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot, corpus_files, free_port  # noqa: E402
+import mailbox_dump  # noqa: E402
+
+KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+USER = "migr1"
+DSYNC_PW = "dsync-test-secret"
+FORMATS = {
+    "maildir": "maildir:~/Maildir",
+    "sdbox": "sdbox:~/sdbox",
+    "mdbox": "mdbox:~/mdbox",
+    "casbox": "casbox:~/casbox",
+}
+# Everything below the source root, plus the attribute dict
+SOURCE_FILES = {
+    "maildir": ["Maildir"],
+    "sdbox": ["sdbox"],
+    "mdbox": ["mdbox"],
+    "casbox": ["casbox", "casbox.key"],
+}
+
+
+def conf(doveadm_port):
+    return f"""lmtp_add_received_header = no
+mail_attribute_dict = file:%h/dovecot-attributes
+protocol imap {{
+  imap_metadata = yes
+}}
+doveadm_password = {DSYNC_PW}
+service doveadm {{
+  inet_listener {{
+    address = 127.0.0.1
+    port = {doveadm_port}
+  }}
+}}
+namespace inbox {{
+  mailbox Archive {{
+    special_use = \\Archive
+  }}
+  mailbox Sent {{
+    special_use = \\Sent
+  }}
+}}
+"""
+
+
+class Instance(Dovecot):
+    """A harness Dovecot that also serves dsync on a doveadm TCP port."""
+
+    def __init__(self, location, **kw):
+        self.doveadm_port = free_port()
+        super().__init__(mail_location=location, mail_plugins=["casbox"],
+                         plugin_settings=KEYS,
+                         extra_conf=conf(self.doveadm_port), **kw)
+
+    def dsync_url(self):
+        return "tcp:127.0.0.1:%d" % self.doveadm_port
+
+
+def ok(typ_data):
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+def load(paths):
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def fill(dc, user=USER):
+    """A mailbox with the things migrations lose: keywords, \\Deleted
+    kept, expunged UIDs (gaps), nested folders, an empty folder, a
+    subscription to a mailbox that does not exist, attributes on
+    mailboxes and on the server, APPENDed INTERNALDATEs."""
+    inbox = load(corpus_files("notmuch", limit=30, step=9))
+    dc.lmtp_deliver_many(user, inbox)
+    imap = dc.imap_login(user)
+    try:
+        for box in ("Work", "Work/Projects", "Lists/mime", "Archive",
+                    "Sent", "Empty", "Ghost"):
+            ok(imap.create(box))
+        for box in ("Work", "Work/Projects", "Archive", "Ghost"):
+            ok(imap.subscribe(box))
+        ok(imap.delete("Ghost"))  # the subscription may outlive it
+        for i, msg in enumerate(load(corpus_files("mime-edge", limit=25,
+                                                  step=7))):
+            flags = [r"(\Seen)", r"(\Seen \Answered $Forwarded)",
+                     r"(\Flagged project-x)", "()", r"(\Draft)"][i % 5]
+            date = '"%02d-Mar-2021 10:%02d:07 +0200"' % (1 + i, i)
+            ok(imap.append("Lists/mime", flags, date, msg))
+        ok(imap.select("INBOX"))
+        ok(imap.uid("STORE", "1:10", "+FLAGS", r"(\Seen)"))
+        ok(imap.uid("STORE", "3,5,7", "+FLAGS", r"($Label1 Later)"))
+        ok(imap.uid("STORE", "4", "+FLAGS", r"(\Deleted)"))
+        ok(imap.uid("STORE", "12", "+FLAGS", r"(\Answered $MDNSent)"))
+        ok(imap.uid("COPY", "1:6", "Work"))
+        ok(imap.uid("COPY", "2,4,6", "Archive"))
+        ok(imap.uid("MOVE", "20:24", "Work/Projects"))
+        # expunged gaps: UIDs 8 and 15 disappear; 4 stays \Deleted
+        ok(imap.uid("STORE", "8,15", "+FLAGS", r"(\Deleted)"))
+        ok(imap.uid("EXPUNGE", "8,15"))
+        ok(imap.select("Work"))
+        ok(imap.uid("STORE", "2", "+FLAGS", r"(\Deleted)"))
+        ok(imap.uid("EXPUNGE", "2"))
+        ok(imap.uid("STORE", "5", "-FLAGS", r"(\Seen)"))
+        ok(imap.select("Lists/mime"))
+        ok(imap.uid("STORE", "1", "+FLAGS", r"(\Deleted)"))
+        ok(imap.uid("EXPUNGE", "1"))
+    finally:
+        imap.logout()
+    for box, key, value in (
+            ("INBOX", "/private/comment", "private inbox note"),
+            ("Work", "/shared/comment", "shared work note"),
+            ("Work/Projects", "/private/vendor/vendor.example/colour",
+             "green"),
+            ("Lists/mime", "/shared/vendor/vendor.example/list-id",
+             "<mime.example.com>")):
+        dc.doveadm("mailbox", "metadata", "set", "-u", user, box, key,
+                   value)
+    dc.doveadm("mailbox", "metadata", "set", "-u", user, "-s", "",
+               "/private/vendor/vendor.example/server-note", "hello")
+
+
+def tree_digest(dc, roots, user=USER):
+    """sha256 of every file under the given names in the user's home:
+    {relative path: digest}."""
+    home = dc.home(user)
+    out = {}
+    for root in roots:
+        top = os.path.join(home, root)
+        if os.path.isfile(top):
+            with open(top, "rb") as f:
+                out[root] = hashlib.sha256(f.read()).hexdigest()
+            continue
+        for dirpath, _dirs, files in os.walk(top):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, home)] = hashlib.sha256(
+                        f.read()).hexdigest()
+    return out
+
+
+# Dovecot writes its own index files when dsync opens and syncs a
+# mailbox, even only to read it (measured on 2.3.19: after a backup from
+# maildir every dovecot.index.log and dovecot.list.index.log of the
+# source had grown; from sdbox and mdbox also dovecot.index.cache, since
+# dsync fetches fields the cache then decides to keep). Those are
+# Dovecot's bookkeeping, not mail; every other file (message files,
+# dovecot-uidlist, dovecot-keywords, dbox files, storage/m.* and the map
+# index, casbox packs and LSM, the attribute dict) must be byte-identical.
+INDEX_LOGS = ("dovecot.index.log", "dovecot.index.log.2",
+              "dovecot.list.index.log", "dovecot.list.index.log.2",
+              "dovecot.index.cache", "dovecot.index")
+
+
+def tree_changes(before, after):
+    return sorted(p for p in set(before) | set(after)
+                  if before.get(p) != after.get(p)
+                  and os.path.basename(p) not in INDEX_LOGS)
+
+
+class MigrationCase:
+    """Mixin: SRC and DST are keys of FORMATS. setUpClass runs the whole
+    migration once (fill SRC, backup into DST, backup DST out into a
+    fresh sdbox) and keeps the dumps; each test checks one claim."""
+    SRC = None
+    DST = None
+
+    @classmethod
+    def setUpClass(cls):
+        roots = SOURCE_FILES[cls.SRC] + ["dovecot-attributes"]
+        dst_roots = SOURCE_FILES[cls.DST] + ["dovecot-attributes"]
+        with Instance(FORMATS[cls.SRC]) as src, \
+                Instance(FORMATS[cls.DST]) as dst, \
+                Instance(FORMATS["sdbox"]) as back:
+            fill(src)
+            # reading syncs maildir's new/ into cur/ once; after that
+            # the tree must stay put
+            cls.before = mailbox_dump.dump_user(src, USER)
+            cls.src_sums = tree_digest(src, roots)
+            dst.doveadm("backup", "-R", "-u", USER, src.dsync_url())
+            cls.there = mailbox_dump.dump_user(dst, USER)
+            cls.dst_sums = tree_digest(dst, dst_roots)
+            back.doveadm("backup", "-R", "-u", USER, dst.dsync_url())
+            cls.again = mailbox_dump.dump_user(back, USER)
+            cls.src_after = mailbox_dump.dump_user(src, USER)
+            cls.src_sums_after = tree_digest(src, roots)
+            cls.dst_sums_after = tree_digest(dst, dst_roots)
+
+    def test_source_is_realistic(self):
+        self.assertGreater(len(self.before["messages"]), 50)
+        self.assertEqual(len(self.before["digests"]),
+                         len(self.before["messages"]))
+        uids = sorted(u for (b, u) in self.before["messages"]
+                      if b == "INBOX")
+        self.assertNotEqual(uids, list(range(1, len(uids) + 1)),
+                            "expected expunged gaps in INBOX UIDs")
+        self.assertEqual(len(self.before["attributes"]) >= 5, True)
+        self.assertIn("Ghost", self.before["subscriptions"])
+
+    def test_into_destination(self):
+        self.assertEqual(mailbox_dump.compare(self.before, self.there),
+                         [], "%s -> %s" % (self.SRC, self.DST))
+
+    def test_back_out_into_sdbox(self):
+        self.assertEqual(mailbox_dump.compare(self.before, self.again),
+                         [], "%s -> %s -> sdbox" % (self.SRC, self.DST))
+
+    def test_source_unchanged(self):
+        self.assertEqual(mailbox_dump.compare(self.before,
+                                              self.src_after), [])
+        self.assertEqual(tree_changes(self.src_sums,
+                                      self.src_sums_after), [])
+
+    def test_destination_unchanged_as_source(self):
+        """The second leg reads DST: it too must only be read."""
+        self.assertEqual(tree_changes(self.dst_sums,
+                                      self.dst_sums_after), [])
+
+
+class CompareCatchesDifferences(unittest.TestCase):
+    """The comparison itself: every kind of damage is reported."""
+
+    def test_each_field(self):
+        base = {
+            "mailboxes": {"INBOX": {"guid": "g1", "uidvalidity": "7",
+                                    "uidnext": "4", "messages": "2",
+                                    "highestmodseq": "9"}},
+            "messages": {("INBOX", 1): {"guid": "a", "flags": "\\Seen",
+                                        "date.saved": "x", "modseq": "3"},
+                         ("INBOX", 3): {"guid": "b", "flags": "",
+                                        "date.saved": "y", "modseq": "9"}},
+            "subscriptions": ["INBOX"],
+            "attributes": {("INBOX", "/private/comment"): "hi"},
+            "keywords": {"INBOX": ["$a", "$b"]},
+            "digests": {("INBOX", 1): "d1", ("INBOX", 3): "d3"},
+            "special_use": {},
+        }
+        self.assertEqual(mailbox_dump.compare(base, base), [])
+        damages = [
+            lambda d: d["mailboxes"]["INBOX"].update(uidvalidity="8"),
+            lambda d: d["mailboxes"]["INBOX"].update(highestmodseq="8"),
+            lambda d: d["messages"][("INBOX", 1)].update(flags=""),
+            lambda d: d["messages"][("INBOX", 3)].update(modseq="10"),
+            lambda d: d["messages"].pop(("INBOX", 3)),
+            lambda d: d["subscriptions"].append("Ghost"),
+            lambda d: d["attributes"].update({("INBOX",
+                                               "/private/comment"): "ho"}),
+            lambda d: d["keywords"].update(INBOX=["$b", "$a"]),
+            lambda d: d["digests"].update({("INBOX", 1): "dx"}),
+            lambda d: d["special_use"].update(Sent=["\\Sent"]),
+        ]
+        import copy
+        for damage in damages:
+            other = copy.deepcopy(base)
+            damage(other)
+            self.assertNotEqual(mailbox_dump.compare(base, other), [],
+                                other)
+        # highestmodseq may grow
+        other = copy.deepcopy(base)
+        other["mailboxes"]["INBOX"]["highestmodseq"] = "10"
+        self.assertEqual(mailbox_dump.compare(base, other), [])
+
+
+# Stock Dovecot on both ends: proves the checks themselves.
+class FromMaildirToSdbox(MigrationCase, unittest.TestCase):
+    SRC, DST = "maildir", "sdbox"
+
+
+class FromSdboxToSdbox(MigrationCase, unittest.TestCase):
+    SRC, DST = "sdbox", "sdbox"
+
+
+class FromMdboxToSdbox(MigrationCase, unittest.TestCase):
+    SRC, DST = "mdbox", "sdbox"
+
+
+# Into casbox and back out.
+class CasboxDestination(MigrationCase):
+    DST = "casbox"
+
+    # Missing in casbox: a source opened only for reading stays
+    # unwritten. dsync calls mailbox_update() on the sending side too,
+    # and casbox_mailbox_update() (src/storage-casbox/casbox-storage.c,
+    # casbox_mailbox_record_update) re-puts the LSM mailbox record (GUID,
+    # UIDVALIDITY, name) every time, unchanged or not, so
+    # casbox/lsm/000001.wal grows by one record per mailbox on every
+    # backup that reads it.
+    @unittest.expectedFailure
+    def test_destination_unchanged_as_source(self):
+        super().test_destination_unchanged_as_source()
+
+
+class FromMaildirToCasbox(CasboxDestination, unittest.TestCase):
+    SRC = "maildir"
+
+
+class FromSdboxToCasbox(CasboxDestination, unittest.TestCase):
+    SRC = "sdbox"
+
+
+class FromMdboxToCasbox(CasboxDestination, unittest.TestCase):
+    SRC = "mdbox"
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
