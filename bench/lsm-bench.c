@@ -14,7 +14,8 @@
    Bytes written = wchar of /proc/self/io over the phase (all write
    syscalls of the process: WAL, tables, compaction).
 
-   usage: lsm-bench [messages] [sync-messages] [dir] */
+   usage: lsm-bench [messages] [sync-messages] [dir] [engine]
+   (with an engine name only that engine runs: for profiling) */
 
 #include "lib.h"
 #include "buffer.h"
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <leveldb/c.h>
 #include <sqlite3.h>
 
@@ -417,8 +419,43 @@ static double now(void)
 
 struct result {
 	double ops_per_sec;
+	/* per second of CPU (user+sys, all threads): robust on a shared
+	   machine, and counts LevelDB's background compaction thread */
+	double ops_per_cpu_sec;
 	double bytes_per_op;
 };
+
+static double cpu_now(void)
+{
+	struct rusage ru;
+
+	if (getrusage(RUSAGE_SELF, &ru) < 0)
+		i_fatal("getrusage() failed: %m");
+	return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+		ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+struct phase_clock {
+	double wall, cpu;
+	uint64_t wchar;
+};
+
+static void phase_start(struct phase_clock *pc)
+{
+	pc->wall = now();
+	pc->cpu = cpu_now();
+	pc->wchar = wchar_now();
+}
+
+static void phase_end(const struct phase_clock *pc, unsigned int ops,
+		      struct result *res)
+{
+	double cpu = cpu_now() - pc->cpu;
+
+	res->ops_per_sec = ops / (now() - pc->wall);
+	res->ops_per_cpu_sec = cpu > 0 ? ops / cpu : 0;
+	res->bytes_per_op = (double)(wchar_now() - pc->wchar) / ops;
+}
 
 enum phase { PH_DELIVER, PH_FLAGS, PH_SCAN, PH_LOOKUP, PH_COUNT };
 static const char *phase_names[PH_COUNT] = {
@@ -431,9 +468,8 @@ static void run_engine(const struct engine *e, const char *dir,
 {
 	unsigned char key[33], value[200];
 	unsigned int i, n_ops, uid[MAILBOXES], blobs = 0, total = 0;
+	struct phase_clock pc;
 	void *db;
-	double t;
-	uint64_t w;
 	const char *error;
 
 	if (unlink_directory(dir, UNLINK_DIRECTORY_FLAG_RMDIR, &error) < 0 &&
@@ -445,7 +481,7 @@ static void run_engine(const struct engine *e, const char *dir,
 	memset(uid, 0, sizeof(uid));
 	db = e->open(dir, sync);
 
-	t = now(); w = wchar_now();
+	phase_start(&pc);
 	for (i = 0; i < messages; i++) {
 		unsigned int mbox = rnd() % MAILBOXES, parts = 1 + rnd() % 2;
 
@@ -460,11 +496,10 @@ static void run_engine(const struct engine *e, const char *dir,
 		}
 		e->commit(db);
 	}
-	res[PH_DELIVER].ops_per_sec = messages / (now() - t);
-	res[PH_DELIVER].bytes_per_op = (double)(wchar_now() - w) / messages;
+	phase_end(&pc, messages, &res[PH_DELIVER]);
 
 	n_ops = messages;
-	t = now(); w = wchar_now();
+	phase_start(&pc);
 	for (i = 0; i < n_ops; i++) {
 		unsigned int mbox = rnd() % MAILBOXES;
 
@@ -475,11 +510,10 @@ static void run_engine(const struct engine *e, const char *dir,
 		e->put(db, key, 21, value, 16);
 		e->commit(db);
 	}
-	res[PH_FLAGS].ops_per_sec = n_ops / (now() - t);
-	res[PH_FLAGS].bytes_per_op = (double)(wchar_now() - w) / n_ops;
+	phase_end(&pc, n_ops, &res[PH_FLAGS]);
 
 	n_ops = 200;
-	t = now(); w = wchar_now();
+	phase_start(&pc);
 	for (i = 0; i < n_ops; i++) {
 		unsigned int mbox = rnd() % MAILBOXES;
 
@@ -487,39 +521,46 @@ static void run_engine(const struct engine *e, const char *dir,
 		total += e->scan(db, key, 17);
 	}
 	/* ops = records scanned */
-	res[PH_SCAN].ops_per_sec = total / (now() - t);
-	res[PH_SCAN].bytes_per_op = (double)(wchar_now() - w) / total;
+	phase_end(&pc, total, &res[PH_SCAN]);
 
 	n_ops = messages;
-	t = now(); w = wchar_now();
+	phase_start(&pc);
 	for (i = 0; i < n_ops; i++) {
 		blob_key(key, rnd() % blobs);
 		if (!e->get(db, key, 33))
 			i_fatal("%s: blob %u missing", e->name, i);
 	}
-	res[PH_LOOKUP].ops_per_sec = n_ops / (now() - t);
-	res[PH_LOOKUP].bytes_per_op = (double)(wchar_now() - w) / n_ops;
+	phase_end(&pc, n_ops, &res[PH_LOOKUP]);
 	e->close(db);
+}
+
+static double ratio(double a, double b)
+{
+	return b == 0 ? 0 : a / b;
 }
 
 static void report(const char *title, struct result res[N_ENGINES][PH_COUNT])
 {
 	unsigned int p, i;
 
-	printf("\n== %s ==\n%-8s", title, "phase");
-	for (i = 0; i < N_ENGINES; i++)
-		printf(" %14s %9s", engines[i].name, "B/op");
-	printf("  casbox/leveldb ops  casbox/leveldb bytes\n");
+	printf("\n== %s ==\n", title);
+	printf("%-8s %-11s %12s %14s %10s\n", "phase", "engine", "ops/s",
+	       "ops/cpu-s", "wB/op");
 	for (p = 0; p < PH_COUNT; p++) {
-		printf("%-8s", phase_names[p]);
 		for (i = 0; i < N_ENGINES; i++) {
-			printf(" %10.0f/s %9.1f", res[i][p].ops_per_sec,
+			printf("%-8s %-11s %12.0f %14.0f %10.1f\n",
+			       phase_names[p], engines[i].name,
+			       res[i][p].ops_per_sec,
+			       res[i][p].ops_per_cpu_sec,
 			       res[i][p].bytes_per_op);
 		}
-		printf("  %18.2f  %20.2f\n",
-		       res[0][p].ops_per_sec / res[1][p].ops_per_sec,
-		       res[1][p].bytes_per_op == 0 ? 0 :
-		       res[0][p].bytes_per_op / res[1][p].bytes_per_op);
+		printf("%-8s %-11s %11.2fx %13.2fx %9.2fx\n", "",
+		       "casbox/ldb",
+		       ratio(res[0][p].ops_per_sec, res[1][p].ops_per_sec),
+		       ratio(res[0][p].ops_per_cpu_sec,
+			     res[1][p].ops_per_cpu_sec),
+		       ratio(res[0][p].bytes_per_op,
+			     res[1][p].bytes_per_op));
 	}
 }
 
@@ -528,20 +569,28 @@ int main(int argc, char **argv)
 	unsigned int messages = argc > 1 ? atoi(argv[1]) : 100000;
 	unsigned int sync_messages = argc > 2 ? atoi(argv[2]) : 1000;
 	const char *base = argc > 3 ? argv[3] : "/tmp/lsm-bench";
+	const char *only = argc > 4 ? argv[4] : NULL;
 	struct result res[N_ENGINES][PH_COUNT];
 	unsigned int i;
 	const char *error;
 
 	lib_init();
 	(void)mkdir(base, 0700);
+	i_zero(&res);
 	for (i = 0; i < N_ENGINES; i++) T_BEGIN {
-		run_engine(&engines[i], t_strconcat(base, "/", engines[i].name,
-			   NULL), messages, FALSE, res[i]);
+		if (only == NULL || strcmp(only, engines[i].name) == 0) {
+			run_engine(&engines[i], t_strconcat(base, "/",
+				   engines[i].name, NULL), messages, FALSE,
+				   res[i]);
+		}
 	} T_END;
 	report(t_strdup_printf("nosync, %u messages", messages), res);
-	for (i = 0; i < N_ENGINES; i++) T_BEGIN {
-		run_engine(&engines[i], t_strconcat(base, "/", engines[i].name,
-			   NULL), sync_messages, TRUE, res[i]);
+	for (i = 0; i < N_ENGINES && sync_messages > 0; i++) T_BEGIN {
+		if (only == NULL || strcmp(only, engines[i].name) == 0) {
+			run_engine(&engines[i], t_strconcat(base, "/",
+				   engines[i].name, NULL), sync_messages,
+				   TRUE, res[i]);
+		}
 	} T_END;
 	report(t_strdup_printf("sync (fdatasync per batch), %u messages",
 			       sync_messages), res);

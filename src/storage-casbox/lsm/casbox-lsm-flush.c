@@ -28,7 +28,8 @@ static int lsm_write_all(struct casbox_lsm *lsm, int fd, const char *path,
 	if (ret < 0 || (size_t)ret != size) {
 		if (ret >= 0)
 			errno = ENOSPC;
-		*error_r = t_strdup_printf("write(%s) failed: %m", path);
+		*error_r = t_strdup_printf("write(%s) failed: %m",
+					   casbox_lsm_wal_path(lsm, path));
 		return -1;
 	}
 	return 0;
@@ -40,7 +41,8 @@ static int lsm_fsync(struct casbox_lsm *lsm, int fd, const char *path,
 	if (!lsm->set.fsync)
 		return 0;
 	if (lsm->io->fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
+		*error_r = t_strdup_printf("fsync(%s) failed: %m",
+					   casbox_lsm_wal_path(lsm, path));
 		return -1;
 	}
 	return 0;
@@ -143,9 +145,9 @@ static void lsm_apply(void *context, uint64_t seq, enum casbox_lsm_type type,
 int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 			  unsigned int count, const char **error_r)
 {
-	const char *path = casbox_lsm_path(lsm, lsm->wal_no, "wal");
+	const char *path = NULL; /* the WAL's, built only for errors */
 	const char *error;
-	buffer_t *rec;
+	buffer_t *rec = lsm->write_buf;
 	uint64_t first_seq;
 	unsigned int applied;
 	int ret;
@@ -154,7 +156,7 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 		*error_r = "batch too large";
 		return -1;
 	}
-	rec = buffer_create_dynamic(default_pool, entries->used + 32);
+	buffer_set_used_size(rec, 0);
 	casbox_lsm_wal_record_encode(rec, lsm->last_seq + 1, count, entries);
 	ret = lsm_write_all(lsm, lsm->wal_fd, path, rec->data, rec->used,
 			    lsm->wal_offset, error_r);
@@ -165,7 +167,6 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 		if (lsm->io->ftruncate(lsm->wal_fd, lsm->wal_offset) < 0 ||
 		    lsm_fsync(lsm, lsm->wal_fd, path, &error) < 0)
 			lsm->broken = TRUE;
-		buffer_free(&rec);
 		return -1;
 	}
 	(void)casbox_lsm_wal_payload_apply(
@@ -175,7 +176,6 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 	lsm->wal_offset += rec->used;
 	lsm->wal_file_size = lsm->wal_offset;
 	lsm->last_seq += count;
-	buffer_free(&rec);
 	return 0;
 }
 

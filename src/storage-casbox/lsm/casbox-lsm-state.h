@@ -37,7 +37,7 @@ struct casbox_lsm {
 	uoff_t wal_file_size;
 	uint64_t last_seq;
 
-	buffer_t *read_buf;
+	buffer_t *read_buf, *write_buf, *batch_buf;
 	struct casbox_lsm_batch *batch;
 	/* a failed commit could not be undone in the WAL */
 	bool broken;
@@ -45,6 +45,8 @@ struct casbox_lsm {
 
 const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
 			    const char *ext);
+/* path, or the current WAL's path if NULL (built only for errors) */
+const char *casbox_lsm_wal_path(struct casbox_lsm *lsm, const char *path);
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r);
 void casbox_lsm_unlock(struct casbox_lsm *lsm);
 /* Refresh; check_manifest = FALSE skips the MANIFEST stat (enough for

@@ -27,6 +27,8 @@
 #define TABLE_RESTART_INTERVAL 16
 #define TABLE_BLOOM_BITS_PER_KEY 10
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
+#define TABLE_CACHE_BLOCKS 16
+#define TABLE_CACHE_MAX_BLOCK_SIZE (64 * 1024)
 
 struct block_builder {
 	buffer_t *data;
@@ -54,21 +56,6 @@ struct table_index_entry {
 	uint32_t size;
 };
 
-struct casbox_lsm_table {
-	int refcount;
-	const struct casbox_lsm_io *io;
-	int fd;
-	char *path;
-	uint64_t file_no;
-	uoff_t size;
-	/* fuzzing: the whole file in memory */
-	const unsigned char *mem;
-
-	buffer_t *index_block, *bloom;
-	ARRAY(struct table_index_entry) index;
-	uint64_t entries;
-};
-
 /* A parsed, CRC-checked block. */
 struct block {
 	buffer_t *buf;
@@ -90,6 +77,30 @@ struct block_iter {
 	const char *error;
 };
 
+struct casbox_lsm_table {
+	int refcount;
+	const struct casbox_lsm_io *io;
+	int fd;
+	char *path;
+	uint64_t file_no;
+	uoff_t size;
+	/* fuzzing: the whole file in memory */
+	const unsigned char *mem;
+
+	buffer_t *index_block, *bloom;
+	ARRAY(struct table_index_entry) index;
+	uint64_t entries;
+
+	/* point lookups reuse these instead of allocating a source */
+	struct block lookup_block;
+	struct block_iter lookup_iter;
+
+	/* recently read data blocks, already CRC-checked and validated */
+	buffer_t *cache[TABLE_CACHE_BLOCKS];
+	uoff_t cache_offset[TABLE_CACHE_BLOCKS];
+	unsigned int cache_next;
+};
+
 struct table_source {
 	struct casbox_lsm_source src;
 	struct casbox_lsm_table *table;
@@ -99,6 +110,8 @@ struct table_source {
 	/* where iteration stopped on damage (verify reports it) */
 	uoff_t error_offset;
 	char *error_reason;
+	/* verify: read every block from disk, not from the cache */
+	bool verify;
 };
 
 /* ---- hashing for the bloom filter ---- */
@@ -539,12 +552,47 @@ static const char *block_validate(const struct block *block)
 	return NULL;
 }
 
+static bool table_cache_get(struct casbox_lsm_table *table, uoff_t offset,
+			    uint32_t size, buffer_t *buf)
+{
+	unsigned int i;
+
+	for (i = 0; i < TABLE_CACHE_BLOCKS; i++) {
+		if (table->cache[i] != NULL &&
+		    table->cache_offset[i] == offset &&
+		    table->cache[i]->used == size) {
+			buffer_set_used_size(buf, 0);
+			buffer_append_buf(buf, table->cache[i], 0, SIZE_MAX);
+			return TRUE;
+		}
+	}
+	return FALSE;
+}
+
+static void table_cache_put(struct casbox_lsm_table *table, uoff_t offset,
+			    const buffer_t *buf)
+{
+	unsigned int i = table->cache_next++ % TABLE_CACHE_BLOCKS;
+
+	if (buf->used > TABLE_CACHE_MAX_BLOCK_SIZE)
+		return;
+	if (table->cache[i] == NULL) {
+		table->cache[i] = buffer_create_dynamic(default_pool,
+							buf->used);
+	}
+	buffer_set_used_size(table->cache[i], 0);
+	buffer_append_buf(table->cache[i], buf, 0, SIZE_MAX);
+	table->cache_offset[i] = offset;
+}
+
 static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
-			    uint32_t size, struct block *block,
+			    uint32_t size, bool use_cache, struct block *block,
 			    const char **error_r)
 {
 	const char *reason;
 
+	if (use_cache && table_cache_get(table, offset, size, block->buf))
+		return block_parse(table, block, offset, error_r);
 	if (table_read_raw(table, offset, size, block->buf, error_r) < 0 ||
 	    block_parse(table, block, offset, error_r) < 0)
 		return -1;
@@ -556,6 +604,7 @@ static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 		*error_r = table_error(table, offset, reason);
 		return -1;
 	}
+	table_cache_put(table, offset, block->buf);
 	return 0;
 }
 
@@ -680,7 +729,8 @@ static int table_load_index(struct casbox_lsm_table *table,
 	i_zero(&block);
 	i_zero(&bi);
 	block.buf = table->index_block;
-	if (table_read_block(table, offset, size, &block, error_r) < 0)
+	if (table_read_block(table, offset, size, FALSE, &block,
+			     error_r) < 0)
 		return -1;
 	/* decoded keys go into keys; entries hold offsets until the end */
 	keys = buffer_create_dynamic(default_pool, block.data_size + 64);
@@ -777,6 +827,9 @@ static struct casbox_lsm_table *table_alloc(const char *path)
 	table->index_block = buffer_create_dynamic(default_pool, 1024);
 	table->bloom = buffer_create_dynamic(default_pool, 1024);
 	i_array_init(&table->index, 64);
+	table->lookup_block.buf = buffer_create_dynamic(default_pool,
+							TABLE_BLOCK_SIZE + 64);
+	table->lookup_iter.key = buffer_create_dynamic(default_pool, 128);
 	return table;
 }
 
@@ -832,6 +885,7 @@ void casbox_lsm_table_ref(struct casbox_lsm_table *table)
 void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
 {
 	struct casbox_lsm_table *table = *_table;
+	unsigned int i;
 
 	*_table = NULL;
 	i_assert(table->refcount > 0);
@@ -839,6 +893,12 @@ void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
 		return;
 	if (table->fd != -1 && table->io->close(table->fd) < 0)
 		i_error("close(%s) failed: %m", table->path);
+	for (i = 0; i < TABLE_CACHE_BLOCKS; i++) {
+		if (table->cache[i] != NULL)
+			buffer_free(&table->cache[i]);
+	}
+	buffer_free(&table->lookup_block.buf);
+	buffer_free(&table->lookup_iter.key);
 	buffer_free(&table->index_block);
 	buffer_free(&table->bloom);
 	array_free(&table->index);
@@ -918,7 +978,7 @@ static bool table_source_load(struct table_source *ts, unsigned int idx,
 		return FALSE;
 	entry = array_idx(&ts->table->index, idx);
 	if (table_read_block(ts->table, entry->offset, entry->size,
-			     &ts->block, &error) < 0) {
+			     !ts->verify, &ts->block, &error) < 0) {
 		ts->src.valid = FALSE;
 		if (ts->src.error == NULL) {
 			ts->error_offset = entry->offset;
@@ -1036,29 +1096,43 @@ int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
 			    enum casbox_lsm_type *type_r, buffer_t *value_r,
 			    const char **error_r)
 {
-	struct casbox_lsm_source *src;
-	int ret = 0;
+	const struct table_index_entry *entry;
+	struct block_iter *bi = &table->lookup_iter;
+	unsigned int idx;
 
 	if (!bloom_may_contain(table->bloom, key, key_size))
 		return 0;
-	if (table_find_block(table, key, key_size) >=
-	    array_count(&table->index))
+	idx = table_find_block(table, key, key_size);
+	if (idx >= array_count(&table->index))
 		return 0;
-	src = casbox_lsm_table_source(table);
-	src->seek(src, key, key_size);
-	if (src->error != NULL) {
-		*error_r = t_strdup(src->error);
-		ret = -1;
-	} else if (src->valid &&
-		   casbox_lsm_key_cmp(src->key, src->key_size,
-				      key, key_size) == 0) {
-		*type_r = src->type;
-		if (src->type == CASBOX_LSM_TYPE_PUT)
-			buffer_append(value_r, src->value, src->value_size);
-		ret = 1;
+	entry = array_idx(&table->index, idx);
+	/* the same checks a table source does, without allocating one */
+	if (table_read_block(table, entry->offset, entry->size, TRUE,
+			     &table->lookup_block, error_r) < 0)
+		return -1;
+	block_iter_seek(bi, &table->lookup_block, key, key_size);
+	if (bi->error != NULL) {
+		*error_r = table_error(table, entry->offset, bi->error);
+		return -1;
 	}
-	casbox_lsm_source_free(&src);
-	return ret;
+	if (!bi->valid) {
+		*error_r = table_error(table, entry->offset,
+				       "block shorter than index");
+		return -1;
+	}
+	if (casbox_lsm_key_cmp(bi->key->data, bi->key->used,
+			       entry->last_key, entry->last_key_size) > 0) {
+		*error_r = table_error(table, entry->offset,
+				       "block key above its index key");
+		return -1;
+	}
+	if (casbox_lsm_key_cmp(bi->key->data, bi->key->used,
+			       key, key_size) != 0)
+		return 0;
+	*type_r = bi->type;
+	if (bi->type == CASBOX_LSM_TYPE_PUT)
+		buffer_append(value_r, bi->value, bi->value_size);
+	return 1;
 }
 
 int casbox_lsm_table_verify(struct casbox_lsm_table *table,
@@ -1070,6 +1144,7 @@ int casbox_lsm_table_verify(struct casbox_lsm_table *table,
 	int ret = 1;
 
 	src = casbox_lsm_table_source(table);
+	((struct table_source *)src)->verify = TRUE;
 	for (src->seek(src, (const unsigned char *)"", 0); src->valid;
 	     src->next(src))
 		count++;

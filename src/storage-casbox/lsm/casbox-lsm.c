@@ -36,6 +36,11 @@ const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
 	return t_strdup_printf("%s/%06"PRIu64".%s", lsm->dir, file_no, ext);
 }
 
+const char *casbox_lsm_wal_path(struct casbox_lsm *lsm, const char *path)
+{
+	return path != NULL ? path : casbox_lsm_path(lsm, lsm->wal_no, "wal");
+}
+
 /* ---- locking ---- */
 
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
@@ -121,7 +126,7 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 	if (file_size < 0) {
 		if (lsm->io->fstat(fd, &st) < 0) {
 			*error_r = t_strdup_printf("fstat(%s) failed: %m",
-						   path);
+						   casbox_lsm_wal_path(lsm, path));
 			return -1;
 		}
 		file_size = st.st_size;
@@ -135,7 +140,8 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 							    size),
 			     size, *offset);
 	if (ret < 0) {
-		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+		*error_r = t_strdup_printf("pread(%s) failed: %m",
+					   casbox_lsm_wal_path(lsm, path));
 		return -1;
 	}
 	size = ret;
@@ -159,7 +165,8 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 		if (status == CASBOX_LSM_WAL_CORRUPT) {
 			*error_r = t_strdup_printf(
 				"Corrupted WAL %s at offset %"PRIuUOFF_T": %s",
-				path, *offset + pos, error);
+				casbox_lsm_wal_path(lsm, path), *offset + pos,
+				error);
 			return -1;
 		}
 		(void)casbox_lsm_wal_payload_apply(payload, payload_size,
@@ -387,7 +394,6 @@ int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
 			    const char **error_r)
 {
 	struct stat st, mst;
-	const char *path;
 
 	/* a flush replaces the WAL: an unlinked WAL means reload */
 	if (lsm->io->fstat(lsm->wal_fd, &st) < 0) {
@@ -410,8 +416,7 @@ int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
 			st.st_size = -1;
 		}
 	}
-	path = casbox_lsm_path(lsm, lsm->wal_no, "wal");
-	if (lsm_wal_read(lsm, lsm->wal_fd, path, lsm->mt, &lsm->wal_offset,
+	if (lsm_wal_read(lsm, lsm->wal_fd, NULL, lsm->mt, &lsm->wal_offset,
 			 &lsm->last_seq, st.st_size, error_r) < 0)
 		return -1;
 	return 1;
@@ -483,6 +488,8 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->manifest_path = i_strconcat(set->dir, "/MANIFEST", NULL);
 	lsm->lock_path = i_strconcat(set->dir, "/LOCK", NULL);
 	lsm->read_buf = buffer_create_dynamic(default_pool, 4096);
+	lsm->write_buf = buffer_create_dynamic(default_pool, 1024);
+	lsm->batch_buf = buffer_create_dynamic(default_pool, 1024);
 	lsm->wal_fd = -1;
 	lsm->lock_fd = -1;
 	i_array_init(&lsm->tables, 8);
@@ -530,6 +537,8 @@ void casbox_lsm_close(struct casbox_lsm **_lsm)
 	if (lsm->lock_fd != -1)
 		i_close_fd(&lsm->lock_fd);
 	buffer_free(&lsm->read_buf);
+	buffer_free(&lsm->write_buf);
+	buffer_free(&lsm->batch_buf);
 	i_free(lsm->manifest_path);
 	i_free(lsm->lock_path);
 	i_free(lsm->dir);
@@ -589,7 +598,8 @@ int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
 	}
 	batch = i_new(struct casbox_lsm_batch, 1);
 	batch->lsm = lsm;
-	batch->entries = buffer_create_dynamic(default_pool, 256);
+	batch->entries = lsm->batch_buf;
+	buffer_set_used_size(batch->entries, 0);
 	lsm->batch = batch;
 	*batch_r = batch;
 	return 1;
@@ -621,7 +631,6 @@ static void lsm_batch_free(struct casbox_lsm_batch **_batch)
 
 	*_batch = NULL;
 	batch->lsm->batch = NULL;
-	buffer_free(&batch->entries);
 	i_free(batch);
 }
 
