@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#include <signal.h>
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -503,6 +504,69 @@ START_TEST(test_lock_timeout)
 }
 END_TEST
 
+/* kill -9 of a writer at a random moment (mid-commit, mid-flush or
+   mid-merge): every batch it reported as committed is there after
+   reopen, and the store takes writes again. */
+START_TEST(test_sigkill_writer)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(32);
+	unsigned int round, i, acked;
+	int fds[2], status;
+	ssize_t ret;
+	pid_t pid;
+
+	test_dir_setup();
+	for (round = 0; round < 8; round++) {
+		ck_assert(pipe(fds) == 0);
+		pid = fork();
+		ck_assert(pid != -1);
+		if (pid == 0) {
+			i_close_fd(&fds[0]);
+			lsm = test_open(4096);
+			for (i = 0;; i++) T_BEGIN {
+				batch = begin(lsm);
+				put_str(batch, t_strdup_printf("r%u-%06u",
+					round, i), t_strdup_printf(
+					"%u-%0200u", i, i));
+				put_str(batch, t_strdup_printf("r%u-last",
+					round), dec2str(i));
+				commit(&batch);
+				if (write(fds[1], &i, sizeof(i)) != sizeof(i))
+					_exit(1);
+			} T_END;
+		}
+		i_close_fd(&fds[1]);
+		/* let it run for a varying number of commits */
+		acked = 0;
+		for (i = 0; i < 50 + round * 97; i++) {
+			ret = read(fds[0], &acked, sizeof(acked));
+			ck_assert(ret == sizeof(acked));
+		}
+		ck_assert(kill(pid, SIGKILL) == 0);
+		/* whatever it acked before dying counts too */
+		while (read(fds[0], &acked, sizeof(acked)) == sizeof(acked)) ;
+		ck_assert(waitpid(pid, &status, 0) == pid);
+		i_close_fd(&fds[0]);
+
+		lsm = test_open(4096);
+		for (i = 0; i <= acked; i++) {
+			ck_assert_msg(get_str(lsm, t_strdup_printf("r%u-%06u",
+				round, i), value) == 1,
+				"round %u: acked batch %u lost", round, i);
+		}
+		ck_assert_int_eq(get_str(lsm, t_strdup_printf("r%u-last",
+						round), value), 1);
+		batch = begin(lsm);
+		put_str(batch, "after", "kill");
+		commit(&batch);
+		casbox_lsm_close(&lsm);
+	}
+	test_dir_teardown();
+}
+END_TEST
+
 /* ---- corruption ---- */
 
 struct damage {
@@ -721,6 +785,7 @@ int main(void)
 	tcase_add_test(tc, test_multiprocess_flock);
 	tcase_add_test(tc, test_multiprocess_dotlock);
 	tcase_add_test(tc, test_lock_timeout);
+	tcase_add_test(tc, test_sigkill_writer);
 	tcase_add_test(tc, test_corrupt_table_block);
 	tcase_add_test(tc, test_corrupt_table_every_byte);
 	tcase_add_test(tc, test_corrupt_wal_middle);
