@@ -34,15 +34,15 @@ import storage  # noqa: E402
 # rounds, would take over two hours.
 SIZES = {
     "tiny": dict(messages=12, rounds=1, fetch_repeats=1, large=60,
-                 large_batch=30, latency_repeats=3, seq_mb=8,
+                 large_batch=30, large_base=40, latency_repeats=3, seq_mb=8,
                  fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
                  physical_repeats=1, peer_timeout=300, space_all=False),
     "quick": dict(messages=300, rounds=2, fetch_repeats=2, large=5000,
-                  large_batch=250, latency_repeats=5, seq_mb=64,
+                  large_batch=250, large_base=2000, latency_repeats=5, seq_mb=64,
                   fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
                   physical_repeats=2, peer_timeout=900, space_all=False),
     "full": dict(messages=800, rounds=2, fetch_repeats=3, large=100000,
-                 large_batch=500, latency_repeats=7, seq_mb=512,
+                 large_batch=500, large_base=5000, latency_repeats=7, seq_mb=512,
                  fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
                  physical_repeats=3, peer_timeout=1800, space_all=True),
 }
