@@ -567,6 +567,37 @@ START_TEST(test_sigkill_writer)
 }
 END_TEST
 
+/* fcntl locks do not exclude within a process: a second handle's
+   batch must fail clearly instead of interleaving WAL writes. */
+START_TEST(test_two_handles_one_process)
+{
+	struct casbox_lsm *a, *b;
+	struct casbox_lsm_batch *batch_a, *batch_b;
+	string_t *value = t_str_new(32);
+	const char *error;
+
+	test_dir_setup();
+	a = test_open(0);
+	b = test_open(0);
+	batch_a = begin(a);
+	ck_assert_int_eq(casbox_lsm_batch_begin(b, &batch_b, &error), -1);
+	ck_assert_msg(strstr(error, "another handle") != NULL,
+		      "error: %s", error);
+	put_str(batch_a, "x", "1");
+	commit(&batch_a);
+	batch_b = begin(b);
+	ck_assert_int_eq(get_str(b, "x", value), 1);
+	put_str(batch_b, "x", "2");
+	commit(&batch_b);
+	ck_assert_int_eq(casbox_lsm_refresh(a, &error), 1);
+	ck_assert_int_eq(get_str(a, "x", value), 1);
+	ck_assert_str_eq(str_c(value), "2");
+	casbox_lsm_close(&a);
+	casbox_lsm_close(&b);
+	test_dir_teardown();
+}
+END_TEST
+
 /* ---- corruption ---- */
 
 struct damage {
@@ -786,6 +817,7 @@ int main(void)
 	tcase_add_test(tc, test_multiprocess_dotlock);
 	tcase_add_test(tc, test_lock_timeout);
 	tcase_add_test(tc, test_sigkill_writer);
+	tcase_add_test(tc, test_two_handles_one_process);
 	tcase_add_test(tc, test_corrupt_table_block);
 	tcase_add_test(tc, test_corrupt_table_every_byte);
 	tcase_add_test(tc, test_corrupt_wal_middle);

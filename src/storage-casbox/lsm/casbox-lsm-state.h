@@ -24,6 +24,11 @@ struct casbox_lsm {
 
 	int lock_fd;
 	struct file_lock *lock;
+	/* identity of dir, and the next handle of this process holding
+	   a write lock (see casbox_lsm_lock()) */
+	dev_t dir_dev;
+	ino_t dir_ino;
+	struct casbox_lsm *lock_next;
 
 	/* state as of the last load/refresh */
 	struct stat manifest_st;

@@ -43,6 +43,43 @@ const char *casbox_lsm_wal_path(struct casbox_lsm *lsm, const char *path)
 
 /* ---- locking ---- */
 
+/* Handles of this process that hold their store's write lock. fcntl
+   locks do not exclude each other within one process, so a second
+   handle on the same store must be stopped here. */
+static struct casbox_lsm *lsm_locked_list = NULL;
+
+static int lsm_lock_check_process(struct casbox_lsm *lsm,
+				  const char **error_r)
+{
+	struct casbox_lsm *other;
+
+	for (other = lsm_locked_list; other != NULL;
+	     other = other->lock_next) {
+		if (other->dir_dev == lsm->dir_dev &&
+		    other->dir_ino == lsm->dir_ino) {
+			*error_r = t_strdup_printf(
+				"%s is already locked by another handle of "
+				"this process (nested batches?)", lsm->dir);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void lsm_locked_list_remove(struct casbox_lsm *lsm)
+{
+	struct casbox_lsm **p;
+
+	for (p = &lsm_locked_list; *p != NULL; p = &(*p)->lock_next) {
+		if (*p == lsm) {
+			*p = lsm->lock_next;
+			lsm->lock_next = NULL;
+			return;
+		}
+	}
+	i_unreached();
+}
+
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 {
 	struct file_lock_settings lock_set = {
@@ -57,6 +94,8 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 	int ret;
 
 	i_assert(lsm->lock == NULL);
+	if (lsm_lock_check_process(lsm, error_r) < 0)
+		return -1;
 	if (lsm->set.lock_method == FILE_LOCK_METHOD_DOTLOCK) {
 		ret = file_dotlock_create(&dotlock_set, lsm->lock_path, 0,
 					  &dotlock);
@@ -86,11 +125,14 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 		*error_r = error;
 		return -1;
 	}
+	lsm->lock_next = lsm_locked_list;
+	lsm_locked_list = lsm;
 	return 0;
 }
 
 void casbox_lsm_unlock(struct casbox_lsm *lsm)
 {
+	lsm_locked_list_remove(lsm);
 	file_unlock(&lsm->lock);
 }
 
@@ -429,6 +471,23 @@ int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
 
 /* ---- open / close ---- */
 
+/* The store directory itself may be new: make its entry durable. */
+static int lsm_fsync_parent(struct casbox_lsm *lsm, const char **error_r)
+{
+	const char *p = strrchr(lsm->dir, '/');
+	const char *parent;
+
+	if (!lsm->set.fsync)
+		return 0;
+	parent = p == NULL ? "." : (p == lsm->dir ? "/" :
+				    t_strdup_until(lsm->dir, p));
+	if (lsm->io->fsync_dir(parent) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", parent);
+		return -1;
+	}
+	return 0;
+}
+
 static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
 {
 	struct casbox_lsm_manifest man;
@@ -444,7 +503,8 @@ static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
 		man.wal_no = 1;
 		man.next_file_no = 2;
 		if (casbox_lsm_wal_create(lsm, man.wal_no, error_r) < 0 ||
-		    casbox_lsm_manifest_write(lsm, &man, error_r) < 0)
+		    casbox_lsm_manifest_write(lsm, &man, error_r) < 0 ||
+		    lsm_fsync_parent(lsm, error_r) < 0)
 			ret = -1;
 		else
 			ret = casbox_lsm_load(lsm, error_r);
@@ -468,6 +528,19 @@ static int lsm_mkdir(struct casbox_lsm *lsm, const char **error_r)
 		return 0;
 	*error_r = t_strdup_printf("mkdir(%s) failed: %m", lsm->dir);
 	return -1;
+}
+
+static int lsm_stat_dir(struct casbox_lsm *lsm, const char **error_r)
+{
+	struct stat st;
+
+	if (lsm->io->stat(lsm->dir, &st) < 0) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m", lsm->dir);
+		return -1;
+	}
+	lsm->dir_dev = st.st_dev;
+	lsm->dir_ino = st.st_ino;
+	return 0;
 }
 
 int casbox_lsm_open(const struct casbox_lsm_settings *set,
@@ -494,7 +567,8 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->lock_fd = -1;
 	i_array_init(&lsm->tables, 8);
 
-	if (lsm_mkdir(lsm, error_r) < 0) {
+	if (lsm_mkdir(lsm, error_r) < 0 ||
+	    lsm_stat_dir(lsm, error_r) < 0) {
 		casbox_lsm_close(&lsm);
 		return -1;
 	}
