@@ -351,6 +351,31 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 	return TRUE;
 }
 
+/* SEARCH TEXT also matches header names. They are ASCII, so lowercase
+   is their normal form; they bypass the tokenizer, whose base64 filter
+   would drop long hyphenated names (X-MS-Exchange-...). Indexed whole
+   and split at '-'. */
+static void
+casidx_update_header_name(struct casidx_fts_backend_update_context *ctx,
+			  const char *name)
+{
+	T_BEGIN {
+		const char *lname = t_str_lcase(name);
+		const char *const *part;
+
+		casidx_index_writer_add_term(ctx->writer, CASIDX_FIELD_HEADER,
+					     lname, strlen(lname));
+		for (part = t_strsplit(lname, "-");
+		     strchr(lname, '-') != NULL && *part != NULL; part++) {
+			if (**part != '\0') {
+				casidx_index_writer_add_term(ctx->writer,
+					CASIDX_FIELD_HEADER, *part,
+					strlen(*part));
+			}
+		}
+	} T_END;
+}
+
 static bool
 fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 					const struct fts_backend_build_key *key)
@@ -370,11 +395,7 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 	switch (key->type) {
 	case FTS_BACKEND_BUILD_KEY_HDR:
 	case FTS_BACKEND_BUILD_KEY_MIME_HDR:
-		/* SEARCH TEXT also matches header names */
-		ctx->field = CASIDX_FIELD_HEADER;
-		casidx_tokenizer_tokenize(backend->tok, key->hdr_name,
-					  strlen(key->hdr_name),
-					  casidx_update_token, ctx);
+		casidx_update_header_name(ctx, key->hdr_name);
 		ctx->field = key->type == FTS_BACKEND_BUILD_KEY_HDR ?
 			casidx_header_field(key->hdr_name) :
 			CASIDX_FIELD_HEADER;

@@ -4,13 +4,20 @@ substring semantics), on real list mail plus a few non-ASCII messages;
 then after an expunge, and after the index is deleted and rebuilt.
 """
 
+import email
+import html.parser
 import os
+import random
+import re
 import sys
 import unittest
+from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, corpus_files  # noqa: E402
 
+B64_RUN_RE = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
+B64_ALWAYS_RE = re.compile(r"[A-Za-z0-9+/=_-]{60,}")
 N_CORPUS = int(os.environ.get("CASIDX_E2E_MESSAGES", "300"))
 USER = "user1"
 
@@ -70,6 +77,71 @@ QUERIES = [
     ["BODY", "東京"],
     ["BODY", "京"],
 ]
+
+
+class _HtmlText(html.parser.HTMLParser):
+    """Character data of HTML without <style>/<script>, which Dovecot's
+    HTML-to-text parser drops too."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts = []
+        self.skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("style", "script"):
+            self.skip += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("style", "script") and self.skip > 0:
+            self.skip -= 1
+
+    def handle_data(self, data):
+        if self.skip == 0:
+            self.parts.append(data)
+
+
+def html_text(markup):
+    p = _HtmlText()
+    p.feed(markup)
+    p.close()
+    return " ".join(p.parts)
+
+
+def generated_queries(count=60):
+    """Words and pieces of words from the corpus text, seeded: whole
+    words, 3-5 byte substrings from inside words, and word prefixes
+    under TEXT."""
+    rng = random.Random(42)
+    files = corpus_files("usrp-users-3000", limit=N_CORPUS)
+    queries = []
+    for i in range(count):
+        with open(rng.choice(files), "rb") as f:
+            msg = email.message_from_binary_file(f, policy=policy.default)
+        text = []
+        for part in msg.walk():
+            if part.get_content_type() == "text/plain":
+                try:
+                    text.append(part.get_content())
+                except (LookupError, ValueError):
+                    pass
+        words = re.findall(r"[A-Za-z0-9]{3,20}", " ".join(text))
+        if not words:
+            continue
+        w = rng.choice(words)
+        if i % 3 == 0:
+            q = ["BODY", w]
+        elif i % 3 == 1 and len(w) > 4:
+            a = rng.randrange(0, len(w) - 3)
+            q = ["BODY", w[a:a + 3 + rng.randrange(0, 3)]]
+        else:
+            q = ["TEXT", w[:max(3, len(w) - 2)]]
+        if q not in queries and q not in QUERIES:
+            queries.append(q)
+    return queries
+
+
+QUERIES.extend(generated_queries())
 
 
 def corpus_messages():
@@ -143,15 +215,59 @@ class FtsCasidxSearch(unittest.TestCase):
                                         "fts_autoindex": "yes",
                                         "fts_enforced": "yes"})
 
+    def invisible_to_fts(self, uid, criteria):
+        """True if criteria's value occurs in message uid only where
+        casidx doesn't look by design (doc/search-semantics.md): in the
+        markup of HTML parts (Dovecot's own search reads raw HTML, FTS
+        gets the text) or inside runs the tokenizer skips as base64
+        (>= 40 base64 characters with a non-letter, or >= 60). Proven by
+        the value being absent from the text of every text part (HTML
+        reduced to its character data) and, for TEXT, every header line,
+        once such runs are removed."""
+        msg = email.message_from_bytes(self.messages[uid - 1],
+                                       policy=policy.default)
+        value = criteria[-1].casefold()
+
+        def visible(text):
+            text = B64_ALWAYS_RE.sub(" ", text)
+            text = B64_RUN_RE.sub(
+                lambda m: " " if re.search(r"[^A-Za-z]", m.group(0))
+                else m.group(0), text)
+            return value in text.casefold()
+
+        for part in msg.walk():
+            if part.get_content_maintype() == "text":
+                try:
+                    text = part.get_content()
+                except (LookupError, ValueError):
+                    return False
+                if part.get_content_subtype() == "html":
+                    text = html_text(text)
+                if visible(text):
+                    return False
+            if criteria[-2] == "TEXT":
+                for name, val in part.items():
+                    if visible("%s: %s" % (name, val)):
+                        return False
+        return True
+
     def assert_same(self, got, expected, what):
         diffs = []
         for q, uids in expected.items():
-            if got[q] != uids:
+            only_fts = sorted(set(got[q]) - set(uids))
+            only_oracle = sorted(set(uids) - set(got[q]))
+            # a single BODY/TEXT leaf may differ only where FTS is blind
+            if len(q) == 2 and q[0] in ("BODY", "TEXT"):
+                only_oracle = [u for u in only_oracle
+                               if not self.invisible_to_fts(u, q)]
+            if len(q) == 3 and q[0] == "NOT" and q[1] in ("BODY", "TEXT"):
+                only_fts = [u for u in only_fts
+                            if not self.invisible_to_fts(u, q)]
+            if only_fts or only_oracle:
                 diffs.append("%s %r: fts %d uids, oracle %d; only fts %r, "
                              "only oracle %r"
                              % (what, q, len(got[q]), len(uids),
-                                sorted(set(got[q]) - set(uids))[:10],
-                                sorted(set(uids) - set(got[q]))[:10]))
+                                only_fts[:10], only_oracle[:10]))
         self.assertEqual(diffs, [], "\n".join(diffs))
 
     def test_search_equals_oracle(self):
