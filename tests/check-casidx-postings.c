@@ -507,9 +507,10 @@ static void child_writer(uint32_t first, unsigned int rounds, bool optimize)
 	index = casidx_index_init(test_dir, &set);
 	for (i = 0; i < rounds; i++) {
 		/* each writer owns UIDs first + 2k */
-		struct casidx_index_writer *w = casidx_index_writer_begin(index);
+		struct casidx_index_writer *w;
 		uint32_t uid = first + 2 * i;
 
+		w = casidx_index_writer_begin(index);
 		casidx_index_writer_add_doc(w, uid);
 		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, "conc", 4);
 		if (casidx_index_writer_commit(&w, &error) < 0)

@@ -56,7 +56,8 @@ static roaring_bitmap_t *bitmap_create(void)
 	roaring_bitmap_t *bm = roaring_bitmap_create();
 
 	if (bm == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+		i_fatal_status(FATAL_OUTOFMEM,
+			       "roaring_bitmap_create() failed");
 	return bm;
 }
 

@@ -58,7 +58,8 @@ static roaring_bitmap_t *bitmap_create(void)
 	roaring_bitmap_t *bm = roaring_bitmap_create();
 
 	if (bm == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+		i_fatal_status(FATAL_OUTOFMEM,
+			       "roaring_bitmap_create() failed");
 	return bm;
 }
 
@@ -476,7 +477,8 @@ roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index)
 	const struct open_segment *os;
 
 	array_foreach(&index->segments, os)
-		roaring_bitmap_or_inplace(all, casidx_segment_get_docs(os->seg));
+		roaring_bitmap_or_inplace(all,
+					  casidx_segment_get_docs(os->seg));
 	roaring_bitmap_andnot_inplace(all, index->manifest.expunged);
 	return all;
 }
@@ -815,7 +817,8 @@ static int index_commit(struct casidx_index *index,
 	return casidx_index_refresh(index, error_r) < 0 ? -1 : 0;
 }
 
-struct casidx_index_writer *casidx_index_writer_begin(struct casidx_index *index)
+struct casidx_index_writer *
+casidx_index_writer_begin(struct casidx_index *index)
 {
 	struct casidx_index_writer *writer;
 

@@ -83,7 +83,8 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 		      const char **error_r);
 
 /* Writer. Only one writer per index object at a time. */
-struct casidx_index_writer *casidx_index_writer_begin(struct casidx_index *index);
+struct casidx_index_writer *
+casidx_index_writer_begin(struct casidx_index *index);
 /* Start a new document; a uid already indexed may be added again. */
 void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 				 uint32_t uid);
@@ -101,7 +102,8 @@ int casidx_index_writer_commit(struct casidx_index_writer **writer,
 			       const char **error_r);
 void casidx_index_writer_rollback(struct casidx_index_writer **writer);
 /* Number of segment commits done by this writer so far. */
-unsigned int casidx_index_writer_get_flushes(const struct casidx_index_writer *writer);
+unsigned int
+casidx_index_writer_get_flushes(const struct casidx_index_writer *writer);
 
 /* Merge every segment into one and drop expunged docs (under lock). */
 int casidx_index_optimize(struct casidx_index *index, const char **error_r);

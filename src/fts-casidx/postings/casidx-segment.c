@@ -401,7 +401,8 @@ static void write_postings(buffer_t *output, struct builder_term *term)
 	unsigned int i;
 
 	if (bm == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+		i_fatal_status(FATAL_OUTOFMEM,
+			       "roaring_bitmap_create() failed");
 	for (i = 0; i < term->count; i++)
 		roaring_bitmap_add(bm, term->pairs[i * 2]);
 	(void)roaring_bitmap_run_optimize(bm);
@@ -483,7 +484,8 @@ builder_serialize_docs(struct casidx_builder *builder, buffer_t *output,
 	unsigned int i;
 
 	if (bm == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "roaring_bitmap_create() failed");
+		i_fatal_status(FATAL_OUTOFMEM,
+			       "roaring_bitmap_create() failed");
 	array_foreach(&builder->docs, doc)
 		roaring_bitmap_add(bm, doc->uid);
 	(void)roaring_bitmap_run_optimize(bm);
