@@ -108,6 +108,8 @@ def main(argv=None):
     ap.add_argument("--messages", type=int, help="override message count")
     ap.add_argument("--rounds", type=int, help="override rounds")
     ap.add_argument("--large", type=int, help="override large mailbox size")
+    ap.add_argument("--peer-timeout", type=int,
+                    help="seconds before a hanging peer is killed")
     ap.add_argument("--space-all", action="store_true",
                     help="also measure bytes on disk for the whole corpus")
     ap.add_argument("--peers", help="comma-separated subset of peers")
@@ -133,6 +135,8 @@ def main(argv=None):
         size["rounds"] = args.rounds
     if args.large is not None:
         size["large"] = args.large
+    if args.peer_timeout is not None:
+        size["peer_timeout"] = args.peer_timeout
     if args.space_all:
         size["space_all"] = True
     only = set(args.peers.split(",")) if args.peers else None
