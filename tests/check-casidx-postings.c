@@ -366,8 +366,9 @@ START_TEST(test_index_expunge_and_optimize)
 	const char *error;
 
 	index = casidx_index_init(test_dir, &test_set);
-	index_docs(index, 1, 10);
-	index_docs(index, 11, 20);
+	/* 12 then 8 docs: the tiered merge keeps them apart */
+	index_docs(index, 1, 12);
+	index_docs(index, 13, 20);
 	w = casidx_index_writer_begin(index);
 	casidx_index_writer_expunge(w, 1);
 	casidx_index_writer_expunge(w, 12);
@@ -440,6 +441,33 @@ START_TEST(test_index_auto_merge_and_budget)
 				     CASIDX_MATCH_EXACT, NULL), 200);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "uniq1",
 				     CASIDX_MATCH_PREFIX, NULL), 111);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
+/* One doc per commit (what autoindex does): tiered merging keeps the
+   segment count logarithmic without a full rewrite per commit. */
+START_TEST(test_index_tiered_merge)
+{
+	struct casidx_index *index;
+	unsigned int max_segs = 0;
+	uint32_t uid;
+
+	index = casidx_index_init(test_dir, &test_set);
+	for (uid = 1; uid <= 64; uid++) {
+		index_docs(index, uid, uid);
+		max_segs = I_MAX(max_segs,
+				 casidx_index_get_segment_count(index));
+		/* binary counter: at most one segment per bit of uid */
+		ck_assert_uint_le(casidx_index_get_segment_count(index),
+				  bits_required32(uid));
+	}
+	ck_assert_uint_ge(max_segs, 3);
+	/* 64 = one full merge */
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	ck_assert_uint_eq(count_seg_files(), 1);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 64 - 12);
 	casidx_index_deinit(&index);
 }
 END_TEST
@@ -592,6 +620,7 @@ int main(void)
 	tcase_add_test(tci, test_index_commit_refresh);
 	tcase_add_test(tci, test_index_expunge_and_optimize);
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
+	tcase_add_test(tci, test_index_tiered_merge);
 	tcase_add_test(tci, test_index_corruption_rejected);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	suite_add_tcase(s, tci);

@@ -28,6 +28,8 @@ struct manifest {
 	uint32_t last_uid;
 	uint32_t next_seg_id;
 	ARRAY(uint32_t) seg_ids;
+	/* document count of each segment, for tiered merging */
+	ARRAY(uint32_t) seg_docs;
 	roaring_bitmap_t *expunged;
 };
 
@@ -68,6 +70,7 @@ static void manifest_init(struct manifest *m)
 	i_zero(m);
 	m->next_seg_id = 1;
 	i_array_init(&m->seg_ids, 8);
+	i_array_init(&m->seg_docs, 8);
 	m->expunged = bitmap_create();
 }
 
@@ -75,6 +78,7 @@ static void manifest_free(struct manifest *m)
 {
 	if (m->expunged != NULL) {
 		array_free(&m->seg_ids);
+		array_free(&m->seg_docs);
 		roaring_bitmap_free(m->expunged);
 		m->expunged = NULL;
 	}
@@ -108,7 +112,7 @@ static int manifest_parse(const unsigned char *data, size_t size,
 			  struct manifest *m, const char **error_r)
 {
 	const unsigned char *p = data, *end;
-	uint32_t i, nseg, exp_len, id;
+	uint32_t i, nseg, exp_len, id, docs;
 
 	if (size < 8 + 4 + 8 + 3 * 4 + 4 + 4) {
 		*error_r = "corrupted manifest: too small";
@@ -130,17 +134,19 @@ static int manifest_parse(const unsigned char *data, size_t size,
 	m->next_seg_id = get_u32(p + 12);
 	nseg = get_u32(p + 16);
 	p += 20;
-	if (nseg > (size_t)(end - p) / 4) {
+	if (nseg > (size_t)(end - p) / 8) {
 		*error_r = "corrupted manifest: segment count";
 		return -1;
 	}
-	for (i = 0; i < nseg; i++, p += 4) {
+	for (i = 0; i < nseg; i++, p += 8) {
 		id = get_u32(p);
+		docs = get_u32(p + 4);
 		if (id == 0 || id >= m->next_seg_id) {
 			*error_r = "corrupted manifest: segment id";
 			return -1;
 		}
 		array_push_back(&m->seg_ids, &id);
+		array_push_back(&m->seg_docs, &docs);
 	}
 	if ((size_t)(end - p) < 4 ||
 	    (exp_len = get_u32(p)) != (size_t)(end - p) - 4) {
@@ -232,7 +238,8 @@ static int manifest_write(struct casidx_index *index,
 	const char *path = t_strdup_printf("%s/"MANIFEST_NAME, index->dir);
 	const char *tmp_path = t_strdup_printf("%s.tmp", path);
 	buffer_t *buf = t_buffer_create(256);
-	const uint32_t *id;
+	const uint32_t *ids, *docs;
+	unsigned int i, count;
 	size_t exp_len;
 	int fd, ret = 0;
 
@@ -242,9 +249,13 @@ static int manifest_write(struct casidx_index *index,
 	put_u32(buf, (uint32_t)(m->generation >> 32));
 	put_u32(buf, m->last_uid);
 	put_u32(buf, m->next_seg_id);
-	put_u32(buf, array_count(&m->seg_ids));
-	array_foreach(&m->seg_ids, id)
-		put_u32(buf, *id);
+	ids = array_get(&m->seg_ids, &count);
+	docs = array_front(&m->seg_docs);
+	put_u32(buf, count);
+	for (i = 0; i < count; i++) {
+		put_u32(buf, ids[i]);
+		put_u32(buf, docs[i]);
+	}
 	exp_len = roaring_bitmap_portable_size_in_bytes(m->expunged);
 	put_u32(buf, exp_len);
 	roaring_bitmap_portable_serialize(m->expunged,
@@ -698,20 +709,47 @@ static int merge_segment(struct casidx_builder *builder,
 	return 0;
 }
 
-/* Merge every segment of m into one new segment; m is updated. */
+/* Where a tiered merge starts: the newest segments are merged while
+   together they hold at least as many docs as the next older one (a
+   binary counter), so segment sizes stay geometric, their number
+   logarithmic, and each doc is rewritten O(log n) times however small
+   the commits (autoindex commits one message at a time). Returns the
+   segment count if nothing needs merging. */
+static unsigned int merge_tier_start(const struct manifest *m)
+{
+	const uint32_t *docs;
+	unsigned int count, start;
+	uint64_t sum;
+
+	docs = array_get(&m->seg_docs, &count);
+	if (count < 2)
+		return count;
+	start = count - 1;
+	sum = docs[start];
+	while (start > 0 && docs[start - 1] <= sum) {
+		start--;
+		sum += docs[start];
+	}
+	return count - start >= 2 ? start : count;
+}
+
+/* Merge segments [start..] of m into one new segment; m is updated. */
 static int index_merge_locked(struct casidx_index *index, struct manifest *m,
-			      const char **error_r)
+			      unsigned int start, const char **error_r)
 {
 	struct casidx_builder *builder;
 	struct casidx_segment *seg;
-	const uint32_t *id;
-	uint32_t new_id;
+	const uint32_t *ids;
+	uint32_t new_id, new_docs;
+	unsigned int i, count;
 	bool corrupted;
 	int ret = 0;
 
+	ids = array_get(&m->seg_ids, &count);
+	i_assert(start < count);
 	builder = casidx_builder_create();
-	array_foreach(&m->seg_ids, id) {
-		if (casidx_segment_open(seg_path(index, *id), &seg,
+	for (i = start; i < count; i++) {
+		if (casidx_segment_open(seg_path(index, ids[i]), &seg,
 					&corrupted, error_r) <= 0) {
 			if (ret == 0)
 				*error_r = t_strdup_printf(
@@ -724,24 +762,27 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 		if (ret < 0)
 			break;
 	}
-	if (ret == 0 && casidx_builder_doc_count(builder) > 0) {
+	new_docs = casidx_builder_doc_count(builder);
+	if (ret == 0 && new_docs > 0) {
 		new_id = m->next_seg_id++;
 		ret = casidx_builder_write(builder, seg_path(index, new_id),
 					   !index->set.no_fsync, error_r);
-		if (ret == 0) {
-			array_clear(&m->seg_ids);
-			array_push_back(&m->seg_ids, &new_id);
-		}
-	} else if (ret == 0) {
-		array_clear(&m->seg_ids);
 	}
 	casidx_builder_destroy(&builder);
-	if (ret == 0 && m->last_uid > 0) {
+	if (ret < 0)
+		return -1;
+	array_delete(&m->seg_ids, start, count - start);
+	array_delete(&m->seg_docs, start, count - start);
+	if (new_docs > 0) {
+		array_push_back(&m->seg_ids, &new_id);
+		array_push_back(&m->seg_docs, &new_docs);
+	}
+	if (start == 0 && m->last_uid > 0) {
 		/* merged docs are gone: only future UIDs stay expunged */
 		roaring_bitmap_remove_range_closed(m->expunged, 0,
 						   m->last_uid);
 	}
-	return ret;
+	return 0;
 }
 
 static void index_unlink_unused(struct casidx_index *index,
@@ -770,7 +811,8 @@ static int index_commit(struct casidx_index *index,
 {
 	struct manifest m, old;
 	struct file_lock *lock;
-	uint32_t id;
+	uint32_t id, docs;
+	unsigned int start;
 	int fd, ret;
 
 	if (index_lock(index, &fd, &lock, error_r) < 0)
@@ -790,7 +832,9 @@ static int index_commit(struct casidx_index *index,
 		ret = casidx_builder_write(builder, seg_path(index, id),
 					   !index->set.no_fsync, error_r);
 		if (ret == 0) {
+			docs = casidx_builder_doc_count(builder);
 			array_push_back(&m.seg_ids, &id);
+			array_push_back(&m.seg_docs, &docs);
 			/* a merge below may replace it at once: then it
 			   must be unlinked like the old ones */
 			array_push_back(&old.seg_ids, &id);
@@ -800,9 +844,16 @@ static int index_commit(struct casidx_index *index,
 	}
 	if (ret == 0 && expunges != NULL)
 		roaring_bitmap_or_inplace(m.expunged, expunges);
-	if (ret == 0 && (merge_all ||
-			 array_count(&m.seg_ids) > index->set.merge_threshold))
-		ret = index_merge_locked(index, &m, error_r);
+	if (ret == 0 && array_count(&m.seg_ids) > 0) {
+		if (merge_all ||
+		    array_count(&m.seg_ids) > index->set.merge_threshold)
+			start = 0;
+		else
+			start = merge_tier_start(&m);
+		if (start < array_count(&m.seg_ids) &&
+		    (start > 0 || array_count(&m.seg_ids) > 1 || merge_all))
+			ret = index_merge_locked(index, &m, start, error_r);
+	}
 	if (ret == 0) {
 		m.generation++;
 		ret = manifest_write(index, &m, error_r);

@@ -5,7 +5,8 @@
 
      manifest          "CXMANIF1" | u32 version | u64 generation |
                        u32 last_uid | u32 next_seg_id | u32 nseg |
-                       u32 seg_id * nseg | u32 len | expunged roaring |
+                       (u32 seg_id, u32 ndocs) * nseg | u32 len |
+                       expunged roaring |
                        u32 crc32c of everything before
      seg-XXXXXXXX.cxs  immutable segments (casidx-segment.h)
      write.lock        fcntl lock held by a writer while it commits
