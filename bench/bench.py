@@ -140,6 +140,10 @@ def main(argv=None):
     if args.space_all:
         size["space_all"] = True
     only = set(args.peers.split(",")) if args.peers else None
+    unknown = (only or set()) - set(storage.PEER_NAMES) - {"none"}
+    if unknown:
+        ap.error("unknown peers %s (known: %s; 'none' for no storage peer)"
+                 % (",".join(sorted(unknown)), ",".join(storage.PEER_NAMES)))
 
     root, paths = corpus_messages(harness, size["messages"])
     messages = []

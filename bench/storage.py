@@ -406,7 +406,8 @@ def run_storage(harness, messages, size, rounds, keydir, log,
     for r in range(rounds):
         # Interleave: rotate (and reverse every other round) so no peer
         # always runs first or right after the same neighbour.
-        order = peers[r % len(peers):] + peers[:r % len(peers)]
+        k = r % max(1, len(peers))
+        order = peers[k:] + peers[:k]
         if r % 2:
             order.reverse()
         for name, kw in order:
