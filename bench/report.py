@@ -564,4 +564,25 @@ def plots(results, outdir, log):
     ax.set_title("Latency on a %d-message mailbox" % results["size"]["large"])
     ax.legend(fontsize=8)
     save(fig, "latency.png")
+
+    f = results.get("fts") or {}
+    eng = [(e, r) for e, r in (f.get("engines") or {}).items()]
+    if f.get("status") == "ok" and eng:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+        ex = list(range(len(eng)))
+        for ax, key, title in (
+                (axes[0], "index_msgs_per_s", "messages indexed/s"),
+                (axes[1], "index_bytes_ratio", "index bytes / mail byte"),
+                (axes[2], "query_p50_ms", "query p50 ms")):
+            ax.bar(ex, [r.get(key) or 0 for _, r in eng])
+            for i, (e, r) in enumerate(eng):
+                if "error" in r:
+                    ax.text(i, 0, "failed", ha="center", va="bottom",
+                            fontsize=7, rotation=90)
+            ax.set_xticks(ex)
+            ax.set_xticklabels([e for e, _ in eng], rotation=30,
+                               ha="right")
+            ax.set_title(title)
+        fig.suptitle("FTS, %d messages" % f["messages"])
+        save(fig, "fts.png")
     return made
