@@ -8,6 +8,7 @@
 #include "istream.h"
 #include "str.h"
 #include "unlink-directory.h"
+#include "mail-types.h"
 #include "casbox-lsm.h"
 #include "casbox-settings.h"
 #include "casbox-store.h"
@@ -261,6 +262,44 @@ START_TEST(test_rollback_and_missing_blob)
 }
 END_TEST
 
+START_TEST(test_flags_mirror)
+{
+	const char *const parts1[] = { part_a, NULL };
+	const char *const keywords[] = { "$Label1", "Junk", NULL };
+	struct casbox_msg_record rec1, rec;
+	struct casbox_store_txn *txn;
+	struct istream **in1;
+	struct casbox_store *store = store_open();
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts1, &rec1, &in1);
+	add_msg(store, 7, &rec1, in1);
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_update_flags(txn, box_guid, 7,
+		MAIL_SEEN | MAIL_FLAGGED, keywords, 42, &error), 0);
+	/* a missing record is not an error (expunged meanwhile) */
+	ck_assert_int_eq(casbox_store_txn_update_flags(txn, box_guid, 8,
+		MAIL_SEEN, NULL, 43, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+
+	ck_assert_int_eq(casbox_store_msg_lookup(store, box_guid, 7, pool,
+						 &rec, &error), 1);
+	ck_assert_uint_eq(rec.flags, MAIL_SEEN | MAIL_FLAGGED);
+	ck_assert_uint_eq(rec.modseq, 42);
+	ck_assert_uint_eq(array_count(&rec.keywords), 2);
+	ck_assert_str_eq(array_idx_elem(&rec.keywords, 1), "Junk");
+	/* the bytes are untouched */
+	ck_assert_str_eq(read_msg(store, 7), part_a);
+	ck_assert_int_eq(casbox_store_msg_lookup(store, box_guid, 8, pool,
+						 &rec, &error), 0);
+	free_inputs(in1);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
 START_TEST(test_key_rules)
 {
 	const char *const parts1[] = { part_a, NULL };
@@ -326,6 +365,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_refcounts);
 	tcase_add_test(tc, test_rollback_and_missing_blob);
+	tcase_add_test(tc, test_flags_mirror);
 	tcase_add_test(tc, test_key_rules);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

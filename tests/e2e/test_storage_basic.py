@@ -5,6 +5,7 @@ expunge, and the key-file rules."""
 import imaplib
 import os
 import re
+import subprocess
 import sys
 import unittest
 
@@ -12,6 +13,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+
+
+def storage_dump(dc):
+    """Records of user1's store and the refcount audit (tests/storage-dump
+    run as the mail user, so nothing in the store becomes root's)."""
+    exe = os.path.join(os.environ.get("CASBOX_TOP_BUILDDIR", "."),
+                       "tests", "storage-dump")
+    root = os.path.join(dc.home("user1"), "casbox")
+    return subprocess.run([exe, root], user=dc.uid, group=dc.gid,
+                          capture_output=True, text=True)
 
 
 def crlf(data):
@@ -123,12 +134,31 @@ class StorageBasicTest(unittest.TestCase):
             self.assertEqual(len(guids), 3)
             self.assertEqual(len(set(guids)), 2)
 
-            # expunging everything releases every record
+            # flag changes reach the records' durable mirror
+            imap = dc.imap_login("user1")
+            ok(imap.select("Archive"))
+            ok(imap.uid("STORE", "1:*", "FLAGS", r"(\Answered Custom1)"))
+            ok(imap.noop())
+            imap.logout()
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+            recs = [ln for ln in d.stdout.splitlines()
+                    if ln.startswith("m ")]
+            self.assertEqual(len(recs), 3)
+            for ln in recs:
+                self.assertIn("flags=1 ", ln)   # MAIL_ANSWERED
+                self.assertIn("keywords=Custom1,", ln)
+
+            # expunging everything releases every record and blob
             r = dc.doveadm("expunge", "-u", "user1", "mailbox", "Archive",
                            "all")
             r = dc.doveadm("mailbox", "status", "-u", "user1", "messages",
                            "Archive")
             self.assertIn("messages=0", r.stdout)
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+            self.assertNotIn("\nm ", "\n" + d.stdout)
+            self.assertNotIn("\nb ", "\n" + d.stdout)
 
     def test_missing_key_with_data_is_refused(self):
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],

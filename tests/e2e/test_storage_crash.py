@@ -8,6 +8,7 @@ import random
 import re
 import signal
 import smtplib
+import subprocess
 import sys
 import threading
 import time
@@ -28,6 +29,16 @@ def make_messages(count):
         with open(path, "rb") as f:
             msgs.append(b"X-Casbox-Seq: %d\r\n" % i + f.read())
     return msgs
+
+
+def storage_dump(dc):
+    """tests/storage-dump over user1's store, run as the mail user:
+    exit 0 only if every blob refcount equals its references."""
+    exe = os.path.join(os.environ.get("CASBOX_TOP_BUILDDIR", "."),
+                       "tests", "storage-dump")
+    root = os.path.join(dc.home("user1"), "casbox")
+    return subprocess.run([exe, root], user=dc.uid, group=dc.gid,
+                          capture_output=True, text=True)
 
 
 def crlf(data):
@@ -117,6 +128,8 @@ class StorageCrashTest(unittest.TestCase):
                            "INBOX", "all")
             self.assertEqual(len(re.findall(r"guid: ", r.stdout)),
                              len(seen) + 1)
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout[-2000:] + d.stderr)
             print("\nkill -9: %d kills, %d of %d acknowledged, %d stored"
                   % (kills, len(acked), len(msgs), len(seen)),
                   file=sys.stderr)
@@ -166,7 +179,17 @@ class StorageCrashTest(unittest.TestCase):
             ok(imap.select("INBOX"))
             ok(imap.uid("COPY", "1:*", "Copy"))
             check_mailbox(self, imap, "Copy", msgs)
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout[-2000:] + d.stderr)
+            # deleting everything releases every blob
+            for box in ("INBOX", "Copy"):
+                ok(imap.select(box))
+                ok(imap.uid("STORE", "1:*", "+FLAGS.SILENT", r"(\Deleted)"))
+                ok(imap.expunge())
             imap.logout()
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout[-2000:] + d.stderr)
+            self.assertNotIn("\nb ", "\n" + d.stdout)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+/* storage-dump <casbox root>: print the store's LSM records and check
+   that every blob's refcount equals the references from message
+   records (e2e tests run it as the mail user). Exit 0 when consistent,
+   1 on a mismatch, 2 on errors. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "hash.h"
+#include "hex-binary.h"
+#include "casbox-lsm.h"
+#include "casbox-records.h"
+
+#include <stdio.h>
+
+struct blob_refs {
+	uint32_t stored, counted;
+};
+
+static HASH_TABLE(char *, struct blob_refs *) blobs;
+
+static struct blob_refs *blob_get(const unsigned char *id)
+{
+	const char *hex = binary_to_hex(id, CAS_BLOB_ID_SIZE);
+	struct blob_refs *refs = hash_table_lookup(blobs, hex);
+
+	if (refs == NULL) {
+		refs = i_new(struct blob_refs, 1);
+		hash_table_insert(blobs, i_strdup(hex), refs);
+	}
+	return refs;
+}
+
+static void dump_message(const unsigned char *key, size_t key_size,
+			 const unsigned char *value, size_t value_size)
+{
+	struct casbox_msg_record rec;
+	const struct casbox_msg_part *part;
+	guid_128_t guid;
+	const char *error, *kw;
+	uint32_t uid;
+
+	if (casbox_key_message_parse(key, key_size, guid, &uid) < 0 ||
+	    casbox_msg_record_import(value, value_size,
+				     pool_datastack_create(), &rec,
+				     &error) < 0) {
+		printf("bad-message-record\n");
+		return;
+	}
+	printf("m %s %u flags=%u modseq=%llu size=%llu parts=%u keywords=",
+	       guid_128_to_string(guid), uid, rec.flags,
+	       (unsigned long long)rec.modseq,
+	       (unsigned long long)rec.physical_size,
+	       array_count(&rec.parts));
+	array_foreach_elem(&rec.keywords, kw)
+		printf("%s,", kw);
+	printf(" guid=%s\n", rec.guid);
+	array_foreach(&rec.parts, part)
+		blob_get(part->id.id)->counted++;
+}
+
+int main(int argc, char *argv[])
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_iter *iter;
+	struct casbox_blob_value bval;
+	struct hash_iterate_context *hiter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	const char *error;
+	char *hex;
+	struct blob_refs *refs;
+	int ret = 0;
+
+	lib_init();
+	if (argc != 2)
+		i_fatal("usage: storage-dump <casbox root>");
+	hash_table_create(&blobs, default_pool, 0, str_hash, strcmp);
+	i_zero(&set);
+	set.dir = t_strconcat(argv[1], "/lsm", NULL);
+	set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	if (casbox_lsm_open(&set, &lsm, &error) < 0)
+		i_fatal("open %s: %s", set.dir, error);
+	iter = casbox_lsm_iter_init(lsm, "", 0);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) T_BEGIN {
+		if (key[0] == CASBOX_KEY_MESSAGE)
+			dump_message(key, key_size, value, value_size);
+		else if (key[0] == CASBOX_KEY_BLOB &&
+			 key_size == 1 + CAS_BLOB_ID_SIZE) {
+			if (casbox_blob_value_import(value, value_size,
+						     &bval, &error) < 0)
+				printf("bad-blob-record\n");
+			else
+				blob_get(key + 1)->stored = bval.refcount;
+		} else if (key[0] == CASBOX_KEY_MAILBOX) {
+			printf("M %s\n", binary_to_hex(key + 1, key_size - 1));
+		}
+	} T_END;
+	if (casbox_lsm_iter_deinit(&iter, &error) < 0)
+		i_fatal("iterate: %s", error);
+	casbox_lsm_close(&lsm);
+
+	hiter = hash_table_iterate_init(blobs);
+	while (hash_table_iterate(hiter, blobs, &hex, &refs)) {
+		printf("b %s refcount=%u referenced=%u\n", hex, refs->stored,
+		       refs->counted);
+		if (refs->stored != refs->counted) {
+			printf("refcount-mismatch %s\n", hex);
+			ret = 1;
+		}
+	}
+	hash_table_iterate_deinit(&hiter);
+	lib_deinit();
+	return ret;
+}
