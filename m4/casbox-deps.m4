@@ -36,7 +36,7 @@ AC_DEFUN([CASBOX_REQUIRE_DEPS], [
 	CASBOX_REQUIRE_LIB([ROARING], [roaring/roaring.h], [roaring], [roaring_bitmap_portable_deserialize_safe], [libroaring-dev])
 	dnl ICU: UAX #29 word breaks and normalisation for the casidx
 	dnl tokenizer (Debian's dovecot-core already depends on libicu72).
-	PKG_CHECK_MODULES([ICU], [icu-uc icu-i18n], [],
+	PKG_CHECK_MODULES([ICU], [icu-uc], [],
 		[AC_MSG_ERROR([ICU not found: install the Debian package libicu-dev])])
 	PKG_CHECK_MODULES([CHECK], [check >= 0.11], [],
 		[AC_MSG_ERROR([Check unit test framework not found: install the Debian package check])])
