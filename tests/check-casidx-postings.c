@@ -472,6 +472,44 @@ START_TEST(test_index_tiered_merge)
 }
 END_TEST
 
+static void index_docs_uv(struct casidx_index *index, uint32_t uid_validity,
+			  uint32_t first, uint32_t last)
+{
+	struct casidx_index_writer *w = casidx_index_writer_begin(index);
+	const char *error;
+	uint32_t uid;
+
+	casidx_index_writer_set_uid_validity(w, uid_validity);
+	for (uid = first; uid <= last; uid++) {
+		casidx_index_writer_add_doc(w, uid);
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, "uv", 2);
+	}
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+}
+
+/* UIDs of another UIDVALIDITY name other messages: a commit under a new
+   UIDVALIDITY starts the index over. */
+START_TEST(test_index_uid_validity_change)
+{
+	struct casidx_index *index;
+	roaring_bitmap_t *all;
+
+	index = casidx_index_init(test_dir, &test_set);
+	index_docs_uv(index, 100, 1, 5);
+	index_docs_uv(index, 100, 6, 7);
+	ck_assert_uint_eq(casidx_index_get_uid_validity(index), 100);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 7);
+	index_docs_uv(index, 200, 1, 2);
+	ck_assert_uint_eq(casidx_index_get_uid_validity(index), 200);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 2);
+	all = casidx_index_get_universe(index);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 2);
+	roaring_bitmap_free(all);
+	ck_assert_uint_eq(count_seg_files(), 1);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 static void flip_file_byte(const char *path, off_t offset)
 {
 	unsigned char c;
@@ -621,6 +659,7 @@ int main(void)
 	tcase_add_test(tci, test_index_expunge_and_optimize);
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
 	tcase_add_test(tci, test_index_tiered_merge);
+	tcase_add_test(tci, test_index_uid_validity_change);
 	tcase_add_test(tci, test_index_corruption_rejected);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	suite_add_tcase(s, tci);

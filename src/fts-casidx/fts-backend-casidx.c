@@ -180,6 +180,48 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 	return 0;
 }
 
+static int casidx_box_uid_validity(struct casidx_fts_backend *backend,
+				   struct mailbox *box, uint32_t *uid_validity_r)
+{
+	struct mailbox_status status;
+
+	if (mailbox_get_status(box, STATUS_UIDVALIDITY, &status) < 0) {
+		e_error(backend->event, "%s: Couldn't get UIDVALIDITY: %s",
+			mailbox_get_vname(box),
+			mailbox_get_last_internal_error(box, NULL));
+		return -1;
+	}
+	*uid_validity_r = status.uidvalidity;
+	return 0;
+}
+
+/* Drop an index whose UIDs belong to an older UIDVALIDITY of the box
+   (e.g. after its Dovecot index was rebuilt): they name other mails. */
+static int
+casidx_backend_check_uid_validity(struct casidx_fts_backend *backend,
+				  struct mailbox *box,
+				  struct casidx_index *index)
+{
+	uint32_t uid_validity = 0;
+	const char *error;
+
+	if (casidx_index_get_uid_validity(index) == 0)
+		return 0;
+	if (casidx_box_uid_validity(backend, box, &uid_validity) < 0)
+		return -1;
+	if (uid_validity == casidx_index_get_uid_validity(index))
+		return 0;
+	e_info(backend->event, "%s: UIDVALIDITY changed (%u -> %u), "
+	       "rebuilding the index", mailbox_get_vname(box),
+	       casidx_index_get_uid_validity(index), uid_validity);
+	if (casidx_index_delete(index, &error) < 0 ||
+	    casidx_index_refresh(index, &error) < 0) {
+		e_error(backend->event, "%s", error);
+		return -1;
+	}
+	return 0;
+}
+
 /* Get box's index with the newest committed snapshot loaded. */
 static int
 casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
@@ -191,7 +233,8 @@ casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
 	if (casidx_backend_get_index(backend, box, index_r) < 0)
 		return -1;
 	if (casidx_index_refresh(*index_r, &error) >= 0)
-		return 0;
+		return casidx_backend_check_uid_validity(backend, box,
+							 *index_r);
 	if (!casidx_index_is_corrupted(*index_r)) {
 		e_error(backend->event, "%s", error);
 		return -1;
@@ -282,16 +325,19 @@ fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *_ctx,
 		container_of(_ctx->backend, struct casidx_fts_backend,
 			     backend);
 	struct casidx_index *index;
+	uint32_t uid_validity = 0;
 
 	casidx_update_commit(ctx);
 	if (box == NULL)
 		return;
-	if (casidx_backend_get_index(backend, box, &index) < 0) {
+	if (casidx_backend_get_index(backend, box, &index) < 0 ||
+	    casidx_box_uid_validity(backend, box, &uid_validity) < 0) {
 		_ctx->failed = TRUE;
 		return;
 	}
 	ctx->index = index;
 	ctx->writer = casidx_index_writer_begin(index);
+	casidx_index_writer_set_uid_validity(ctx->writer, uid_validity);
 }
 
 static void

@@ -402,6 +402,25 @@ class FtsCasidxSearch(unittest.TestCase):
                            "mailbox", "INBOX", "body", "firmware")
             self.assertRegex(r.stdout, r"INBOX: [0-9]")
 
+    def test_uid_validity_change_rebuilds(self):
+        """An index whose UIDs belong to an older UIDVALIDITY is dropped
+        and rebuilt instead of being trusted."""
+        with self.fts_dovecot() as dc:
+            dc.lmtp_deliver_many(USER, self.messages[:40])
+            dc.doveadm("index", "-u", USER, "INBOX")
+            dc.doveadm("mailbox", "update", "-u", USER,
+                       "--uid-validity", "12345", "INBOX")
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            for q in (["BODY", "usrp"], ["NOT", "BODY", "usrp"]):
+                typ, data = imap.uid("SEARCH", *q)
+                self.assertEqual(sorted(int(x) for x in data[0].split()),
+                                 [u for u in self.oracle[tuple(q)]
+                                  if u <= 40], q)
+            imap.logout()
+            self.assertTrue(any("UIDVALIDITY changed" in line
+                                for line in dc.log_lines()))
+
     def test_new_mail_is_searchable(self):
         with self.fts_dovecot() as dc:
             dc.lmtp_deliver_many(USER, self.messages[:20])

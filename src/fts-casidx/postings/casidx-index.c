@@ -26,6 +26,8 @@
 struct manifest {
 	uint64_t generation;
 	uint32_t last_uid;
+	/* the mailbox's UIDVALIDITY the UIDs belong to, 0 = unknown */
+	uint32_t uid_validity;
 	uint32_t next_seg_id;
 	ARRAY(uint32_t) seg_ids;
 	/* document count of each segment, for tiered merging */
@@ -52,6 +54,7 @@ struct casidx_index_writer {
 	struct casidx_index *index;
 	struct casidx_builder *builder;
 	roaring_bitmap_t *expunges;
+	uint32_t uid_validity;
 	unsigned int flushes;
 };
 
@@ -114,7 +117,7 @@ static int manifest_parse(const unsigned char *data, size_t size,
 	const unsigned char *p = data, *end;
 	uint32_t i, nseg, exp_len, id, docs;
 
-	if (size < 8 + 4 + 8 + 3 * 4 + 4 + 4) {
+	if (size < 8 + 4 + 8 + 4 * 4 + 4 + 4) {
 		*error_r = "corrupted manifest: too small";
 		return -1;
 	}
@@ -131,9 +134,10 @@ static int manifest_parse(const unsigned char *data, size_t size,
 	p += 12;
 	m->generation = get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
 	m->last_uid = get_u32(p + 8);
-	m->next_seg_id = get_u32(p + 12);
-	nseg = get_u32(p + 16);
-	p += 20;
+	m->uid_validity = get_u32(p + 12);
+	m->next_seg_id = get_u32(p + 16);
+	nseg = get_u32(p + 20);
+	p += 24;
 	if (nseg > (size_t)(end - p) / 8) {
 		*error_r = "corrupted manifest: segment count";
 		return -1;
@@ -248,6 +252,7 @@ static int manifest_write(struct casidx_index *index,
 	put_u32(buf, (uint32_t)m->generation);
 	put_u32(buf, (uint32_t)(m->generation >> 32));
 	put_u32(buf, m->last_uid);
+	put_u32(buf, m->uid_validity);
 	put_u32(buf, m->next_seg_id);
 	ids = array_get(&m->seg_ids, &count);
 	docs = array_front(&m->seg_docs);
@@ -474,6 +479,11 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r)
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index)
 {
 	return index->manifest.last_uid;
+}
+
+uint32_t casidx_index_get_uid_validity(const struct casidx_index *index)
+{
+	return index->manifest.uid_validity;
 }
 
 const roaring_bitmap_t *
@@ -804,9 +814,21 @@ static void index_unlink_unused(struct casidx_index *index,
 }
 
 /* Commit builder (may be NULL) and expunges under the writer lock. */
+/* The on-disk UIDs belong to another UIDVALIDITY: forget them all (the
+   segments stay in the unlink list). */
+static void manifest_reset_uids(struct manifest *m)
+{
+	array_clear(&m->seg_ids);
+	array_clear(&m->seg_docs);
+	roaring_bitmap_free(m->expunged);
+	m->expunged = bitmap_create();
+	m->last_uid = 0;
+}
+
 static int index_commit(struct casidx_index *index,
 			struct casidx_builder *builder,
-			const roaring_bitmap_t *expunges, bool merge_all,
+			const roaring_bitmap_t *expunges,
+			uint32_t uid_validity, bool merge_all,
 			const char **error_r)
 {
 	struct manifest m, old;
@@ -826,6 +848,11 @@ static int index_commit(struct casidx_index *index,
 		manifest_free(&m);
 		index_unlock(&fd, &lock);
 		return -1;
+	}
+	if (uid_validity != 0) {
+		if (m.uid_validity != 0 && m.uid_validity != uid_validity)
+			manifest_reset_uids(&m);
+		m.uid_validity = uid_validity;
 	}
 	if (builder != NULL && casidx_builder_doc_count(builder) > 0) {
 		id = m.next_seg_id++;
@@ -893,6 +920,12 @@ void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 	casidx_builder_add_term(writer->builder, field, term, term_len);
 }
 
+void casidx_index_writer_set_uid_validity(struct casidx_index_writer *writer,
+					  uint32_t uid_validity)
+{
+	writer->uid_validity = uid_validity;
+}
+
 void casidx_index_writer_expunge(struct casidx_index_writer *writer,
 				 uint32_t uid)
 {
@@ -905,7 +938,8 @@ static int writer_flush(struct casidx_index_writer *writer,
 	int ret;
 
 	ret = index_commit(writer->index, writer->builder,
-			   writer->expunges, FALSE, error_r);
+			   writer->expunges, writer->uid_validity, FALSE,
+			   error_r);
 	casidx_builder_destroy(&writer->builder);
 	writer->builder = casidx_builder_create();
 	roaring_bitmap_free(writer->expunges);
@@ -954,7 +988,7 @@ casidx_index_writer_get_flushes(const struct casidx_index_writer *writer)
 
 int casidx_index_optimize(struct casidx_index *index, const char **error_r)
 {
-	return index_commit(index, NULL, NULL, TRUE, error_r);
+	return index_commit(index, NULL, NULL, 0, TRUE, error_r);
 }
 
 int casidx_index_delete(struct casidx_index *index, const char **error_r)

@@ -4,7 +4,8 @@
 /* casidx per-mailbox index directory (doc/casidx-format.md):
 
      manifest          "CXMANIF1" | u32 version | u64 generation |
-                       u32 last_uid | u32 next_seg_id | u32 nseg |
+                       u32 last_uid | u32 uid_validity |
+                       u32 next_seg_id | u32 nseg |
                        (u32 seg_id, u32 ndocs) * nseg | u32 len |
                        expunged roaring |
                        u32 crc32c of everything before
@@ -62,6 +63,9 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r);
 bool casidx_index_is_corrupted(const struct casidx_index *index);
 /* Highest committed UID of the current snapshot. */
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
+/* UIDVALIDITY the snapshot's UIDs belong to, 0 if unknown. A caller
+   whose mailbox has another UIDVALIDITY must not use the snapshot. */
+uint32_t casidx_index_get_uid_validity(const struct casidx_index *index);
 const roaring_bitmap_t *
 casidx_index_get_expunged(const struct casidx_index *index);
 /* Every indexed, not expunged UID (including docs that had no terms).
@@ -92,6 +96,10 @@ void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len);
+/* The mailbox's UIDVALIDITY. At commit, an index recorded under another
+   UIDVALIDITY is emptied first (its UIDs mean other messages now). */
+void casidx_index_writer_set_uid_validity(struct casidx_index_writer *writer,
+					  uint32_t uid_validity);
 void casidx_index_writer_expunge(struct casidx_index_writer *writer,
 				 uint32_t uid);
 /* Call between documents: commits a segment when the memory budget is
