@@ -134,9 +134,6 @@ static int casbox_mail_get_virtual_size(struct mail *_mail, uoff_t *size_r)
 		return 0;
 	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
 		return -1;
-	if (_mail->saving && rec->virtual_size == 0 &&
-	    rec->physical_size != 0)
-		return index_mail_get_virtual_size(_mail, size_r);
 	imail->data.virtual_size = rec->virtual_size;
 	*size_r = rec->virtual_size;
 	return 0;

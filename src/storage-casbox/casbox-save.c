@@ -22,8 +22,10 @@
 #include "casbox-sync.h"
 #include "casbox-save.h"
 
-/* Messages up to this size stay in memory while being saved, so that
-   plaintext does not reach mail_temp_dir. */
+/* Saved messages are held until commit. Up to this many bytes per
+   transaction stay in memory, so that plaintext does not reach
+   mail_temp_dir; beyond it (big imports) they spool to unlinked temp
+   files there. */
 #define CASBOX_SAVE_MAX_MEM_SIZE (64 * 1024 * 1024)
 
 struct casbox_save_mail {
@@ -45,6 +47,8 @@ struct casbox_save_context {
 	struct istream *input;
 	struct ostream *output;
 	uint32_t seq;
+	/* bytes of saved mails held in memory */
+	uoff_t mem_used;
 
 	ARRAY(struct casbox_save_mail) mails;
 
@@ -142,7 +146,8 @@ int casbox_save_begin(struct mail_save_context *_ctx, struct istream *input)
 	prefix = t_str_new(128);
 	mail_user_set_get_temp_prefix(prefix, user->set);
 	ctx->output = iostream_temp_create_sized(str_c(prefix), 0,
-		"casbox save", CASBOX_SAVE_MAX_MEM_SIZE);
+		"casbox save", ctx->mem_used >= CASBOX_SAVE_MAX_MEM_SIZE ? 0 :
+		CASBOX_SAVE_MAX_MEM_SIZE - ctx->mem_used);
 	_ctx->data.output = ctx->output;
 
 	if (_ctx->data.received_date == (time_t)-1)
@@ -332,6 +337,7 @@ static int casbox_save_finish_write(struct mail_save_context *_ctx)
 		index_storage_save_abort_last(_ctx, ctx->seq);
 		i_stream_unref(&smail.input);
 	} else {
+		ctx->mem_used += smail.rec.physical_size;
 		array_push_back(&ctx->mails, &smail);
 	}
 	i_stream_unref(&ctx->input);
