@@ -183,6 +183,53 @@ START_TEST(test_basic)
 }
 END_TEST
 
+/* An iterator reads the snapshot of its init: commits, flushes and
+   merges made meanwhile (by this handle) do not change what it
+   returns. */
+START_TEST(test_iter_snapshot)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	unsigned int i, n = 0;
+	const char *error;
+
+	test_dir_setup();
+	lsm = test_open(1024);
+	for (i = 0; i < 100; i += 2) {
+		batch = begin(lsm);
+		put_str(batch, t_strdup_printf("s%03u", i), "old");
+		commit(&batch);
+	}
+	iter = casbox_lsm_iter_init(lsm, "s", 1);
+	while (casbox_lsm_iter_next(iter, &key, &key_size, &value,
+				    &value_size)) {
+		ck_assert_uint_eq(value_size, 3);
+		ck_assert(memcmp(value, "old", 3) == 0);
+		ck_assert(memcmp(key, t_strdup_printf("s%03u", n * 2),
+				 4) == 0);
+		n++;
+		/* overwrite, insert between, delete ahead: with a 1 KiB
+		   threshold these commits flush and merge under us */
+		batch = begin(lsm);
+		for (i = 0; i < 100; i++) {
+			put_str(batch, t_strdup_printf("s%03u", i),
+				"new-value-new-value");
+		}
+		casbox_lsm_batch_delete(batch, "s098", 4);
+		commit(&batch);
+	}
+	ck_assert_int_eq(casbox_lsm_iter_deinit(&iter, &error), 1);
+	ck_assert_uint_eq(n, 50);
+	ck_assert_int_eq(casbox_lsm_get(lsm, "s098", 4, t_str_new(8),
+					&error), 0);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 /* ---- model test ---- */
 
 struct model {
@@ -811,6 +858,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, test_signals_setup, NULL);
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_basic);
+	tcase_add_test(tc, test_iter_snapshot);
 	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_multiprocess_fcntl);
 	tcase_add_test(tc, test_multiprocess_flock);
