@@ -19,23 +19,13 @@
 #include "numpack.h"
 #include "byteorder.h"
 #include "cas-crc32c.h"
-#include "casbox-lsm-private.h"
+#include "casbox-lsm-block.h"
 
 #define TABLE_MAGIC "CBXSST01"
 #define TABLE_VERSION 1
-#define TABLE_BLOCK_SIZE 4096
-#define TABLE_RESTART_INTERVAL 16
-#define TABLE_BLOOM_BITS_PER_KEY 10
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
 #define TABLE_CACHE_BLOCKS 16
 #define TABLE_CACHE_MAX_BLOCK_SIZE (64 * 1024)
-
-struct block_builder {
-	buffer_t *data;
-	ARRAY(uint32_t) restarts;
-	buffer_t *last_key;
-	unsigned int counter, entries;
-};
 
 struct casbox_lsm_table_builder {
 	const struct casbox_lsm_io *io;
@@ -43,7 +33,7 @@ struct casbox_lsm_table_builder {
 	char *path;
 	uoff_t offset;
 	uint64_t entries;
-	struct block_builder block, index;
+	struct casbox_lsm_block_builder block, index;
 	buffer_t *out;
 	ARRAY(uint32_t) key_hashes;
 	char *error;
@@ -54,27 +44,6 @@ struct table_index_entry {
 	size_t last_key_size, key_off;
 	uoff_t offset;
 	uint32_t size;
-};
-
-/* A parsed, CRC-checked block. */
-struct block {
-	buffer_t *buf;
-	const unsigned char *data;
-	size_t data_size; /* entries only, without the restart array */
-	unsigned int n_restarts;
-	const unsigned char *restarts;
-	uoff_t file_offset;
-};
-
-struct block_iter {
-	const struct block *block;
-	size_t pos, next_pos;
-	buffer_t *key;
-	enum casbox_lsm_type type;
-	const unsigned char *value;
-	size_t value_size;
-	bool valid;
-	const char *error;
 };
 
 struct casbox_lsm_table {
@@ -92,8 +61,8 @@ struct casbox_lsm_table {
 	uint64_t entries;
 
 	/* point lookups reuse these instead of allocating a source */
-	struct block lookup_block;
-	struct block_iter lookup_iter;
+	struct casbox_lsm_block lookup_block;
+	struct casbox_lsm_block_iter lookup_iter;
 
 	/* recently read data blocks, already CRC-checked and validated */
 	buffer_t *cache[TABLE_CACHE_BLOCKS];
@@ -105,168 +74,14 @@ struct table_source {
 	struct casbox_lsm_source src;
 	struct casbox_lsm_table *table;
 	unsigned int block_idx;
-	struct block block;
-	struct block_iter bi;
+	struct casbox_lsm_block block;
+	struct casbox_lsm_block_iter bi;
 	/* where iteration stopped on damage (verify reports it) */
 	uoff_t error_offset;
 	char *error_reason;
 	/* verify: read every block from disk, not from the cache */
 	bool verify;
 };
-
-/* ---- hashing for the bloom filter ---- */
-
-static uint32_t bloom_hash(const unsigned char *key, size_t size)
-{
-	/* FNV-1a with a final avalanche */
-	uint32_t h = 2166136261U;
-	size_t i;
-
-	for (i = 0; i < size; i++) {
-		h ^= key[i];
-		h *= 16777619U;
-	}
-	h ^= h >> 16;
-	h *= 0x85ebca6bU;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35U;
-	h ^= h >> 16;
-	return h;
-}
-
-static void bloom_build(buffer_t *out, const uint32_t *hashes,
-			unsigned int count)
-{
-	unsigned int bits, k, i, j;
-	unsigned char *array;
-	size_t bytes;
-
-	k = TABLE_BLOOM_BITS_PER_KEY * 69 / 100; /* ln 2 */
-	bits = count * TABLE_BLOOM_BITS_PER_KEY;
-	if (bits < 64)
-		bits = 64;
-	bytes = (bits + 7) / 8;
-	bits = bytes * 8;
-	array = buffer_append_space_unsafe(out, bytes);
-	memset(array, 0, bytes);
-	for (i = 0; i < count; i++) {
-		uint32_t h = hashes[i];
-		uint32_t delta = (h >> 17) | (h << 15);
-
-		for (j = 0; j < k; j++) {
-			uint32_t pos = h % bits;
-
-			array[pos / 8] |= 1 << (pos % 8);
-			h += delta;
-		}
-	}
-	buffer_append_c(out, k);
-}
-
-static bool bloom_may_contain(const buffer_t *bloom, const void *key,
-			      size_t key_size)
-{
-	const unsigned char *array = bloom->data;
-	uint32_t h, delta, bits, pos;
-	unsigned int j, k;
-
-#ifdef CASBOX_FUZZ_NO_CRC
-	/* unchecked filter bits would make the lookup oracle fail */
-	return TRUE;
-#endif
-	if (bloom->used < 2)
-		return TRUE;
-	k = array[bloom->used - 1];
-	if (k == 0 || k > 30)
-		return TRUE; /* unknown encoding: never a false negative */
-	bits = (bloom->used - 1) * 8;
-	h = bloom_hash(key, key_size);
-	delta = (h >> 17) | (h << 15);
-	for (j = 0; j < k; j++) {
-		pos = h % bits;
-		if ((array[pos / 8] & (1 << (pos % 8))) == 0)
-			return FALSE;
-		h += delta;
-	}
-	return TRUE;
-}
-
-/* ---- block building ---- */
-
-static void block_builder_init(struct block_builder *bb)
-{
-	bb->data = buffer_create_dynamic(default_pool, TABLE_BLOCK_SIZE * 2);
-	i_array_init(&bb->restarts, 64);
-	bb->last_key = buffer_create_dynamic(default_pool, 128);
-}
-
-static void block_builder_deinit(struct block_builder *bb)
-{
-	buffer_free(&bb->data);
-	array_free(&bb->restarts);
-	buffer_free(&bb->last_key);
-}
-
-static void block_builder_reset(struct block_builder *bb)
-{
-	buffer_set_used_size(bb->data, 0);
-	array_clear(&bb->restarts);
-	buffer_set_used_size(bb->last_key, 0);
-	bb->counter = 0;
-	bb->entries = 0;
-}
-
-static void block_builder_add(struct block_builder *bb, bool is_delete,
-			      const unsigned char *key, size_t key_size,
-			      const unsigned char *value, size_t value_size)
-{
-	size_t shared = 0;
-	uint32_t restart;
-
-	if (bb->counter < TABLE_RESTART_INTERVAL && bb->entries > 0) {
-		const unsigned char *last = bb->last_key->data;
-		size_t max = I_MIN(bb->last_key->used, key_size);
-
-		while (shared < max && last[shared] == key[shared])
-			shared++;
-	} else {
-		restart = bb->data->used;
-		array_push_back(&bb->restarts, &restart);
-		bb->counter = 0;
-	}
-	numpack_encode(bb->data, shared);
-	numpack_encode(bb->data, key_size - shared);
-	numpack_encode(bb->data, is_delete ? 0 : (uint64_t)value_size + 1);
-	buffer_append(bb->data, key + shared, key_size - shared);
-	if (!is_delete)
-		buffer_append(bb->data, value, value_size);
-	buffer_set_used_size(bb->last_key, 0);
-	buffer_append(bb->last_key, key, key_size);
-	bb->counter++;
-	bb->entries++;
-}
-
-/* Finish the block into out: restarts, count, crc. */
-static void block_builder_finish(struct block_builder *bb, buffer_t *out,
-				 uint32_t *size_r)
-{
-	const uint32_t *restart;
-	unsigned char num[4];
-	size_t start = out->used;
-	uint32_t crc;
-
-	buffer_append_buf(out, bb->data, 0, SIZE_MAX);
-	array_foreach(&bb->restarts, restart) {
-		cpu32_to_be_unaligned(*restart, num);
-		buffer_append(out, num, 4);
-	}
-	cpu32_to_be_unaligned(array_count(&bb->restarts), num);
-	buffer_append(out, num, 4);
-	*size_r = out->used - start;
-	crc = cas_crc32c(CONST_PTR_OFFSET(out->data, start), *size_r);
-	cpu32_to_be_unaligned(cas_crc32c_mask(crc), num);
-	buffer_append(out, num, 4);
-}
 
 struct casbox_lsm_table_builder *
 casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
@@ -278,10 +93,10 @@ casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
 	builder->io = io;
 	builder->fd = fd;
 	builder->path = i_strdup(path);
-	block_builder_init(&builder->block);
-	block_builder_init(&builder->index);
+	casbox_lsm_block_builder_init(&builder->block);
+	casbox_lsm_block_builder_init(&builder->index);
 	builder->out = buffer_create_dynamic(default_pool,
-					     TABLE_BLOCK_SIZE * 4);
+					     CASBOX_LSM_BLOCK_SIZE * 4);
 	i_array_init(&builder->key_hashes, 1024);
 	return builder;
 }
@@ -308,7 +123,7 @@ static int builder_write_out(struct casbox_lsm_table_builder *builder)
 
 static int builder_flush_block(struct casbox_lsm_table_builder *builder)
 {
-	struct block_builder *bb = &builder->block;
+	struct casbox_lsm_block_builder *bb = &builder->block;
 	unsigned char handle[12];
 	uint32_t size;
 	uoff_t offset;
@@ -316,13 +131,13 @@ static int builder_flush_block(struct casbox_lsm_table_builder *builder)
 	if (bb->entries == 0)
 		return 0;
 	offset = builder->offset + builder->out->used;
-	block_builder_finish(bb, builder->out, &size);
+	casbox_lsm_block_builder_finish(bb, builder->out, &size);
 	cpu64_to_be_unaligned(offset, handle);
 	cpu32_to_be_unaligned(size, handle + 8);
-	block_builder_add(&builder->index, FALSE, bb->last_key->data,
+	casbox_lsm_block_builder_add(&builder->index, FALSE, bb->last_key->data,
 			  bb->last_key->used, handle, sizeof(handle));
-	block_builder_reset(bb);
-	if (builder->out->used >= TABLE_BLOCK_SIZE * 4)
+	casbox_lsm_block_builder_reset(bb);
+	if (builder->out->used >= CASBOX_LSM_BLOCK_SIZE * 4)
 		return builder_write_out(builder);
 	return 0;
 }
@@ -332,7 +147,7 @@ int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
 				 const unsigned char *key, size_t key_size,
 				 const unsigned char *value, size_t value_size)
 {
-	uint32_t hash = bloom_hash(key, key_size);
+	uint32_t hash = casbox_lsm_bloom_hash(key, key_size);
 
 	if (builder->error != NULL)
 		return -1;
@@ -341,18 +156,19 @@ int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
 				    builder->block.last_key->used,
 				    key, key_size) < 0);
 	array_push_back(&builder->key_hashes, &hash);
-	block_builder_add(&builder->block, type == CASBOX_LSM_TYPE_DELETE,
+	casbox_lsm_block_builder_add(&builder->block,
+				     type == CASBOX_LSM_TYPE_DELETE,
 			  key, key_size, value, value_size);
 	builder->entries++;
-	if (builder->block.data->used >= TABLE_BLOCK_SIZE)
+	if (builder->block.data->used >= CASBOX_LSM_BLOCK_SIZE)
 		return builder_flush_block(builder);
 	return 0;
 }
 
 static void builder_free(struct casbox_lsm_table_builder *builder)
 {
-	block_builder_deinit(&builder->block);
-	block_builder_deinit(&builder->index);
+	casbox_lsm_block_builder_deinit(&builder->block);
+	casbox_lsm_block_builder_deinit(&builder->index);
 	buffer_free(&builder->out);
 	array_free(&builder->key_hashes);
 	i_free(builder->error);
@@ -369,11 +185,12 @@ static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 	size_t start;
 
 	index_off = builder->offset + builder->out->used;
-	block_builder_finish(&builder->index, builder->out, &index_size);
+	casbox_lsm_block_builder_finish(&builder->index, builder->out,
+					&index_size);
 
 	bloom_off = builder->offset + builder->out->used;
 	bloom = buffer_create_dynamic(default_pool, 1024);
-	bloom_build(bloom, array_front(&builder->key_hashes),
+	casbox_lsm_bloom_build(bloom, array_front(&builder->key_hashes),
 		    array_count(&builder->key_hashes));
 	bloom_size = bloom->used;
 	start = builder->out->used;
@@ -484,8 +301,9 @@ static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
 	return 0;
 }
 
-static int block_parse(struct casbox_lsm_table *table, struct block *block,
-		       uoff_t offset, const char **error_r)
+static int block_parse(struct casbox_lsm_table *table,
+		       struct casbox_lsm_block *block, uoff_t offset,
+		       const char **error_r)
 {
 	const unsigned char *data = block->buf->data;
 	size_t size = block->buf->used;
@@ -517,39 +335,6 @@ static int block_parse(struct casbox_lsm_table *table, struct block *block,
 		prev = restart;
 	}
 	return 0;
-}
-
-static bool block_iter_decode(struct block_iter *bi);
-static bool block_iter_next(struct block_iter *bi);
-static void block_iter_init(struct block_iter *bi, const struct block *block);
-
-/* Walk the whole block once: keys strictly increase and every restart
-   point is the start of an entry. Seeks jump to restart points, so
-   without this a bad restart could make a lookup miss a key that
-   iteration finds. */
-static const char *block_validate(const struct block *block)
-{
-	struct block_iter bi;
-	unsigned int restart_idx = 0;
-	uint32_t restart;
-
-	i_zero(&bi);
-	bi.key = t_buffer_create(128);
-	for (block_iter_init(&bi, block); bi.valid; block_iter_next(&bi)) {
-		if (restart_idx >= block->n_restarts)
-			continue;
-		restart = be32_to_cpu_unaligned(block->restarts +
-						restart_idx * 4);
-		if (restart < bi.pos)
-			return "restart point inside an entry";
-		if (restart == bi.pos)
-			restart_idx++;
-	}
-	if (bi.error != NULL)
-		return bi.error;
-	if (restart_idx != block->n_restarts)
-		return "restart point past the last entry";
-	return NULL;
 }
 
 static bool table_cache_get(struct casbox_lsm_table *table, uoff_t offset,
@@ -586,7 +371,8 @@ static void table_cache_put(struct casbox_lsm_table *table, uoff_t offset,
 }
 
 static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
-			    uint32_t size, bool use_cache, struct block *block,
+			    uint32_t size, bool use_cache,
+			    struct casbox_lsm_block *block,
 			    const char **error_r)
 {
 	const char *reason;
@@ -598,7 +384,7 @@ static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 		return -1;
 	T_BEGIN {
 		/* reasons are static strings */
-		reason = block_validate(block);
+		reason = casbox_lsm_block_validate(block);
 	} T_END;
 	if (reason != NULL) {
 		*error_r = table_error(table, offset, reason);
@@ -608,120 +394,12 @@ static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 	return 0;
 }
 
-/* Decode the entry at bi->next_pos. Returns FALSE at the end or on
-   damage (bi->error set). */
-static bool block_iter_decode(struct block_iter *bi)
-{
-	const struct block *block = bi->block;
-	const unsigned char *p = block->data + bi->next_pos;
-	const unsigned char *end = block->data + block->data_size;
-	uint64_t shared, unshared, vlen;
-
-	bi->valid = FALSE;
-	if (bi->next_pos >= block->data_size)
-		return FALSE;
-	bi->pos = bi->next_pos;
-	if (numpack_decode(&p, end, &shared) < 0 ||
-	    numpack_decode(&p, end, &unshared) < 0 ||
-	    numpack_decode(&p, end, &vlen) < 0) {
-		bi->error = "truncated entry header";
-		return FALSE;
-	}
-	if (shared > bi->key->used ||
-	    unshared > (size_t)(end - p) ||
-	    shared + unshared > CASBOX_LSM_MAX_KEY_SIZE) {
-		bi->error = "invalid entry key length";
-		return FALSE;
-	}
-	buffer_set_used_size(bi->key, shared);
-	buffer_append(bi->key, p, unshared);
-	p += unshared;
-	if (vlen == 0) {
-		bi->type = CASBOX_LSM_TYPE_DELETE;
-		bi->value_size = 0;
-	} else {
-		bi->type = CASBOX_LSM_TYPE_PUT;
-		bi->value_size = vlen - 1;
-		if (bi->value_size > (size_t)(end - p)) {
-			bi->error = "invalid entry value length";
-			return FALSE;
-		}
-	}
-	bi->value = p;
-	p += bi->value_size;
-	bi->next_pos = p - block->data;
-	bi->valid = TRUE;
-	return TRUE;
-}
-
-/* Next entry, checking that keys strictly increase. */
-static bool block_iter_next(struct block_iter *bi)
-{
-	size_t prev_size = bi->key->used;
-	unsigned char prev[CASBOX_LSM_MAX_KEY_SIZE];
-
-	memcpy(prev, bi->key->data, prev_size);
-	if (!block_iter_decode(bi))
-		return FALSE;
-	if (casbox_lsm_key_cmp(prev, prev_size, bi->key->data,
-			       bi->key->used) >= 0) {
-		bi->error = "keys out of order";
-		bi->valid = FALSE;
-		return FALSE;
-	}
-	return TRUE;
-}
-
-static void block_iter_init(struct block_iter *bi, const struct block *block)
-{
-	bi->block = block;
-	bi->pos = bi->next_pos = 0;
-	buffer_set_used_size(bi->key, 0);
-	bi->error = NULL;
-	(void)block_iter_decode(bi);
-}
-
-/* Position at the first key >= key within the block. */
-static void block_iter_seek(struct block_iter *bi, const struct block *block,
-			    const unsigned char *key, size_t key_size)
-{
-	unsigned int left = 0, right = block->n_restarts - 1, mid;
-	int cmp;
-
-	bi->block = block;
-	bi->error = NULL;
-	/* binary search for the last restart whose key < key */
-	while (left < right) {
-		mid = (left + right + 1) / 2;
-		bi->next_pos = be32_to_cpu_unaligned(block->restarts +
-						     mid * 4);
-		buffer_set_used_size(bi->key, 0);
-		if (!block_iter_decode(bi))
-			return;
-		cmp = casbox_lsm_key_cmp(bi->key->data, bi->key->used,
-					 key, key_size);
-		if (cmp < 0)
-			left = mid;
-		else
-			right = mid - 1;
-	}
-	bi->next_pos = be32_to_cpu_unaligned(block->restarts + left * 4);
-	buffer_set_used_size(bi->key, 0);
-	if (!block_iter_decode(bi))
-		return;
-	while (casbox_lsm_key_cmp(bi->key->data, bi->key->used,
-				  key, key_size) < 0) {
-		if (!block_iter_next(bi))
-			return;
-	}
-}
-
 static int table_load_index(struct casbox_lsm_table *table,
 			    uoff_t offset, uint32_t size,
 			    const char **error_r)
 {
-	struct block block;
-	struct block_iter bi;
+	struct casbox_lsm_block block;
+	struct casbox_lsm_block_iter bi;
 	struct table_index_entry *entry;
 	buffer_t *keys;
 	uoff_t prev_end = 0;
@@ -735,7 +413,8 @@ static int table_load_index(struct casbox_lsm_table *table,
 	/* decoded keys go into keys; entries hold offsets until the end */
 	keys = buffer_create_dynamic(default_pool, block.data_size + 64);
 	bi.key = buffer_create_dynamic(default_pool, 128);
-	for (block_iter_init(&bi, &block); bi.valid; block_iter_next(&bi)) {
+	for (casbox_lsm_block_iter_init(&bi, &block); bi.valid;
+	     casbox_lsm_block_iter_next(&bi)) {
 		if (bi.value_size != 12) {
 			bi.error = "invalid block handle";
 			break;
@@ -828,7 +507,7 @@ static struct casbox_lsm_table *table_alloc(const char *path)
 	table->bloom = buffer_create_dynamic(default_pool, 1024);
 	i_array_init(&table->index, 64);
 	table->lookup_block.buf = buffer_create_dynamic(default_pool,
-							TABLE_BLOCK_SIZE + 64);
+						CASBOX_LSM_BLOCK_SIZE + 64);
 	table->lookup_iter.key = buffer_create_dynamic(default_pool, 128);
 	return table;
 }
@@ -942,7 +621,7 @@ table_find_block(struct casbox_lsm_table *table, const unsigned char *key,
 
 static void table_source_set(struct table_source *ts)
 {
-	struct block_iter *bi = &ts->bi;
+	struct casbox_lsm_block_iter *bi = &ts->bi;
 
 	ts->src.valid = bi->valid;
 	if (!bi->valid)
@@ -988,9 +667,9 @@ static bool table_source_load(struct table_source *ts, unsigned int idx,
 		return FALSE;
 	}
 	if (key != NULL)
-		block_iter_seek(&ts->bi, &ts->block, key, key_size);
+		casbox_lsm_block_iter_seek(&ts->bi, &ts->block, key, key_size);
 	else
-		block_iter_init(&ts->bi, &ts->block);
+		casbox_lsm_block_iter_init(&ts->bi, &ts->block);
 	if (ts->bi.error != NULL) {
 		table_source_fail(ts, entry->offset, ts->bi.error);
 		return FALSE;
@@ -1038,7 +717,7 @@ static void table_source_next(struct casbox_lsm_source *src)
 
 	i_assert(src->valid);
 	entry = array_idx(&ts->table->index, ts->block_idx);
-	if (block_iter_next(&ts->bi)) {
+	if (casbox_lsm_block_iter_next(&ts->bi)) {
 		if (casbox_lsm_key_cmp(ts->bi.key->data, ts->bi.key->used,
 				       entry->last_key,
 				       entry->last_key_size) > 0) {
@@ -1086,7 +765,7 @@ casbox_lsm_table_source(struct casbox_lsm_table *table)
 	ts->table = table;
 	casbox_lsm_table_ref(table);
 	ts->block.buf = buffer_create_dynamic(default_pool,
-					      TABLE_BLOCK_SIZE + 64);
+					      CASBOX_LSM_BLOCK_SIZE + 64);
 	ts->bi.key = buffer_create_dynamic(default_pool, 128);
 	return &ts->src;
 }
@@ -1097,10 +776,10 @@ int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
 			    const char **error_r)
 {
 	const struct table_index_entry *entry;
-	struct block_iter *bi = &table->lookup_iter;
+	struct casbox_lsm_block_iter *bi = &table->lookup_iter;
 	unsigned int idx;
 
-	if (!bloom_may_contain(table->bloom, key, key_size))
+	if (!casbox_lsm_bloom_may_contain(table->bloom, key, key_size))
 		return 0;
 	idx = table_find_block(table, key, key_size);
 	if (idx >= array_count(&table->index))
@@ -1110,7 +789,7 @@ int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
 	if (table_read_block(table, entry->offset, entry->size, TRUE,
 			     &table->lookup_block, error_r) < 0)
 		return -1;
-	block_iter_seek(bi, &table->lookup_block, key, key_size);
+	casbox_lsm_block_iter_seek(bi, &table->lookup_block, key, key_size);
 	if (bi->error != NULL) {
 		*error_r = table_error(table, entry->offset, bi->error);
 		return -1;

@@ -168,7 +168,7 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 	if (file_size < 0) {
 		if (lsm->io->fstat(fd, &st) < 0) {
 			*error_r = t_strdup_printf("fstat(%s) failed: %m",
-						   casbox_lsm_wal_path(lsm, path));
+				casbox_lsm_wal_path(lsm, path));
 			return -1;
 		}
 		file_size = st.st_size;
