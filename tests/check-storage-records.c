@@ -32,6 +32,8 @@ static void fill_record(pool_t pool, struct casbox_msg_record *rec)
 	array_push_back(&rec->keywords, &kw);
 	kw = "Junk";
 	array_push_back(&rec->keywords, &kw);
+	rec->pop3_uidl = "UID123-1700000000";
+	rec->pop3_order = 9;
 }
 
 START_TEST(test_msg_roundtrip)
@@ -57,6 +59,8 @@ START_TEST(test_msg_roundtrip)
 	ck_assert_uint_eq(array_count(&rec2.keywords), 2);
 	ck_assert_str_eq(array_idx_elem(&rec2.keywords, 1), "Junk");
 	ck_assert_uint_eq(array_count(&rec2.parts), 3);
+	ck_assert_str_eq(rec2.pop3_uidl, "UID123-1700000000");
+	ck_assert_uint_eq(rec2.pop3_order, 9);
 	for (i = 0; i < 3; i++) {
 		p1 = array_idx(&rec.parts, i);
 		p2 = array_idx(&rec2.parts, i);
@@ -73,11 +77,20 @@ START_TEST(test_msg_truncations_fail)
 	struct casbox_msg_record rec, rec2;
 	buffer_t *buf = buffer_create_dynamic(pool, 256);
 	const char *error;
-	size_t len;
+	size_t len, tail;
 
 	fill_record(pool, &rec);
 	casbox_msg_record_export(&rec, buf);
+	/* a record ending before the optional POP3 tail is the first
+	   layout: valid, without POP3 fields */
+	tail = buf->used - (2 + strlen(rec.pop3_uidl) + 4);
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, tail, pool,
+						  &rec2, &error), 1);
+	ck_assert_str_eq(rec2.pop3_uidl, "");
+	ck_assert_uint_eq(rec2.pop3_order, 0);
 	for (len = 0; len < buf->used; len++) {
+		if (len == tail)
+			continue;
 		error = NULL;
 		ck_assert_int_eq(casbox_msg_record_import(buf->data, len, pool,
 							  &rec2, &error), -1);

@@ -49,6 +49,10 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 		mdata->save_date : ioloop_time;
 	rec.flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
 	rec.modseq = mdata->min_modseq;
+	if (mdata->pop3_uidl != NULL)
+		rec.pop3_uidl = p_strdup(pool, mdata->pop3_uidl);
+	if (mdata->pop3_order != 0)
+		rec.pop3_order = mdata->pop3_order;
 	p_array_init(&rec.keywords, pool, 4);
 	casbox_save_keyword_names(ctx, pool, &rec.keywords);
 

@@ -194,6 +194,27 @@ static int casbox_mail_get_guid(struct mail *_mail, const char **value_r)
 }
 
 static int
+casbox_mail_get_pop3(struct mail *_mail, enum mail_fetch_field field,
+		     const char **value_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	const struct casbox_msg_record *rec;
+	struct istream *input;
+
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return -1;
+	if (field == MAIL_FETCH_UIDL_BACKEND)
+		*value_r = p_strdup(imail->mail.data_pool, rec->pop3_uidl);
+	else if (rec->pop3_order == 0)
+		*value_r = "";
+	else {
+		*value_r = p_strdup_printf(imail->mail.data_pool, "%u",
+					   rec->pop3_order);
+	}
+	return 0;
+}
+
+static int
 casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
 			const char **value_r)
 {
@@ -202,9 +223,8 @@ casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
 		return casbox_mail_get_guid(_mail, value_r);
 	case MAIL_FETCH_UIDL_BACKEND:
 	case MAIL_FETCH_POP3_ORDER:
-		/* not stored (yet): POP3 falls back to its defaults */
-		*value_r = "";
-		return 0;
+		/* from the record: never needs the message bytes */
+		return casbox_mail_get_pop3(_mail, field, value_r);
 	default:
 		break;
 	}

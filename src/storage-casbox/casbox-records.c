@@ -150,6 +150,7 @@ void casbox_msg_record_init(pool_t pool, struct casbox_msg_record *rec_r)
 {
 	i_zero(rec_r);
 	rec_r->guid = "";
+	rec_r->pop3_uidl = "";
 	p_array_init(&rec_r->keywords, pool, 4);
 	p_array_init(&rec_r->parts, pool, 4);
 }
@@ -177,6 +178,9 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 		buffer_append(dest, part->id.id, sizeof(part->id.id));
 		wr_u64(dest, part->size);
 	}
+	/* optional tail, added after the first layout: POP3 fields */
+	wr_str16(dest, rec->pop3_uidl);
+	wr_u32(dest, rec->pop3_order);
 }
 
 static void
@@ -234,7 +238,11 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 			array_push_back(&rec_r->keywords, &kw);
 	}
 	casbox_msg_record_read_parts(&rd, rec_r);
-	/* newer minor versions may append fields: ignore the rest */
+	if (rd.error == NULL && rd.p < rd.end) {
+		rec_r->pop3_uidl = rd_str16(&rd, pool, "pop3 uidl");
+		rec_r->pop3_order = rd_u32(&rd, "pop3 order");
+	}
+	/* newer minor versions may append more fields: ignore the rest */
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("message record: ", rd.error, NULL);
 		return -1;

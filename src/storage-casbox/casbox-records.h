@@ -43,6 +43,9 @@ struct casbox_msg_record {
 	ARRAY_TYPE(const_string) keywords;
 	/* concatenated in order, these are the exact message bytes */
 	ARRAY_TYPE(casbox_msg_part) parts;
+	/* POP3 UIDL ("" = none) and order (0 = none), e.g. from dsync */
+	const char *pop3_uidl;
+	uint32_t pop3_order;
 };
 
 struct casbox_mailbox_record {

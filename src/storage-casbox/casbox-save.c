@@ -279,6 +279,9 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	rec->flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
 	rec->modseq = mdata->min_modseq;
 	casbox_save_keyword_names(_ctx, ctx->pool, &rec->keywords);
+	if (mdata->pop3_uidl != NULL)
+		rec->pop3_uidl = p_strdup(ctx->pool, mdata->pop3_uidl);
+	rec->pop3_order = mdata->pop3_order;
 
 	t = rec->save_date;
 	index_mail_cache_add(imail, MAIL_CACHE_SAVE_DATE, &t, sizeof(t));
