@@ -4,6 +4,7 @@ stored once), and the whole root is smaller than sdbox's for the same
 operations. CASBOX_DEDUP_N sets the number of usrp-users-3000 messages
 (default 300; the full 3000 is the measurement in the report)."""
 
+import base64
 import os
 import sys
 import unittest
@@ -51,7 +52,39 @@ def run(dc, root, msgs):
     return first, copied, again, disk_usage(root)
 
 
+def with_attachment(subject, text, attachment):
+    return (b"From: a@example.com\r\nSubject: " + subject +
+            b"\r\nMIME-Version: 1.0\r\n"
+            b"Content-Type: multipart/mixed; boundary=XyZ\r\n\r\n"
+            b"--XyZ\r\nContent-Type: text/plain\r\n\r\n" + text +
+            b"\r\n--XyZ\r\nContent-Type: application/octet-stream\r\n"
+            b"Content-Transfer-Encoding: base64\r\n\r\n" + attachment +
+            b"\r\n--XyZ--\r\n")
+
+
 class StorageDedupTest(unittest.TestCase):
+
+    def test_shared_attachment_stored_once(self):
+        rnd = os.urandom(150 * 1024)
+        att = base64.encodebytes(rnd).replace(b"\n", b"\r\n")
+        m1 = with_attachment(b"first", b"hello from one", att)
+        m2 = with_attachment(b"second, different", b"other text", att)
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            packs = os.path.join(dc.home("user1"), "casbox", "packs")
+            dc.lmtp_deliver("user1", m1)
+            first = disk_usage(packs)[1]
+            dc.lmtp_deliver("user1", m2)
+            growth = disk_usage(packs)[1] - first
+            # random bytes do not compress: the attachment alone is
+            # ~150 KiB, the second message must add only its own text
+            self.assertGreater(first, len(rnd))
+            self.assertLess(growth, 8 * 1024)
+            imap = dc.imap_login("user1")
+            imap.select("INBOX")
+            typ, data = imap.fetch("2", "(BODY.PEEK[])")
+            self.assertTrue(data[0][1].endswith(m2))
+            imap.logout()
 
     def test_dedup_against_sdbox(self):
         msgs = []
