@@ -210,6 +210,8 @@ static void crash_matrix(enum crashfs_fault fault, enum crashfs_loss loss)
 	} T_END;
 	/* the matrix must have covered flushes and merges */
 	ck_assert_uint_gt(n, 200);
+	i_info("crash matrix (fault %d, loss %d): %u crash points", fault,
+	       loss, n - 1);
 }
 
 START_TEST(test_crash_drop)
@@ -271,6 +273,7 @@ START_TEST(test_enospc)
 	for (budget = 0; !completed; budget += 37) T_BEGIN {
 		enospc_run(budget, &completed);
 	} T_END;
+	i_info("ENOSPC sweep: %"PRIuUOFF_T" budgets", budget / 37);
 }
 END_TEST
 
