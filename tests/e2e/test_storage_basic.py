@@ -149,6 +149,19 @@ class StorageBasicTest(unittest.TestCase):
                 self.assertIn("flags=1 ", ln)   # MAIL_ANSWERED
                 self.assertIn("keywords=Custom1,", ln)
 
+            # deleting a mailbox with messages releases its records
+            imap = dc.imap_login("user1")
+            ok(imap.create("Temp"))
+            ok(imap.select("Archive"))
+            ok(imap.uid("COPY", "1:*", "Temp"))
+            ok(imap.close())
+            ok(imap.delete("Temp"))
+            imap.logout()
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+            self.assertEqual(len([ln for ln in d.stdout.splitlines()
+                                  if ln.startswith("m ")]), 3)
+
             # expunging everything releases every record and blob
             r = dc.doveadm("expunge", "-u", "user1", "mailbox", "Archive",
                            "all")
