@@ -42,6 +42,16 @@ AC_DEFUN([CASBOX_REQUIRE_DEPS], [
 		[AC_MSG_ERROR([Check unit test framework not found: install the Debian package check])])
 ])
 
+dnl Peers for bench/ only: optional, the build does not need them.
+AC_DEFUN([CASBOX_BENCH_PEERS], [
+	AC_CHECK_LIB([leveldb], [leveldb_open], [LEVELDB_LIBS=-lleveldb],
+		[LEVELDB_LIBS=])
+	AC_CHECK_LIB([sqlite3], [sqlite3_open_v2], [SQLITE_LIBS=-lsqlite3],
+		[SQLITE_LIBS=])
+	AC_SUBST([LEVELDB_LIBS])
+	AC_SUBST([SQLITE_LIBS])
+])
+
 AC_DEFUN([CASBOX_WERROR], [
 	AC_ARG_ENABLE([werror],
 		AS_HELP_STRING([--enable-werror], [Treat warnings as errors (CI does)]),
