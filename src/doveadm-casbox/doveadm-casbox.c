@@ -5,6 +5,8 @@
 #include "doveadm.h"
 #include "doveadm-cmd.h"
 #include "doveadm-print.h"
+#include "doveadm-mail.h"
+#include "doveadm-casbox.h"
 
 #include <zstd.h>
 #include <sodium.h>
@@ -36,6 +38,14 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		.cmd = cmd_casbox_version,
 		.usage = "",
 		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
+		.name = "casbox stats",
+		.mail_cmd = cmd_casbox_stats_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
 		DOVEADM_CMD_PARAMS_END
 	},
 };

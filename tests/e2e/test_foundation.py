@@ -66,10 +66,16 @@ class PluginsLoad(unittest.TestCase):
             self.assertIn("libsodium", rows)
 
     def test_doveadm_version_needs_no_mail_plugin(self):
-        # `casbox version` touches no storage, so it works even where
-        # casbox is not in mail_plugins (first-install diagnostics).
+        # The doveadm plugin resolves casbox's symbols from the casbox
+        # mail plugin, so doveadm loads it only when casbox is in
+        # mail_plugins; without it doveadm says which setting to add.
         with Dovecot(mail_location="sdbox:~/sdbox",
                      mail_plugins=[]) as dc:
+            res = dc.doveadm("-f", "tab", "casbox", "version", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("mail_plugins", res.stderr)
+        with Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["casbox"]) as dc:
             out = dc.doveadm("-f", "tab", "casbox", "version").stdout
             self.assertIn("casbox\t", out)
 

@@ -1,0 +1,319 @@
+/* doveadm casbox: one pass over a user's LSM records and pack frames. */
+
+#include "lib.h"
+#include "array.h"
+#include "hash.h"
+#include "hex-binary.h"
+#include "casbox-lsm.h"
+#include "doveadm-casbox.h"
+
+static unsigned int casbox_admin_blob_id_hash(const struct cas_blob_id *id)
+{
+	return (id->id[0] << 24) | (id->id[1] << 16) |
+		(id->id[2] << 8) | id->id[3];
+}
+
+static int casbox_admin_blob_id_cmp(const struct cas_blob_id *id1,
+				    const struct cas_blob_id *id2)
+{
+	return memcmp(id1->id, id2->id, sizeof(id1->id));
+}
+
+static unsigned int casbox_admin_loc_hash(const struct casbox_admin_loc *loc)
+{
+	return loc->pack_id * 2654435761U ^ (unsigned int)loc->offset ^
+		(unsigned int)(loc->offset >> 32);
+}
+
+static int casbox_admin_loc_cmp(const struct casbox_admin_loc *loc1,
+				const struct casbox_admin_loc *loc2)
+{
+	if (loc1->pack_id != loc2->pack_id)
+		return loc1->pack_id < loc2->pack_id ? -1 : 1;
+	if (loc1->offset != loc2->offset)
+		return loc1->offset < loc2->offset ? -1 : 1;
+	return 0;
+}
+
+static struct casbox_admin_blob *
+casbox_census_blob_get(struct casbox_census *census,
+		       const struct cas_blob_id *id)
+{
+	struct casbox_admin_blob *blob;
+
+	blob = hash_table_lookup(census->blobs, id);
+	if (blob == NULL) {
+		blob = p_new(census->pool, struct casbox_admin_blob, 1);
+		blob->id = *id;
+		hash_table_insert(census->blobs, &blob->id, blob);
+		array_push_back(&census->blob_list, &blob);
+	}
+	return blob;
+}
+
+static void
+casbox_census_damage(casbox_admin_damage_callback_t *damage, void *context,
+		     const char *mailbox, uint32_t uid, const char *object,
+		     const char *cause)
+{
+	if (damage != NULL)
+		damage(context, mailbox, uid, object, cause);
+}
+
+static void
+casbox_census_message(struct casbox_census *census,
+		      const unsigned char *key, size_t key_size,
+		      const unsigned char *value, size_t value_size,
+		      casbox_admin_damage_callback_t *damage, void *context)
+{
+	const struct casbox_msg_part *part;
+	struct casbox_msg_record rec;
+	struct casbox_admin_blob *blob;
+	guid_128_t guid;
+	const char *error;
+	uint32_t uid;
+
+	if (casbox_key_message_parse(key, key_size, guid, &uid) < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed message key");
+		return;
+	}
+	if (casbox_msg_record_import(value, value_size,
+				     pool_datastack_create(), &rec,
+				     &error) < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context,
+			casbox_census_mailbox_name(census, guid), uid, "-",
+			t_strdup_printf("malformed message record: %s",
+					error));
+		return;
+	}
+	census->messages++;
+	census->logical_bytes += rec.physical_size;
+	array_foreach(&rec.parts, part) {
+		blob = casbox_census_blob_get(census, &part->id);
+		blob->counted++;
+		census->referenced_plain_bytes += part->size;
+	}
+}
+
+static void
+casbox_census_blob(struct casbox_census *census,
+		   const unsigned char *key, size_t key_size,
+		   const unsigned char *value, size_t value_size,
+		   casbox_admin_damage_callback_t *damage, void *context)
+{
+	struct casbox_admin_blob *blob;
+	struct casbox_blob_value bval;
+	struct casbox_admin_loc *loc;
+	struct cas_blob_id id;
+	const char *error;
+
+	if (key_size != 1 + CAS_BLOB_ID_SIZE) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed blob key");
+		return;
+	}
+	memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
+	blob = casbox_census_blob_get(census, &id);
+	blob->have_record = TRUE;
+	if (casbox_blob_value_import(value, value_size, &bval, &error) < 0 ||
+	    casbox_blob_record_import(bval.pack_record, bval.pack_record_size,
+				      &blob->rec, &error) < 0) {
+		census->bad_records++;
+		blob->record_bad = TRUE;
+		blob->damage = p_strdup_printf(census->pool,
+			"malformed blob record: %s", error);
+		casbox_census_damage(damage, context, "-", 0,
+				     cas_blob_id_to_hex(&id), blob->damage);
+		return;
+	}
+	blob->refcount = bval.refcount;
+	loc = p_new(census->pool, struct casbox_admin_loc, 1);
+	loc->pack_id = blob->rec.pack_id;
+	loc->offset = blob->rec.offset;
+	hash_table_update(census->locs, loc, blob);
+}
+
+static void
+casbox_census_mailbox(struct casbox_census *census,
+		      const unsigned char *key, size_t key_size,
+		      const unsigned char *value, size_t value_size)
+{
+	struct casbox_mailbox_record rec;
+	const char *error;
+
+	if (key_size != 1 + GUID_128_SIZE ||
+	    casbox_mailbox_record_import(value, value_size,
+					 pool_datastack_create(), &rec,
+					 &error) < 0)
+		return;
+	hash_table_update(census->mailbox_names,
+		p_strdup(census->pool, binary_to_hex(key + 1, GUID_128_SIZE)),
+		p_strdup(census->pool, rec.name));
+}
+
+int casbox_census_build(struct casbox_admin *adm,
+			casbox_admin_damage_callback_t *damage, void *context,
+			struct casbox_census **census_r,
+			const char **error_r)
+{
+	struct casbox_census *census;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	unsigned char prefix;
+	pool_t pool;
+
+	if (casbox_lsm_refresh(adm->lsm, error_r) < 0)
+		return -1;
+	pool = pool_alloconly_create("casbox census", 64 * 1024);
+	census = p_new(pool, struct casbox_census, 1);
+	census->pool = pool;
+	hash_table_create(&census->blobs, pool, 0, casbox_admin_blob_id_hash,
+			  casbox_admin_blob_id_cmp);
+	hash_table_create(&census->locs, pool, 0, casbox_admin_loc_hash,
+			  casbox_admin_loc_cmp);
+	hash_table_create(&census->mailbox_names, pool, 0, str_hash, strcmp);
+	p_array_init(&census->blob_list, pool, 256);
+	p_array_init(&census->packs, pool, 4);
+
+	/* mailbox names first, so message damage can name its mailbox */
+	prefix = CASBOX_KEY_MAILBOX;
+	iter = casbox_lsm_iter_init(adm->lsm, &prefix, 1);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) T_BEGIN {
+		casbox_census_mailbox(census, key, key_size,
+				      value, value_size);
+	} T_END;
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0) {
+		casbox_census_free(&census);
+		return -1;
+	}
+	iter = casbox_lsm_iter_init(adm->lsm, "", 0);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) T_BEGIN {
+		if (key_size == 0)
+			;
+		else if (key[0] == CASBOX_KEY_MESSAGE) {
+			casbox_census_message(census, key, key_size, value,
+					      value_size, damage, context);
+		} else if (key[0] == CASBOX_KEY_BLOB) {
+			casbox_census_blob(census, key, key_size, value,
+					   value_size, damage, context);
+		}
+	} T_END;
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0) {
+		casbox_census_free(&census);
+		return -1;
+	}
+	*census_r = census;
+	return 0;
+}
+
+bool casbox_census_blob_is_live(const struct casbox_admin_blob *blob)
+{
+	return blob->refcount > 0 || blob->counted > 0;
+}
+
+static struct casbox_admin_pack *
+casbox_census_pack(struct casbox_census *census, uint32_t pack_id)
+{
+	struct casbox_admin_pack *pack;
+
+	array_foreach_modifiable(&census->packs, pack) {
+		if (pack->pack_id == pack_id)
+			return pack;
+	}
+	return NULL;
+}
+
+static void
+casbox_census_frame(struct casbox_admin *adm, struct casbox_census *census,
+		    const struct casbox_pack_frame_info *info,
+		    casbox_admin_damage_callback_t *damage, void *context)
+{
+	struct casbox_admin_loc loc = {
+		.pack_id = info->pack_id,
+		.offset = info->offset,
+	};
+	struct casbox_admin_blob *blob;
+	struct casbox_admin_pack *pack;
+
+	blob = hash_table_lookup(census->locs, &loc);
+	pack = casbox_census_pack(census, info->pack_id);
+	if (blob != NULL && info->damage == NULL)
+		blob->frame_seen = TRUE;
+	if (blob != NULL && casbox_census_blob_is_live(blob) &&
+	    info->damage == NULL && pack != NULL) {
+		pack->live_bytes += info->frame_size;
+		pack->live_plain_bytes += blob->rec.plain_size;
+	}
+	if (info->damage == NULL)
+		return;
+	if (blob != NULL) {
+		/* the message rows name it; see scrub */
+		blob->damage = p_strdup_printf(census->pool,
+			"pack %u offset %"PRIu64": %s", info->pack_id,
+			info->offset, info->damage);
+		return;
+	}
+	casbox_census_damage(damage, context, "-", 0,
+		t_strdup_printf("%s@%"PRIu64,
+			casbox_admin_pack_path(adm, info->pack_id),
+			info->offset),
+		t_strdup_printf("damaged frame (%u bytes) no blob record "
+				"points to: %s", info->frame_size,
+				info->damage));
+}
+
+int casbox_census_scan_packs(struct casbox_admin *adm,
+			     struct casbox_census *census,
+			     casbox_admin_damage_callback_t *damage,
+			     void *context, const char **error_r)
+{
+	struct casbox_pack_frame_info info;
+	struct casbox_pack_scan *scan;
+	const char *error;
+
+	i_assert(adm->packs != NULL);
+	if (casbox_admin_list_packs(adm, census->pool, &census->packs,
+				    error_r) < 0)
+		return -1;
+	scan = casbox_pack_scan_init(adm->packs);
+	while (casbox_pack_scan_next(scan, &info)) T_BEGIN {
+		casbox_census_frame(adm, census, &info, damage, context);
+	} T_END;
+	if (casbox_pack_scan_deinit(&scan, &error) < 0) {
+		*error_r = t_strdup_printf("pack scan: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+const char *casbox_census_mailbox_name(struct casbox_census *census,
+				       const guid_128_t mailbox_guid)
+{
+	const char *hex = binary_to_hex(mailbox_guid, GUID_128_SIZE);
+	const char *name;
+
+	name = hash_table_lookup(census->mailbox_names, hex);
+	return name != NULL ? name : t_strdup(hex);
+}
+
+void casbox_census_free(struct casbox_census **_census)
+{
+	struct casbox_census *census = *_census;
+
+	*_census = NULL;
+	hash_table_destroy(&census->blobs);
+	hash_table_destroy(&census->locs);
+	hash_table_destroy(&census->mailbox_names);
+	pool_unref(&census->pool);
+}

@@ -1,0 +1,111 @@
+/* doveadm casbox stats: what a user's store holds and what it costs. */
+
+#include "lib.h"
+#include "array.h"
+#include "mail-user.h"
+#include "doveadm-print.h"
+#include "doveadm-mail.h"
+#include "doveadm-casbox.h"
+
+static const char *casbox_stats_ratio(uint64_t num, uint64_t denom)
+{
+	if (denom == 0)
+		return "0.000";
+	return t_strdup_printf("%.3f", (double)num / (double)denom);
+}
+
+static void casbox_stats_print(struct casbox_admin *adm,
+			       struct casbox_census *census)
+{
+	const struct casbox_admin_pack *pack;
+	struct casbox_admin_blob *blob;
+	uint64_t pack_bytes = 0, live_bytes = 0, live_plain = 0;
+	uint64_t unique_plain = 0, blobs = 0;
+
+	array_foreach(&census->packs, pack) {
+		pack_bytes += pack->size;
+		live_bytes += pack->live_bytes;
+		live_plain += pack->live_plain_bytes;
+	}
+	array_foreach_elem(&census->blob_list, blob) {
+		if (!blob->have_record || blob->record_bad)
+			continue;
+		blobs++;
+		unique_plain += blob->rec.plain_size;
+	}
+	doveadm_print_num(census->messages);
+	doveadm_print_num(census->logical_bytes);
+	doveadm_print_num(pack_bytes);
+	doveadm_print_num(blobs);
+	doveadm_print(casbox_stats_ratio(census->referenced_plain_bytes,
+					 unique_plain));
+	doveadm_print(casbox_stats_ratio(live_plain, live_bytes));
+	doveadm_print_num(array_count(&census->packs));
+	doveadm_print(casbox_stats_ratio(pack_bytes - live_bytes,
+					 pack_bytes));
+	doveadm_print_num(casbox_admin_dir_size(
+		t_strconcat(adm->root_dir, "/lsm", NULL)));
+}
+
+static int
+cmd_casbox_stats_run(struct doveadm_mail_cmd_context *ctx,
+		     struct mail_user *user)
+{
+	struct casbox_census *census;
+	struct casbox_admin *adm;
+	const char *error;
+	int ret;
+
+	ret = casbox_admin_open(user, &adm, &error);
+	if (ret <= 0) {
+		i_error("casbox stats: %s", error);
+		doveadm_mail_failed_error(ctx, ret == 0 ? MAIL_ERROR_NOTFOUND :
+					  MAIL_ERROR_TEMP);
+		return -1;
+	}
+	if (casbox_admin_open_keys(adm, &error) < 0 ||
+	    casbox_census_build(adm, NULL, NULL, &census, &error) < 0) {
+		i_error("casbox stats: %s", error);
+		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
+		casbox_admin_close(&adm);
+		return -1;
+	}
+	ret = casbox_census_scan_packs(adm, census, NULL, NULL, &error);
+	if (ret < 0) {
+		i_error("casbox stats: %s", error);
+		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
+	} else {
+		casbox_stats_print(adm, census);
+	}
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+	return ret;
+}
+
+static void cmd_casbox_stats_init(struct doveadm_mail_cmd_context *ctx
+				  ATTR_UNUSED,
+				  const char *const args[] ATTR_UNUSED)
+{
+	static const char *const fields[] = {
+		"messages", "logical_bytes", "stored_bytes", "unique_blobs",
+		"dedup_ratio", "compression_ratio", "packs", "dead_ratio",
+		"lsm_bytes",
+	};
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(fields); i++) {
+		doveadm_print_header(fields[i], fields[i],
+				     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	}
+}
+
+struct doveadm_mail_cmd_context *cmd_casbox_stats_alloc(void)
+{
+	struct doveadm_mail_cmd_context *ctx;
+
+	ctx = doveadm_mail_cmd_alloc(struct doveadm_mail_cmd_context);
+	ctx->v.init = cmd_casbox_stats_init;
+	ctx->v.run = cmd_casbox_stats_run;
+	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
+	return ctx;
+}
