@@ -59,6 +59,23 @@ static void dump_message(const unsigned char *key, size_t key_size,
 		blob_get(part->id.id)->counted++;
 }
 
+static void dump_mailbox(const unsigned char *key, size_t key_size,
+			 const unsigned char *value, size_t value_size)
+{
+	struct casbox_mailbox_record rec;
+	const char *error;
+
+	if (casbox_mailbox_record_import(value, value_size,
+					 pool_datastack_create(), &rec,
+					 &error) < 0) {
+		printf("bad-mailbox-record\n");
+		return;
+	}
+	printf("M %s uidvalidity=%u next_uid=%u name=%s\n",
+	       binary_to_hex(key + 1, key_size - 1), rec.uid_validity,
+	       rec.next_uid, rec.name);
+}
+
 int main(int argc, char *argv[])
 {
 	struct casbox_lsm_settings set;
@@ -95,7 +112,7 @@ int main(int argc, char *argv[])
 			else
 				blob_get(key + 1)->stored = bval.refcount;
 		} else if (key[0] == CASBOX_KEY_MAILBOX) {
-			printf("M %s\n", binary_to_hex(key + 1, key_size - 1));
+			dump_mailbox(key, key_size, value, value_size);
 		}
 	} T_END;
 	if (casbox_lsm_iter_deinit(&iter, &error) < 0)

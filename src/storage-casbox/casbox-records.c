@@ -256,6 +256,8 @@ void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
 	buffer_append_c(dest, CASBOX_RECORD_VERSION);
 	wr_u32(dest, rec->uid_validity);
 	wr_str16(dest, rec->name);
+	/* optional tail */
+	wr_u32(dest, rec->next_uid);
 }
 
 int casbox_mailbox_record_import(const void *data, size_t size,
@@ -272,6 +274,8 @@ int casbox_mailbox_record_import(const void *data, size_t size,
 		rd.error = t_strdup_printf("unknown version %u", version);
 	rec_r->uid_validity = rd_u32(&rd, "uid validity");
 	rec_r->name = rd_str16(&rd, pool, "name");
+	if (rd.error == NULL && rd.p < rd.end)
+		rec_r->next_uid = rd_u32(&rd, "next uid");
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("mailbox record: ", rd.error, NULL);
 		return -1;

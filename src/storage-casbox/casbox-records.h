@@ -51,6 +51,9 @@ struct casbox_msg_record {
 struct casbox_mailbox_record {
 	uint32_t uid_validity;
 	const char *name;
+	/* at least the index's next_uid when last written (0 = unknown):
+	   a rebuild must never hand out a UID again */
+	uint32_t next_uid;
 };
 
 struct casbox_blob_value {

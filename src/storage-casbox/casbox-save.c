@@ -442,8 +442,10 @@ casbox_save_add_msg(struct casbox_store_txn *txn,
 /* Write every saved mail's blobs and record in one durable batch. */
 static int
 casbox_save_write_records(struct casbox_save_context *ctx,
+			  const struct mail_index_header *hdr,
 			  const ARRAY_TYPE(seq_range) *uids)
 {
+	struct casbox_mailbox_record mrec;
 	struct casbox_mailbox *mbox = ctx->mbox;
 	const struct casbox_save_mail *smail;
 	struct casbox_store *store;
@@ -470,6 +472,16 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		} T_END_PASS_STR_IF(ret < 0, &error);
 		if (ret < 0)
 			break;
+	}
+	if (ret == 0) {
+		const struct seq_range *last = array_back(uids);
+
+		i_zero(&mrec);
+		mrec.uid_validity = hdr->uid_validity;
+		mrec.name = mailbox_get_vname(&mbox->box);
+		/* saved_uids is sorted: its last range ends highest */
+		mrec.next_uid = I_MAX(hdr->next_uid, last->seq2 + 1);
+		casbox_store_txn_put_mailbox(txn, mbox->mailbox_guid, &mrec);
 	}
 	if (ret < 0)
 		casbox_store_txn_rollback(&txn);
@@ -504,7 +516,8 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
 	mail_index_append_finish_uids(ctx->trans, hdr->next_uid,
 				      &_t->changes->saved_uids);
-	if (casbox_save_write_records(ctx, &_t->changes->saved_uids) < 0) {
+	if (casbox_save_write_records(ctx, hdr,
+				      &_t->changes->saved_uids) < 0) {
 		casbox_transaction_save_rollback(_ctx);
 		return -1;
 	}

@@ -365,6 +365,7 @@ static int casbox_mailbox_open(struct mailbox *box)
    still has everything needed to serve the mailbox. */
 static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 {
+	struct casbox_mailbox_record rec;
 	struct casbox_store *store;
 	const struct mail_index_header *hdr;
 	const char *error;
@@ -374,9 +375,11 @@ static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return;
 	hdr = mail_index_get_header(mbox->box.view);
-	if (casbox_store_mailbox_put(store, mbox->mailbox_guid,
-				     hdr->uid_validity,
-				     mailbox_get_vname(&mbox->box),
+	i_zero(&rec);
+	rec.uid_validity = hdr->uid_validity;
+	rec.name = mailbox_get_vname(&mbox->box);
+	rec.next_uid = hdr->next_uid;
+	if (casbox_store_mailbox_put(store, mbox->mailbox_guid, &rec,
 				     &error) < 0) {
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s",
 				     error);

@@ -291,25 +291,15 @@ int casbox_store_blob_id(struct casbox_store *store, struct istream *input,
 
 int casbox_store_mailbox_put(struct casbox_store *store,
 			     const guid_128_t mailbox_guid,
-			     uint32_t uid_validity, const char *name,
+			     const struct casbox_mailbox_record *rec,
 			     const char **error_r)
 {
-	struct casbox_mailbox_record rec = {
-		.uid_validity = uid_validity,
-		.name = name,
-	};
-	struct casbox_lsm_batch *batch;
-	buffer_t *key, *value;
+	struct casbox_store_txn *txn;
 
-	key = t_buffer_create(32);
-	casbox_key_mailbox(key, mailbox_guid);
-	value = t_buffer_create(64);
-	casbox_mailbox_record_export(&rec, value);
-	if (casbox_lsm_batch_begin(store->lsm, &batch, error_r) < 0)
+	if (casbox_store_txn_begin(store, &txn, error_r) < 0)
 		return -1;
-	casbox_lsm_batch_put(batch, key->data, key->used,
-			     value->data, value->used);
-	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
+	casbox_store_txn_put_mailbox(txn, mailbox_guid, rec);
+	return casbox_store_txn_commit(&txn, error_r);
 }
 
 int casbox_store_mailbox_delete(struct casbox_store *store,
@@ -634,6 +624,20 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 	casbox_lsm_batch_put(txn->batch, key->data, key->used,
 			     value->data, value->used);
 	return 0;
+}
+
+void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
+				  const guid_128_t mailbox_guid,
+				  const struct casbox_mailbox_record *rec)
+{
+	buffer_t *key, *value;
+
+	key = t_buffer_create(32);
+	casbox_key_mailbox(key, mailbox_guid);
+	value = t_buffer_create(64);
+	casbox_mailbox_record_export(rec, value);
+	casbox_lsm_batch_put(txn->batch, key->data, key->used,
+			     value->data, value->used);
 }
 
 int casbox_store_txn_expunge(struct casbox_store_txn *txn,

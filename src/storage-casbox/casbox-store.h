@@ -39,7 +39,7 @@ int casbox_store_blob_id(struct casbox_store *store, struct istream *input,
 
 int casbox_store_mailbox_put(struct casbox_store *store,
 			     const guid_128_t mailbox_guid,
-			     uint32_t uid_validity, const char *name,
+			     const struct casbox_mailbox_record *rec,
 			     const char **error_r);
 /* Delete the mailbox record and release any message records left. */
 int casbox_store_mailbox_delete(struct casbox_store *store,
@@ -72,6 +72,11 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const struct casbox_msg_record *rec,
 			     struct istream *const *part_inputs,
 			     const char **error_r);
+/* Put the mailbox record in this transaction (saves keep its next_uid
+   ahead of every UID they write). */
+void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
+				  const guid_128_t mailbox_guid,
+				  const struct casbox_mailbox_record *rec);
 /* Remove a message record and release its blobs. Missing is ok. */
 int casbox_store_txn_expunge(struct casbox_store_txn *txn,
 			     const guid_128_t mailbox_guid, uint32_t uid,

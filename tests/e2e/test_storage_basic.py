@@ -172,6 +172,9 @@ class StorageBasicTest(unittest.TestCase):
             self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
             self.assertNotIn("\nm ", "\n" + d.stdout)
             self.assertNotIn("\nb ", "\n" + d.stdout)
+            # the mailbox record keeps UIDs from ever being reused
+            self.assertRegex(d.stdout, r"(?m)^M [0-9a-f]{32} uidvalidity=\d+ "
+                             r"next_uid=4 name=Archive$")
 
     def test_missing_key_with_data_is_refused(self):
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
