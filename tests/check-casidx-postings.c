@@ -472,6 +472,42 @@ START_TEST(test_index_tiered_merge)
 }
 END_TEST
 
+/* Merges never read more than merge_max_bytes of segments, also under
+   the segment-count cap and in optimize, so they stay memory-bounded. */
+START_TEST(test_index_merge_bounded)
+{
+	struct casidx_index_settings set = test_set;
+	struct casidx_index *index;
+	const char *error;
+	uint32_t uid;
+
+	set.merge_threshold = 2;
+	set.merge_max_bytes = 1500;
+	index = casidx_index_init(test_dir, &set);
+	for (uid = 1; uid <= 200; uid += 20)
+		index_docs(index, uid, uid + 19);
+	/* ~20-doc segments are ~1 KB: at most one fits a merge */
+	ck_assert_uint_gt(casidx_index_get_segment_count(index), 5);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_uint_gt(casidx_index_get_segment_count(index), 5);
+	ck_assert_uint_eq(count_seg_files(),
+			  casidx_index_get_segment_count(index));
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 160);
+	casidx_index_deinit(&index);
+
+	/* a large enough bound lets optimize merge them all */
+	set.merge_max_bytes = 1024 * 1024;
+	index = casidx_index_init(test_dir, &set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 160);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 static void index_docs_uv(struct casidx_index *index, uint32_t uid_validity,
 			  uint32_t first, uint32_t last)
 {
@@ -660,6 +696,7 @@ int main(void)
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
 	tcase_add_test(tci, test_index_tiered_merge);
 	tcase_add_test(tci, test_index_uid_validity_change);
+	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	suite_add_tcase(s, tci);

@@ -22,6 +22,8 @@
 #define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
 #define LOCK_NAME "write.lock"
 #define REFRESH_RETRIES 5
+/* Merges may always take this much input (see merge_max_bytes()). */
+#define CASIDX_MERGE_MIN_BYTES (4 * 1024 * 1024)
 
 struct manifest {
 	uint64_t generation;
@@ -719,46 +721,74 @@ static int merge_segment(struct casidx_builder *builder,
 	return 0;
 }
 
-/* Where a tiered merge starts: the newest segments are merged while
-   together they hold at least as many docs as the next older one (a
-   binary counter), so segment sizes stay geometric, their number
-   logarithmic, and each doc is rewritten O(log n) times however small
-   the commits (autoindex commits one message at a time). Returns the
-   segment count if nothing needs merging. */
-static unsigned int merge_tier_start(const struct manifest *m)
+static uint64_t seg_file_size(struct casidx_index *index, uint32_t id)
 {
-	const uint32_t *docs;
-	unsigned int count, start;
-	uint64_t sum;
+	struct stat st;
 
-	docs = array_get(&m->seg_docs, &count);
+	return stat(seg_path(index, id), &st) < 0 ? 0 : (uint64_t)st.st_size;
+}
+
+/* A merge holds the merged postings in memory (several times the input
+   file size), so its input is bounded by a share of the memory budget. */
+static uint64_t merge_max_bytes(const struct casidx_index *index)
+{
+	if (index->set.merge_max_bytes != 0)
+		return index->set.merge_max_bytes;
+	return I_MAX(index->set.memory_budget / 8, CASIDX_MERGE_MIN_BYTES);
+}
+
+/* Which newest segments [start, count) to merge. Tiered like a binary
+   counter: the newest segments are merged while together they hold at
+   least as many docs as the next older one, so sizes stay geometric,
+   their number logarithmic and each doc is rewritten O(log n) times
+   however small the commits (autoindex commits one message at a time).
+   Over merge_threshold segments, the newest are merged regardless of
+   their doc counts. Both within merge_max_bytes of input. Returns the
+   segment count if nothing is to be merged. */
+static unsigned int merge_plan(struct casidx_index *index,
+			       const struct manifest *m)
+{
+	const uint32_t *docs, *ids;
+	unsigned int count, start;
+	uint64_t sum, bytes, max = merge_max_bytes(index), size;
+	bool over = array_count(&m->seg_ids) > index->set.merge_threshold;
+
+	ids = array_get(&m->seg_ids, &count);
+	docs = array_front(&m->seg_docs);
 	if (count < 2)
 		return count;
 	start = count - 1;
 	sum = docs[start];
-	while (start > 0 && docs[start - 1] <= sum) {
+	bytes = seg_file_size(index, ids[start]);
+	while (start > 0 && (over || docs[start - 1] <= sum)) {
+		size = seg_file_size(index, ids[start - 1]);
+		if (bytes + size > max)
+			break;
 		start--;
 		sum += docs[start];
+		bytes += size;
 	}
 	return count - start >= 2 ? start : count;
 }
 
-/* Merge segments [start..] of m into one new segment; m is updated. */
+/* Merge segments [start, end) of m into one new segment placed at start,
+   dropping expunged docs; m is updated. */
 static int index_merge_locked(struct casidx_index *index, struct manifest *m,
-			      unsigned int start, const char **error_r)
+			      unsigned int start, unsigned int end,
+			      const char **error_r)
 {
 	struct casidx_builder *builder;
 	struct casidx_segment *seg;
 	const uint32_t *ids;
-	uint32_t new_id, new_docs;
+	uint32_t new_id = 0, new_docs;
 	unsigned int i, count;
 	bool corrupted;
 	int ret = 0;
 
 	ids = array_get(&m->seg_ids, &count);
-	i_assert(start < count);
+	i_assert(start < end && end <= count);
 	builder = casidx_builder_create();
-	for (i = start; i < count; i++) {
+	for (i = start; i < end; i++) {
 		if (casidx_segment_open(seg_path(index, ids[i]), &seg,
 					&corrupted, error_r) <= 0) {
 			if (ret == 0)
@@ -781,13 +811,43 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 	casidx_builder_destroy(&builder);
 	if (ret < 0)
 		return -1;
-	array_delete(&m->seg_ids, start, count - start);
-	array_delete(&m->seg_docs, start, count - start);
+	array_delete(&m->seg_ids, start, end - start);
+	array_delete(&m->seg_docs, start, end - start);
 	if (new_docs > 0) {
-		array_push_back(&m->seg_ids, &new_id);
-		array_push_back(&m->seg_docs, &new_docs);
+		array_insert(&m->seg_ids, start, &new_id, 1);
+		array_insert(&m->seg_docs, start, &new_docs, 1);
 	}
-	if (start == 0 && m->last_uid > 0) {
+	return 0;
+}
+
+/* optimize: rewrite every segment without its expunged docs, merging
+   neighbours in groups within merge_max_bytes. */
+static int index_optimize_locked(struct casidx_index *index,
+				 struct manifest *m, const char **error_r)
+{
+	const uint32_t *ids;
+	unsigned int i = 0, j, count;
+	uint64_t bytes, size, max = merge_max_bytes(index);
+	bool expunges = !roaring_bitmap_is_empty(m->expunged);
+
+	while (i < array_count(&m->seg_ids)) {
+		ids = array_get(&m->seg_ids, &count);
+		bytes = seg_file_size(index, ids[i]);
+		for (j = i + 1; j < count; j++) {
+			size = seg_file_size(index, ids[j]);
+			if (bytes + size > max)
+				break;
+			bytes += size;
+		}
+		if (j - i >= 2 || expunges) {
+			if (index_merge_locked(index, m, i, j, error_r) < 0)
+				return -1;
+			if (array_count(&m->seg_ids) < count - (j - i) + 1)
+				continue; /* all expunged: nothing at i */
+		}
+		i++;
+	}
+	if (m->last_uid > 0) {
 		/* merged docs are gone: only future UIDs stay expunged */
 		roaring_bitmap_remove_range_closed(m->expunged, 0,
 						   m->last_uid);
@@ -871,15 +931,15 @@ static int index_commit(struct casidx_index *index,
 	}
 	if (ret == 0 && expunges != NULL)
 		roaring_bitmap_or_inplace(m.expunged, expunges);
-	if (ret == 0 && array_count(&m.seg_ids) > 0) {
-		if (merge_all ||
-		    array_count(&m.seg_ids) > index->set.merge_threshold)
-			start = 0;
-		else
-			start = merge_tier_start(&m);
-		if (start < array_count(&m.seg_ids) &&
-		    (start > 0 || array_count(&m.seg_ids) > 1 || merge_all))
-			ret = index_merge_locked(index, &m, start, error_r);
+	if (ret == 0 && merge_all)
+		ret = index_optimize_locked(index, &m, error_r);
+	else if (ret == 0) {
+		start = merge_plan(index, &m);
+		if (start < array_count(&m.seg_ids)) {
+			ret = index_merge_locked(index, &m, start,
+						 array_count(&m.seg_ids),
+						 error_r);
+		}
 	}
 	if (ret == 0) {
 		m.generation++;

@@ -27,8 +27,12 @@ struct casidx_index_writer;
 struct casidx_index_settings {
 	/* Flush a segment when the in-memory builder passes this. */
 	size_t memory_budget;
-	/* Merge all segments at commit when there are more than this. */
+	/* Merge the newest segments, regardless of tiers, when there are
+	   more than this. */
 	unsigned int merge_threshold;
+	/* Most segment-file bytes one merge may read (a merge holds its
+	   postings in memory); 0 = memory_budget / 8, at least 4 MB. */
+	uint64_t merge_max_bytes;
 	unsigned int lock_timeout_secs;
 	bool no_fsync;
 };
