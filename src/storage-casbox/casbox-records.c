@@ -215,7 +215,9 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 			     struct casbox_msg_record *rec_r,
 			     const char **error_r)
 {
-	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
 	unsigned int i, kw_count;
 	const char *kw;
 	uint8_t version;
@@ -265,7 +267,9 @@ int casbox_mailbox_record_import(const void *data, size_t size,
 				 struct casbox_mailbox_record *rec_r,
 				 const char **error_r)
 {
-	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
 	uint8_t version;
 
 	i_zero(rec_r);
@@ -295,7 +299,9 @@ int casbox_blob_value_import(const void *data, size_t size,
 			     struct casbox_blob_value *value_r,
 			     const char **error_r)
 {
-	struct rec_reader rd = { .p = data, .end = CONST_PTR_OFFSET(data, size) };
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
 	uint8_t version;
 
 	i_zero(value_r);

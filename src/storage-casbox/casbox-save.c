@@ -234,7 +234,8 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 		pool_unref(&parser_pool);
 		return -1;
 	}
-	casbox_save_collect_leaves(parts, ctx->mbox->storage->set.part_split_size,
+	casbox_save_collect_leaves(parts,
+				   ctx->mbox->storage->set.part_split_size,
 				   &pos, rec);
 	casbox_save_add_range(rec, pos, size);
 	pool_unref(&parser_pool);

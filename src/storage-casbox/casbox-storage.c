@@ -583,8 +583,10 @@ struct mailbox casbox_mailbox = {
 		.save_finish = casbox_save_finish,
 		.save_cancel = casbox_save_cancel,
 		.copy = casbox_copy,
-		.transaction_save_commit_pre = casbox_transaction_save_commit_pre,
-		.transaction_save_commit_post = casbox_transaction_save_commit_post,
+		.transaction_save_commit_pre =
+			casbox_transaction_save_commit_pre,
+		.transaction_save_commit_post =
+			casbox_transaction_save_commit_post,
 		.transaction_save_rollback = casbox_transaction_save_rollback,
 		.is_inconsistent = index_storage_is_inconsistent,
 	},
