@@ -254,6 +254,8 @@ casbox_census_frame(struct casbox_admin *adm, struct casbox_census *census,
 	    info->damage == NULL && pack != NULL) {
 		pack->live_bytes += info->frame_size;
 		pack->live_plain_bytes += blob->rec.plain_size;
+	} else if (pack != NULL) {
+		pack->dead_bytes += info->frame_size;
 	}
 	if (info->damage == NULL)
 		return;

@@ -20,12 +20,14 @@ static void casbox_stats_print(struct casbox_admin *adm,
 	const struct casbox_admin_pack *pack;
 	struct casbox_admin_blob *blob;
 	uint64_t pack_bytes = 0, live_bytes = 0, live_plain = 0;
+	uint64_t dead_bytes = 0;
 	uint64_t unique_plain = 0, blobs = 0;
 
 	array_foreach(&census->packs, pack) {
 		pack_bytes += pack->size;
 		live_bytes += pack->live_bytes;
 		live_plain += pack->live_plain_bytes;
+		dead_bytes += pack->dead_bytes;
 	}
 	array_foreach_elem(&census->blob_list, blob) {
 		if (!blob->have_record || blob->record_bad)
@@ -41,8 +43,7 @@ static void casbox_stats_print(struct casbox_admin *adm,
 					 unique_plain));
 	doveadm_print(casbox_stats_ratio(live_plain, live_bytes));
 	doveadm_print_num(array_count(&census->packs));
-	doveadm_print(casbox_stats_ratio(pack_bytes - live_bytes,
-					 pack_bytes));
+	doveadm_print(casbox_stats_ratio(dead_bytes, pack_bytes));
 	doveadm_print_num(casbox_admin_dir_size(
 		t_strconcat(adm->root_dir, "/lsm", NULL)));
 }

@@ -16,6 +16,11 @@
 struct mail_user;
 struct casbox_lsm;
 
+/* 'D' | blob id -> cause: a blob scrub --repair found damaged. Nothing
+   deletes the blob or its references; the mark tells later runs and
+   admins what was found. (Could move into casbox-records.h.) */
+#define CASBOX_ADMIN_KEY_DAMAGED 'D'
+
 struct casbox_admin {
 	pool_t pool;
 	struct mail_user *user;
@@ -60,6 +65,8 @@ struct casbox_admin_pack {
 	/* frames a live blob record points to */
 	uint64_t live_bytes;
 	uint64_t live_plain_bytes;
+	/* frames nothing live points to, damaged ones included */
+	uint64_t dead_bytes;
 	/* a live blob in it could not be read */
 	bool live_damaged;
 };
