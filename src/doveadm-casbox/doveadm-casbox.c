@@ -50,6 +50,15 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox gc",
+		.mail_cmd = cmd_casbox_gc_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>] [--all]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('a', "all", CMD_PARAM_BOOL, 0)
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox stats",
 		.mail_cmd = cmd_casbox_stats_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>]",

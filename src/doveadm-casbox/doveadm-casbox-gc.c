@@ -1,0 +1,435 @@
+/* doveadm casbox gc: rewrite packs whose dead share passes
+   casbox_gc_dead_ratio. See doc/doveadm.md ("gc and concurrent saves")
+   for the locking rule.
+
+   1. Without the LSM lock: census (records + keyless frame scan), pick
+      the packs, copy their live blobs into the newest pack (decoded and
+      encoded again under a fresh DEK), commit the pack appends (fsync).
+   2. Under the LSM write lock: switch each blob record that still points
+      to the frame copied, drop records nothing references, commit the
+      batch (fsync).
+   3. Unlink the old packs that no record points into any more. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "mail-user.h"
+#include "doveadm-print.h"
+#include "doveadm-mail.h"
+#include "casbox-lsm.h"
+#include "doveadm-casbox.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+/* commit the pack appends (and so release the pack lock for saves)
+   after this many bytes copied */
+#define CASBOX_GC_COMMIT_BYTES (8 * 1024 * 1024)
+
+struct casbox_gc_cmd_context {
+	struct doveadm_mail_cmd_context ctx;
+	bool all;
+};
+
+struct casbox_gc_move {
+	struct casbox_admin_blob *blob;
+	struct casbox_blob_record new_rec;
+};
+
+struct casbox_gc_pack {
+	struct casbox_admin_pack *pack;
+	/* a live blob in it could not be moved: keep the pack */
+	bool keep;
+};
+
+struct casbox_gc {
+	struct casbox_admin *adm;
+	struct casbox_census *census;
+	bool all;
+	ARRAY(struct casbox_gc_pack) candidates;
+	ARRAY(struct casbox_gc_move) moves;
+	struct casbox_pack_txn *txn;
+	uint64_t txn_bytes;
+
+	uint64_t bytes_before, bytes_written;
+	unsigned int records_dropped, packs_deleted;
+};
+
+static struct casbox_gc_pack *
+casbox_gc_candidate(struct casbox_gc *gc, uint32_t pack_id)
+{
+	struct casbox_gc_pack *cand;
+
+	array_foreach_modifiable(&gc->candidates, cand) {
+		if (cand->pack->pack_id == pack_id)
+			return cand;
+	}
+	return NULL;
+}
+
+static void casbox_gc_pick(struct casbox_gc *gc)
+{
+	unsigned int ratio = gc->adm->set.gc_dead_ratio;
+	struct casbox_admin_pack *pack;
+	struct casbox_gc_pack *cand;
+
+	array_foreach_modifiable(&gc->census->packs, pack) {
+		if (pack->dead_bytes == 0 && !gc->all)
+			continue;
+		if (!gc->all && pack->dead_bytes * 100 < pack->size * ratio)
+			continue;
+		cand = array_append_space(&gc->candidates);
+		cand->pack = pack;
+		gc->bytes_before += pack->size;
+	}
+}
+
+/* New saves and our copies must not go into a pack we will delete:
+   if the newest pack is a candidate, start a new one. */
+static int casbox_gc_rotate(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_admin *adm = gc->adm;
+	struct casbox_pack_settings set;
+	struct casbox_pack_store *store;
+	struct casbox_pack_txn *txn;
+	const struct casbox_admin_pack *last;
+	const char *error;
+
+	if (array_count(&gc->census->packs) == 0)
+		return 0;
+	last = array_back(&gc->census->packs);
+	if (casbox_gc_candidate(gc, last->pack_id) == NULL)
+		return 0;
+	i_zero(&set);
+	set.dir = t_strconcat(adm->root_dir, "/packs", NULL);
+	set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
+	/* any existing pack counts as full: txn_begin creates the next */
+	set.max_pack_size = 1;
+	if (casbox_pack_store_open(&set, adm->keyring, &store, &error) < 0 ||
+	    casbox_pack_txn_begin(store, &txn, &error) < 0 ||
+	    casbox_pack_txn_commit(&txn, &error) < 0) {
+		*error_r = t_strdup_printf("starting a new pack: %s", error);
+		if (store != NULL)
+			casbox_pack_store_close(&store);
+		return -1;
+	}
+	casbox_pack_store_close(&store);
+	return 0;
+}
+
+static int casbox_gc_txn_commit(struct casbox_gc *gc, const char **error_r)
+{
+	const char *error;
+
+	if (gc->txn == NULL)
+		return 0;
+	gc->txn_bytes = 0;
+	if (casbox_pack_txn_commit(&gc->txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack commit: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+static int casbox_gc_copy_blob(struct casbox_gc *gc,
+			       struct casbox_admin_blob *blob,
+			       struct casbox_gc_pack *cand,
+			       const char **error_r)
+{
+	struct casbox_gc_move move;
+	struct istream *input;
+	const char *error;
+	int ret;
+
+	if (blob->damage != NULL) {
+		i_warning("casbox gc: %s: keeping pack %u: blob %s: %s",
+			  gc->adm->root_dir, cand->pack->pack_id,
+			  cas_blob_id_to_hex(&blob->id), blob->damage);
+		cand->keep = TRUE;
+		return 0;
+	}
+	if (gc->txn == NULL &&
+	    casbox_pack_txn_begin(gc->adm->packs, &gc->txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	i_zero(&move);
+	move.blob = blob;
+	input = casbox_pack_blob_open(gc->adm->packs, &blob->id, &blob->rec);
+	ret = casbox_pack_txn_add(gc->txn, &blob->id, input, &move.new_rec,
+				  &error);
+	i_stream_unref(&input);
+	if (ret < 0) {
+		/* damaged or unreadable: leave it where it is */
+		i_warning("casbox gc: %s: keeping pack %u: blob %s: %s",
+			  gc->adm->root_dir, cand->pack->pack_id,
+			  cas_blob_id_to_hex(&blob->id), error);
+		cand->keep = TRUE;
+		return 0;
+	}
+	array_push_back(&gc->moves, &move);
+	gc->bytes_written += move.new_rec.frame_size;
+	gc->txn_bytes += move.new_rec.frame_size;
+	if (gc->txn_bytes >= CASBOX_GC_COMMIT_BYTES)
+		return casbox_gc_txn_commit(gc, error_r);
+	return 0;
+}
+
+static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_admin_blob *blob;
+	struct casbox_gc_pack *cand;
+	unsigned int i = 0, count = array_count(&gc->census->blob_list);
+	int ret = 0;
+
+	array_foreach_elem(&gc->census->blob_list, blob) {
+		casbox_admin_progress("gc: copying live blobs", ++i, count);
+		if (!blob->have_record || blob->record_bad ||
+		    !casbox_census_blob_is_live(blob))
+			continue;
+		cand = casbox_gc_candidate(gc, blob->rec.pack_id);
+		if (cand == NULL)
+			continue;
+		T_BEGIN {
+			ret = casbox_gc_copy_blob(gc, blob, cand, error_r);
+		} T_END_PASS_STR_IF(ret < 0, error_r);
+		if (ret < 0)
+			break;
+	}
+	casbox_admin_progress_end();
+	if (ret == 0)
+		ret = casbox_gc_txn_commit(gc, error_r);
+	if (gc->txn != NULL)
+		casbox_pack_txn_rollback(&gc->txn);
+	return ret;
+}
+
+static void casbox_gc_put_blob(struct casbox_lsm_batch *batch,
+			       const struct cas_blob_id *id,
+			       uint32_t refcount,
+			       const struct casbox_blob_record *rec)
+{
+	struct casbox_blob_value bval;
+	buffer_t *key, *value, *prec;
+
+	key = t_buffer_create(40);
+	casbox_key_blob(key, id);
+	prec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	casbox_blob_record_export(rec, prec);
+	i_zero(&bval);
+	bval.refcount = refcount;
+	bval.pack_record = prec->data;
+	bval.pack_record_size = prec->used;
+	value = t_buffer_create(128);
+	casbox_blob_value_export(&bval, value);
+	casbox_lsm_batch_put(batch, key->data, key->used,
+			     value->data, value->used);
+}
+
+/* Under the write lock: fresh is the LSM as it is now. */
+static void casbox_gc_switch(struct casbox_gc *gc,
+			     struct casbox_lsm_batch *batch,
+			     struct casbox_census *fresh)
+{
+	struct casbox_admin_blob *blob;
+	const struct casbox_gc_move *move;
+	struct casbox_gc_pack *cand;
+	buffer_t *key;
+
+	array_foreach(&gc->moves, move) T_BEGIN {
+		blob = hash_table_lookup(fresh->blobs, &move->blob->id);
+		/* only if it still points at the frame we copied */
+		if (blob != NULL && blob->have_record && !blob->record_bad &&
+		    casbox_census_blob_is_live(blob) &&
+		    blob->rec.pack_id == move->blob->rec.pack_id &&
+		    blob->rec.offset == move->blob->rec.offset) {
+			casbox_gc_put_blob(batch, &blob->id, blob->refcount,
+					   &move->new_rec);
+			blob->rec = move->new_rec;
+		}
+	} T_END;
+	key = t_buffer_create(40);
+	array_foreach_elem(&fresh->blob_list, blob) {
+		if (!blob->have_record || blob->record_bad)
+			continue;
+		if (!casbox_census_blob_is_live(blob)) {
+			buffer_set_used_size(key, 0);
+			casbox_key_blob(key, &blob->id);
+			casbox_lsm_batch_delete(batch, key->data, key->used);
+			gc->records_dropped++;
+			continue;
+		}
+		/* a live record still in a candidate (e.g. saved since
+		   the census): that pack stays */
+		cand = casbox_gc_candidate(gc, blob->rec.pack_id);
+		if (cand != NULL)
+			cand->keep = TRUE;
+	}
+}
+
+static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_lsm_batch *batch;
+	struct casbox_census *fresh;
+
+	if (casbox_lsm_batch_begin(gc->adm->lsm, &batch, error_r) < 0)
+		return -1;
+	if (casbox_census_build(gc->adm, NULL, NULL, &fresh, error_r) < 0) {
+		casbox_lsm_batch_rollback(&batch);
+		return -1;
+	}
+	casbox_gc_switch(gc, batch, fresh);
+	casbox_census_free(&fresh);
+	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
+}
+
+static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
+{
+	const char *dir = t_strconcat(gc->adm->root_dir, "/packs", NULL);
+	const struct casbox_gc_pack *cand;
+	const char *path;
+	int fd;
+
+	array_foreach(&gc->candidates, cand) {
+		if (cand->keep)
+			continue;
+		path = casbox_admin_pack_path(gc->adm, cand->pack->pack_id);
+		if (unlink(path) < 0 && errno != ENOENT) {
+			*error_r = t_strdup_printf("unlink(%s) failed: %m",
+						   path);
+			return -1;
+		}
+		gc->packs_deleted++;
+	}
+	if (gc->packs_deleted == 0 || gc->adm->fsync_mode == FSYNC_MODE_NEVER)
+		return 0;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd == -1 || fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
+		if (fd != -1)
+			i_close_fd(&fd);
+		return -1;
+	}
+	i_close_fd(&fd);
+	return 0;
+}
+
+static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_admin *adm = gc->adm;
+
+	if (casbox_admin_open_keys(adm, error_r) < 0 ||
+	    casbox_census_build(adm, NULL, NULL, &gc->census, error_r) < 0 ||
+	    casbox_census_scan_packs(adm, gc->census, NULL, NULL,
+				     error_r) < 0)
+		return -1;
+	p_array_init(&gc->candidates, gc->census->pool, 8);
+	p_array_init(&gc->moves, gc->census->pool, 64);
+	casbox_gc_pick(gc);
+	if (array_count(&gc->candidates) == 0)
+		return 0;
+	if (casbox_gc_rotate(gc, error_r) < 0 ||
+	    casbox_gc_copy(gc, error_r) < 0 ||
+	    casbox_gc_commit(gc, error_r) < 0)
+		return -1;
+	/* only now that the switched records are durable */
+	return casbox_gc_unlink(gc, error_r);
+}
+
+static void casbox_gc_print(struct casbox_gc *gc)
+{
+	const struct casbox_gc_pack *cand;
+	uint64_t freed = 0;
+
+	if (array_is_created(&gc->candidates)) {
+		array_foreach(&gc->candidates, cand) {
+			if (!cand->keep)
+				freed += cand->pack->size;
+		}
+	}
+	doveadm_print_num(array_is_created(&gc->candidates) ?
+			  array_count(&gc->candidates) : 0);
+	doveadm_print_num(gc->packs_deleted);
+	doveadm_print_num(array_is_created(&gc->moves) ?
+			  array_count(&gc->moves) : 0);
+	doveadm_print_num(gc->records_dropped);
+	doveadm_print_num(gc->bytes_before);
+	doveadm_print_num(gc->bytes_written);
+	doveadm_print_num(freed > gc->bytes_written ?
+			  freed - gc->bytes_written : 0);
+}
+
+static int
+cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
+		  struct mail_user *user)
+{
+	struct casbox_gc_cmd_context *ctx =
+		container_of(_ctx, struct casbox_gc_cmd_context, ctx);
+	struct casbox_gc gc;
+	const char *error;
+	int ret;
+
+	i_zero(&gc);
+	gc.all = ctx->all;
+	ret = casbox_admin_open(user, &gc.adm, &error);
+	if (ret <= 0) {
+		i_error("casbox gc: %s", error);
+		doveadm_mail_failed_error(_ctx, ret == 0 ?
+			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
+		return -1;
+	}
+	ret = casbox_gc_run(&gc, &error);
+	if (ret < 0) {
+		i_error("casbox gc: %s: %s", gc.adm->root_dir, error);
+		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
+	} else {
+		casbox_gc_print(&gc);
+	}
+	if (gc.census != NULL)
+		casbox_census_free(&gc.census);
+	casbox_admin_close(&gc.adm);
+	return ret;
+}
+
+static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
+			       ATTR_UNUSED,
+			       const char *const args[] ATTR_UNUSED)
+{
+	static const char *const fields[] = {
+		"packs_selected", "packs_deleted", "blobs_moved",
+		"records_dropped", "bytes_selected", "bytes_written",
+		"bytes_reclaimed",
+	};
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(fields); i++) {
+		doveadm_print_header(fields[i], fields[i],
+				     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	}
+}
+
+static bool cmd_casbox_gc_parse_arg(struct doveadm_mail_cmd_context *_ctx,
+				    int c)
+{
+	struct casbox_gc_cmd_context *ctx =
+		container_of(_ctx, struct casbox_gc_cmd_context, ctx);
+
+	if (c != 'a')
+		return FALSE;
+	ctx->all = TRUE;
+	return TRUE;
+}
+
+struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void)
+{
+	struct casbox_gc_cmd_context *ctx;
+
+	ctx = doveadm_mail_cmd_alloc(struct casbox_gc_cmd_context);
+	ctx->ctx.getopt_args = "a";
+	ctx->ctx.v.parse_arg = cmd_casbox_gc_parse_arg;
+	ctx->ctx.v.init = cmd_casbox_gc_init;
+	ctx->ctx.v.run = cmd_casbox_gc_run;
+	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
+	return &ctx->ctx;
+}
