@@ -177,6 +177,8 @@ def compare(src, dst, keyword_order=True):
             if a[field] != b[field]:
                 problems.append("mailbox %s %s: %s -> %s"
                                 % (name, field, a[field], b[field]))
+        if "highestmodseq" not in a or "highestmodseq" not in b:
+            continue  # left out on purpose (replicas)
         if int(b["highestmodseq"]) < int(a["highestmodseq"]):
             problems.append("mailbox %s highestmodseq went down: %s -> %s"
                             % (name, a["highestmodseq"],

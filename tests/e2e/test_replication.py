@@ -1,0 +1,357 @@
+"""Replication between two servers: two Dovecot instances on loopback,
+each with its own home root and a doveadm TCP listener, converge with
+two-way `doveadm sync -u U tcp:127.0.0.1:<other's doveadm port>`.
+
+That is exactly the dsync run Dovecot's replicator service starts for a
+user (doveadm-server on the peer, dsync over the doveadm protocol); the
+replicator only decides when. Driving `doveadm sync` by hand makes every
+convergence point explicit, with no waiting on the replicator's queue.
+(The alternative, `doveadm sync -u U <local location>`, runs both sides
+in one process and one home, so it would not exercise two servers and
+loses save dates on 2.3.19; see test_migration.SingleServer.)
+
+Scenario, on each side in turn: mail delivered to both sides, flags and
+keywords changed, messages moved and expunged, folders created; then one
+side is stopped while the other keeps changing, a sync to the stopped
+side fails, and after restart they converge with nothing lost and
+nothing duplicated. Proven with sdbox on both sides first, then casbox.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import DOVECOT, corpus_files  # noqa: E402
+import mailbox_dump  # noqa: E402
+from test_migration import (FORMATS, Instance, next_second,  # noqa: E402
+                            without_save_date)
+
+USER = "repl1"
+
+
+class Server(Instance):
+    """An Instance that can be stopped and started again on the same
+    home, config and ports (a server going down and coming back)."""
+
+    def restart(self):
+        if self.master_pid is not None:
+            raise AssertionError("still running")
+        # a file, not a pipe: the daemonized master would hold a pipe
+        # open forever (as in Dovecot.start)
+        out_path = os.path.join(self.tmp, "restart.out")
+        with open(out_path, "w+") as out:
+            res = subprocess.run([DOVECOT, "-c", self.conf_path],
+                                 stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, timeout=120)
+            out.seek(0)
+            text = out.read()
+        if res.returncode != 0:
+            raise AssertionError("restart failed: %s" % text)
+        self.master_pid = self._find_master()
+
+
+def ok(typ_data):
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+_corpus = None
+
+
+def message(tag):
+    """A distinct corpus message: a header naming it is prepended, so
+    every delivery has its own bytes and can be counted by tag."""
+    global _corpus
+    if _corpus is None:
+        _corpus = []
+        for path in corpus_files("notmuch", limit=40, step=7):
+            with open(path, "rb") as f:
+                _corpus.append(f.read())
+    body = _corpus[sum(map(ord, tag)) % len(_corpus)]
+    return b"X-Repl-Tag: " + tag.encode() + b"\r\n" + body
+
+
+def tags_by_mailbox(dc, user=USER):
+    """{mailbox: Counter(tag)} from the X-Repl-Tag header, via IMAP."""
+    imap = dc.imap_login(user)
+    try:
+        out = {}
+        typ, data = imap.list('""', "*")
+        ok((typ, data))
+        for line in data:
+            m = re.match(rb'\((.*?)\) "/" "?(.*?)"?$', line)
+            if b"\\Noselect" in m.group(1):
+                continue
+            box = m.group(2).decode()
+            ok(imap.select('"%s"' % box, readonly=True))
+            typ, data = imap.uid("FETCH", "1:*",
+                                 "(BODY.PEEK[HEADER.FIELDS (X-Repl-Tag)])")
+            ok((typ, data))
+            tags = Counter()
+            for entry in data:
+                if isinstance(entry, tuple):
+                    m2 = re.search(rb"X-Repl-Tag: (\S+)", entry[1])
+                    tags[m2.group(1).decode()] += 1
+            out[box] = tags
+            imap.close()
+        return out
+    finally:
+        imap.logout()
+
+
+def flags_by_tag(dc, box, user=USER):
+    imap = dc.imap_login(user)
+    try:
+        ok(imap.select('"%s"' % box, readonly=True))
+        typ, data = imap.uid("FETCH", "1:*",
+                             "(FLAGS BODY.PEEK[HEADER.FIELDS (X-Repl-Tag)])")
+        ok((typ, data))
+        out = {}
+        for entry in data:
+            if isinstance(entry, tuple):
+                tag = re.search(rb"X-Repl-Tag: (\S+)",
+                                entry[1]).group(1).decode()
+                flags = re.search(rb"FLAGS \((.*?)\)",
+                                  entry[0]).group(1).decode().split()
+                out[tag] = sorted(f for f in flags if f != "\\Recent")
+        return out
+    finally:
+        imap.logout()
+
+
+def replica_view(dump):
+    """What two replicas must agree on: every Copy field except the
+    per-server modseq counters (each server numbers its own changes;
+    dsync only keeps them from going backwards)."""
+    out = dict(dump)
+    out["mailboxes"] = {b: {f: v for f, v in row.items()
+                            if f != "highestmodseq"}
+                        for b, row in dump["mailboxes"].items()}
+    out["messages"] = {k: {f: v for f, v in row.items() if f != "modseq"}
+                       for k, row in dump["messages"].items()}
+    return out
+
+
+class ReplicationCase:
+    FMT = None
+
+    def sync(self, a, b):
+        """Two-way sync started on a, with a's saved state, as a's
+        replicator would. Without a state dsync does a full sync, which
+        cannot tell "expunged on one side" from "new on the other" and
+        brings expunged mail back (seen with stock sdbox)."""
+        states = self.__dict__.setdefault("states", {})
+        # a save date the receiving side made up at sync time must not
+        # equal the original one by coincidence
+        next_second()
+        res = a.doveadm("sync", "-s", states.get(a.tmp, ""), "-u", USER,
+                        b.dsync_url())
+        state = res.stdout.strip()
+        self.assertRegex(state, r"^\S+$", "no dsync state printed")
+        states[a.tmp] = state
+
+    def assert_converged(self, a, b, expected):
+        """Both replicas hold exactly `expected` ({mailbox: Counter}),
+        and agree on every Copy field and byte."""
+        for side in (a, b):
+            got = {box: tags for box, tags in tags_by_mailbox(side).items()
+                   if tags or box in expected}
+            want = {box: tags for box, tags in expected.items()}
+            self.assertEqual(got, want, "content of %s" % side.home(USER))
+        da = replica_view(mailbox_dump.dump_user(a, USER))
+        db = replica_view(mailbox_dump.dump_user(b, USER))
+        self.assertEqual(mailbox_dump.compare(da, db), [])
+        self.assertEqual(mailbox_dump.compare(db, da), [])
+
+    def test_converge_both_ways_and_after_outage(self):
+        with Server(FORMATS[self.FMT]) as a, Server(FORMATS[self.FMT]) as b:
+            # 1. B is a new replica: seeded from A before it takes any
+            # mail (as when replication is switched on), then new mail
+            # and folders on both sides
+            a.lmtp_deliver_many(USER, [message("a%d" % i)
+                                       for i in range(8)])
+            ia = a.imap_login(USER)
+            ok(ia.create("Work"))
+            ok(ia.subscribe("Work"))
+            ia.logout()
+            self.sync(a, b)
+            b.lmtp_deliver_many(USER, [message("b%d" % i)
+                                       for i in range(6)])
+            ib = b.imap_login(USER)
+            ok(ib.create("Lists/dev"))
+            ib.logout()
+            self.sync(a, b)
+            self.sync(b, a)  # so B has a state of its own
+            inbox = Counter(["a%d" % i for i in range(8)]
+                            + ["b%d" % i for i in range(6)])
+            self.assert_converged(a, b, {"INBOX": inbox,
+                                         "Work": Counter(),
+                                         "Lists/dev": Counter()})
+
+            # 2. changes on both sides: flags on A, keywords on B, a
+            # move on A and another on B, expunges on both
+            ia = a.imap_login(USER)
+            ok(ia.select("INBOX"))
+            uid_of = {tag: uid for uid, tag in
+                      self._uids_by_tag(ia).items()}
+            ok(ia.uid("STORE", "%d,%d" % (uid_of["a1"], uid_of["b1"]),
+                      "+FLAGS", r"(\Flagged \Seen)"))
+            ok(ia.uid("MOVE", str(uid_of["a2"]), "Work"))
+            ok(ia.uid("STORE", str(uid_of["b2"]), "+FLAGS", r"(\Deleted)"))
+            ok(ia.uid("EXPUNGE", str(uid_of["b2"])))
+            ia.logout()
+            ib = b.imap_login(USER)
+            ok(ib.select("INBOX"))
+            uid_of = {tag: uid for uid, tag in
+                      self._uids_by_tag(ib).items()}
+            ok(ib.uid("STORE", str(uid_of["a3"]), "+FLAGS",
+                      r"($Important project-x)"))
+            ok(ib.uid("MOVE", str(uid_of["b3"]), "Lists/dev"))
+            ok(ib.uid("STORE", str(uid_of["a4"]), "+FLAGS", r"(\Deleted)"))
+            ok(ib.uid("EXPUNGE", str(uid_of["a4"])))
+            ib.logout()
+            self.sync(b, a)  # this time B starts the sync
+            inbox -= Counter(["a2", "b2", "b3", "a4"])
+            expected = {"INBOX": inbox, "Work": Counter(["a2"]),
+                        "Lists/dev": Counter(["b3"])}
+            self.assert_converged(a, b, expected)
+            for side in (a, b):
+                fl = flags_by_tag(side, "INBOX")
+                self.assertEqual(fl["a1"], ["\\Flagged", "\\Seen"])
+                self.assertEqual(fl["b1"], ["\\Flagged", "\\Seen"])
+                self.assertEqual(fl["a3"], ["$Important", "project-x"])
+
+            # 3. B goes down; A keeps taking mail and changes
+            b.stop()
+            a.lmtp_deliver_many(USER, [message("c%d" % i)
+                                       for i in range(5)])
+            ia = a.imap_login(USER)
+            ok(ia.select("INBOX"))
+            uid_of = {tag: uid for uid, tag in
+                      self._uids_by_tag(ia).items()}
+            ok(ia.uid("STORE", str(uid_of["c0"]), "+FLAGS", r"(\Answered)"))
+            ok(ia.uid("MOVE", str(uid_of["c1"]), "Work"))
+            ok(ia.uid("STORE", str(uid_of["a5"]), "+FLAGS", r"(\Deleted)"))
+            ok(ia.uid("EXPUNGE", str(uid_of["a5"])))
+            ok(ia.create("Archive"))
+            ok(ia.uid("COPY", str(uid_of["a6"]), "Archive"))
+            ia.logout()
+            res = a.doveadm("sync", "-u", USER, b.dsync_url(), check=False)
+            self.assertNotEqual(res.returncode, 0,
+                                "sync to a stopped server succeeded")
+            a.allow_log(r"doveadm.*(Connection refused|connect)")
+
+            # 4. B comes back, with its own changes made before the sync
+            # (no new mail in INBOX: see test_uid_conflict for that)
+            b.restart()
+            ib = b.imap_login(USER)
+            ok(ib.select("INBOX"))
+            uid_of = {tag: uid for uid, tag in
+                      self._uids_by_tag(ib).items()}
+            ok(ib.uid("STORE", str(uid_of["a6"]), "+FLAGS", r"(\Seen)"))
+            ib.logout()
+            ib = b.imap_login(USER)
+            ok(ib.append("Lists/dev", r"(\Seen)", None, message("d0")))
+            ib.logout()
+            self.sync(a, b)
+            inbox += Counter(["c0", "c2", "c3", "c4"])
+            inbox -= Counter(["a5"])
+            expected = {"INBOX": inbox, "Work": Counter(["a2", "c1"]),
+                        "Lists/dev": Counter(["b3", "d0"]),
+                        "Archive": Counter(["a6"])}
+            self.assert_converged(a, b, expected)
+            for side in (a, b):
+                fl = flags_by_tag(side, "INBOX")
+                self.assertEqual(fl["c0"], ["\\Answered"])
+                self.assertEqual(fl["a6"], ["\\Seen"])
+            # a second sync with nothing new changes nothing
+            before = replica_view(mailbox_dump.dump_user(a, USER))
+            self.sync(b, a)
+            self.assertEqual(mailbox_dump.compare(
+                before, replica_view(mailbox_dump.dump_user(a, USER))), [])
+
+    def test_uid_conflict(self):
+        """Both replicas take new mail between two syncs, so the same
+        new UIDs name different messages on each side. dsync gives the
+        conflicting messages new UIDs on both sides. Everything must
+        converge except date.saved of the re-saved messages: dsync 2.3
+        re-saves them without their save date (measured with stock sdbox
+        on both sides: the renumbered messages get the sync time)."""
+        with Server(FORMATS[self.FMT]) as a, Server(FORMATS[self.FMT]) as b:
+            a.lmtp_deliver_many(USER, [message("a%d" % i) for i in range(3)])
+            self.sync(a, b)
+            self.sync(b, a)
+            a.lmtp_deliver_many(USER, [message("n%d" % i) for i in range(3)])
+            b.lmtp_deliver_many(USER, [message("m%d" % i) for i in range(2)])
+            self.sync(b, a)
+            expected = {"INBOX": Counter(["a0", "a1", "a2", "n0", "n1",
+                                          "n2", "m0", "m1"])}
+            for side in (a, b):
+                self.assertEqual(tags_by_mailbox(side), expected)
+            da = replica_view(mailbox_dump.dump_user(a, USER))
+            db = replica_view(mailbox_dump.dump_user(b, USER))
+            problems = mailbox_dump.compare(da, db)
+            self.assertTrue(all("date.saved" in p for p in problems),
+                            problems)
+            self.assertEqual(mailbox_dump.compare(
+                without_save_date(da), without_save_date(db)), [])
+            # the messages that kept their UIDs kept their save dates
+            for uid in (1, 2, 3):
+                self.assertEqual(da["messages"][("INBOX", uid)],
+                                 db["messages"][("INBOX", uid)])
+
+    def test_independent_inboxes_merge(self):
+        """Both servers took mail before they ever synced, so each has
+        its own INBOX (own mailbox GUID): dsync tells one side to take
+        the other's GUID (mailbox_update with mailbox_guid), then merges
+        the messages."""
+        with Server(FORMATS[self.FMT]) as a, Server(FORMATS[self.FMT]) as b:
+            a.lmtp_deliver_many(USER, [message("a%d" % i) for i in range(3)])
+            b.lmtp_deliver_many(USER, [message("b%d" % i) for i in range(2)])
+            self.sync(a, b)
+            self.sync(b, a)
+            self.assert_converged(a, b, {"INBOX": Counter(
+                ["a0", "a1", "a2", "b0", "b1"])})
+
+    @staticmethod
+    def _uids_by_tag(imap):
+        typ, data = imap.uid("FETCH", "1:*",
+                             "(UID BODY.PEEK[HEADER.FIELDS (X-Repl-Tag)])")
+        ok((typ, data))
+        out = {}
+        for entry in data:
+            if isinstance(entry, tuple):
+                uid = int(re.search(rb"UID (\d+)", entry[0]).group(1))
+                out[uid] = re.search(rb"X-Repl-Tag: (\S+)",
+                                     entry[1]).group(1).decode()
+        return out
+
+
+class SdboxReplication(ReplicationCase, unittest.TestCase):
+    FMT = "sdbox"
+
+
+class CasboxReplication(ReplicationCase, unittest.TestCase):
+    FMT = "casbox"
+
+    # Missing in casbox: a mailbox GUID change through mailbox_update().
+    # casbox_mailbox_update() -> casbox_update_header() writes the new
+    # GUID into the casbox-hdr index extension, but the LSM message
+    # records stay keyed by the old GUID, so every existing message of
+    # that mailbox then fails with "casbox: Message record for uid=1 is
+    # missing" (casbox-mail.c casbox_mail_set_missing) and dsync aborts
+    # ("Can't lookup GUID for UID=1"). Seen when two replicas both got
+    # mail before their first sync.
+    @unittest.expectedFailure
+    def test_independent_inboxes_merge(self):
+        super().test_independent_inboxes_merge()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
