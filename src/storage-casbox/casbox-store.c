@@ -345,6 +345,73 @@ int casbox_store_mailbox_delete(struct casbox_store *store,
 	return casbox_store_txn_commit(&txn, error_r);
 }
 
+int casbox_store_mailbox_find(struct casbox_store *store, const char *name,
+			      pool_t pool, guid_128_t mailbox_guid_r,
+			      struct casbox_mailbox_record *rec_r,
+			      const char **error_r)
+{
+	const unsigned char prefix = CASBOX_KEY_MAILBOX;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	int ret = 0;
+
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
+	iter = casbox_lsm_iter_init(store->lsm, &prefix, 1);
+	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) {
+		if (key_size != 1 + GUID_128_SIZE)
+			continue;
+		if (casbox_mailbox_record_import(value, value_size, pool,
+						 rec_r, error_r) < 0)
+			ret = -1;
+		else if (strcmp(rec_r->name, name) == 0) {
+			memcpy(mailbox_guid_r, key + 1, GUID_128_SIZE);
+			ret = 1;
+		}
+	}
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
+		return -1;
+	return ret;
+}
+
+int casbox_store_msg_iterate(struct casbox_store *store,
+			     const guid_128_t mailbox_guid,
+			     casbox_store_msg_callback_t *callback,
+			     void *context, const char **error_r)
+{
+	struct casbox_lsm_iter *iter;
+	struct casbox_msg_record rec;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	guid_128_t guid;
+	buffer_t *prefix;
+	uint32_t uid;
+	int ret = 0;
+
+	prefix = t_buffer_create(32);
+	buffer_append_c(prefix, CASBOX_KEY_MESSAGE);
+	buffer_append(prefix, mailbox_guid, GUID_128_SIZE);
+	iter = casbox_lsm_iter_init(store->lsm, prefix->data, prefix->used);
+	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) T_BEGIN {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) < 0)
+			;
+		else if (casbox_msg_record_import(value, value_size,
+				pool_datastack_create(), &rec, error_r) < 0) {
+			*error_r = t_strdup_printf("uid=%u: %s", uid,
+						   *error_r);
+			ret = -1;
+		} else {
+			callback(context, uid, &rec);
+		}
+	} T_END_PASS_STR_IF(ret < 0, error_r);
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
+		return -1;
+	return ret;
+}
+
 int casbox_store_msg_lookup(struct casbox_store *store,
 			    const guid_128_t mailbox_guid, uint32_t uid,
 			    pool_t pool, struct casbox_msg_record *rec_r,

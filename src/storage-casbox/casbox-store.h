@@ -46,6 +46,21 @@ int casbox_store_mailbox_delete(struct casbox_store *store,
 				const guid_128_t mailbox_guid,
 				const char **error_r);
 
+/* Find the mailbox record of a mailbox name (used when its index is
+   gone). Returns 1 found, 0 not found, -1 error. */
+int casbox_store_mailbox_find(struct casbox_store *store, const char *name,
+			      pool_t pool, guid_128_t mailbox_guid_r,
+			      struct casbox_mailbox_record *rec_r,
+			      const char **error_r);
+/* Call callback for every message record of a mailbox, in UID order.
+   Returns 0 ok, -1 error (a record that fails to decode is an error). */
+typedef void casbox_store_msg_callback_t(void *context, uint32_t uid,
+					 const struct casbox_msg_record *rec);
+int casbox_store_msg_iterate(struct casbox_store *store,
+			     const guid_128_t mailbox_guid,
+			     casbox_store_msg_callback_t *callback,
+			     void *context, const char **error_r);
+
 /* Returns 1 found, 0 not found (after a refresh), -1 error. */
 int casbox_store_msg_lookup(struct casbox_store *store,
 			    const guid_128_t mailbox_guid, uint32_t uid,

@@ -44,16 +44,106 @@ static void casbox_sync_add(struct casbox_sync_context *ctx,
 	}
 }
 
+struct casbox_recover_context {
+	struct mailbox *box;
+	struct mail_index_transaction *trans;
+	unsigned int count;
+	uint32_t last_uid;
+};
+
+static void
+casbox_recover_msg(void *context, uint32_t uid,
+		   const struct casbox_msg_record *rec)
+{
+	struct casbox_recover_context *ctx = context;
+	struct mail_keywords *kw;
+	ARRAY_TYPE(const_string) names;
+	uint32_t seq;
+
+	mail_index_append(ctx->trans, uid, &seq);
+	ctx->last_uid = uid;
+	mail_index_update_flags(ctx->trans, seq, MODIFY_REPLACE,
+				rec->flags & MAIL_FLAGS_NONRECENT);
+	if (array_count(&rec->keywords) > 0) {
+		t_array_init(&names, array_count(&rec->keywords) + 1);
+		array_append_array(&names, &rec->keywords);
+		array_append_zero(&names);
+		kw = mail_index_keywords_create(ctx->box->index,
+						array_front(&names));
+		mail_index_update_keywords(ctx->trans, seq, MODIFY_REPLACE, kw);
+		mail_index_keywords_unref(&kw);
+	}
+	ctx->count++;
+}
+
+/* The index is new, but the LSM knows a mailbox of this name: its index
+   files were lost. Recreate them from the records (same mailbox GUID,
+   UIDVALIDITY, UIDs, flags, keywords) instead of starting empty.
+   Returns 1 recovered, 0 nothing to recover, -1 error. */
+static int casbox_sync_recover(struct casbox_sync_context *ctx)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	struct casbox_recover_context rctx = {
+		.box = &mbox->box, .trans = ctx->trans,
+	};
+	struct casbox_mailbox_record rec;
+	struct mailbox_update update;
+	struct casbox_store *store;
+	const char *error;
+	int ret;
+
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	i_zero(&update);
+	ret = casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
+					pool_datastack_create(),
+					update.mailbox_guid, &rec, &error);
+	if (ret <= 0) {
+		if (ret < 0) {
+			mailbox_set_critical(&mbox->box,
+				CASBOX_LOG_PREFIX"%s", error);
+		}
+		return ret;
+	}
+	update.uid_validity = rec.uid_validity;
+	if (casbox_mailbox_create_indexes(&mbox->box, &update,
+					  ctx->trans) < 0)
+		return -1;
+	if (casbox_store_msg_iterate(store, update.mailbox_guid,
+				     casbox_recover_msg, &rctx, &error) < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Recovering the index failed: %s", error);
+		return -1;
+	}
+	if (rec.next_uid > rctx.last_uid + 1) {
+		/* the last messages were expunged: never reuse their
+		   UIDs (set after the appends, which need next_uid
+		   below their UIDs) */
+		mail_index_update_header(ctx->trans,
+			offsetof(struct mail_index_header, next_uid),
+			&rec.next_uid, sizeof(rec.next_uid), FALSE);
+	}
+	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+		  "Index files were lost: recovered %u messages from the "
+		  "LSM records", rctx.count);
+	return 1;
+}
+
 static int casbox_sync_index(struct casbox_sync_context *ctx)
 {
 	struct mailbox *box = &ctx->mbox->box;
 	const struct mail_index_header *hdr;
 	struct mail_index_sync_rec sync_rec;
 	uint32_t seq1, seq2;
+	int ret;
 
 	hdr = mail_index_get_header(ctx->sync_view);
 	if (hdr->uid_validity == 0) {
-		/* opened between mkdir and index creation: finish it */
+		/* index files lost, or opened between mkdir and index
+		   creation (then there is no record yet) */
+		if (!box->creating &&
+		    (ret = casbox_sync_recover(ctx)) != 0)
+			return ret < 0 ? -1 : 0;
 		return casbox_mailbox_create_indexes(box, NULL, ctx->trans);
 	}
 
