@@ -40,7 +40,7 @@ int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 	ns = casbox_admin_find_ns(user);
 	if (ns == NULL) {
 		*error_r = "user has no casbox namespace";
-		return 0;
+		return -1;
 	}
 	pool = pool_alloconly_create("doveadm casbox", 1024);
 	adm = p_new(pool, struct casbox_admin, 1);

@@ -59,6 +59,25 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox key init",
+		.mail_cmd = cmd_casbox_key_init_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
+		.name = "casbox key destroy",
+		.mail_cmd = cmd_casbox_key_destroy_alloc,
+		.usage = "[-u <user>] [-S <socket_path>] "
+			"--yes-destroy-all-mail",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('y', "yes-destroy-all-mail",
+				  CMD_PARAM_BOOL, 0)
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox stats",
 		.mail_cmd = cmd_casbox_stats_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>]",

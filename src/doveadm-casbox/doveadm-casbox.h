@@ -97,8 +97,8 @@ typedef void casbox_admin_damage_callback_t(void *context,
 					    const char *cause);
 
 /* Open the store of user's casbox namespace. Returns 1 ok, 0 the user
-   has no casbox namespace or no store yet (error_r says which), -1
-   error. */
+   has no store yet (error_r says so), -1 error (e.g. no casbox
+   namespace). */
 int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		      const char **error_r);
 /* Load the key ring (it must be the store's key) and open the packs.
@@ -146,5 +146,6 @@ struct doveadm_mail_cmd_context *cmd_casbox_stats_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 
 #endif
