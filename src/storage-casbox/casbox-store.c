@@ -481,7 +481,16 @@ int casbox_store_msg_open(struct casbox_store *store,
 
 	if (casbox_store_open_keys(store, error_r) < 0)
 		return -1;
+	/* gc may have moved blobs to a new pack and unlinked the old one
+	   since this process last looked: read current locations (cheap
+	   when nothing changed) */
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
 	parts = array_get(&rec->parts, &count);
+	if (count == 0) {
+		*input_r = i_stream_create_from_data("", 0);
+		return 0;
+	}
 	if (count == 1) {
 		*input_r = casbox_store_part_open(store, &parts[0], error_r);
 		return *input_r == NULL ? -1 : 0;
