@@ -9,6 +9,8 @@
 #include "unlink-directory.h"
 #include "casidx-segment.h"
 #include "casidx-index.h"
+#include "casidx-crypt.h"
+#include "cas-key.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -177,6 +179,98 @@ START_TEST(test_segment_every_byte_flip_rejected)
 	}
 	i_free(copy);
 	buffer_free(&out);
+}
+END_TEST
+
+static const unsigned char kek_a[CAS_KEK_SIZE] = { 1, 2, 3, 4 };
+static const unsigned char kek_b[CAS_KEK_SIZE] = { 1, 2, 3, 5 };
+#define GUID_A "0123456789abcdef0123456789abcdef"
+#define GUID_B "0123456789abcdef0123456789abcdee"
+
+static bool mem_has(const void *hay, size_t hay_len, const char *needle)
+{
+	const unsigned char *p = hay;
+	size_t i, n = strlen(needle);
+
+	for (i = 0; i + n <= hay_len; i++) {
+		if (memcmp(p + i, needle, n) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+static int try_open(const struct cas_keyring *kr, const char *guid,
+		    const char *name, const void *data, size_t size,
+		    buffer_t *plain)
+{
+	const char *error;
+
+	buffer_set_used_size(plain, 0);
+	return casidx_crypt_open(kr, guid, name, data, size, plain, &error);
+}
+
+START_TEST(test_sealed_segment_roundtrip)
+{
+	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
+	struct cas_keyring *kb = cas_keyring_create_from_kek(kek_b);
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *sealed2 = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *plain = buffer_create_dynamic(default_pool, 4096);
+	unsigned char *copy;
+	unsigned int terms, rejected = 0;
+	size_t i;
+
+	build_sample(out);
+	ck_assert(mem_has(out->data, out->used, "common"));
+	casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
+			  out->used, sealed);
+	ck_assert_uint_eq(sealed->used, out->used + CASIDX_CRYPT_OVERHEAD);
+	ck_assert(!mem_has(sealed->data, sealed->used, "common"));
+	ck_assert(!mem_has(sealed->data, sealed->used, "example.com"));
+	/* random nonce: sealing twice differs */
+	casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
+			  out->used, sealed2);
+	ck_assert(!buffer_cmp(sealed, sealed2));
+
+	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs",
+				  sealed->data, sealed->used, plain), 1);
+	ck_assert(buffer_cmp(plain, out));
+	ck_assert_int_eq(read_all(plain->data, plain->used, &terms), 0);
+	ck_assert_uint_eq(terms, 65);
+
+	/* wrong key, other mailbox, other file name, plaintext input */
+	ck_assert_int_eq(try_open(kb, GUID_A, "seg-00000001.cxs",
+				  sealed->data, sealed->used, plain), -1);
+	ck_assert_uint_eq(plain->used, 0);
+	ck_assert_int_eq(try_open(ka, GUID_B, "seg-00000001.cxs",
+				  sealed->data, sealed->used, plain), -1);
+	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000002.cxs",
+				  sealed->data, sealed->used, plain), -1);
+	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs",
+				  out->data, out->used, plain), -1);
+
+	/* every single-byte flip and every truncation */
+	copy = i_malloc(sealed->used);
+	for (i = 0; i < sealed->used; i++) {
+		memcpy(copy, sealed->data, sealed->used);
+		copy[i] ^= 0x01;
+		if (try_open(ka, GUID_A, "seg-00000001.cxs", copy,
+			     sealed->used, plain) < 0 && plain->used == 0)
+			rejected++;
+	}
+	ck_assert_uint_eq(rejected, sealed->used);
+	for (i = 0; i < sealed->used; i++) {
+		ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs",
+					  sealed->data, i, plain), -1);
+	}
+	i_free(copy);
+	buffer_free(&plain);
+	buffer_free(&sealed2);
+	buffer_free(&sealed);
+	buffer_free(&out);
+	cas_keyring_free(&ka);
+	cas_keyring_free(&kb);
 }
 END_TEST
 
@@ -595,6 +689,103 @@ START_TEST(test_index_corruption_rejected)
 }
 END_TEST
 
+/* TRUE if some file of the index directory contains needle. */
+static bool dir_has(const char *needle)
+{
+	struct dirent *d;
+	bool found = FALSE;
+	DIR *dir = opendir(test_dir);
+
+	ck_assert_ptr_ne(dir, NULL);
+	while (!found && (d = readdir(dir)) != NULL) {
+		const char *path = t_strdup_printf("%s/%s", test_dir,
+						   d->d_name);
+		buffer_t *buf = t_buffer_create(4096);
+		unsigned char tmp[4096];
+		ssize_t n;
+		int fd;
+
+		if (d->d_name[0] == '.' || (fd = open(path, O_RDONLY)) < 0)
+			continue;
+		while ((n = read(fd, tmp, sizeof(tmp))) > 0)
+			buffer_append(buf, tmp, n);
+		i_close_fd(&fd);
+		found = mem_has(buf->data, buf->used, needle);
+	}
+	(void)closedir(dir);
+	return found;
+}
+
+static struct casidx_index *
+index_init_crypt(const struct cas_keyring *kr, const char *guid)
+{
+	struct casidx_index *index = casidx_index_init(test_dir, &test_set);
+
+	if (kr != NULL)
+		casidx_index_set_crypt(index, kr, guid);
+	return index;
+}
+
+START_TEST(test_index_encrypted)
+{
+	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
+	struct cas_keyring *kb = cas_keyring_create_from_kek(kek_b);
+	struct casidx_index *index, *reader;
+	const char *error;
+
+	index = index_init_crypt(ka, GUID_A);
+	ck_assert(casidx_index_is_encrypted(index));
+	index_docs(index, 1, 20);
+	index_docs(index, 21, 30);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	index_docs(index, 31, 40);
+	ck_assert(!dir_has("shared"));
+	ck_assert(!dir_has("word1"));
+
+	reader = index_init_crypt(ka, GUID_A);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_last_uid(reader), 40);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 32);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "word3",
+				     CASIDX_MATCH_PREFIX, NULL), 9);
+	casidx_index_deinit(&reader);
+
+	/* other key, other mailbox, no key: corrupted (= rebuild) */
+	reader = index_init_crypt(kb, GUID_A);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), -1);
+	ck_assert_ptr_ne(strstr(error, "authentication failed"), NULL);
+	ck_assert(casidx_index_is_corrupted(reader));
+	casidx_index_deinit(&reader);
+	reader = index_init_crypt(ka, GUID_B);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), -1);
+	ck_assert(casidx_index_is_corrupted(reader));
+	casidx_index_deinit(&reader);
+	reader = index_init_crypt(NULL, NULL);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), -1);
+	ck_assert(casidx_index_is_corrupted(reader));
+	casidx_index_deinit(&reader);
+	casidx_index_deinit(&index);
+
+	/* a plaintext index is not accepted once encryption is on */
+	index = index_init_crypt(NULL, NULL);
+	ck_assert_int_eq(casidx_index_delete(index, &error), 0);
+	index_docs(index, 1, 5);
+	ck_assert(dir_has("shared"));
+	casidx_index_deinit(&index);
+	reader = index_init_crypt(ka, GUID_A);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), -1);
+	ck_assert(casidx_index_is_corrupted(reader));
+	ck_assert_int_eq(casidx_index_delete(reader, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 0);
+	index_docs(reader, 1, 5);
+	ck_assert(!dir_has("shared"));
+	casidx_index_deinit(&reader);
+	cas_keyring_free(&ka);
+	cas_keyring_free(&kb);
+}
+END_TEST
+
 /* Two processes commit at once: the lock serialises them and no commit
    is lost. Meanwhile a reader refreshes continuously and every snapshot
    it sees is complete: all UIDs 1..last_uid present, none missing. */
@@ -689,6 +880,7 @@ int main(void)
 	tcase_add_test(tc, test_segment_deterministic);
 	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
 	tcase_add_test(tc, test_builder_long_and_nul_terms);
+	tcase_add_test(tc, test_sealed_segment_roundtrip);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(tci, setup, teardown);
 	tcase_add_test(tci, test_index_commit_refresh);
@@ -698,6 +890,7 @@ int main(void)
 	tcase_add_test(tci, test_index_uid_validity_change);
 	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
+	tcase_add_test(tci, test_index_encrypted);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	suite_add_tcase(s, tci);
 	sr = srunner_create(s);

@@ -16,6 +16,7 @@
 #include "mail-search.h"
 #include "mailbox-list.h"
 #include "fts-api-private.h"
+#include "cas-key.h"
 #include "casidx-tokenizer.h"
 #include "casidx-index.h"
 #include "casidx-query.h"
@@ -31,6 +32,10 @@ struct casidx_fts_backend {
 	char *root;
 	struct casidx_index_settings set;
 	struct casidx_tokenizer *tok;
+	/* casbox key file whose index key seals the segments, NULL =
+	   segments are plaintext (fts_casidx_encrypt) */
+	char *key_path;
+	struct cas_keyring *keyring;
 
 	pool_t pool;
 	HASH_TABLE(char *, struct casidx_index *) indexes;
@@ -53,6 +58,38 @@ static struct fts_backend *fts_backend_casidx_alloc(void)
 	backend = i_new(struct casidx_fts_backend, 1);
 	backend->backend = fts_backend_casidx;
 	return &backend->backend;
+}
+
+/* fts_casidx_encrypt = auto (default: encrypt iff casbox_key_file is
+   set) | yes (casbox_key_file required) | no. */
+static int
+casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
+			     struct mail_user *user, const char **error_r)
+{
+	const char *mode, *key_path;
+
+	mode = mail_user_plugin_getenv(user, "fts_casidx_encrypt");
+	key_path = mail_user_plugin_getenv(user, "casbox_key_file");
+	if (key_path != NULL && key_path[0] == '\0')
+		key_path = NULL;
+	if (mode == NULL || strcmp(mode, "auto") == 0)
+		;
+	else if (strcmp(mode, "no") == 0)
+		key_path = NULL;
+	else if (strcmp(mode, "yes") == 0) {
+		if (key_path == NULL) {
+			*error_r = "fts_casidx_encrypt=yes, "
+				"but casbox_key_file is not set";
+			return -1;
+		}
+	} else {
+		*error_r = t_strdup_printf(
+			"Invalid fts_casidx_encrypt: %s (auto, yes or no)",
+			mode);
+		return -1;
+	}
+	backend->key_path = i_strdup(key_path);
+	return 0;
 }
 
 static int
@@ -93,7 +130,7 @@ casidx_settings_read(struct casidx_fts_backend *backend,
 	}
 	backend->set.no_fsync =
 		mail_user_plugin_getenv_bool(user, "fts_casidx_no_fsync");
-	return 0;
+	return casidx_settings_read_encrypt(backend, user, error_r);
 }
 
 static int
@@ -144,8 +181,35 @@ static void fts_backend_casidx_deinit(struct fts_backend *_backend)
 		casidx_tokenizer_destroy(&backend->tok);
 		event_unref(&backend->event);
 	}
+	cas_keyring_free(&backend->keyring);
+	i_free(backend->key_path);
 	i_free(backend->root);
 	i_free(backend);
+}
+
+/* Load the key ring on first use: by then the casbox storage has opened
+   (and, with casbox_key_autocreate, created) the key file. This plugin
+   never creates keys. */
+static int casidx_backend_load_key(struct casidx_fts_backend *backend)
+{
+	const char *error;
+	int ret;
+
+	if (backend->key_path == NULL || backend->keyring != NULL)
+		return 0;
+	ret = cas_keyring_load(backend->key_path, &backend->keyring, &error);
+	if (ret == 0) {
+		e_error(backend->event, "casbox_key_file %s does not exist: "
+			"cannot encrypt the index (set fts_casidx_encrypt=no "
+			"to index without encryption)", backend->key_path);
+		return -1;
+	}
+	if (ret < 0) {
+		e_error(backend->event, "Couldn't load casbox_key_file: %s",
+			error);
+		return -1;
+	}
+	return 0;
 }
 
 static int
@@ -165,6 +229,8 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 	guid = guid_128_to_string(metadata.guid);
 	index = hash_table_lookup(backend->indexes, guid);
 	if (index == NULL) {
+		if (casidx_backend_load_key(backend) < 0)
+			return -1;
 		/* the box's own namespace: a virtual mailbox's backend looks
 		   up boxes of other namespaces */
 		root = mailbox_list_get_root_forced(
@@ -173,6 +239,8 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 		index = casidx_index_init(
 			t_strdup_printf("%s/"CASIDX_DIR_NAME"/%s", root, guid),
 			&backend->set);
+		if (backend->keyring != NULL)
+			casidx_index_set_crypt(index, backend->keyring, guid);
 		hash_table_insert(backend->indexes,
 				  p_strdup(backend->pool, guid), index);
 	}

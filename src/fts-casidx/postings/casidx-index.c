@@ -9,7 +9,9 @@
 #include "mkdir-parents.h"
 #include "unlink-directory.h"
 #include "write-full.h"
+#include "safe-memset.h"
 #include "cas-crc32c.h"
+#include "casidx-crypt.h"
 #include "casidx-index.h"
 
 #include <fcntl.h>
@@ -45,6 +47,9 @@ struct open_segment {
 struct casidx_index {
 	char *dir;
 	struct casidx_index_settings set;
+	/* set: segments are sealed (casidx-crypt.h); not owned */
+	const struct cas_keyring *keyring;
+	char *box_guid;
 
 	bool loaded;
 	bool corrupted;
@@ -317,6 +322,117 @@ casidx_index_init(const char *dir, const struct casidx_index_settings *set)
 	return index;
 }
 
+void casidx_index_set_crypt(struct casidx_index *index,
+			    const struct cas_keyring *keyring,
+			    const char *box_guid)
+{
+	i_assert(!index->loaded);
+	index->keyring = keyring;
+	i_free(index->box_guid);
+	index->box_guid = i_strdup(box_guid);
+}
+
+bool casidx_index_is_encrypted(const struct casidx_index *index)
+{
+	return index->keyring != NULL;
+}
+
+static const char *seg_name(uint32_t id)
+{
+	return t_strdup_printf("seg-%08x.cxs", id);
+}
+
+/* Read a whole file into a new buffer. Returns 1, 0 if missing, -1. */
+static int read_file(const char *path, buffer_t **buf_r,
+		     const char **error_r)
+{
+	struct stat st;
+	buffer_t *buf;
+	ssize_t ret;
+	int fd;
+
+	fd = open(path, O_RDONLY);
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	buf = buffer_create_dynamic(default_pool, st.st_size + 1);
+	ret = pread(fd, buffer_append_space_unsafe(buf, st.st_size),
+		    st.st_size, 0);
+	i_close_fd(&fd);
+	if (ret != st.st_size) {
+		*error_r = ret < 0 ?
+			t_strdup_printf("read(%s) failed: %m", path) :
+			t_strdup_printf("read(%s): short read", path);
+		buffer_free(&buf);
+		return -1;
+	}
+	*buf_r = buf;
+	return 1;
+}
+
+/* Open segment id: mmapped, or read, verified and decrypted when the
+   index is encrypted. Returns as casidx_segment_open(). */
+static int index_seg_open(struct casidx_index *index, uint32_t id,
+			  struct casidx_segment **seg_r, bool *corrupted_r,
+			  const char **error_r)
+{
+	const char *path = seg_path(index, id);
+	buffer_t *sealed, *plain;
+	int ret;
+
+	if (index->keyring == NULL)
+		return casidx_segment_open(path, seg_r, corrupted_r, error_r);
+	*corrupted_r = FALSE;
+	if ((ret = read_file(path, &sealed, error_r)) <= 0)
+		return ret;
+	plain = buffer_create_dynamic(default_pool, sealed->used);
+	ret = casidx_crypt_open(index->keyring, index->box_guid, seg_name(id),
+				sealed->data, sealed->used, plain, error_r);
+	buffer_free(&sealed);
+	if (ret > 0)
+		ret = casidx_segment_open_owned(&plain, seg_r, error_r);
+	else
+		buffer_free(&plain);
+	if (ret < 0) {
+		*corrupted_r = TRUE;
+		*error_r = t_strdup_printf("%s: %s", path, *error_r);
+	}
+	return ret;
+}
+
+static int index_seg_write(struct casidx_index *index, uint32_t id,
+			   struct casidx_builder *builder,
+			   const char **error_r)
+{
+	buffer_t *plain, *sealed;
+	int ret;
+
+	if (index->keyring == NULL) {
+		return casidx_builder_write(builder, seg_path(index, id),
+					    !index->set.no_fsync, error_r);
+	}
+	plain = buffer_create_dynamic(default_pool, 1024*64);
+	casidx_builder_serialize(builder, plain);
+	sealed = buffer_create_dynamic(default_pool,
+				       plain->used + CASIDX_CRYPT_OVERHEAD);
+	casidx_crypt_seal(index->keyring, index->box_guid, seg_name(id),
+			  plain->data, plain->used, sealed);
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	buffer_free(&plain);
+	ret = casidx_file_write(seg_path(index, id), sealed->data,
+				sealed->used, !index->set.no_fsync, error_r);
+	buffer_free(&sealed);
+	return ret;
+}
+
 static void index_close_segments(struct casidx_index *index)
 {
 	struct open_segment *os;
@@ -334,6 +450,7 @@ void casidx_index_deinit(struct casidx_index **_index)
 	index_close_segments(index);
 	array_free(&index->segments);
 	manifest_free(&index->manifest);
+	i_free(index->box_guid);
 	i_free(index->dir);
 	i_free(index);
 }
@@ -379,8 +496,8 @@ static int index_open_segments(struct casidx_index *index,
 		segs[i].seg = index_find_open(index, ids[i]);
 		if (segs[i].seg != NULL)
 			continue;
-		ret = casidx_segment_open(seg_path(index, ids[i]),
-					  &segs[i].seg, &corrupted, error_r);
+		ret = index_seg_open(index, ids[i], &segs[i].seg,
+				     &corrupted, error_r);
 		if (corrupted)
 			index->corrupted = TRUE;
 		if (ret <= 0 || (!roaring_bitmap_is_empty(
@@ -789,8 +906,8 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 	i_assert(start < end && end <= count);
 	builder = casidx_builder_create();
 	for (i = start; i < end; i++) {
-		if (casidx_segment_open(seg_path(index, ids[i]), &seg,
-					&corrupted, error_r) <= 0) {
+		if (index_seg_open(index, ids[i], &seg, &corrupted,
+				   error_r) <= 0) {
 			if (ret == 0)
 				*error_r = t_strdup_printf(
 					"%s: segment missing", index->dir);
@@ -805,8 +922,7 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 	new_docs = casidx_builder_doc_count(builder);
 	if (ret == 0 && new_docs > 0) {
 		new_id = m->next_seg_id++;
-		ret = casidx_builder_write(builder, seg_path(index, new_id),
-					   !index->set.no_fsync, error_r);
+		ret = index_seg_write(index, new_id, builder, error_r);
 	}
 	casidx_builder_destroy(&builder);
 	if (ret < 0)
@@ -916,8 +1032,7 @@ static int index_commit(struct casidx_index *index,
 	}
 	if (builder != NULL && casidx_builder_doc_count(builder) > 0) {
 		id = m.next_seg_id++;
-		ret = casidx_builder_write(builder, seg_path(index, id),
-					   !index->set.no_fsync, error_r);
+		ret = index_seg_write(index, id, builder, error_r);
 		if (ret == 0) {
 			docs = casidx_builder_doc_count(builder);
 			array_push_back(&m.seg_ids, &id);

@@ -56,6 +56,17 @@ typedef void casidx_index_term_callback_t(struct casidx_segment *seg,
 struct casidx_index *
 casidx_index_init(const char *dir, const struct casidx_index_settings *set);
 void casidx_index_deinit(struct casidx_index **index);
+/* Seal every segment written from now on, and accept only sealed
+   segments when reading (casidx-crypt.h): a plaintext segment counts as
+   corrupted, so an index written before encryption was enabled is
+   rebuilt. keyring must outlive the index. box_guid (the mailbox GUID,
+   hex) goes into each file's associated data. Call before the first
+   refresh. */
+struct cas_keyring;
+void casidx_index_set_crypt(struct casidx_index *index,
+			    const struct cas_keyring *keyring,
+			    const char *box_guid);
+bool casidx_index_is_encrypted(const struct casidx_index *index);
 const char *casidx_index_get_dir(const struct casidx_index *index);
 
 /* Load the newest manifest. Returns 1 if ok, 0 if no index exists yet

@@ -8,6 +8,7 @@
 #include "str.h"
 #include "sort.h"
 #include "write-full.h"
+#include "safe-memset.h"
 #include "cas-crc32c.h"
 #include "casidx-segment.h"
 
@@ -73,6 +74,8 @@ struct casidx_segment {
 	int fd;
 	void *mmap_base;
 	size_t mmap_size;
+	/* decrypted image of a sealed segment, owned */
+	buffer_t *owned;
 	const unsigned char *data;
 	size_t size;
 
@@ -588,10 +591,9 @@ void casidx_builder_serialize(struct casidx_builder *builder,
 	buffer_append(output, SEG_END_MAGIC, 8);
 }
 
-int casidx_builder_write(struct casidx_builder *builder, const char *path,
-			 bool fsync_file, const char **error_r)
+int casidx_file_write(const char *path, const void *data, size_t size,
+		      bool fsync_file, const char **error_r)
 {
-	buffer_t *output;
 	const char *tmp_path;
 	int fd, ret = 0;
 
@@ -601,9 +603,7 @@ int casidx_builder_write(struct casidx_builder *builder, const char *path,
 		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
 		return -1;
 	}
-	output = buffer_create_dynamic(default_pool, 1024*64);
-	casidx_builder_serialize(builder, output);
-	if (write_full(fd, output->data, output->used) < 0) {
+	if (write_full(fd, data, size) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m", tmp_path);
 		ret = -1;
 	} else if (fsync_file && fdatasync(fd) < 0) {
@@ -611,7 +611,6 @@ int casidx_builder_write(struct casidx_builder *builder, const char *path,
 					   tmp_path);
 		ret = -1;
 	}
-	buffer_free(&output);
 	if (close(fd) < 0 && ret == 0) {
 		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
 		ret = -1;
@@ -623,6 +622,20 @@ int casidx_builder_write(struct casidx_builder *builder, const char *path,
 	}
 	if (ret < 0)
 		i_unlink_if_exists(tmp_path);
+	return ret;
+}
+
+int casidx_builder_write(struct casidx_builder *builder, const char *path,
+			 bool fsync_file, const char **error_r)
+{
+	buffer_t *output;
+	int ret;
+
+	output = buffer_create_dynamic(default_pool, 1024*64);
+	casidx_builder_serialize(builder, output);
+	ret = casidx_file_write(path, output->data, output->used,
+				fsync_file, error_r);
+	buffer_free(&output);
 	return ret;
 }
 
@@ -774,6 +787,23 @@ int casidx_segment_open_buf(const void *data, size_t size,
 	return 1;
 }
 
+int casidx_segment_open_owned(buffer_t **_buf, struct casidx_segment **seg_r,
+			      const char **error_r)
+{
+	struct casidx_segment *seg = seg_alloc();
+
+	seg->owned = *_buf;
+	*_buf = NULL;
+	seg->data = seg->owned->data;
+	seg->size = seg->owned->used;
+	if (seg_parse(seg, error_r) < 0) {
+		casidx_segment_close(&seg);
+		return -1;
+	}
+	*seg_r = seg;
+	return 1;
+}
+
 int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
 			bool *corrupted_r, const char **error_r)
 {
@@ -831,6 +861,12 @@ void casidx_segment_close(struct casidx_segment **_seg)
 		roaring_bitmap_free(seg->docs);
 	if (seg->mmap_base != NULL)
 		(void)munmap(seg->mmap_base, seg->mmap_size);
+	if (seg->owned != NULL) {
+		/* decrypted terms: do not leave them in freed memory */
+		safe_memset(buffer_get_modifiable_data(seg->owned, NULL), 0,
+			    seg->owned->used);
+		buffer_free(&seg->owned);
+	}
 	i_close_fd(&seg->fd);
 	array_free(&seg->sparse);
 	i_free(seg);

@@ -83,6 +83,11 @@ void casidx_builder_serialize(struct casidx_builder *builder,
 int casidx_builder_write(struct casidx_builder *builder, const char *path,
 			 bool fsync_file, const char **error_r);
 
+/* Write data to path via path.tmp (+ fdatasync if fsync_file) and rename.
+   The caller fsyncs the directory. */
+int casidx_file_write(const char *path, const void *data, size_t size,
+		      bool fsync_file, const char **error_r);
+
 /* Open a segment file (mmap) or a memory buffer (must stay valid while
    the segment is open). Header, footer, DOCS, DOCLEN and SPARSE are
    verified here; DICT blocks and postings are verified when read.
@@ -94,6 +99,10 @@ int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
 int casidx_segment_open_buf(const void *data, size_t size,
 			    struct casidx_segment **seg_r,
 			    const char **error_r);
+/* Open a decrypted segment image; the segment takes ownership of *buf
+   (also on failure) and wipes it when closed. */
+int casidx_segment_open_owned(buffer_t **buf, struct casidx_segment **seg_r,
+			      const char **error_r);
 void casidx_segment_close(struct casidx_segment **seg);
 
 const roaring_bitmap_t *
