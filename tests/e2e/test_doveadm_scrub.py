@@ -6,6 +6,7 @@ deletes."""
 import imaplib
 import os
 import re
+import subprocess
 import sys
 import unittest
 
@@ -111,6 +112,34 @@ class DoveadmScrubTest(unittest.TestCase):
             for n in range(1, N + 1):
                 if n != DAMAGED:
                     self.assertEqual(fetch_body(dc, n), bodies[n])
+
+    def test_refcount_drift_repaired(self):
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            root = os.path.join(dc.home("user1"), "casbox")
+            for n in range(1, 4):
+                dc.lmtp_deliver("user1", msg(n))
+            bodies = {n: fetch_body(dc, n) for n in range(1, 4)}
+            exe = os.path.join(os.environ.get("CASBOX_TOP_BUILDDIR", "."),
+                               "tests", "doveadm-tamper")
+            subprocess.run([exe, root, "refcount", "5"], user=dc.uid,
+                           group=dc.gid, check=True)
+
+            res, rows = scrub(dc)
+            self.assertEqual(res.returncode, 65, res.stdout + res.stderr)
+            self.assertEqual(len(rows), 1, rows)
+            self.assertEqual(rows[0]["mailbox"], "-")
+            self.assertRegex(rows[0]["cause"],
+                             r"^refcount 6, but 1 references$")
+
+            res, rows = scrub(dc, "--repair")
+            self.assertIn("repaired: refcount 6 -> 1",
+                          [r["cause"] for r in rows], rows)
+            res, rows = scrub(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(rows, [])
+            for n in range(1, 4):
+                self.assertEqual(fetch_body(dc, n), bodies[n])
 
     def test_all_users(self):
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],

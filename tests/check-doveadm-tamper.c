@@ -1,0 +1,64 @@
+/* doveadm-tamper <casbox root> refcount <delta>: add delta to the
+   refcount of the first blob record, so e2e tests can check that
+   `doveadm casbox scrub` finds and --repair fixes refcount drift.
+   Run as the mail user. Exit 0 done, 1 nothing to tamper, 2 error. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "casbox-lsm.h"
+#include "casbox-records.h"
+
+#include <stdlib.h>
+
+int main(int argc, char *argv[])
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	struct casbox_lsm_iter *iter;
+	struct casbox_blob_value bval;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	unsigned char prefix = CASBOX_KEY_BLOB;
+	buffer_t *tkey, *tvalue;
+	const char *error;
+	int delta, ret = 1;
+
+	lib_init();
+	if (argc != 4 || strcmp(argv[2], "refcount") != 0)
+		i_fatal("usage: doveadm-tamper <casbox root> refcount <delta>");
+	delta = atoi(argv[3]);
+	i_zero(&set);
+	set.dir = t_strconcat(argv[1], "/lsm", NULL);
+	set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	set.fsync = TRUE;
+	if (casbox_lsm_open(&set, &lsm, &error) < 0)
+		i_fatal_status(2, "open %s: %s", set.dir, error);
+	if (casbox_lsm_batch_begin(lsm, &batch, &error) < 0)
+		i_fatal_status(2, "lock %s: %s", set.dir, error);
+	tkey = t_buffer_create(64);
+	tvalue = t_buffer_create(128);
+	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
+	if (casbox_lsm_iter_next(iter, &key, &key_size, &value, &value_size)) {
+		if (casbox_blob_value_import(value, value_size, &bval,
+					     &error) < 0)
+			i_fatal_status(2, "blob record: %s", error);
+		bval.refcount += delta;
+		buffer_append(tkey, key, key_size);
+		casbox_blob_value_export(&bval, tvalue);
+		ret = 0;
+	}
+	if (casbox_lsm_iter_deinit(&iter, &error) < 0)
+		i_fatal_status(2, "iterate: %s", error);
+	if (ret == 0) {
+		casbox_lsm_batch_put(batch, tkey->data, tkey->used,
+				     tvalue->data, tvalue->used);
+		if (casbox_lsm_batch_commit(&batch, &error) < 0)
+			i_fatal_status(2, "commit: %s", error);
+	} else {
+		casbox_lsm_batch_rollback(&batch);
+	}
+	casbox_lsm_close(&lsm);
+	lib_deinit();
+	return ret;
+}
