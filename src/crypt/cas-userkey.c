@@ -89,8 +89,11 @@ static void cas_sodium_init(void)
 
 static void *cas_secure_alloc(size_t size)
 {
-	void *mem = sodium_malloc(size);
+	void *mem;
 
+	/* sodium_malloc() needs sodium_init() (page size) first */
+	cas_sodium_init();
+	mem = sodium_malloc(size);
 	if (mem == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
 	return mem;

@@ -1,0 +1,593 @@
+/* cas-userkey: the password-protected key mode. Round trips; wrong
+   password rejected with a clear error; every truncation and single-byte
+   change of a user key file and of a sealed DEK rejected, also when the
+   file checksum is recomputed (the AAD must catch it); a password change
+   keeps old sealed DEKs openable; a sealed DEK of blob A does not open
+   as blob B. Argon2id runs with libsodium's minimum limits here. */
+
+#include "lib.h"
+#include "buffer.h"
+#include "cas-userkey.h"
+
+#include <sodium.h>
+#include <check.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#define UKEY_FILE_SIZE 212
+#define UKEY_OFF_OPS 12
+#define UKEY_OFF_CHECK 180
+
+static const struct cas_userkey_limits min_limits = {
+	.opslimit = crypto_pwhash_OPSLIMIT_MIN,
+	.memlimit = crypto_pwhash_MEMLIMIT_MIN,
+};
+
+static char tmpdir[] = "/tmp/check-userkey.XXXXXX";
+
+static void setup(void)
+{
+	strcpy(tmpdir, "/tmp/check-userkey.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void teardown(void)
+{
+	const char *cmd = t_strdup_printf("rm -rf '%s'", tmpdir);
+
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static const char *tmp_path(const char *name)
+{
+	return t_strdup_printf("%s/%s", tmpdir, name);
+}
+
+static size_t read_file(const char *path, unsigned char *buf, size_t max)
+{
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	ck_assert_ptr_nonnull(f);
+	n = fread(buf, 1, max, f);
+	ck_assert_int_eq(fclose(f), 0);
+	return n;
+}
+
+static void write_file(const char *path, const void *data, size_t size)
+{
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(data, 1, size, f), size);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+/* number of directory entries besides . and .. (temporary files must
+   never be left behind) */
+static unsigned int dir_entries(void)
+{
+	DIR *dh = opendir(tmpdir);
+	struct dirent *d;
+	unsigned int n = 0;
+
+	ck_assert_ptr_nonnull(dh);
+	while ((d = readdir(dh)) != NULL) {
+		if (strcmp(d->d_name, ".") != 0 &&
+		    strcmp(d->d_name, "..") != 0)
+			n++;
+	}
+	closedir(dh);
+	return n;
+}
+
+static struct cas_userkey *create_key(const char *name, const char *pw)
+{
+	struct cas_userkey *key;
+	const char *error;
+
+	ck_assert_int_eq(cas_userkey_create(tmp_path(name), pw, strlen(pw),
+					    &min_limits, &key, &error), 1);
+	ck_assert(cas_userkey_is_unlocked(key));
+	return key;
+}
+
+static void test_id(struct cas_blob_id *id, unsigned char seed)
+{
+	memset(id->id, seed, sizeof(id->id));
+}
+
+START_TEST(test_create_unlock)
+{
+	struct cas_userkey *created, *pub, *unlocked;
+	unsigned char pk1[32], pk2[32], file[UKEY_FILE_SIZE + 1];
+	unsigned char file2[UKEY_FILE_SIZE + 1];
+	struct cas_blob_id id1, id2, id3;
+	const char *path = tmp_path("u.ukey"), *error;
+	struct stat st;
+
+	ck_assert_int_eq(cas_userkey_load_public(path, &pub, &error), 0);
+	ck_assert_ptr_null(pub);
+	ck_assert_int_eq(cas_userkey_unlock(path, "pw", 2, &unlocked,
+					    &error), 0);
+	created = create_key("u.ukey", "secret pw");
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	ck_assert_int_eq(st.st_size, UKEY_FILE_SIZE);
+	ck_assert_uint_eq(dir_entries(), 1);
+	ck_assert_uint_eq(read_file(path, file, sizeof(file)),
+			  UKEY_FILE_SIZE);
+	ck_assert_mem_eq(file, "CASUKEY1", 8);
+
+	ck_assert_int_eq(cas_userkey_load_public(path, &pub, &error), 1);
+	ck_assert(!cas_userkey_is_unlocked(pub));
+	ck_assert_int_eq(cas_userkey_unlock(path, "secret pw", 9, &unlocked,
+					    &error), 1);
+	ck_assert(cas_userkey_is_unlocked(unlocked));
+	ck_assert_uint_eq(cas_userkey_key_id(pub),
+			  cas_userkey_key_id(created));
+	ck_assert_uint_eq(cas_userkey_key_id(unlocked),
+			  cas_userkey_key_id(created));
+	cas_userkey_public_key(pub, pk1);
+	cas_userkey_public_key(unlocked, pk2);
+	ck_assert_mem_eq(pk1, pk2, sizeof(pk1));
+
+	/* the same blob id with or without the password */
+	cas_userkey_blob_id_compute(pub, "hello", 5, &id1);
+	cas_userkey_blob_id_compute(unlocked, "hello", 5, &id2);
+	ck_assert_mem_eq(id1.id, id2.id, sizeof(id1.id));
+	cas_userkey_blob_id_compute(pub, "hellp", 5, &id3);
+	ck_assert_mem_ne(id1.id, id3.id, sizeof(id1.id));
+
+	/* never overwrite an existing key file */
+	ck_assert_int_eq(cas_userkey_create(path, "other", 5, &min_limits,
+					    NULL, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, path));
+	ck_assert_uint_eq(read_file(path, file2, sizeof(file2)),
+			  UKEY_FILE_SIZE);
+	ck_assert_mem_eq(file, file2, UKEY_FILE_SIZE);
+	ck_assert_uint_eq(dir_entries(), 1);
+
+	cas_userkey_free(&created);
+	cas_userkey_free(&pub);
+	cas_userkey_free(&unlocked);
+	ck_assert_ptr_null(pub);
+}
+END_TEST
+
+START_TEST(test_two_users_differ)
+{
+	struct cas_userkey *a = create_key("a", "pw"), *b = create_key("b", "pw");
+	struct cas_blob_id ida, idb;
+	unsigned char pka[32], pkb[32];
+
+	/* same password, independent keys: no cross-user dedup or linking */
+	cas_userkey_public_key(a, pka);
+	cas_userkey_public_key(b, pkb);
+	ck_assert_mem_ne(pka, pkb, sizeof(pka));
+	ck_assert_uint_ne(cas_userkey_key_id(a), cas_userkey_key_id(b));
+	cas_userkey_blob_id_compute(a, "x", 1, &ida);
+	cas_userkey_blob_id_compute(b, "x", 1, &idb);
+	ck_assert_mem_ne(ida.id, idb.id, sizeof(ida.id));
+	cas_userkey_free(&a);
+	cas_userkey_free(&b);
+}
+END_TEST
+
+START_TEST(test_wrong_password)
+{
+	static const char *const wrong[] = {
+		"", "correct horse", "correct horse battery stapld",
+		"correct horse battery staple ", "Correct horse battery staple",
+	};
+	struct cas_userkey *key = create_key("u", "correct horse battery staple");
+	const char *path = tmp_path("u"), *error;
+	unsigned int i;
+
+	cas_userkey_free(&key);
+	for (i = 0; i < N_ELEMENTS(wrong); i++) {
+		error = NULL;
+		ck_assert_int_eq(cas_userkey_unlock(path, wrong[i],
+						    strlen(wrong[i]), &key,
+						    &error), -1);
+		ck_assert_ptr_null(key);
+		ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+		ck_assert_ptr_nonnull(strstr(error, path));
+		ck_assert_ptr_null(strstr(error, "damaged"));
+	}
+	/* embedded NUL: the length counts, not the C string */
+	ck_assert_int_eq(cas_userkey_unlock(path,
+		"correct horse battery staple\0", 29, &key, &error), -1);
+	ck_assert_int_eq(cas_userkey_unlock(path,
+		"correct horse battery staple", 28, &key, &error), 1);
+	cas_userkey_free(&key);
+}
+END_TEST
+
+static void assert_image_rejected(const unsigned char *data, size_t size,
+				  const char *pw)
+{
+	struct cas_userkey *key = (void *)1;
+	const char *error = NULL;
+
+	ck_assert_int_eq(cas_userkey_parse_public(data, size, &key,
+						  &error), -1);
+	ck_assert_ptr_null(key);
+	ck_assert_ptr_nonnull(error);
+	key = (void *)1;
+	ck_assert_int_eq(cas_userkey_unlock_data(data, size, pw, strlen(pw),
+						 &key, &error), -1);
+	ck_assert_ptr_null(key);
+}
+
+START_TEST(test_key_file_damage)
+{
+	unsigned char file[UKEY_FILE_SIZE + 1], bad[UKEY_FILE_SIZE + 1];
+	struct cas_userkey *key;
+	const char *path = tmp_path("u"), *error;
+	unsigned int i, bit, rejected = 0;
+
+	key = create_key("u", "pw");
+	cas_userkey_free(&key);
+	ck_assert_uint_eq(read_file(path, file, sizeof(file)),
+			  UKEY_FILE_SIZE);
+	ck_assert_int_eq(cas_userkey_unlock_data(file, UKEY_FILE_SIZE, "pw", 2,
+						 &key, &error), 1);
+	cas_userkey_free(&key);
+
+	for (i = 0; i < UKEY_FILE_SIZE; i++) {
+		assert_image_rejected(file, i, "pw");
+		rejected++;
+	}
+	memcpy(bad, file, UKEY_FILE_SIZE);
+	bad[UKEY_FILE_SIZE] = 0;
+	assert_image_rejected(bad, UKEY_FILE_SIZE + 1, "pw");
+	for (i = 0; i < UKEY_FILE_SIZE; i++) {
+		for (bit = 0; bit < 8; bit++) {
+			memcpy(bad, file, UKEY_FILE_SIZE);
+			bad[i] ^= 1 << bit;
+			assert_image_rejected(bad, UKEY_FILE_SIZE, "pw");
+			rejected++;
+		}
+	}
+	/* a deliberate edit that recomputes the checksum: the AAD (every
+	   byte before the ciphertext) or the tag must still catch it */
+	for (i = 0; i < UKEY_OFF_CHECK; i++) {
+		memcpy(bad, file, UKEY_FILE_SIZE);
+		bad[i] ^= 0x01;
+		crypto_generichash(bad + UKEY_OFF_CHECK, 32, bad,
+				   UKEY_OFF_CHECK, NULL, 0);
+		key = (void *)1;
+		ck_assert_int_eq(cas_userkey_unlock_data(bad, UKEY_FILE_SIZE,
+							 "pw", 2, &key,
+							 &error), -1);
+		ck_assert_ptr_null(key);
+		rejected++;
+	}
+	ck_assert_uint_eq(rejected, UKEY_FILE_SIZE * 9 + UKEY_OFF_CHECK);
+
+	/* a damaged file on disk says so and names the file */
+	memcpy(bad, file, UKEY_FILE_SIZE);
+	bad[50] ^= 0x40;
+	write_file(path, bad, UKEY_FILE_SIZE);
+	ck_assert_int_eq(cas_userkey_load_public(path, &key, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "damaged"));
+	ck_assert_ptr_nonnull(strstr(error, path));
+	ck_assert_int_eq(cas_userkey_unlock(path, "pw", 2, &key, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "checksum"));
+	ck_assert_ptr_null(strstr(error, "wrong password"));
+	/* a file that grew */
+	file[UKEY_FILE_SIZE] = '\n';
+	write_file(path, file, UKEY_FILE_SIZE + 1);
+	ck_assert_int_eq(cas_userkey_load_public(path, &key, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "size 213"));
+}
+END_TEST
+
+START_TEST(test_hostile_limits)
+{
+	unsigned char file[UKEY_FILE_SIZE + 1];
+	struct cas_userkey *key;
+	struct cas_userkey_limits limits;
+	const char *path = tmp_path("u"), *error;
+
+	/* create refuses costs outside the accepted range */
+	limits = min_limits;
+	limits.opslimit = 0;
+	ck_assert_int_eq(cas_userkey_create(path, "pw", 2, &limits, NULL,
+					    &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "opslimit"));
+	limits = min_limits;
+	limits.memlimit = (size_t)2 << 30;
+	ck_assert_int_eq(cas_userkey_create(path, "pw", 2, &limits, NULL,
+					    &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "memlimit"));
+	ck_assert_uint_eq(dir_entries(), 0);
+
+	/* a file asking for 2^40 passes is refused before Argon2id runs,
+	   even with a valid checksum */
+	key = create_key("u", "pw");
+	cas_userkey_free(&key);
+	ck_assert_uint_eq(read_file(path, file, sizeof(file)),
+			  UKEY_FILE_SIZE);
+	file[UKEY_OFF_OPS + 5] = 1;
+	crypto_generichash(file + UKEY_OFF_CHECK, 32, file, UKEY_OFF_CHECK,
+			   NULL, 0);
+	ck_assert_int_eq(cas_userkey_unlock_data(file, UKEY_FILE_SIZE, "pw", 2,
+						 &key, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "opslimit"));
+}
+END_TEST
+
+START_TEST(test_dek_seal_open)
+{
+	struct cas_userkey *key = create_key("u", "pw");
+	struct cas_userkey *other = create_key("o", "pw");
+	struct cas_userkey *pub;
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE], zero[CAS_DEK_SIZE];
+	unsigned char sealed[CAS_SEALED_DEK_SIZE], sealed2[CAS_SEALED_DEK_SIZE];
+	unsigned char bad[CAS_SEALED_DEK_SIZE];
+	struct cas_blob_id a, b;
+	const char *error;
+	unsigned int i, bit, rejected = 0;
+	uint32_t key_id;
+
+	ck_assert_uint_eq(CAS_SEALED_DEK_SIZE, 117);
+	ck_assert_int_eq(cas_userkey_load_public(tmp_path("u"), &pub,
+						 &error), 1);
+	memset(zero, 0, sizeof(zero));
+	cas_dek_generate(dek);
+	test_id(&a, 0xaa);
+	test_id(&b, 0xbb);
+
+	/* LMTP seals with the public key only */
+	ck_assert_int_eq(cas_dek_seal_to_public(pub, &a, dek, sealed), 1);
+	ck_assert_uint_eq(sealed[0], CAS_DEK_KIND_SEALED);
+	key_id = cas_userkey_key_id(pub);
+	ck_assert_uint_eq(sealed[1], key_id >> 24);
+	ck_assert_uint_eq(sealed[4], key_id & 0xff);
+	ck_assert_int_eq(cas_dek_seal_to_public(pub, &a, dek, sealed2), 1);
+	ck_assert_mem_ne(sealed + 5, sealed2 + 5, sizeof(sealed) - 5);
+
+	ck_assert_int_eq(cas_dek_open_sealed(key, &a, sealed, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	ck_assert_int_eq(cas_dek_open_sealed(key, &a, sealed2, out, &error),
+			 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+
+	/* without the password nothing opens */
+	memset(out, 0x55, sizeof(out));
+	ck_assert_int_eq(cas_dek_open_sealed(pub, &a, sealed, out, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	ck_assert_mem_eq(out, zero, sizeof(out));
+	/* blob A's DEK is not blob B's */
+	memset(out, 0x55, sizeof(out));
+	ck_assert_int_eq(cas_dek_open_sealed(key, &b, sealed, out, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "another blob"));
+	ck_assert_mem_eq(out, zero, sizeof(out));
+	/* another user's key pair */
+	ck_assert_int_eq(cas_dek_open_sealed(other, &a, sealed, out, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	/* ... even with the key id rewritten to theirs */
+	memcpy(bad, sealed, sizeof(bad));
+	key_id = cas_userkey_key_id(other);
+	bad[1] = key_id >> 24; bad[2] = key_id >> 16;
+	bad[3] = key_id >> 8; bad[4] = key_id;
+	ck_assert_int_eq(cas_dek_open_sealed(other, &a, bad, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
+
+	/* every truncation (the rest zero-filled) and every bit flip */
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++) {
+		memset(bad, 0, sizeof(bad));
+		memcpy(bad, sealed, i);
+		memset(out, 0x55, sizeof(out));
+		ck_assert_int_eq(cas_dek_open_sealed(key, &a, bad, out,
+						     &error), -1);
+		ck_assert_mem_eq(out, zero, sizeof(out));
+		rejected++;
+	}
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++) {
+		for (bit = 0; bit < 8; bit++) {
+			memcpy(bad, sealed, sizeof(bad));
+			bad[i] ^= 1 << bit;
+			ck_assert_int_eq(cas_dek_open_sealed(key, &a, bad, out,
+							     &error), -1);
+			ck_assert_mem_eq(out, zero, sizeof(out));
+			rejected++;
+		}
+	}
+	ck_assert_uint_eq(rejected, CAS_SEALED_DEK_SIZE * 9);
+	cas_userkey_free(&key);
+	cas_userkey_free(&other);
+	cas_userkey_free(&pub);
+}
+END_TEST
+
+START_TEST(test_password_change)
+{
+	struct cas_userkey *key = create_key("u", "old pw"), *pub, *key2;
+	unsigned char deks[4][CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char sealed[4][CAS_SEALED_DEK_SIZE];
+	unsigned char before[UKEY_FILE_SIZE + 1], after[UKEY_FILE_SIZE + 1];
+	struct cas_userkey_limits limits = min_limits;
+	struct cas_blob_id ids[4], id;
+	const char *path = tmp_path("u"), *error;
+	struct stat st;
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(ids); i++) {
+		cas_userkey_blob_id_compute(key, &i, sizeof(i), &ids[i]);
+		cas_dek_generate(deks[i]);
+		ck_assert_int_eq(cas_dek_seal_to_public(key, &ids[i], deks[i],
+							sealed[i]), 1);
+	}
+	ck_assert_int_eq(chmod(path, 0640), 0);
+	ck_assert_uint_eq(read_file(path, before, sizeof(before)),
+			  UKEY_FILE_SIZE);
+
+	/* a wrong old password changes nothing */
+	ck_assert_int_eq(cas_userkey_change_password(path, "old pW", 6,
+		"new pw", 6, NULL, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
+			  UKEY_FILE_SIZE);
+	ck_assert_mem_eq(before, after, UKEY_FILE_SIZE);
+	ck_assert_int_eq(cas_userkey_change_password(tmp_path("none"),
+		"old pw", 6, "new pw", 6, NULL, &error), 0);
+
+	ck_assert_int_eq(cas_userkey_change_password(path, "old pw", 6,
+		"new pw", 6, NULL, &error), 1);
+	ck_assert_uint_eq(dir_entries(), 1);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0640);
+	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
+			  UKEY_FILE_SIZE);
+	/* the public part is kept, salt and wrapped secret are new */
+	ck_assert_mem_eq(before + 44, after + 44, 64);
+	ck_assert_mem_ne(before + 28, after + 28, 16);
+	ck_assert_mem_ne(before + 108, after + 108, 72);
+
+	ck_assert_int_eq(cas_userkey_unlock(path, "old pw", 6, &key2, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+	ck_assert_int_eq(cas_userkey_unlock(path, "new pw", 6, &key2, &error),
+			 1);
+	ck_assert_uint_eq(cas_userkey_key_id(key2), cas_userkey_key_id(key));
+	for (i = 0; i < N_ELEMENTS(ids); i++) {
+		cas_userkey_blob_id_compute(key2, &i, sizeof(i), &id);
+		ck_assert_mem_eq(id.id, ids[i].id, sizeof(id.id));
+		ck_assert_int_eq(cas_dek_open_sealed(key2, &ids[i], sealed[i],
+						     out, &error), 1);
+		ck_assert_mem_eq(out, deks[i], sizeof(out));
+	}
+	cas_userkey_free(&key2);
+
+	/* new limits on a password change are written and used */
+	limits.opslimit = 2;
+	ck_assert_int_eq(cas_userkey_change_password(path, "new pw", 6,
+		"third", 5, &limits, &error), 1);
+	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
+			  UKEY_FILE_SIZE);
+	ck_assert_uint_eq(after[UKEY_OFF_OPS], 2);
+	ck_assert_int_eq(cas_userkey_load_public(path, &pub, &error), 1);
+	ck_assert_int_eq(cas_userkey_unlock(path, "third", 5, &key2, &error),
+			 1);
+	ck_assert_int_eq(cas_dek_open_sealed(key2, &ids[0], sealed[0], out,
+					     &error), 1);
+	ck_assert_mem_eq(out, deks[0], sizeof(out));
+	/* sealed after the change with the public key, opened by the
+	   key unlocked before it */
+	ck_assert_int_eq(cas_dek_seal_to_public(pub, &ids[1], deks[1],
+						sealed[1]), 1);
+	ck_assert_int_eq(cas_dek_open_sealed(key, &ids[1], sealed[1], out,
+					     &error), 1);
+	ck_assert_mem_eq(out, deks[1], sizeof(out));
+	cas_userkey_free(&key2);
+	cas_userkey_free(&pub);
+	cas_userkey_free(&key);
+}
+END_TEST
+
+START_TEST(test_record_seal)
+{
+	struct cas_userkey *key = create_key("u", "pw"), *pub, *key2;
+	struct cas_userkey *other = create_key("o", "pw");
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 64);
+	buffer_t *plain = buffer_create_dynamic(default_pool, 64);
+	const char *error;
+	unsigned char *p;
+	unsigned int i;
+
+	ck_assert_int_eq(cas_userkey_load_public(tmp_path("u"), &pub,
+						 &error), 1);
+	cas_userkey_record_seal(key, "seg:1", 5, "terms", 5, sealed);
+	ck_assert_uint_eq(sealed->used, 24 + 5 + 16);
+	ck_assert_int_eq(cas_userkey_record_open(key, "seg:1", 5, sealed->data,
+						 sealed->used, plain,
+						 &error), 1);
+	ck_assert_mem_eq(plain->data, "terms", 5);
+	/* the index key comes from the user secret: the same after a new
+	   unlock, unusable without the password, different per user */
+	ck_assert_int_eq(cas_userkey_unlock(tmp_path("u"), "pw", 2, &key2,
+					    &error), 1);
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_userkey_record_open(key2, "seg:1", 5,
+						 sealed->data, sealed->used,
+						 plain, &error), 1);
+	ck_assert_int_eq(cas_userkey_record_open(pub, "seg:1", 5, sealed->data,
+						 sealed->used, plain,
+						 &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_userkey_record_open(other, "seg:1", 5,
+						 sealed->data, sealed->used,
+						 plain, &error), -1);
+	ck_assert_int_eq(cas_userkey_record_open(key, "seg:2", 5, sealed->data,
+						 sealed->used, plain,
+						 &error), -1);
+	ck_assert_uint_eq(plain->used, 0);
+	for (i = 0; i < sealed->used; i++) {
+		ck_assert_int_eq(cas_userkey_record_open(key, "seg:1", 5,
+			sealed->data, i, plain, &error), -1);
+		p = buffer_get_modifiable_data(sealed, NULL);
+		p[i] ^= 0x20;
+		ck_assert_int_eq(cas_userkey_record_open(key, "seg:1", 5,
+			sealed->data, sealed->used, plain, &error), -1);
+		p[i] ^= 0x20;
+	}
+	ck_assert_uint_eq(plain->used, 0);
+	buffer_free(&sealed);
+	buffer_free(&plain);
+	cas_userkey_free(&key);
+	cas_userkey_free(&key2);
+	cas_userkey_free(&other);
+	cas_userkey_free(&pub);
+}
+END_TEST
+
+START_TEST(test_unreadable)
+{
+	struct cas_userkey *key;
+	const char *error;
+
+	/* a directory is not a key file */
+	ck_assert_int_eq(cas_userkey_load_public(tmpdir, &key, &error), -1);
+	ck_assert_ptr_null(key);
+	ck_assert_int_eq(cas_userkey_create(tmp_path("no/such/dir"), "pw", 2,
+					    &min_limits, &key, &error), -1);
+	ck_assert_ptr_null(key);
+	ck_assert_uint_eq(dir_entries(), 0);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("userkey");
+	TCase *tc = tcase_create("userkey");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_create_unlock);
+	tcase_add_test(tc, test_two_users_differ);
+	tcase_add_test(tc, test_wrong_password);
+	tcase_add_test(tc, test_key_file_damage);
+	tcase_add_test(tc, test_hostile_limits);
+	tcase_add_test(tc, test_dek_seal_open);
+	tcase_add_test(tc, test_password_change);
+	tcase_add_test(tc, test_record_seal);
+	tcase_add_test(tc, test_unreadable);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
