@@ -69,6 +69,8 @@ static int casbox_key_init(struct mail_user *user, const char **path_r,
 	}
 	if (ret > 0) {
 		set = adm->set;
+		/* the settings' strings go with adm */
+		set.key_file = t_strdup(set.key_file);
 		ret = casbox_key_store_has_data(adm, &have_data, error_r);
 		casbox_admin_close(&adm);
 		if (ret < 0)

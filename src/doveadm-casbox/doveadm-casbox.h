@@ -23,7 +23,9 @@ struct casbox_lsm;
 
 struct casbox_admin {
 	pool_t pool;
+	/* NULL when opened with casbox_admin_open_root() */
 	struct mail_user *user;
+	pool_t set_pool;
 	/* the casbox root of the user's casbox namespace */
 	const char *root_dir;
 	struct casbox_settings set;
@@ -101,6 +103,14 @@ typedef void casbox_admin_damage_callback_t(void *context,
    namespace). */
 int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		      const char **error_r);
+/* Open the store at root_dir (what casbox_admin_open() does once it has
+   found the root and the settings; set is copied, its strings must
+   outlive the handle). Same returns. */
+int casbox_admin_open_root(const char *root_dir,
+			   const struct casbox_settings *set,
+			   enum fsync_mode fsync_mode,
+			   enum file_lock_method lock_method,
+			   struct casbox_admin **adm_r, const char **error_r);
 /* Load the key ring (it must be the store's key) and open the packs.
    Returns 1 ok, -1 error. */
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r);
