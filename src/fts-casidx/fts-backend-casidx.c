@@ -141,8 +141,10 @@ fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
 	struct mail_namespace *ns = _backend->ns;
 	const char *root;
 
-	if (casidx_settings_read(backend, ns->user, error_r) < 0)
+	if (casidx_settings_read(backend, ns->user, error_r) < 0) {
+		*error_r = t_strconcat(CASIDX_LOG_PREFIX, *error_r, NULL);
 		return -1;
+	}
 	root = mailbox_list_get_root_forced(ns->list,
 					    MAILBOX_LIST_PATH_TYPE_INDEX);
 	backend->root = i_strconcat(root, "/"CASIDX_DIR_NAME, NULL);
@@ -601,11 +603,19 @@ static int fts_backend_casidx_optimize(struct fts_backend *_backend)
 			backend->root);
 		return -1;
 	}
+	if (casidx_backend_load_key(backend) < 0) {
+		(void)closedir(dir);
+		return -1;
+	}
 	while ((d = readdir(dir)) != NULL) {
 		if (d->d_name[0] == '.')
 			continue;
 		index = casidx_index_init(t_strdup_printf("%s/%s",
 			backend->root, d->d_name), &backend->set);
+		/* the directory is named after the mailbox GUID */
+		if (backend->keyring != NULL)
+			casidx_index_set_crypt(index, backend->keyring,
+					       d->d_name);
 		if (casidx_index_refresh(index, &error) < 0 ||
 		    casidx_index_optimize(index, &error) < 0) {
 			e_error(backend->event, "optimize: %s", error);
