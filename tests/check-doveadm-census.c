@@ -1,0 +1,366 @@
+/* doveadm casbox census (what stats, scrub and gc stand on): counts and
+   references from the LSM, live/dead bytes from the keyless pack scan,
+   a flipped byte attributed to exactly its blob, malformed records and
+   refcount drift found. Stores are built with the real store layer. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "str.h"
+#include "unlink-directory.h"
+#include "casbox-lsm.h"
+#include "casbox-store.h"
+#include "doveadm-casbox.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sodium.h>
+
+static char test_dir[] = "/tmp/check-doveadm-census.XXXXXX";
+static const char *root;
+static struct casbox_settings set;
+static const guid_128_t box_guid = { 9, 8, 7, 6, 5, 4, 3, 2,
+				     1, 2, 3, 4, 5, 6, 7, 8 };
+
+/* distinct lengths: census_blob() finds a blob by its size */
+static const char *part_a = "part A shared by messages 1 and 2\r\n";
+static const char *part_b = "part B only in message 1\r\n";
+static const char *part_c = "part C, only in message 2\r\n";
+static const char *part_d = "part D only in message 3, a bit longer\r\n";
+
+struct damage_log {
+	unsigned int count;
+	const char *last_cause;
+};
+
+static void damage_cb(void *context, const char *mailbox ATTR_UNUSED,
+		      uint32_t uid ATTR_UNUSED,
+		      const char *object ATTR_UNUSED, const char *cause)
+{
+	struct damage_log *log = context;
+
+	log->count++;
+	log->last_cause = i_strdup(cause);
+}
+
+static void setup(void)
+{
+	ck_assert_ptr_nonnull(mkdtemp(test_dir));
+	root = t_strconcat(test_dir, "/casbox", NULL);
+	ck_assert_int_eq(mkdir(root, 0700), 0);
+	i_zero(&set);
+	set.key_file = t_strconcat(test_dir, "/user.key", NULL);
+	set.key_autocreate = TRUE;
+	set.zstd_level = 3;
+	set.part_split_size = 1024;
+	set.pack_size = 1024 * 1024;
+	set.gc_dead_ratio = 30;
+}
+
+static void teardown(void)
+{
+	const char *error;
+
+	ck_assert_int_eq(unlink_directory(test_dir,
+		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
+	memcpy(test_dir + strlen(test_dir) - 6, "XXXXXX", 6);
+}
+
+static void add_msg(struct casbox_store *store, uint32_t uid,
+		    const char *const *parts)
+{
+	struct casbox_store_txn *txn;
+	struct casbox_msg_record rec;
+	struct casbox_msg_part *part;
+	struct istream **inputs;
+	unsigned int i, count = str_array_length(parts);
+	const char *error = NULL;
+	pool_t pool = pool_alloconly_create("msg", 1024);
+
+	casbox_msg_record_init(pool, &rec);
+	rec.guid = "guid";
+	inputs = p_new(pool, struct istream *, count + 1);
+	for (i = 0; i < count; i++) {
+		part = array_append_space(&rec.parts);
+		part->size = strlen(parts[i]);
+		rec.physical_size += part->size;
+		inputs[i] = i_stream_create_from_data(parts[i], part->size);
+		ck_assert_int_eq(casbox_store_blob_id(store, inputs[i], 0,
+			part->size, &part->id, &error), 0);
+		i_stream_seek(inputs[i], 0);
+	}
+	rec.virtual_size = rec.physical_size;
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	if (casbox_store_txn_add_msg(txn, box_guid, uid, &rec, inputs,
+				     &error) < 0)
+		ck_abort_msg("add: %s", error);
+	if (casbox_store_txn_commit(&txn, &error) < 0)
+		ck_abort_msg("commit: %s", error);
+	for (i = 0; i < count; i++)
+		i_stream_unref(&inputs[i]);
+	pool_unref(&pool);
+}
+
+/* messages 1 = A+B, 2 = A+C, 3 = D */
+static void build_store(bool expunge3)
+{
+	const char *m1[] = { part_a, part_b, NULL };
+	const char *m2[] = { part_a, part_c, NULL };
+	const char *m3[] = { part_d, NULL };
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	const char *error = NULL;
+
+	if (casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
+			      FILE_LOCK_METHOD_FCNTL, &store, &error) < 0 ||
+	    casbox_store_open_keys(store, &error) < 0)
+		ck_abort_msg("store open: %s", error);
+	add_msg(store, 1, m1);
+	add_msg(store, 2, m2);
+	add_msg(store, 3, m3);
+	if (expunge3) {
+		ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error),
+				 0);
+		ck_assert_int_eq(casbox_store_txn_expunge(txn, box_guid, 3,
+							  &error), 0);
+		ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+	}
+	casbox_store_close(&store);
+}
+
+static struct casbox_admin *adm_open(void)
+{
+	struct casbox_admin *adm;
+	const char *error = NULL;
+
+	if (casbox_admin_open_root(root, &set, FSYNC_MODE_ALWAYS,
+				   FILE_LOCK_METHOD_FCNTL, &adm, &error) <= 0 ||
+	    casbox_admin_open_keys(adm, &error) < 0)
+		ck_abort_msg("admin open: %s", error);
+	return adm;
+}
+
+static struct casbox_census *
+census_full(struct casbox_admin *adm, struct damage_log *log)
+{
+	struct casbox_census *census;
+	const char *error = NULL;
+
+	if (casbox_census_build(adm, damage_cb, log, &census, &error) < 0 ||
+	    casbox_census_scan_packs(adm, census, damage_cb, log,
+				     &error) < 0)
+		ck_abort_msg("census: %s", error);
+	return census;
+}
+
+static struct casbox_admin_blob *
+census_blob(struct casbox_census *census, const char *data)
+{
+	struct casbox_admin_blob *blob;
+
+	array_foreach_elem(&census->blob_list, blob) {
+		if (blob->have_record &&
+		    blob->rec.plain_size == strlen(data))
+			return blob;
+	}
+	ck_abort_msg("no blob of %u bytes", (unsigned int)strlen(data));
+	return NULL;
+}
+
+static uint64_t census_dead(struct casbox_census *census)
+{
+	const struct casbox_admin_pack *pack;
+	uint64_t dead = 0;
+
+	array_foreach(&census->packs, pack)
+		dead += pack->dead_bytes;
+	return dead;
+}
+
+START_TEST(test_counts_and_refs)
+{
+	const struct casbox_admin_pack *pack;
+	struct damage_log log = { 0, NULL };
+	struct casbox_admin_blob *blob;
+	struct casbox_census *census;
+	struct casbox_admin *adm;
+
+	build_store(FALSE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 0);
+	ck_assert_uint_eq(census->messages, 3);
+	ck_assert_uint_eq(census->logical_bytes,
+			  2 * strlen(part_a) + strlen(part_b) +
+			  strlen(part_c) + strlen(part_d));
+	ck_assert_uint_eq(array_count(&census->blob_list), 4);
+	array_foreach_elem(&census->blob_list, blob) {
+		ck_assert(blob->have_record);
+		ck_assert(blob->frame_seen);
+		ck_assert_ptr_null(blob->damage);
+		ck_assert_uint_eq(blob->refcount, blob->counted);
+	}
+	ck_assert_uint_eq(census_blob(census, part_a)->counted, 2);
+	ck_assert_uint_eq(array_count(&census->packs), 1);
+	pack = array_idx(&census->packs, 0);
+	ck_assert_uint_gt(pack->live_bytes, 0);
+	ck_assert_uint_eq(census_dead(census), 0);
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
+START_TEST(test_dead_after_expunge)
+{
+	const struct casbox_admin_pack *pack;
+	struct damage_log log = { 0, NULL };
+	struct casbox_census *census;
+	struct casbox_admin *adm;
+
+	build_store(TRUE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 0);
+	ck_assert_uint_eq(census->messages, 2);
+	/* D's record went with its last reference; its frame is dead */
+	ck_assert_uint_eq(array_count(&census->blob_list), 3);
+	ck_assert_uint_gt(census_dead(census), strlen(part_d));
+	pack = array_idx(&census->packs, 0);
+	ck_assert_uint_lt(census_dead(census), pack->live_bytes);
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
+START_TEST(test_flipped_byte_hits_one_blob)
+{
+	struct damage_log log = { 0, NULL };
+	struct casbox_admin_blob *blob, *hit;
+	struct casbox_census *census;
+	struct casbox_admin *adm;
+	unsigned char b;
+	off_t pos;
+	int fd;
+
+	build_store(FALSE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	hit = census_blob(census, part_c);
+	pos = hit->rec.offset + hit->rec.frame_size / 2;
+	fd = open(casbox_admin_pack_path(adm, hit->rec.pack_id), O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &b, 1, pos), 1);
+	b ^= 0x04;
+	ck_assert_int_eq(pwrite(fd, &b, 1, pos), 1);
+	i_close_fd(&fd);
+	casbox_census_free(&census);
+
+	census = census_full(adm, &log);
+	/* the damage belongs to a blob: scrub names it per message */
+	ck_assert_uint_eq(log.count, 0);
+	array_foreach_elem(&census->blob_list, blob) {
+		if (blob->rec.plain_size == strlen(part_c))
+			ck_assert_ptr_nonnull(blob->damage);
+		else
+			ck_assert_ptr_null(blob->damage);
+	}
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
+static void lsm_put(struct casbox_admin *adm, const buffer_t *key,
+		    const void *value, size_t value_size)
+{
+	struct casbox_lsm_batch *batch;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_lsm_batch_begin(adm->lsm, &batch, &error), 1);
+	casbox_lsm_batch_put(batch, key->data, key->used, value, value_size);
+	ck_assert_int_eq(casbox_lsm_batch_commit(&batch, &error), 1);
+}
+
+START_TEST(test_malformed_and_drift)
+{
+	struct damage_log log = { 0, NULL };
+	struct casbox_admin_blob *a;
+	struct casbox_census *census;
+	struct casbox_blob_value bval;
+	struct casbox_admin *adm;
+	buffer_t *key, *value, *prec;
+
+	build_store(FALSE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	a = census_blob(census, part_a);
+
+	key = t_buffer_create(64);
+	casbox_key_message(key, box_guid, 77);
+	lsm_put(adm, key, "garbage", 7);
+
+	buffer_set_used_size(key, 0);
+	casbox_key_blob(key, &a->id);
+	prec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	casbox_blob_record_export(&a->rec, prec);
+	i_zero(&bval);
+	bval.refcount = 7;
+	bval.pack_record = prec->data;
+	bval.pack_record_size = prec->used;
+	value = t_buffer_create(128);
+	casbox_blob_value_export(&bval, value);
+	lsm_put(adm, key, value->data, value->used);
+	casbox_census_free(&census);
+
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 1);
+	ck_assert_uint_eq(census->bad_records, 1);
+	ck_assert_ptr_nonnull(strstr(log.last_cause,
+				     "malformed message record"));
+	a = census_blob(census, part_a);
+	ck_assert_uint_eq(a->refcount, 7);
+	ck_assert_uint_eq(a->counted, 2);
+	ck_assert_uint_eq(census->messages, 3);
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
+START_TEST(test_no_store)
+{
+	struct casbox_admin *adm;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_admin_open_root(root, &set,
+		FSYNC_MODE_ALWAYS, FILE_LOCK_METHOD_FCNTL, &adm, &error), 0);
+	ck_assert_ptr_nonnull(strstr(error, "no casbox store"));
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("doveadm-census");
+	TCase *tc = tcase_create("census");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	if (sodium_init() < 0)
+		i_fatal("sodium_init() failed");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_counts_and_refs);
+	tcase_add_test(tc, test_dead_after_expunge);
+	tcase_add_test(tc, test_flipped_byte_hits_one_blob);
+	tcase_add_test(tc, test_malformed_and_drift);
+	tcase_add_test(tc, test_no_store);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
