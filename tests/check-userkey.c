@@ -159,7 +159,8 @@ END_TEST
 
 START_TEST(test_two_users_differ)
 {
-	struct cas_userkey *a = create_key("a", "pw"), *b = create_key("b", "pw");
+	struct cas_userkey *a = create_key("a", "pw");
+	struct cas_userkey *b = create_key("b", "pw");
 	struct cas_blob_id ida, idb;
 	unsigned char pka[32], pkb[32];
 
@@ -182,7 +183,8 @@ START_TEST(test_wrong_password)
 		"", "correct horse", "correct horse battery stapld",
 		"correct horse battery staple ", "Correct horse battery staple",
 	};
-	struct cas_userkey *key = create_key("u", "correct horse battery staple");
+	struct cas_userkey *key =
+		create_key("u", "correct horse battery staple");
 	const char *path = tmp_path("u"), *error;
 	unsigned int i;
 
@@ -334,7 +336,7 @@ START_TEST(test_dek_seal_open)
 	unsigned int i, bit, rejected = 0;
 	uint32_t key_id;
 
-	ck_assert_uint_eq(CAS_SEALED_DEK_SIZE, 117);
+	ck_assert_uint_eq(CAS_SEALED_DEK_SIZE, 133);
 	ck_assert_int_eq(cas_userkey_load_public(tmp_path("u"), &pub,
 						 &error), 1);
 	memset(zero, 0, sizeof(zero));
@@ -367,8 +369,11 @@ START_TEST(test_dek_seal_open)
 	memset(out, 0x55, sizeof(out));
 	ck_assert_int_eq(cas_dek_open_sealed(key, &b, sealed, out, &error),
 			 -1);
-	ck_assert_ptr_nonnull(strstr(error, "another blob"));
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
 	ck_assert_mem_eq(out, zero, sizeof(out));
+	/* LMTP and scrub can verify without the password */
+	ck_assert_int_eq(cas_dek_sealed_verify(pub, &a, sealed, &error), 1);
+	ck_assert_int_eq(cas_dek_sealed_verify(pub, &b, sealed, &error), -1);
 	/* another user's key pair */
 	ck_assert_int_eq(cas_dek_open_sealed(other, &a, sealed, out, &error),
 			 -1);
@@ -402,9 +407,85 @@ START_TEST(test_dek_seal_open)
 		}
 	}
 	ck_assert_uint_eq(rejected, CAS_SEALED_DEK_SIZE * 9);
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++) {
+		memcpy(bad, sealed, sizeof(bad));
+		bad[i] ^= 0x10;
+		ck_assert_int_eq(cas_dek_sealed_verify(pub, &a, bad, &error),
+				 -1);
+	}
 	cas_userkey_free(&key);
 	cas_userkey_free(&other);
 	cas_userkey_free(&pub);
+}
+END_TEST
+
+/* Someone with the public key but not the key file (a writer of the mail
+   root) makes a box that would open: the MAC refuses it. */
+START_TEST(test_dek_forged_with_public_key)
+{
+	struct cas_userkey *key = create_key("u", "pw");
+	unsigned char pk[32], plain[64], forged[CAS_SEALED_DEK_SIZE];
+	unsigned char out[CAS_DEK_SIZE];
+	struct cas_blob_id a;
+	uint32_t key_id = cas_userkey_key_id(key);
+	const char *error;
+
+	test_id(&a, 0xaa);
+	cas_userkey_public_key(key, pk);
+	memset(plain, 0x11, 32);
+	memcpy(plain + 32, a.id, 32);
+	forged[0] = CAS_DEK_KIND_SEALED;
+	forged[1] = key_id >> 24; forged[2] = key_id >> 16;
+	forged[3] = key_id >> 8; forged[4] = key_id;
+	ck_assert_int_eq(crypto_box_seal(forged + 5, plain, sizeof(plain), pk),
+			 0);
+	randombytes_buf(forged + 117, 16);
+	ck_assert_int_eq(cas_dek_open_sealed(key, &a, forged, out, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
+	ck_assert_int_eq(cas_dek_sealed_verify(key, &a, forged, &error), -1);
+	cas_userkey_free(&key);
+}
+END_TEST
+
+/* The documented derivations from the delivery key (file offset 76),
+   recomputed here from the file bytes: blob-id key = KDF(D, 1,
+   "CASUDLV1"), seal-MAC key = KDF(D, 2, "CASUDLV1"). With the MAC key a
+   box for blob A can be relabelled as blob B; the blob id inside the
+   box must still refuse it. */
+START_TEST(test_delivery_key_derivation)
+{
+	struct cas_userkey *key = create_key("u", "pw");
+	unsigned char file[UKEY_FILE_SIZE + 1], k_id[32], k_mac[32];
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char sealed[CAS_SEALED_DEK_SIZE];
+	struct cas_blob_id a, b, id, expect;
+	crypto_generichash_state st;
+	const char *error;
+
+	ck_assert_uint_eq(read_file(tmp_path("u"), file, sizeof(file)),
+			  UKEY_FILE_SIZE);
+	crypto_kdf_derive_from_key(k_id, 32, 1, "CASUDLV1", file + 76);
+	crypto_kdf_derive_from_key(k_mac, 32, 2, "CASUDLV1", file + 76);
+	crypto_generichash(expect.id, 32, (const void *)"hello", 5, k_id, 32);
+	cas_userkey_blob_id_compute(key, "hello", 5, &id);
+	ck_assert_mem_eq(id.id, expect.id, 32);
+
+	test_id(&a, 0xaa);
+	test_id(&b, 0xbb);
+	cas_dek_generate(dek);
+	ck_assert_int_eq(cas_dek_seal_to_public(key, &a, dek, sealed), 1);
+	crypto_generichash_init(&st, k_mac, 32, 16);
+	crypto_generichash_update(&st, sealed, 117);
+	crypto_generichash_update(&st, b.id, 32);
+	crypto_generichash_final(&st, sealed + 117, 16);
+	ck_assert_int_eq(cas_dek_sealed_verify(key, &b, sealed, &error), 1);
+	ck_assert_int_eq(cas_dek_open_sealed(key, &b, sealed, out, &error),
+			 -1);
+	ck_assert_ptr_nonnull(strstr(error, "another blob"));
+	sodium_memzero(k_id, sizeof(k_id));
+	sodium_memzero(k_mac, sizeof(k_mac));
+	cas_userkey_free(&key);
 }
 END_TEST
 
@@ -580,6 +661,8 @@ int main(void)
 	tcase_add_test(tc, test_key_file_damage);
 	tcase_add_test(tc, test_hostile_limits);
 	tcase_add_test(tc, test_dek_seal_open);
+	tcase_add_test(tc, test_dek_forged_with_public_key);
+	tcase_add_test(tc, test_delivery_key_derivation);
 	tcase_add_test(tc, test_password_change);
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_unreadable);

@@ -8,7 +8,7 @@
     20   8  Argon2id memlimit in bytes (LE)
     28  16  salt
     44  32  X25519 public key
-    76  32  blob-id key (server-held)
+    76  32  delivery key (server-held: blob-id and seal-MAC keys)
    108  24  nonce
    132  48  XChaCha20-Poly1305(Argon2id key, user secret) | tag,
             AAD = bytes 0..131
@@ -36,13 +36,14 @@
 #define UKEY_OFF_MEM 20
 #define UKEY_OFF_SALT 28
 #define UKEY_OFF_PK 44
-#define UKEY_OFF_BLOB_ID_KEY 76
+#define UKEY_OFF_DELIVERY_KEY 76
 #define UKEY_OFF_NONCE 108
 #define UKEY_OFF_WRAPPED 132
 #define UKEY_OFF_CHECK 180
 #define UKEY_FILE_SIZE 212
 #define UKEY_SECRET_SIZE 32
 #define UKEY_WRAPPED_SIZE (UKEY_SECRET_SIZE + CAS_AEAD_TAG_SIZE)
+#define UKEY_WRAP_KEY_SIZE crypto_aead_xchacha20poly1305_ietf_KEYBYTES
 
 /* Upper bounds on the Argon2id cost a file may ask for: a hostile or
    damaged file must not make a login process allocate without limit. */
@@ -56,6 +57,15 @@ enum cas_userkey_subkey {
 	UKEY_KDF_INDEX = 2,
 };
 #define UKEY_KEY_ID_PERSONAL "CASUKID1"
+/* crypto_kdf context and sub-key ids derived from the delivery key */
+#define UKEY_DELIVERY_CONTEXT "CASUDLV1"
+enum cas_userkey_delivery_subkey {
+	UKEY_DLV_BLOB_ID = 1,
+	UKEY_DLV_SEAL_MAC = 2,
+};
+#define UKEY_SEAL_MAC_SIZE 16
+#define UKEY_SEAL_BOX_OFF 5
+#define UKEY_SEAL_MAC_OFF (CAS_SEALED_DEK_SIZE - UKEY_SEAL_MAC_SIZE)
 
 const struct cas_userkey_limits cas_userkey_limits_default = {
 	.opslimit = crypto_pwhash_argon2id_OPSLIMIT_INTERACTIVE,
@@ -64,6 +74,7 @@ const struct cas_userkey_limits cas_userkey_limits_default = {
 
 struct cas_userkey_secrets {
 	unsigned char blob_id_key[32];
+	unsigned char seal_mac_key[32];
 	unsigned char sk[crypto_box_SECRETKEYBYTES];
 	unsigned char index_key[32];
 };
@@ -197,7 +208,7 @@ cas_userkey_file_parse(const void *data, size_t size,
 }
 
 static struct cas_userkey *
-cas_userkey_alloc(const unsigned char *pk, const unsigned char *blob_id_key)
+cas_userkey_alloc(const unsigned char *pk, const unsigned char *delivery_key)
 {
 	struct cas_userkey *key;
 	unsigned char hash[16];
@@ -206,8 +217,14 @@ cas_userkey_alloc(const unsigned char *pk, const unsigned char *blob_id_key)
 	key = i_new(struct cas_userkey, 1);
 	key->secrets = cas_secure_alloc(sizeof(*key->secrets));
 	memset(key->secrets, 0, sizeof(*key->secrets));
-	memcpy(key->secrets->blob_id_key, blob_id_key,
-	       sizeof(key->secrets->blob_id_key));
+	crypto_kdf_derive_from_key(key->secrets->blob_id_key,
+				   sizeof(key->secrets->blob_id_key),
+				   UKEY_DLV_BLOB_ID, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
+	crypto_kdf_derive_from_key(key->secrets->seal_mac_key,
+				   sizeof(key->secrets->seal_mac_key),
+				   UKEY_DLV_SEAL_MAC, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
 	memcpy(key->pk, pk, sizeof(key->pk));
 
 	crypto_generichash_init(&state, NULL, 0, sizeof(hash));
@@ -286,7 +303,7 @@ cas_userkey_file_open(const struct cas_userkey_file *file,
 	unsigned char *wrap_key;
 	int ret = 0;
 
-	wrap_key = cas_secure_alloc(crypto_aead_xchacha20poly1305_ietf_KEYBYTES);
+	wrap_key = cas_secure_alloc(UKEY_WRAP_KEY_SIZE);
 	if (cas_userkey_password_key(password, password_len,
 				     p + UKEY_OFF_SALT, &file->limits,
 				     wrap_key, error_r) < 0)
@@ -311,7 +328,7 @@ cas_userkey_file_open(const struct cas_userkey_file *file,
 static int
 cas_userkey_file_build(const unsigned char *secret,
 		       const unsigned char *pk,
-		       const unsigned char *blob_id_key,
+		       const unsigned char *delivery_key,
 		       const void *password, size_t password_len,
 		       const struct cas_userkey_limits *limits,
 		       unsigned char *file, const char **error_r)
@@ -330,11 +347,11 @@ cas_userkey_file_build(const unsigned char *secret,
 	le64_put(file + UKEY_OFF_MEM, limits->memlimit);
 	randombytes_buf(file + UKEY_OFF_SALT, crypto_pwhash_SALTBYTES);
 	memcpy(file + UKEY_OFF_PK, pk, crypto_box_PUBLICKEYBYTES);
-	memcpy(file + UKEY_OFF_BLOB_ID_KEY, blob_id_key, 32);
+	memcpy(file + UKEY_OFF_DELIVERY_KEY, delivery_key, 32);
 	randombytes_buf(file + UKEY_OFF_NONCE,
 			crypto_aead_xchacha20poly1305_ietf_NPUBBYTES);
 
-	wrap_key = cas_secure_alloc(crypto_aead_xchacha20poly1305_ietf_KEYBYTES);
+	wrap_key = cas_secure_alloc(UKEY_WRAP_KEY_SIZE);
 	if (cas_userkey_password_key(password, password_len,
 				     file + UKEY_OFF_SALT, limits,
 				     wrap_key, error_r) < 0) {
@@ -465,7 +482,7 @@ int cas_userkey_parse_public(const void *data, size_t size,
 	if (cas_userkey_file_parse(data, size, &file, error_r) < 0)
 		return -1;
 	*key_r = cas_userkey_alloc(file.data + UKEY_OFF_PK,
-				   file.data + UKEY_OFF_BLOB_ID_KEY);
+				   file.data + UKEY_OFF_DELIVERY_KEY);
 	sodium_mprotect_readonly((*key_r)->secrets);
 	return 1;
 }
@@ -485,7 +502,7 @@ int cas_userkey_unlock_data(const void *data, size_t size,
 		return -1;
 	secret = cas_secure_alloc(UKEY_SECRET_SIZE);
 	key = cas_userkey_alloc(file.data + UKEY_OFF_PK,
-				file.data + UKEY_OFF_BLOB_ID_KEY);
+				file.data + UKEY_OFF_DELIVERY_KEY);
 	if (cas_userkey_file_open(&file, password, password_len, secret,
 				  error_r) < 0 ||
 	    cas_userkey_set_secret(key, secret, error_r) < 0) {
@@ -549,8 +566,8 @@ int cas_userkey_create(const char *path, const void *password,
 		       const struct cas_userkey_limits *limits,
 		       struct cas_userkey **key_r, const char **error_r)
 {
-	struct cas_userkey_secrets *s;
-	unsigned char *secret, *file, pk[crypto_box_PUBLICKEYBYTES];
+	unsigned char *secret, *delivery, *sk, *file;
+	unsigned char pk[crypto_box_PUBLICKEYBYTES];
 	const char *tmp, *error;
 	int ret = -1;
 
@@ -561,12 +578,14 @@ int cas_userkey_create(const char *path, const void *password,
 		limits = &cas_userkey_limits_default;
 	secret = cas_secure_alloc(UKEY_SECRET_SIZE);
 	file = cas_secure_alloc(UKEY_FILE_SIZE);
-	s = cas_secure_alloc(sizeof(*s));
+	delivery = cas_secure_alloc(32);
+	sk = cas_secure_alloc(crypto_box_SECRETKEYBYTES);
 	randombytes_buf(secret, UKEY_SECRET_SIZE);
-	randombytes_buf(s->blob_id_key, sizeof(s->blob_id_key));
-	cas_userkey_derive_pair(secret, pk, s->sk);
+	randombytes_buf(delivery, 32);
+	cas_userkey_derive_pair(secret, pk, sk);
+	sodium_free(sk);
 
-	if (cas_userkey_file_build(secret, pk, s->blob_id_key, password,
+	if (cas_userkey_file_build(secret, pk, delivery, password,
 				   password_len, limits, file, &error) < 0) {
 		*error_r = t_strdup_printf("Creating user key file %s: %s",
 					   path, error);
@@ -584,11 +603,11 @@ int cas_userkey_create(const char *path, const void *password,
 			ret = -1;
 	}
 	if (ret == 1 && key_r != NULL) {
-		*key_r = cas_userkey_alloc(pk, s->blob_id_key);
+		*key_r = cas_userkey_alloc(pk, delivery);
 		if (cas_userkey_set_secret(*key_r, secret, &error) < 0)
 			i_unreached();
 	}
-	sodium_free(s);
+	sodium_free(delivery);
 	sodium_free(file);
 	sodium_free(secret);
 	return ret;
@@ -624,7 +643,7 @@ int cas_userkey_change_password(const char *path,
 	} else {
 		old_limits = parsed.limits;
 		if (cas_userkey_file_build(secret, data + UKEY_OFF_PK,
-				data + UKEY_OFF_BLOB_ID_KEY, new_password,
+				data + UKEY_OFF_DELIVERY_KEY, new_password,
 				new_len, limits != NULL ? limits : &old_limits,
 				file, &error) < 0) {
 			*error_r = t_strdup_printf(
@@ -697,6 +716,25 @@ void cas_userkey_blob_id_compute(const struct cas_userkey *key,
 
 #define SEALED_PLAIN_SIZE (CAS_DEK_SIZE + CAS_BLOB_ID_SIZE)
 
+/* Keyed BLAKE2b-128 over kind | key id | box | blob id with the seal-MAC
+   key: only holders of the key file can make a sealed DEK, though the
+   public key alone could make the box. */
+static void
+cas_sealed_dek_mac(const struct cas_userkey *key, const unsigned char *sealed,
+		   const struct cas_blob_id *id,
+		   unsigned char mac_r[UKEY_SEAL_MAC_SIZE])
+{
+	crypto_generichash_state state;
+
+	crypto_generichash_init(&state, key->secrets->seal_mac_key,
+				sizeof(key->secrets->seal_mac_key),
+				UKEY_SEAL_MAC_SIZE);
+	crypto_generichash_update(&state, sealed, UKEY_SEAL_MAC_OFF);
+	crypto_generichash_update(&state, id->id, CAS_BLOB_ID_SIZE);
+	crypto_generichash_final(&state, mac_r, UKEY_SEAL_MAC_SIZE);
+	sodium_memzero(&state, sizeof(state));
+}
+
 int cas_dek_seal_to_public(const struct cas_userkey *key,
 			   const struct cas_blob_id *id,
 			   const unsigned char dek[CAS_DEK_SIZE],
@@ -713,31 +751,26 @@ int cas_dek_seal_to_public(const struct cas_userkey *key,
 	sealed_r[2] = key->key_id >> 16;
 	sealed_r[3] = key->key_id >> 8;
 	sealed_r[4] = key->key_id;
-	ret = crypto_box_seal(sealed_r + 5, plain, sizeof(plain), key->pk);
+	ret = crypto_box_seal(sealed_r + UKEY_SEAL_BOX_OFF, plain,
+			      sizeof(plain), key->pk);
 	sodium_memzero(plain, sizeof(plain));
 	if (ret != 0) {
 		sodium_memzero(sealed_r, CAS_SEALED_DEK_SIZE);
 		return -1;
 	}
+	cas_sealed_dek_mac(key, sealed_r, id, sealed_r + UKEY_SEAL_MAC_OFF);
 	return 1;
 }
 
-int cas_dek_open_sealed(const struct cas_userkey *key,
-			const struct cas_blob_id *id,
-			const unsigned char sealed[CAS_SEALED_DEK_SIZE],
-			unsigned char dek_r[CAS_DEK_SIZE],
-			const char **error_r)
+int cas_dek_sealed_verify(const struct cas_userkey *key,
+			  const struct cas_blob_id *id,
+			  const unsigned char sealed[CAS_SEALED_DEK_SIZE],
+			  const char **error_r)
 {
-	unsigned char plain[SEALED_PLAIN_SIZE];
+	unsigned char mac[UKEY_SEAL_MAC_SIZE];
 	uint32_t key_id;
-	int ret = 1;
+	int ret;
 
-	sodium_memzero(dek_r, CAS_DEK_SIZE);
-	if (!key->unlocked) {
-		*error_r = "sealed DEK: user key is locked "
-			"(no password in this process)";
-		return -1;
-	}
 	if (sealed[0] != CAS_DEK_KIND_SEALED) {
 		*error_r = t_strdup_printf("sealed DEK: unknown kind %u",
 					   sealed[0]);
@@ -751,12 +784,43 @@ int cas_dek_open_sealed(const struct cas_userkey *key,
 			key_id, key->key_id);
 		return -1;
 	}
-	if (crypto_box_seal_open(plain, sealed + 5, CAS_SEALED_DEK_SIZE - 5,
+	cas_sealed_dek_mac(key, sealed, id, mac);
+	ret = sodium_memcmp(mac, sealed + UKEY_SEAL_MAC_OFF, sizeof(mac));
+	sodium_memzero(mac, sizeof(mac));
+	if (ret != 0) {
+		/* forged, damaged, or made for another blob */
+		*error_r = "sealed DEK: authentication failed";
+		return -1;
+	}
+	return 1;
+}
+
+int cas_dek_open_sealed(const struct cas_userkey *key,
+			const struct cas_blob_id *id,
+			const unsigned char sealed[CAS_SEALED_DEK_SIZE],
+			unsigned char dek_r[CAS_DEK_SIZE],
+			const char **error_r)
+{
+	unsigned char plain[SEALED_PLAIN_SIZE];
+	int ret = 1;
+
+	sodium_memzero(dek_r, CAS_DEK_SIZE);
+	if (!key->unlocked) {
+		*error_r = "sealed DEK: user key is locked "
+			"(no password in this process)";
+		return -1;
+	}
+	if (cas_dek_sealed_verify(key, id, sealed, error_r) < 0)
+		return -1;
+	if (crypto_box_seal_open(plain, sealed + UKEY_SEAL_BOX_OFF,
+				 UKEY_SEAL_MAC_OFF - UKEY_SEAL_BOX_OFF,
 				 key->pk, key->secrets->sk) != 0) {
 		*error_r = "sealed DEK: authentication failed";
 		ret = -1;
 	} else if (sodium_memcmp(plain + CAS_DEK_SIZE, id->id,
 				 CAS_BLOB_ID_SIZE) != 0) {
+		/* a valid MAC over another blob's box: only a key file
+		   holder can make that, still refuse it */
 		*error_r = "sealed DEK belongs to another blob";
 		ret = -1;
 	} else {

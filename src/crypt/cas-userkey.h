@@ -10,10 +10,11 @@
    Each user has a random 32-byte user secret U, stored wrapped under a
    key derived from the user's password with Argon2id. U yields the
    user's X25519 key pair and the index key. The public key and a
-   server-held blob-id key are stored in the clear, so a process without
-   the password (LMTP) can compute content addresses and seal per-blob
-   DEKs to the user; only a process that has the password (an IMAP
-   session) can open them.
+   server-held delivery key (which yields the blob-id key and the key
+   that authenticates sealed DEKs) are stored in the clear, so a process
+   without the password (LMTP) can compute content addresses and seal
+   per-blob DEKs to the user; only a process that has the password (an
+   IMAP session) can open them.
 
    A struct cas_userkey is either public (loaded without a password:
    seal and blob ids only) or unlocked (also opens sealed DEKs and index
@@ -21,8 +22,10 @@
    Error strings never contain key or password bytes. */
 
 #define CAS_USERKEY_PUBLIC_KEY_SIZE 32
-/* kind (1) | key id (4) | crypto_box_seal(DEK | blob id) (48 + 64) */
-#define CAS_SEALED_DEK_SIZE (1 + 4 + 48 + CAS_DEK_SIZE + CAS_BLOB_ID_SIZE)
+/* kind (1) | key id (4) | crypto_box_seal(DEK | blob id) (48 + 64) |
+   MAC (16) */
+#define CAS_SEALED_DEK_SIZE \
+	(1 + 4 + 48 + CAS_DEK_SIZE + CAS_BLOB_ID_SIZE + 16)
 
 /* The first byte of a sealed DEK. The server-mode wrapped DEK
    (cas_dek_wrap(), 76 bytes) has no kind byte of its own; a record that
@@ -101,14 +104,24 @@ void cas_userkey_blob_id_compute(const struct cas_userkey *key,
 				 const void *data, size_t size,
 				 struct cas_blob_id *id_r);
 
-/* Seal DEK | blob id to the user's public key (works on a public key).
-   Returns 1 ok, -1 the public key is unusable (low order point). */
+/* Seal DEK | blob id to the user's public key and MAC the result with
+   the seal-MAC key (works on a public key). Returns 1 ok, -1 the public
+   key is unusable (low order point). */
 int cas_dek_seal_to_public(const struct cas_userkey *key,
 			   const struct cas_blob_id *id,
 			   const unsigned char dek[CAS_DEK_SIZE],
 			   unsigned char sealed_r[CAS_SEALED_DEK_SIZE]);
-/* Open a sealed DEK for blob id. Returns 1 ok, -1 key locked, other key
-   pair, tampered, or sealed for another blob (dek_r zeroed then). */
+/* Check kind, key id and MAC of a sealed DEK for blob id without
+   opening it (works on a public key: scrub, LMTP dedup hits). Returns 1
+   ok, -1 another kind, another key pair, forged, tampered, or made for
+   another blob. */
+int cas_dek_sealed_verify(const struct cas_userkey *key,
+			  const struct cas_blob_id *id,
+			  const unsigned char sealed[CAS_SEALED_DEK_SIZE],
+			  const char **error_r);
+/* Verify as above (MAC first, constant time), then open. Returns 1 ok,
+   -1 key locked or cas_dek_sealed_verify() failed or the box does not
+   open or holds another blob id (dek_r zeroed then). */
 int cas_dek_open_sealed(const struct cas_userkey *key,
 			const struct cas_blob_id *id,
 			const unsigned char sealed[CAS_SEALED_DEK_SIZE],
