@@ -168,6 +168,26 @@ static const struct tok_case cases[] = {
 	{ "d41d8cd98f00b204", "d41d8cd98f00b204@0" },
 	{ "pneumonoultramicroscopicsilicovolcanoconiosis",
 	  "pneumonoultramicroscopicsilicovolcanoconiosis@0" },
+	/* hyphen/underscore-separated identifiers are text, not base64,
+	   even over 40 or 60 bytes; base64url with '-'/'_' still skipped */
+	{ "X-MS-Exchange-CrossTenant-originalarrivaltime",
+	  "x@0 ms@1 exchange@2 crosstenant@3 originalarrivaltime@4" },
+	{ "X-MS-Office365-Filtering-Correlation-Id-Prvs-Header",
+	  "x@0 ms@1 office365@2 filtering@3 correlation@4 id@5 prvs@6 "
+	  "header@7" },
+	{ "a some_really_long_configuration_variable_name_for_testing b",
+	  "a@0 some_really_long_configuration_variable_name_for_testing@1 "
+	  "some@1/p really@1/p long@1/p configuration@1/p variable@1/p "
+	  "name@1/p for@1/p testing@1/p b@2" },
+	{ "X-Microsoft-Exchange-Diagnostics-Untrusted-Transport-HeaderName",
+	  "x@0 microsoft@1 exchange@2 diagnostics@3 untrusted@4 "
+	  "transport@5 headername@6" },
+	{ "x aGVsbG8-d29ybGQ_dGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg y",
+	  "x@0 y@1" },
+	{ "x QWxhZGRpbjpvcGVu-c2VzYW1lX2FuZF9zb21lX21vcmU_ZGF0YQ y",
+	  "x@0 y@1" },
+	{ "x 3f2a9c7e-1b4d-4e8f-9a6b-2c5d7e9f1a3b4c5d6e7f8a9b y",
+	  "x@0 y@1" },
 	/* invalid UTF-8 separates words */
 	{ "abc\xFF" "def \xC0\xAFghi \xED\xA0\x80jkl mno\xE4\xB8",
 	  "abc@0 def@1 ghi@2 jkl@3 mno@4" },

@@ -191,13 +191,59 @@ static inline bool is_base64_char(unsigned char c)
 	return (char_class[c] & CC_BASE64) != 0;
 }
 
+static inline bool ascii_is_alpha(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* A word of an identifier: letters, optionally followed by digits
+   ("Exchange", "Office365", "sha256"), shorter than the base64 rule. */
+static bool is_ident_word(const unsigned char *data, size_t len)
+{
+	size_t i = 0;
+
+	if (len == 0 || len >= CASIDX_TOK_BASE64_MIN)
+		return FALSE;
+	while (i < len && ascii_is_alpha(data[i]))
+		i++;
+	if (i == 0)
+		return FALSE;
+	while (i < len && data[i] >= '0' && data[i] <= '9')
+		i++;
+	return i == len;
+}
+
+/* Hyphen- or underscore-separated words such as header names
+   ("X-MS-Exchange-CrossTenant-originalarrivaltime") or snake_case
+   names: text, not base64, however long. Encoded data has digits and
+   mixed case inside its '-'/'_'-separated pieces, so it rarely passes
+   (a random base64url run of 40 characters does with p < 3e-4). */
+static bool is_identifier_run(const unsigned char *data, size_t len)
+{
+	size_t i, start = 0;
+	bool separated = FALSE;
+
+	for (i = 0; i <= len; i++) {
+		if (i < len && data[i] != '-' && data[i] != '_')
+			continue;
+		if (!is_ident_word(data + start, i - start))
+			return FALSE;
+		separated = separated || i < len;
+		start = i + 1;
+	}
+	return separated;
+}
+
 /* A run of the base64 alphabet that is no natural word: long and either
-   with a digit or symbol in it, or longer than any dictionary word. */
+   with a digit or symbol in it, or longer than any dictionary word;
+   hyphenated identifiers excepted. */
 static bool is_base64_run(const unsigned char *data, size_t len)
 {
 	size_t i;
 
 	if (len < CASIDX_TOK_BASE64_MIN)
+		return FALSE;
+	if (is_identifier_run(data, len))
 		return FALSE;
 	if (len >= CASIDX_TOK_BASE64_ALWAYS)
 		return TRUE;
