@@ -12,6 +12,7 @@
 #include "casbox-plugin.h"
 #include "casbox-store.h"
 #include "casbox-sync.h"
+#include "casbox-sync-rebuild.h"
 
 static void casbox_sync_add(struct casbox_sync_context *ctx,
 			    const struct mail_index_sync_rec *sync_rec)
@@ -182,6 +183,18 @@ int casbox_sync_begin(struct casbox_mailbox *mbox,
 	ret = index_storage_expunged_sync_begin(&mbox->box,
 			&ctx->index_sync_ctx, &ctx->sync_view,
 			&ctx->trans, sync_flags);
+	if (ret > 0 && ((flags & CASBOX_SYNC_FLAG_FORCE_REBUILD) != 0 ||
+			casbox_sync_rebuild_needed(mbox) > 0)) {
+		/* rebuild under the lock, then sync the rebuilt index */
+		ret = casbox_sync_index_rebuild(mbox) < 0 ? -1 : 1;
+		mail_index_sync_rollback(&ctx->index_sync_ctx);
+		index_storage_expunging_deinit(&mbox->box);
+		if (ret > 0) {
+			ret = index_storage_expunged_sync_begin(&mbox->box,
+					&ctx->index_sync_ctx, &ctx->sync_view,
+					&ctx->trans, sync_flags);
+		}
+	}
 	if (ret > 0) {
 		if (casbox_sync_index(ctx) < 0) {
 			mail_index_sync_rollback(&ctx->index_sync_ctx);
@@ -356,9 +369,15 @@ struct mailbox_sync_context *
 casbox_storage_sync_init(struct mailbox *box, enum mailbox_sync_flags flags)
 {
 	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
+	enum casbox_sync_flags sync_flags = 0;
 	int ret = 0;
 
-	if (index_mailbox_want_full_sync(&mbox->box, flags))
-		ret = casbox_sync(mbox, 0);
+	if ((flags & MAILBOX_SYNC_FLAG_FORCE_RESYNC) != 0) {
+		/* doveadm force-resync: rebuild the index from the LSM */
+		sync_flags |= CASBOX_SYNC_FLAG_FORCE |
+			CASBOX_SYNC_FLAG_FORCE_REBUILD;
+	}
+	if (index_mailbox_want_full_sync(&mbox->box, flags) || sync_flags != 0)
+		ret = casbox_sync(mbox, sync_flags);
 	return index_mailbox_sync_init(box, flags, ret < 0);
 }

@@ -6,6 +6,8 @@ struct casbox_mailbox;
 enum casbox_sync_flags {
 	CASBOX_SYNC_FLAG_FORCE		= 0x01,
 	CASBOX_SYNC_FLAG_FSYNC		= 0x02,
+	/* rebuild the index from the LSM first (casbox-sync-rebuild.h) */
+	CASBOX_SYNC_FLAG_FORCE_REBUILD	= 0x04,
 };
 
 struct casbox_sync_context {

@@ -1,0 +1,324 @@
+/* casbox: index rebuild from the LSM. Unlike sdbox, which can only list
+   its u.<uid> files, the records hold everything the index did except
+   \Recent, private flags and the cache: flags, keywords and modseqs are
+   mirrored there after every sync, UIDVALIDITY, name and next UID are in
+   the mailbox record. */
+
+#include "lib.h"
+#include "casbox-storage.h"
+#include "array.h"
+#include "mail-index-modseq.h"
+#include "mailbox-uidvalidity.h"
+#include "index-rebuild.h"
+#include "casbox-plugin.h"
+#include "casbox-store.h"
+#include "casbox-sync-rebuild.h"
+
+struct casbox_rebuild_context {
+	struct casbox_mailbox *mbox;
+	struct index_rebuild_context *ictx;
+
+	/* header of the index before the reset (zeroed if it had none) */
+	struct mail_index_header old_hdr;
+	guid_128_t mailbox_guid;
+	uint32_t old_rebuild_count;
+	/* the mailbox record (uid_validity 0 = none found) */
+	struct casbox_mailbox_record mrec;
+
+	uint32_t last_uid;
+	uint64_t max_modseq;
+	unsigned int added, from_index, skipped;
+};
+
+static bool
+casbox_rebuild_in_old_index(struct casbox_rebuild_context *ctx, uint32_t uid)
+{
+	uint32_t seq;
+
+	if (mail_index_lookup_seq(ctx->ictx->view, uid, &seq))
+		return TRUE;
+	return ctx->ictx->backup_view != NULL &&
+		mail_index_lookup_seq(ctx->ictx->backup_view, uid, &seq);
+}
+
+static void
+casbox_rebuild_set_mirror(struct casbox_rebuild_context *ctx, uint32_t seq,
+			  const struct casbox_msg_record *rec)
+{
+	struct mail_index_transaction *trans = ctx->ictx->trans;
+	ARRAY_TYPE(const_string) names;
+	struct mail_keywords *kw;
+
+	mail_index_update_flags(trans, seq, MODIFY_REPLACE,
+				rec->flags & MAIL_FLAGS_NONRECENT);
+	if (array_count(&rec->keywords) == 0)
+		return;
+	t_array_init(&names, array_count(&rec->keywords) + 1);
+	array_append_array(&names, &rec->keywords);
+	array_append_zero(&names);
+	kw = mail_index_keywords_create(ctx->mbox->box.index,
+					array_front(&names));
+	mail_index_update_keywords(trans, seq, MODIFY_REPLACE, kw);
+	mail_index_keywords_unref(&kw);
+}
+
+static void
+casbox_rebuild_add_msg(void *context, uint32_t uid,
+		       const struct casbox_msg_record *rec)
+{
+	struct casbox_rebuild_context *ctx = context;
+	uint32_t seq;
+
+	if (uid == 0) {
+		ctx->skipped++;
+		return;
+	}
+	if (casbox_rebuild_in_old_index(ctx, uid)) {
+		mail_index_append(ctx->ictx->trans, uid, &seq);
+		/* the index is ahead of the mirror until the next sync */
+		index_rebuild_index_metadata(ctx->ictx, seq, uid);
+		ctx->from_index++;
+	} else if (ctx->old_hdr.uid_validity != 0 &&
+		   uid < ctx->old_hdr.next_uid) {
+		/* expunged from the intact index, release unfinished */
+		ctx->skipped++;
+		return;
+	} else {
+		mail_index_append(ctx->ictx->trans, uid, &seq);
+		casbox_rebuild_set_mirror(ctx, seq, rec);
+	}
+	mail_index_update_modseq(ctx->ictx->trans, seq, rec->modseq);
+	ctx->max_modseq = I_MAX(ctx->max_modseq, rec->modseq);
+	ctx->last_uid = uid;
+	ctx->added++;
+}
+
+/* Which mailbox GUID and mailbox record the rebuild uses. Returns 0 ok,
+   -1 error. */
+static int
+casbox_rebuild_find_mailbox(struct casbox_rebuild_context *ctx,
+			    struct casbox_store *store)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	struct casbox_index_header hdr;
+	guid_128_t rec_guid;
+	const char *error;
+	bool need_resize;
+	int ret;
+
+	/* a new index (no UIDVALIDITY) carries only the random GUID of
+	   the extension's init data: not the mailbox's */
+	if (ctx->old_hdr.uid_validity != 0 &&
+	    casbox_read_header(mbox, &hdr, FALSE, &need_resize) == 0) {
+		guid_128_copy(ctx->mailbox_guid, hdr.mailbox_guid);
+		ctx->old_rebuild_count = hdr.rebuild_count;
+	}
+	ret = casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
+					pool_datastack_create(), rec_guid,
+					&ctx->mrec, &error);
+	if (ret < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	if (ret == 0)
+		i_zero(&ctx->mrec);
+	else if (guid_128_is_empty(ctx->mailbox_guid))
+		guid_128_copy(ctx->mailbox_guid, rec_guid);
+	else if (!guid_128_equals(ctx->mailbox_guid, rec_guid)) {
+		/* the index knows better; the record is someone else's */
+		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+			  "Rebuild: mailbox record with this name has GUID %s, "
+			  "the index %s: using the index's",
+			  guid_128_to_string(rec_guid),
+			  guid_128_to_string(ctx->mailbox_guid));
+		i_zero(&ctx->mrec);
+	}
+	if (guid_128_is_empty(ctx->mailbox_guid))
+		guid_128_generate(ctx->mailbox_guid);
+	return 0;
+}
+
+static uint32_t casbox_rebuild_uidvalidity_next(struct mailbox_list *list)
+{
+	const char *path;
+
+	path = mailbox_list_get_root_forced(list,
+					    MAILBOX_LIST_PATH_TYPE_CONTROL);
+	path = t_strconcat(path, "/"CASBOX_UIDVALIDITY_FILE_NAME, NULL);
+	return mailbox_uidvalidity_next(list, path);
+}
+
+static void
+casbox_rebuild_update_uint32(struct mail_index_transaction *trans,
+			     size_t offset, uint32_t value, bool prepend)
+{
+	mail_index_update_header(trans, offset, &value, sizeof(value),
+				 prepend);
+}
+
+/* After index_index_rebuild_deinit(), which took UIDVALIDITY, next UID
+   and highest modseq from the old index or its backup: add what the
+   store knows. Later header updates in a transaction win. */
+static void casbox_rebuild_header(struct casbox_rebuild_context *ctx,
+				  struct mail_index_transaction *trans,
+				  const struct mail_index_header *backup_hdr)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	struct casbox_index_header hdr;
+	uint32_t next_uid;
+
+	if (ctx->old_hdr.uid_validity == 0 &&
+	    (backup_hdr == NULL || backup_hdr->uid_validity == 0) &&
+	    ctx->mrec.uid_validity != 0) {
+		casbox_rebuild_update_uint32(trans,
+			offsetof(struct mail_index_header, uid_validity),
+			ctx->mrec.uid_validity, TRUE);
+	}
+	next_uid = I_MAX(ctx->old_hdr.next_uid, ctx->mrec.next_uid);
+	if (backup_hdr != NULL)
+		next_uid = I_MAX(next_uid, backup_hdr->next_uid);
+	next_uid = I_MAX(next_uid, ctx->last_uid + 1);
+	casbox_rebuild_update_uint32(trans,
+		offsetof(struct mail_index_header, next_uid), next_uid, FALSE);
+	mail_index_update_highest_modseq(trans, ctx->max_modseq);
+
+	/* the reset drops the extension: it comes back from its init data,
+	   as sdbox does with its dbox-hdr */
+	i_zero(&hdr);
+	guid_128_copy(hdr.mailbox_guid, ctx->mailbox_guid);
+	hdr.rebuild_count = ctx->old_rebuild_count + 1;
+	if (hdr.rebuild_count == 0)
+		hdr.rebuild_count = 1;
+	mail_index_set_ext_init_data(mbox->box.index, mbox->hdr_ext_id,
+				     &hdr, sizeof(hdr));
+	guid_128_copy(mbox->mailbox_guid, ctx->mailbox_guid);
+}
+
+/* Rewrite the mailbox record so that it matches the rebuilt index (it
+   may be missing for a mailbox created before records existed). */
+static void casbox_rebuild_put_mailbox(struct casbox_rebuild_context *ctx,
+				       struct casbox_store *store)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	const struct mail_index_header *hdr;
+	struct casbox_mailbox_record rec;
+	const char *error;
+
+	(void)mail_index_refresh(mbox->box.index);
+	hdr = mail_index_get_header(mbox->box.view);
+	i_zero(&rec);
+	rec.uid_validity = hdr->uid_validity;
+	rec.name = mailbox_get_vname(&mbox->box);
+	rec.next_uid = hdr->next_uid;
+	if (casbox_store_mailbox_put(store, mbox->mailbox_guid, &rec,
+				     &error) < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Rebuild: %s", error);
+	}
+}
+
+static int
+casbox_rebuild_run(struct casbox_rebuild_context *ctx,
+		   struct casbox_store *store,
+		   struct mail_index_view *view,
+		   struct mail_index_transaction *trans)
+{
+	struct mailbox *box = &ctx->mbox->box;
+	struct mail_index_header backup_hdr;
+	bool have_backup;
+	const char *error;
+	int ret = 0;
+
+	ctx->old_hdr = *mail_index_get_header(view);
+	if (casbox_rebuild_find_mailbox(ctx, store) < 0)
+		return -1;
+
+	ctx->ictx = index_index_rebuild_init(box, view, trans);
+	have_backup = ctx->ictx->backup_view != NULL;
+	if (have_backup)
+		backup_hdr = *mail_index_get_header(ctx->ictx->backup_view);
+	if (casbox_store_msg_iterate(store, ctx->mailbox_guid,
+				     casbox_rebuild_add_msg, ctx,
+				     &error) < 0) {
+		mailbox_set_critical(box, CASBOX_LOG_PREFIX
+				     "Rebuild: reading records failed: %s",
+				     error);
+		ret = -1;
+	}
+	index_index_rebuild_deinit(&ctx->ictx,
+				   casbox_rebuild_uidvalidity_next);
+	if (ret == 0) {
+		casbox_rebuild_header(ctx, trans,
+				      have_backup ? &backup_hdr : NULL);
+	}
+	return ret;
+}
+
+int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
+{
+	struct casbox_rebuild_context ctx;
+	struct mail_index_view *view;
+	struct mail_index_transaction *trans;
+	struct casbox_store *store;
+	int ret;
+
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	i_zero(&ctx);
+	ctx.mbox = mbox;
+
+	view = mail_index_view_open(mbox->box.index);
+	trans = mail_index_transaction_begin(view,
+			MAIL_INDEX_TRANSACTION_FLAG_EXTERNAL);
+	ret = casbox_rebuild_run(&ctx, store, view, trans);
+	if (ret < 0)
+		mail_index_transaction_rollback(&trans);
+	else {
+		mail_index_unset_fscked(trans);
+		if ((ret = mail_index_transaction_commit(&trans)) < 0)
+			mailbox_set_index_error(&mbox->box);
+	}
+	mail_index_view_close(&view);
+	if (ret < 0)
+		return -1;
+
+	casbox_rebuild_put_mailbox(&ctx, store);
+	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+		  "Rebuilt index of mailbox GUID %s from the LSM records: "
+		  "%u messages (%u with flags from the old index), "
+		  "%u expunged records left out",
+		  guid_128_to_string(ctx.mailbox_guid), ctx.added,
+		  ctx.from_index, ctx.skipped);
+	return 0;
+}
+
+int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox)
+{
+	const struct mail_index_header *hdr;
+	struct casbox_mailbox_record rec;
+	struct casbox_store *store;
+	guid_128_t guid;
+	const char *error;
+	int ret;
+
+	if (mbox->box.creating)
+		return 0;
+	hdr = mail_index_get_header(mbox->box.view);
+	if ((hdr->flags & MAIL_INDEX_HDR_FLAG_FSCKD) != 0) {
+		/* lib-index fixed a broken index and may have dropped
+		   records on the way */
+		return 1;
+	}
+	if (hdr->uid_validity != 0)
+		return 0;
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	ret = casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
+					pool_datastack_create(), guid, &rec,
+					&error);
+	if (ret < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	return ret;
+}

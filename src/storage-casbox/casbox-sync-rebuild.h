@@ -1,0 +1,35 @@
+#ifndef CASBOX_SYNC_REBUILD_H
+#define CASBOX_SYNC_REBUILD_H
+
+/* casbox: rebuild a mailbox's Dovecot index from the LSM records
+   (doc/casbox-storage.md, "Rebuild"), the casbox counterpart of
+   sdbox-sync-rebuild.c. */
+
+struct casbox_mailbox;
+
+/* Reset the mailbox index and recreate it from the store: one index
+   record per message record of the mailbox GUID, in UID order.
+
+   - flags and keywords come from the old index (or its .backup) for UIDs
+     it still has, otherwise from the record's durable mirror; each
+     message's modseq is raised to at least the mirrored one, the highest
+     modseq to at least the highest of them;
+   - UIDVALIDITY and the mailbox GUID come from the old index if it has
+     them, else from the mailbox record with the mailbox's name; the next
+     UID is above every UID the old index, the mailbox record or a
+     message record ever had;
+   - records the intact old index no longer has below its next UID were
+     expunged (their release did not finish) and are left out.
+
+   The caller holds the index sync lock (casbox_sync_begin()) and must
+   restart its index sync afterwards: the rebuild is committed as its own
+   transaction. Returns 0 ok, -1 error (set on the mailbox). */
+int casbox_sync_index_rebuild(struct casbox_mailbox *mbox);
+
+/* Does the mailbox need a rebuild without being asked: its index is new
+   (no UIDVALIDITY) while the store has a mailbox record with its name,
+   i.e. the index files were lost. Returns 1 yes, 0 no, -1 error (set on
+   the mailbox). */
+int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox);
+
+#endif
