@@ -254,6 +254,41 @@ START_TEST(test_lazy_corruption_detected)
 }
 END_TEST
 
+/* A CJK run is indexed as bigrams plus its trailing unigram; a
+   one-character query is answered by the substring scan over the
+   dictionary, so it finds the character at any place of the run. */
+START_TEST(test_cjk_single_char)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	casidx_index_writer_add_doc(ctx.w, 7);
+	add_field(&ctx, CASIDX_FIELD_BODY, "東京都に住んでいます。");
+	casidx_index_writer_add_doc(ctx.w, 8);
+	add_field(&ctx, CASIDX_FIELD_BODY, "京");
+	casidx_index_writer_add_doc(ctx.w, 9);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "北京大学");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* first, inner and last character of the run, and a lone one */
+	check1(BODY, "東", FALSE, "", "7");
+	check1(BODY, "京", FALSE, "", "7,8");
+	check1(BODY, "住", FALSE, "", "7");
+	check1(BODY, "す", FALSE, "", "7");
+	check1(ALL, "京", FALSE, "", "7,8,9");
+	check1(ALL, "北", FALSE, "", "9");
+	check1(ALL, "学", FALSE, "", "9");
+	check1(BODY, "北", FALSE, "", "");
+	check1(ALL, "東京", FALSE, "", "7");
+	check1(ALL, "京大", FALSE, "", "9");
+	check1(ALL, "西", FALSE, "", "");
+	/* NOT of a one-character query: certain only where absent */
+	check1(BODY, "京", TRUE, "1,2,3,4,5,9", "7,8");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -269,6 +304,7 @@ int main(void)
 	tcase_add_test(tc, test_answerable);
 	tcase_add_test(tc, test_scores);
 	tcase_add_test(tc, test_lazy_corruption_detected);
+	tcase_add_test(tc, test_cjk_single_char);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
