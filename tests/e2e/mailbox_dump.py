@@ -11,6 +11,7 @@ What is read, and how:
                highestmodseq messages, for every mailbox
   messages     doveadm fetch: mailbox-guid mailbox uid guid flags
                date.received date.saved size.physical modseq pop3.uidl
+               pop3.order
   bytes        IMAP UID FETCH BODY.PEEK[] (sha256 per message), only for
                the configured location (IMAP serves that one)
   keywords     the FLAGS answer of IMAP SELECT (names, in index order)
@@ -29,7 +30,7 @@ import re
 
 STATUS_FIELDS = "guid uidvalidity uidnext highestmodseq messages"
 FETCH_FIELDS = ("mailbox-guid mailbox uid guid flags date.received "
-                "date.saved size.physical modseq pop3.uidl")
+                "date.saved size.physical modseq pop3.uidl pop3.order")
 
 imaplib.Commands.setdefault("GETMETADATA", ("AUTH", "SELECTED"))
 

@@ -354,6 +354,65 @@ def without_save_date(dump):
     return out
 
 
+def craft_maildir_with_pop3(dc, user):
+    """A maildir as an old POP3 server left it, written by hand: files
+    with their own names (the GUIDs), mtimes (received dates), and a
+    dovecot-uidlist whose records carry POP3 UIDLs (P) and POP3 order
+    (O) that differ from anything Dovecot would generate. UIDs 2, 5, 7:
+    gaps. Returns {uid: (uidl, order)}."""
+    home = dc.home(user)
+    md = os.path.join(home, "Maildir")
+    for d in (home, md, md + "/cur", md + "/new", md + "/tmp"):
+        os.mkdir(d)
+        os.chown(d, dc.uid, dc.gid)
+    want = {2: ("UIDL-b", 3), 5: ("old.format.0002", 1), 7: ("X9", 2)}
+    lines = ["3 V1700000000 N8 G0123456789abcdef0123456789abcdef"]
+    for uid, (uidl, order) in sorted(want.items()):
+        # LF line ends, as in any maildir Dovecot or an MTA wrote
+        body = b"Subject: pop %d\n\npop body %d\n" % (uid, uid)
+        base = "17000000%02d.M%dP1.oldhost,S=%d" % (uid, uid, len(body))
+        path = os.path.join(md, "cur", base + ":2,S")
+        with open(path, "wb") as f:
+            f.write(body)
+        os.chown(path, dc.uid, dc.gid)
+        os.utime(path, (1600000000 + uid, 1600000000 + uid))
+        lines.append("%d P%s O%d :%s" % (uid, uidl, order, base))
+    path = os.path.join(md, "dovecot-uidlist")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chown(path, dc.uid, dc.gid)
+    return want
+
+
+class Pop3Fields(unittest.TestCase):
+    """POP3 UIDLs and POP3 order of an old maildir survive migration
+    into DST and back out into sdbox (the harness has no pop3 binary, so
+    the maildir is written by hand as a POP3 server would leave it)."""
+
+    def check(self, dst_fmt):
+        with Instance(FORMATS["maildir"]) as src, \
+                Instance(FORMATS[dst_fmt]) as dst, \
+                Instance(FORMATS["sdbox"]) as back:
+            want = craft_maildir_with_pop3(src, USER)
+            before = mailbox_dump.dump_user(src, USER)
+            got = {u: (r["pop3.uidl"], int(r["pop3.order"]))
+                   for (b, u), r in before["messages"].items()}
+            self.assertEqual(got, want, "the source as crafted")
+            next_second()
+            dst.doveadm("backup", "-R", "-u", USER, src.dsync_url())
+            there = mailbox_dump.dump_user(dst, USER)
+            self.assertEqual(mailbox_dump.compare(before, there), [])
+            back.doveadm("backup", "-R", "-u", USER, dst.dsync_url())
+            self.assertEqual(mailbox_dump.compare(
+                before, mailbox_dump.dump_user(back, USER)), [])
+
+    def test_into_sdbox(self):
+        self.check("sdbox")
+
+    def test_into_casbox(self):
+        self.check("casbox")
+
+
 class SingleServer(unittest.TestCase):
     """The commands of doc/migration.md as an admin runs them on one
     server: the configured mail_location is the old format and casbox is
