@@ -306,6 +306,10 @@ START_TEST(test_hostile_limits)
 	ck_assert_int_eq(cas_userkey_create(path, "pw", 2, &limits, NULL,
 					    &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "memlimit"));
+	ck_assert_int_eq(cas_userkey_create(path, "", 0, &min_limits, NULL,
+					    &error), -1);
+	ck_assert_str_eq(error, t_strdup_printf(
+		"Creating user key file %s: empty password", path));
 	ck_assert_uint_eq(dir_entries(), 0);
 
 	/* a file asking for 2^40 passes is refused before Argon2id runs,
@@ -515,6 +519,12 @@ START_TEST(test_password_change)
 	ck_assert_int_eq(cas_userkey_change_password(path, "old pW", 6,
 		"new pw", 6, NULL, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
+			  UKEY_FILE_SIZE);
+	ck_assert_mem_eq(before, after, UKEY_FILE_SIZE);
+	ck_assert_int_eq(cas_userkey_change_password(path, "old pw", 6,
+		"", 0, NULL, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "empty password"));
 	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
 			  UKEY_FILE_SIZE);
 	ck_assert_mem_eq(before, after, UKEY_FILE_SIZE);

@@ -297,7 +297,8 @@ cas_userkey_password_key(const void *password, size_t password_len,
 static int
 cas_userkey_file_open(const struct cas_userkey_file *file,
 		      const void *password, size_t password_len,
-		      unsigned char *secret_r, const char **error_r)
+		      unsigned char *secret_r, bool *wrong_password_r,
+		      const char **error_r)
 {
 	const unsigned char *p = file->data;
 	unsigned char *wrap_key;
@@ -315,6 +316,7 @@ cas_userkey_file_open(const struct cas_userkey_file *file,
 		/* the checksum passed, so this is the password (or a
 		   deliberate edit that recomputed the checksum) */
 		*error_r = "wrong password";
+		*wrong_password_r = TRUE;
 		ret = -1;
 	}
 	if (ret < 0)
@@ -336,6 +338,11 @@ cas_userkey_file_build(const unsigned char *secret,
 	unsigned char *wrap_key;
 	int ret = 0;
 
+	if (password_len == 0) {
+		/* would make the mode pointless; no passdb login has one */
+		*error_r = "empty password";
+		return -1;
+	}
 	if (cas_userkey_limits_check(limits->opslimit, limits->memlimit,
 				     error_r) < 0)
 		return -1;
@@ -487,9 +494,11 @@ int cas_userkey_parse_public(const void *data, size_t size,
 	return 1;
 }
 
-int cas_userkey_unlock_data(const void *data, size_t size,
-			    const void *password, size_t password_len,
-			    struct cas_userkey **key_r, const char **error_r)
+static int
+cas_userkey_unlock_image(const void *data, size_t size,
+			 const void *password, size_t password_len,
+			 struct cas_userkey **key_r, bool *wrong_password_r,
+			 const char **error_r)
 {
 	struct cas_userkey_file file;
 	struct cas_userkey *key;
@@ -504,7 +513,7 @@ int cas_userkey_unlock_data(const void *data, size_t size,
 	key = cas_userkey_alloc(file.data + UKEY_OFF_PK,
 				file.data + UKEY_OFF_DELIVERY_KEY);
 	if (cas_userkey_file_open(&file, password, password_len, secret,
-				  error_r) < 0 ||
+				  wrong_password_r, error_r) < 0 ||
 	    cas_userkey_set_secret(key, secret, error_r) < 0) {
 		cas_userkey_free(&key);
 		ret = -1;
@@ -512,6 +521,16 @@ int cas_userkey_unlock_data(const void *data, size_t size,
 	sodium_free(secret);
 	*key_r = key;
 	return ret;
+}
+
+int cas_userkey_unlock_data(const void *data, size_t size,
+			    const void *password, size_t password_len,
+			    struct cas_userkey **key_r, const char **error_r)
+{
+	bool wrong_password;
+
+	return cas_userkey_unlock_image(data, size, password, password_len,
+					key_r, &wrong_password, error_r);
 }
 
 int cas_userkey_load_public(const char *path, struct cas_userkey **key_r,
@@ -541,6 +560,7 @@ int cas_userkey_unlock(const char *path, const void *password,
 {
 	unsigned char *data;
 	const char *error;
+	bool wrong_password = FALSE;
 	struct stat st;
 	size_t size;
 	int ret;
@@ -548,9 +568,9 @@ int cas_userkey_unlock(const char *path, const void *password,
 	*key_r = NULL;
 	if ((ret = cas_userkey_read(path, &data, &size, &st, error_r)) <= 0)
 		return ret;
-	if (cas_userkey_unlock_data(data, size, password, password_len,
-				    key_r, &error) < 0) {
-		*error_r = strcmp(error, "wrong password") == 0 ?
+	if (cas_userkey_unlock_image(data, size, password, password_len,
+				     key_r, &wrong_password, &error) < 0) {
+		*error_r = wrong_password ?
 			t_strdup_printf("User key file %s: wrong password",
 					path) :
 			t_strdup_printf("User key file %s is damaged: %s",
@@ -623,6 +643,7 @@ int cas_userkey_change_password(const char *path,
 	struct cas_userkey_limits old_limits;
 	unsigned char *data, *secret, *file;
 	const char *tmp, *error;
+	bool wrong_password = FALSE;
 	struct stat st;
 	size_t size;
 	int ret;
@@ -637,7 +658,8 @@ int cas_userkey_change_password(const char *path,
 		*error_r = t_strdup_printf("User key file %s is damaged: %s",
 					   path, error);
 	} else if (cas_userkey_file_open(&parsed, old_password, old_len,
-					 secret, &error) < 0) {
+					 secret, &wrong_password,
+					 &error) < 0) {
 		*error_r = t_strdup_printf("User key file %s: %s",
 					   path, error);
 	} else {

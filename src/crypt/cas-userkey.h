@@ -51,8 +51,10 @@ extern const struct cas_userkey_limits cas_userkey_limits_default;
    file, fsynced, linked into place so an existing file is never
    overwritten and a crash never leaves half a file, directory fsynced).
    limits NULL means the default. key_r (may be NULL) receives the
-   unlocked key. Returns 1 ok, -1 error (the file exists, I/O, limits
-   out of range). */
+   unlocked key. Returns 1 ok, -1 error (the file exists, I/O, empty
+   password, limits out of range). If only the final directory fsync
+   fails, -1 is returned with the file in place (it may not survive a
+   crash). */
 int cas_userkey_create(const char *path, const void *password,
 		       size_t password_len,
 		       const struct cas_userkey_limits *limits,
@@ -73,8 +75,8 @@ int cas_userkey_unlock(const char *path, const void *password,
    keeps the file's). Public key, blob-id key and therefore every sealed
    DEK and blob id stay valid: no blob is touched. Atomic: temporary
    file, fsync, rename, directory fsync; mode and owner kept. Returns 1
-   ok, 0 the file does not exist, -1 error (wrong old password: the file
-   is left unchanged). */
+   ok, 0 the file does not exist, -1 error (wrong old password, empty
+   new password: the file is left unchanged). */
 int cas_userkey_change_password(const char *path,
 				const void *old_password, size_t old_len,
 				const void *new_password, size_t new_len,
