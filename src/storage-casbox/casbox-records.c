@@ -260,6 +260,7 @@ void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
 	wr_str16(dest, rec->name);
 	/* optional tail */
 	wr_u32(dest, rec->next_uid);
+	wr_u64(dest, rec->highest_modseq);
 }
 
 int casbox_mailbox_record_import(const void *data, size_t size,
@@ -280,6 +281,8 @@ int casbox_mailbox_record_import(const void *data, size_t size,
 	rec_r->name = rd_str16(&rd, pool, "name");
 	if (rd.error == NULL && rd.p < rd.end)
 		rec_r->next_uid = rd_u32(&rd, "next uid");
+	if (rd.error == NULL && rd.p < rd.end)
+		rec_r->highest_modseq = rd_u64(&rd, "highest modseq");
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("mailbox record: ", rd.error, NULL);
 		return -1;

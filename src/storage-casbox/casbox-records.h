@@ -54,6 +54,9 @@ struct casbox_mailbox_record {
 	/* at least the index's next_uid when last written (0 = unknown):
 	   a rebuild must never hand out a UID again */
 	uint32_t next_uid;
+	/* at least the index's highest modseq after the last change
+	   written (0 = unknown): a rebuild never lets modseqs go down */
+	uint64_t highest_modseq;
 };
 
 struct casbox_blob_value {

@@ -17,6 +17,7 @@
 #include "message-parser.h"
 #include "mail-user.h"
 #include "index-mail.h"
+#include "mail-index-modseq.h"
 #include "casbox-plugin.h"
 #include "casbox-store.h"
 #include "casbox-sync.h"
@@ -440,6 +441,21 @@ casbox_save_add_msg(struct casbox_store_txn *txn,
 	return ret;
 }
 
+/* Above the highest modseq the index commit of this transaction can
+   reach: one log record each for appends, flags and modseqs, one per
+   keyword, or a min_modseq the caller asked for (dsync). */
+static uint64_t casbox_save_modseq_bound(struct casbox_save_context *ctx)
+{
+	const struct casbox_save_mail *smail;
+	uint64_t bound;
+
+	bound = mail_index_modseq_get_highest(ctx->sync_ctx->sync_view) + 3 +
+		array_count(mail_index_get_keywords(ctx->mbox->box.index));
+	array_foreach(&ctx->mails, smail)
+		bound = I_MAX(bound, smail->rec.modseq);
+	return bound;
+}
+
 /* Write every saved mail's blobs and record in one durable batch. */
 static int
 casbox_save_write_records(struct casbox_save_context *ctx,
@@ -482,6 +498,7 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		mrec.name = mailbox_get_vname(&mbox->box);
 		/* saved_uids is sorted: its last range ends highest */
 		mrec.next_uid = I_MAX(hdr->next_uid, last->seq2 + 1);
+		mrec.highest_modseq = casbox_save_modseq_bound(ctx);
 		casbox_store_txn_put_mailbox(txn, mbox->mailbox_guid, &mrec);
 	}
 	if (ret < 0)

@@ -379,6 +379,7 @@ static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 	rec.uid_validity = hdr->uid_validity;
 	rec.name = mailbox_get_vname(&mbox->box);
 	rec.next_uid = hdr->next_uid;
+	rec.highest_modseq = mail_index_modseq_get_highest(mbox->box.view);
 	if (casbox_store_mailbox_put(store, mbox->mailbox_guid, &rec,
 				     &error) < 0) {
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s",

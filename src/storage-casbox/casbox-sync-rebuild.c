@@ -26,6 +26,9 @@ struct casbox_rebuild_context {
 	struct casbox_mailbox_record mrec;
 
 	uint32_t last_uid;
+	/* every message taken from the mirror gets at least this modseq:
+	   the highest modseq the mailbox ever had, as far as known */
+	uint64_t base_modseq;
 	uint64_t max_modseq;
 	unsigned int added, from_index, skipped;
 };
@@ -87,7 +90,11 @@ casbox_rebuild_add_msg(void *context, uint32_t uid,
 		mail_index_append(ctx->ictx->trans, uid, &seq);
 		casbox_rebuild_set_mirror(ctx, seq, rec);
 	}
-	mail_index_update_modseq(ctx->ictx->trans, seq, rec->modseq);
+	/* the mirror may lag (a message never changed since its save
+	   mirrors 0; enabling modseqs raises them all): only the
+	   mailbox's highest modseq is safe */
+	mail_index_update_modseq(ctx->ictx->trans, seq,
+				 I_MAX(rec->modseq, ctx->base_modseq));
 	ctx->max_modseq = I_MAX(ctx->max_modseq, rec->modseq);
 	ctx->last_uid = uid;
 	ctx->added++;
@@ -180,7 +187,8 @@ static void casbox_rebuild_header(struct casbox_rebuild_context *ctx,
 	next_uid = I_MAX(next_uid, ctx->last_uid + 1);
 	casbox_rebuild_update_uint32(trans,
 		offsetof(struct mail_index_header, next_uid), next_uid, FALSE);
-	mail_index_update_highest_modseq(trans, ctx->max_modseq);
+	mail_index_update_highest_modseq(trans,
+		I_MAX(ctx->max_modseq, ctx->base_modseq));
 
 	/* the reset drops the extension: it comes back from its init data,
 	   as sdbox does with its dbox-hdr */
@@ -194,24 +202,65 @@ static void casbox_rebuild_header(struct casbox_rebuild_context *ctx,
 	guid_128_copy(mbox->mailbox_guid, ctx->mailbox_guid);
 }
 
+int casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
+				       struct casbox_store *store,
+				       struct casbox_store_txn *txn,
+				       const char **error_r)
+{
+	struct casbox_mailbox_record rec, old;
+	const struct mail_index_header *hdr;
+	struct mail_index_view *view;
+	guid_128_t old_guid;
+	int ret;
+
+	(void)mail_index_refresh(mbox->box.index);
+	view = mail_index_view_open(mbox->box.index);
+	hdr = mail_index_get_header(view);
+	i_zero(&rec);
+	rec.uid_validity = hdr->uid_validity;
+	rec.name = mailbox_get_vname(&mbox->box);
+	rec.next_uid = hdr->next_uid;
+	rec.highest_modseq = mail_index_modseq_get_highest(view);
+	mail_index_view_close(&view);
+	if (rec.uid_validity == 0 || guid_128_is_empty(mbox->mailbox_guid))
+		return 0;
+
+	/* another process may have written newer values since this
+	   view was current: the write lock is held, merge */
+	ret = casbox_store_mailbox_find(store, rec.name,
+					pool_datastack_create(), old_guid,
+					&old, error_r);
+	if (ret < 0)
+		return -1;
+	if (ret > 0 && guid_128_equals(old_guid, mbox->mailbox_guid)) {
+		rec.next_uid = I_MAX(rec.next_uid, old.next_uid);
+		rec.highest_modseq = I_MAX(rec.highest_modseq,
+					   old.highest_modseq);
+	}
+	casbox_store_txn_put_mailbox(txn, mbox->mailbox_guid, &rec);
+	return 0;
+}
+
 /* Rewrite the mailbox record so that it matches the rebuilt index (it
    may be missing for a mailbox created before records existed). */
 static void casbox_rebuild_put_mailbox(struct casbox_rebuild_context *ctx,
 				       struct casbox_store *store)
 {
 	struct casbox_mailbox *mbox = ctx->mbox;
-	const struct mail_index_header *hdr;
-	struct casbox_mailbox_record rec;
+	struct casbox_store_txn *txn;
 	const char *error;
+	int ret;
 
-	(void)mail_index_refresh(mbox->box.index);
-	hdr = mail_index_get_header(mbox->box.view);
-	i_zero(&rec);
-	rec.uid_validity = hdr->uid_validity;
-	rec.name = mailbox_get_vname(&mbox->box);
-	rec.next_uid = hdr->next_uid;
-	if (casbox_store_mailbox_put(store, mbox->mailbox_guid, &rec,
-				     &error) < 0) {
+	if (casbox_store_txn_begin(store, &txn, &error) < 0)
+		ret = -1;
+	else if (casbox_sync_rebuild_mirror_mailbox(mbox, store, txn,
+						     &error) < 0) {
+		casbox_store_txn_rollback(&txn);
+		ret = -1;
+	} else {
+		ret = casbox_store_txn_commit(&txn, &error);
+	}
+	if (ret < 0) {
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
 				     "Rebuild: %s", error);
 	}
@@ -233,10 +282,15 @@ casbox_rebuild_run(struct casbox_rebuild_context *ctx,
 	if (casbox_rebuild_find_mailbox(ctx, store) < 0)
 		return -1;
 
+	ctx->base_modseq = I_MAX(ctx->mrec.highest_modseq,
+				 mail_index_modseq_get_highest(view));
 	ctx->ictx = index_index_rebuild_init(box, view, trans);
 	have_backup = ctx->ictx->backup_view != NULL;
-	if (have_backup)
+	if (have_backup) {
 		backup_hdr = *mail_index_get_header(ctx->ictx->backup_view);
+		ctx->base_modseq = I_MAX(ctx->base_modseq,
+			mail_index_modseq_get_highest(ctx->ictx->backup_view));
+	}
 	if (casbox_store_msg_iterate(store, ctx->mailbox_guid,
 				     casbox_rebuild_add_msg, ctx,
 				     &error) < 0) {
@@ -283,12 +337,18 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
 		return -1;
 
 	casbox_rebuild_put_mailbox(&ctx, store);
-	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
-		  "Rebuilt index of mailbox GUID %s from the LSM records: "
-		  "%u messages (%u with flags from the old index), "
-		  "%u expunged records left out",
-		  guid_128_to_string(ctx.mailbox_guid), ctx.added,
-		  ctx.from_index, ctx.skipped);
+	if (ctx.old_hdr.uid_validity == 0) {
+		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+			  "Index files were lost: recovered %u messages "
+			  "from the LSM records (mailbox GUID %s)",
+			  ctx.added, guid_128_to_string(ctx.mailbox_guid));
+	} else {
+		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+			  "Rebuilt index from the LSM records: %u messages "
+			  "(%u with flags from the old index), %u expunged "
+			  "records left out", ctx.added, ctx.from_index,
+			  ctx.skipped);
+	}
 	return 0;
 }
 

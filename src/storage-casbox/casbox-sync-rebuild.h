@@ -6,6 +6,8 @@
    sdbox-sync-rebuild.c. */
 
 struct casbox_mailbox;
+struct casbox_store;
+struct casbox_store_txn;
 
 /* Reset the mailbox index and recreate it from the store: one index
    record per message record of the mailbox GUID, in UID order.
@@ -25,6 +27,16 @@ struct casbox_mailbox;
    restart its index sync afterwards: the rebuild is committed as its own
    transaction. Returns 0 ok, -1 error (set on the mailbox). */
 int casbox_sync_index_rebuild(struct casbox_mailbox *mbox);
+
+/* Put the mailbox record as the index has it now (UIDVALIDITY, name,
+   next UID, highest modseq) into txn, never lowering the next UID or
+   highest modseq another process wrote. Called after every index change
+   the LSM mirrors, so that a rebuild knows a modseq at least as high as
+   any the mailbox handed out. Returns 0 ok, -1 error. */
+int casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
+				       struct casbox_store *store,
+				       struct casbox_store_txn *txn,
+				       const char **error_r);
 
 /* Does the mailbox need a rebuild without being asked: its index is new
    (no UIDVALIDITY) while the store has a mailbox record with its name,

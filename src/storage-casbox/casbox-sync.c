@@ -295,6 +295,10 @@ static int casbox_sync_update_store(struct casbox_sync_context *ctx)
 	}
 	if (ret == 0)
 		ret = casbox_sync_mirror_flags(ctx, txn, &error);
+	if (ret == 0) {
+		ret = casbox_sync_rebuild_mirror_mailbox(mbox, store, txn,
+							 &error);
+	}
 	if (ret < 0)
 		casbox_store_txn_rollback(&txn);
 	else
