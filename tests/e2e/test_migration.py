@@ -21,12 +21,14 @@ Dovecot and must pass), then run with casbox.
 
 import hashlib
 import os
+import random
+import socket
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, free_port  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files  # noqa: E402
 import mailbox_dump  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
@@ -71,11 +73,30 @@ namespace inbox {{
 """
 
 
+def quiet_port():
+    """A free TCP port below the kernel's ephemeral range. The harness
+    picks its IMAP/LMTP ports with bind(0) from the ephemeral range when
+    an instance starts; a port we pick earlier the same way but bind
+    only later (the doveadm listener, a peer's port) could be handed out
+    again in between ("duplicate listener")."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rng = random.Random()
+    while True:
+        port = rng.randint(10000, low - 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
 class Instance(Dovecot):
     """A harness Dovecot that also serves dsync on a doveadm TCP port."""
 
     def __init__(self, location, **kw):
-        self.doveadm_port = free_port()
+        self.doveadm_port = quiet_port()
         super().__init__(mail_location=location, mail_plugins=["casbox"],
                          plugin_settings=KEYS,
                          extra_conf=conf(self.doveadm_port), **kw)

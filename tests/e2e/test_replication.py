@@ -18,16 +18,20 @@ nothing duplicated. Proven with sdbox on both sides first, then casbox.
 """
 
 import os
+import pwd
 import re
 import subprocess
 import sys
+import time
 import unittest
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import DOVECOT, corpus_files  # noqa: E402
+from dovecot_harness import (DOVECOT, Dovecot, corpus_files,  # noqa: E402
+                             ensure_test_user)
 import mailbox_dump  # noqa: E402
-from test_migration import (FORMATS, Instance, next_second,  # noqa: E402
+from test_migration import (DSYNC_PW, FORMATS, KEYS,  # noqa: E402
+                            Instance, next_second, quiet_port,
                             without_save_date)
 
 USER = "repl1"
@@ -331,6 +335,116 @@ class ReplicationCase:
                 out[uid] = re.search(rb"X-Repl-Tag: (\S+)",
                                      entry[1]).group(1).decode()
         return out
+
+
+def replicator_conf(my_port, peer_port, mail_user):
+    """doc/scaling.md's replication settings for one side of a pair."""
+    return f"""lmtp_add_received_header = no
+mail_attribute_dict = file:%h/dovecot-attributes
+doveadm_password = {DSYNC_PW}
+doveadm_port = {peer_port}
+service doveadm {{
+  inet_listener {{
+    address = 127.0.0.1
+    port = {my_port}
+  }}
+}}
+service replicator {{
+  process_min_avail = 1
+  unix_listener replicator-doveadm {{
+    mode = 0600
+    user = {mail_user}
+  }}
+}}
+service aggregator {{
+  fifo_listener replication-notify-fifo {{
+    user = {mail_user}
+  }}
+  unix_listener replication-notify {{
+    user = {mail_user}
+  }}
+}}
+replication_dsync_parameters = -d -N -l 30 -U
+"""
+
+
+def wait_for(what, cond, timeout=60):
+    """Poll cond() until true: replication is asynchronous, and the
+    only way to know it happened is to look. Fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.1)
+
+
+class ReplicatorCase:
+    """Dovecot's own replicator (notify + replication plugins,
+    mail_replica) between two instances, as doc/scaling.md configures
+    it: changes made through IMAP/LMTP on either side reach the other
+    without anyone running doveadm sync."""
+    FMT = None
+
+    def pair(self):
+        pa, pb = quiet_port(), quiet_port()
+        while pb == pa:
+            pb = quiet_port()
+        user = ensure_test_user().pw_name if os.geteuid() == 0 \
+            else pwd.getpwuid(os.getuid()).pw_name
+        sides = []
+        for me, peer in ((pa, pb), (pb, pa)):
+            settings = dict(KEYS, mail_replica="tcp:127.0.0.1:%d" % peer)
+            dc = Dovecot(mail_location=FORMATS[self.FMT],
+                         mail_plugins=["casbox", "notify", "replication"],
+                         plugin_settings=settings,
+                         extra_conf=replicator_conf(me, peer, user))
+            # the replicator lists all users at start; the harness's
+            # static userdb cannot
+            dc.allow_log("iterate users|userdb list|listing users failed")
+            sides.append(dc)
+        return sides
+
+    def count(self, dc, flag=None):
+        query = ["mailbox", "INBOX"] + (["flagged"] if flag else [])
+        res = dc.doveadm("-f", "tab", "search", "-u", USER, *query)
+        return len([l for l in res.stdout.splitlines()[1:] if l])
+
+    def test_changes_replicate_both_ways(self):
+        a, b = self.pair()
+        with a, b:
+            a.lmtp_deliver(USER, message("r0"))
+            # B's INBOX must come from A (see test_independent_inboxes_
+            # merge): look at A's replicator, not at B, until it synced
+            wait_for("first replication", lambda: any(
+                line.split()[-2] != "-" for line in a.doveadm(
+                    "replicator", "status", USER).stdout.splitlines()[1:]))
+            wait_for("r0 on B", lambda: self.count(b) == 1)
+            b.lmtp_deliver(USER, message("r1"))
+            wait_for("r1 on A", lambda: self.count(a) == 2)
+            ib = b.imap_login(USER)
+            ok(ib.select("INBOX"))
+            ok(ib.uid("STORE", "1", "+FLAGS", r"(\Flagged)"))
+            ib.logout()
+            wait_for("flag on A", lambda: self.count(a, "flagged") == 1)
+            ia = a.imap_login(USER)
+            ok(ia.select("INBOX"))
+            ok(ia.uid("STORE", "2", "+FLAGS", r"(\Deleted)"))
+            ok(ia.uid("EXPUNGE", "2"))
+            ia.logout()
+            wait_for("expunge on B", lambda: self.count(b) == 1)
+            self.assertEqual(tags_by_mailbox(a), {"INBOX": Counter(["r0"])})
+            self.assertEqual(tags_by_mailbox(b), {"INBOX": Counter(["r0"])})
+
+
+class SdboxReplicator(ReplicatorCase, unittest.TestCase):
+    FMT = "sdbox"
+
+
+class CasboxReplicator(ReplicatorCase, unittest.TestCase):
+    FMT = "casbox"
 
 
 class SdboxReplication(ReplicationCase, unittest.TestCase):
