@@ -15,6 +15,7 @@
 #include "casbox-copy.h"
 #include "casbox-mail.h"
 #include "casbox-sync.h"
+#include "casbox-sync-rebuild.h"
 
 #include <sys/stat.h>
 
@@ -365,26 +366,22 @@ static int casbox_mailbox_open(struct mailbox *box)
    still has everything needed to serve the mailbox. */
 static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 {
-	struct casbox_mailbox_record rec;
 	struct casbox_store *store;
-	const struct mail_index_header *hdr;
+	struct casbox_store_txn *txn;
 	const char *error;
 
 	if (guid_128_is_empty(mbox->mailbox_guid))
 		return;
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return;
-	hdr = mail_index_get_header(mbox->box.view);
-	i_zero(&rec);
-	rec.uid_validity = hdr->uid_validity;
-	rec.name = mailbox_get_vname(&mbox->box);
-	rec.next_uid = hdr->next_uid;
-	rec.highest_modseq = mail_index_modseq_get_highest(mbox->box.view);
-	if (casbox_store_mailbox_put(store, mbox->mailbox_guid, &rec,
-				     &error) < 0) {
-		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s",
-				     error);
+	/* from a fresh view: box->view still shows the index before the
+	   creation committed (UIDVALIDITY 0) */
+	if (casbox_store_txn_begin(store, &txn, &error) == 0) {
+		casbox_sync_rebuild_mirror_mailbox(mbox, txn);
+		if (casbox_store_txn_commit(&txn, &error) == 0)
+			return;
 	}
+	mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 }
 
 static int casbox_mailbox_create_locked(struct mailbox *box,
@@ -393,6 +390,7 @@ static int casbox_mailbox_create_locked(struct mailbox *box,
 	struct mail_index_sync_ctx *sync_ctx;
 	struct mail_index_view *view;
 	struct mail_index_transaction *trans;
+	struct mailbox_update rec_update;
 	int ret;
 
 	/* syncing works as a lock against concurrent creators */
@@ -403,6 +401,12 @@ static int casbox_mailbox_create_locked(struct mailbox *box,
 		return -1;
 	}
 	if (mail_index_get_header(view)->uid_validity == 0) {
+		/* a lost mailbox directory: keep its GUID and UIDVALIDITY,
+		   the sync then rebuilds its messages */
+		if (update == NULL &&
+		    casbox_sync_rebuild_create_update(CASBOX_MAILBOX(box),
+						      &rec_update) > 0)
+			update = &rec_update;
 		if (casbox_mailbox_create_indexes(box, update, trans) < 0) {
 			mail_index_sync_rollback(&sync_ctx);
 			return -1;
@@ -441,6 +445,9 @@ casbox_mailbox_create(struct mailbox *box,
 		       sizeof(mbox->mailbox_guid));
 	}
 	casbox_mailbox_record_update(mbox);
+	/* a lost mailbox recreated from its record: its messages back */
+	if (casbox_sync_rebuild_needed(mbox) > 0)
+		(void)casbox_sync(mbox, CASBOX_SYNC_FLAG_FORCE);
 	return 0;
 }
 

@@ -376,6 +376,35 @@ int casbox_store_mailbox_find(struct casbox_store *store, const char *name,
 	return ret;
 }
 
+int casbox_store_mailbox_iterate(struct casbox_store *store,
+				 casbox_store_mailbox_callback_t *callback,
+				 void *context, const char **error_r)
+{
+	const unsigned char prefix = CASBOX_KEY_MAILBOX;
+	struct casbox_lsm_iter *iter;
+	struct casbox_mailbox_record rec;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	int ret = 0;
+
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
+	iter = casbox_lsm_iter_init(store->lsm, &prefix, 1);
+	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) T_BEGIN {
+		if (key_size != 1 + GUID_128_SIZE)
+			;
+		else if (casbox_mailbox_record_import(value, value_size,
+				pool_datastack_create(), &rec, error_r) < 0)
+			ret = -1;
+		else
+			callback(context, key + 1, &rec);
+	} T_END_PASS_STR_IF(ret < 0, error_r);
+	if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
+		return -1;
+	return ret;
+}
+
 int casbox_store_msg_iterate(struct casbox_store *store,
 			     const guid_128_t mailbox_guid,
 			     casbox_store_msg_callback_t *callback,
@@ -706,12 +735,26 @@ void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
 				  const guid_128_t mailbox_guid,
 				  const struct casbox_mailbox_record *rec)
 {
+	struct casbox_mailbox_record old, merged = *rec;
 	buffer_t *key, *value;
+	const char *error;
 
 	key = t_buffer_create(32);
 	casbox_key_mailbox(key, mailbox_guid);
 	value = t_buffer_create(64);
-	casbox_mailbox_record_export(rec, value);
+	/* a writer with an older view must not lower what another
+	   process wrote (the write lock is held) */
+	if (casbox_store_lsm_get(txn->store, key, value, FALSE, &error) > 0 &&
+	    casbox_mailbox_record_import(value->data, value->used,
+					 pool_datastack_create(), &old,
+					 &error) > 0 &&
+	    old.uid_validity == rec->uid_validity) {
+		merged.next_uid = I_MAX(merged.next_uid, old.next_uid);
+		merged.highest_modseq = I_MAX(merged.highest_modseq,
+					      old.highest_modseq);
+	}
+	buffer_set_used_size(value, 0);
+	casbox_mailbox_record_export(&merged, value);
 	casbox_lsm_batch_put(txn->batch, key->data, key->used,
 			     value->data, value->used);
 }

@@ -52,6 +52,14 @@ int casbox_store_mailbox_find(struct casbox_store *store, const char *name,
 			      pool_t pool, guid_128_t mailbox_guid_r,
 			      struct casbox_mailbox_record *rec_r,
 			      const char **error_r);
+/* Call callback for every mailbox record (rebuild of the mailbox list).
+   Returns 0 ok, -1 error (a record that fails to decode is an error). */
+typedef void casbox_store_mailbox_callback_t(void *context,
+		const guid_128_t mailbox_guid,
+		const struct casbox_mailbox_record *rec);
+int casbox_store_mailbox_iterate(struct casbox_store *store,
+				 casbox_store_mailbox_callback_t *callback,
+				 void *context, const char **error_r);
 /* Call callback for every message record of a mailbox, in UID order.
    Returns 0 ok, -1 error (a record that fails to decode is an error). */
 typedef void casbox_store_msg_callback_t(void *context, uint32_t uid,
@@ -88,7 +96,9 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     struct istream *const *part_inputs,
 			     const char **error_r);
 /* Put the mailbox record in this transaction (saves keep its next_uid
-   ahead of every UID they write). */
+   ahead of every UID they write). The stored next_uid and highest_modseq
+   never go down while the UIDVALIDITY stays: the larger of the stored
+   and the new value is written. */
 void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
 				  const guid_128_t mailbox_guid,
 				  const struct casbox_mailbox_record *rec);

@@ -9,10 +9,13 @@
 #include "array.h"
 #include "mail-index-modseq.h"
 #include "mailbox-uidvalidity.h"
+#include "mail-namespace.h"
 #include "index-rebuild.h"
 #include "casbox-plugin.h"
 #include "casbox-store.h"
 #include "casbox-sync-rebuild.h"
+
+#include <sys/stat.h>
 
 struct casbox_rebuild_context {
 	struct casbox_mailbox *mbox;
@@ -202,16 +205,12 @@ static void casbox_rebuild_header(struct casbox_rebuild_context *ctx,
 	guid_128_copy(mbox->mailbox_guid, ctx->mailbox_guid);
 }
 
-int casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
-				       struct casbox_store *store,
-				       struct casbox_store_txn *txn,
-				       const char **error_r)
+void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
+					struct casbox_store_txn *txn)
 {
-	struct casbox_mailbox_record rec, old;
+	struct casbox_mailbox_record rec;
 	const struct mail_index_header *hdr;
 	struct mail_index_view *view;
-	guid_128_t old_guid;
-	int ret;
 
 	(void)mail_index_refresh(mbox->box.index);
 	view = mail_index_view_open(mbox->box.index);
@@ -223,22 +222,9 @@ int casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
 	rec.highest_modseq = mail_index_modseq_get_highest(view);
 	mail_index_view_close(&view);
 	if (rec.uid_validity == 0 || guid_128_is_empty(mbox->mailbox_guid))
-		return 0;
-
-	/* another process may have written newer values since this
-	   view was current: the write lock is held, merge */
-	ret = casbox_store_mailbox_find(store, rec.name,
-					pool_datastack_create(), old_guid,
-					&old, error_r);
-	if (ret < 0)
-		return -1;
-	if (ret > 0 && guid_128_equals(old_guid, mbox->mailbox_guid)) {
-		rec.next_uid = I_MAX(rec.next_uid, old.next_uid);
-		rec.highest_modseq = I_MAX(rec.highest_modseq,
-					   old.highest_modseq);
-	}
+		return;
+	/* never lowers what another process with a newer view wrote */
 	casbox_store_txn_put_mailbox(txn, mbox->mailbox_guid, &rec);
-	return 0;
 }
 
 /* Rewrite the mailbox record so that it matches the rebuilt index (it
@@ -253,11 +239,8 @@ static void casbox_rebuild_put_mailbox(struct casbox_rebuild_context *ctx,
 
 	if (casbox_store_txn_begin(store, &txn, &error) < 0)
 		ret = -1;
-	else if (casbox_sync_rebuild_mirror_mailbox(mbox, store, txn,
-						     &error) < 0) {
-		casbox_store_txn_rollback(&txn);
-		ret = -1;
-	} else {
+	else {
+		casbox_sync_rebuild_mirror_mailbox(mbox, txn);
 		ret = casbox_store_txn_commit(&txn, &error);
 	}
 	if (ret < 0) {
@@ -354,22 +337,25 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
 
 int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox)
 {
-	const struct mail_index_header *hdr;
+	struct mail_index_header hdr;
+	struct mail_index_view *view;
 	struct casbox_mailbox_record rec;
 	struct casbox_store *store;
 	guid_128_t guid;
 	const char *error;
 	int ret;
 
-	if (mbox->box.creating)
-		return 0;
-	hdr = mail_index_get_header(mbox->box.view);
-	if ((hdr->flags & MAIL_INDEX_HDR_FLAG_FSCKD) != 0) {
+	/* box->view may predate a commit this process just did */
+	view = mail_index_view_open(mbox->box.index);
+	hdr = *mail_index_get_header(view);
+	mail_index_view_close(&view);
+	if ((hdr.flags & MAIL_INDEX_HDR_FLAG_FSCKD) != 0) {
 		/* lib-index fixed a broken index and may have dropped
 		   records on the way */
 		return 1;
 	}
-	if (hdr->uid_validity != 0)
+	if (hdr.uid_validity == 0 ? mbox->box.creating :
+	    (hdr.messages_count != 0 || hdr.next_uid != 1))
 		return 0;
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
@@ -380,5 +366,108 @@ int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox)
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 		return -1;
 	}
-	return ret;
+	if (ret == 0 || hdr.uid_validity == 0)
+		return ret;
+	/* an empty index: only a rebuild if it is the record's mailbox
+	   and that one had messages */
+	return guid_128_equals(guid, mbox->mailbox_guid) &&
+		rec.next_uid > 1 ? 1 : 0;
+}
+
+int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
+				      struct mailbox_update *update_r)
+{
+	struct casbox_mailbox_record rec;
+	struct casbox_store *store;
+	const char *error;
+	int ret;
+
+	i_zero(update_r);
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return -1;
+	ret = casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
+					pool_datastack_create(),
+					update_r->mailbox_guid, &rec, &error);
+	if (ret < 0) {
+		e_error(mbox->box.event, CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	if (ret == 0)
+		return 0;
+	update_r->uid_validity = rec.uid_validity;
+	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+		  "Mailbox directory was lost: recreating it with mailbox "
+		  "GUID %s and UIDVALIDITY %u from its record",
+		  guid_128_to_string(update_r->mailbox_guid),
+		  rec.uid_validity);
+	/* INBOX is recreated on first access: when its directory went,
+	   the others' probably did too */
+	(void)casbox_sync_rebuild_mailbox_list(mbox->storage);
+	return 1;
+}
+
+static void casbox_rebuild_list_mailbox(void *context,
+					const guid_128_t mailbox_guid,
+					const struct casbox_mailbox_record *rec);
+
+struct casbox_rebuild_list_context {
+	struct casbox_storage *storage;
+	unsigned int restored;
+	int ret;
+};
+
+static void
+casbox_rebuild_list_mailbox(void *context,
+			    const guid_128_t mailbox_guid ATTR_UNUSED,
+			    const struct casbox_mailbox_record *rec)
+{
+	struct casbox_rebuild_list_context *ctx = context;
+	struct mail_storage *storage = &ctx->storage->storage;
+	struct mail_namespace *ns;
+	struct mailbox *box;
+	const char *path;
+	struct stat st;
+
+	ns = mail_namespace_find(storage->user->namespaces, rec->name);
+	if (ns == NULL || ns->storage != storage)
+		return;
+	box = mailbox_alloc(ns->list, rec->name, MAILBOX_FLAG_IGNORE_ACLS);
+	if (mailbox_get_path_to(box, MAILBOX_LIST_PATH_TYPE_MAILBOX,
+				&path) <= 0)
+		;
+	else if (stat(path, &st) == 0)
+		;
+	else if (errno != ENOENT) {
+		mail_storage_set_critical(storage, "stat(%s) failed: %m", path);
+		ctx->ret = -1;
+	} else if (mailbox_mkdir(box, path,
+				 MAILBOX_LIST_PATH_TYPE_MAILBOX) < 0) {
+		mail_storage_copy_error(storage, box->storage);
+		ctx->ret = -1;
+	} else {
+		e_warning(box->event, CASBOX_LOG_PREFIX
+			  "Mailbox directory was lost: restored it from the "
+			  "mailbox record");
+		ctx->restored++;
+	}
+	mailbox_free(&box);
+}
+
+int casbox_sync_rebuild_mailbox_list(struct casbox_storage *storage)
+{
+	struct casbox_rebuild_list_context ctx;
+	struct casbox_store *store;
+	const char *error;
+
+	i_zero(&ctx);
+	ctx.storage = storage;
+	if (casbox_storage_get_store(storage, &store) < 0)
+		return -1;
+	if (casbox_store_mailbox_iterate(store, casbox_rebuild_list_mailbox,
+					 &ctx, &error) < 0) {
+		mail_storage_set_critical(&storage->storage,
+					  CASBOX_LOG_PREFIX"%s", error);
+		return -1;
+	}
+	return ctx.ret < 0 ? -1 : (int)ctx.restored;
 }

@@ -6,7 +6,8 @@
    sdbox-sync-rebuild.c. */
 
 struct casbox_mailbox;
-struct casbox_store;
+struct casbox_storage;
+struct mailbox_update;
 struct casbox_store_txn;
 
 /* Reset the mailbox index and recreate it from the store: one index
@@ -32,16 +33,29 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox);
    next UID, highest modseq) into txn, never lowering the next UID or
    highest modseq another process wrote. Called after every index change
    the LSM mirrors, so that a rebuild knows a modseq at least as high as
-   any the mailbox handed out. Returns 0 ok, -1 error. */
-int casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
-				       struct casbox_store *store,
-				       struct casbox_store_txn *txn,
-				       const char **error_r);
+   any the mailbox handed out. */
+void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
+					struct casbox_store_txn *txn);
+
+/* Recreate the directory of every mailbox that has a mailbox record but
+   no directory (the mailbox list is the directory tree), so that it is
+   listed again; opening it then rebuilds its index. Returns the number
+   of mailboxes restored, -1 error (set on the storage). */
+int casbox_sync_rebuild_mailbox_list(struct casbox_storage *storage);
+
+/* For a mailbox being created with no explicit update: if a mailbox
+   record has its name, fill update_r with its GUID and UIDVALIDITY so
+   that the lost mailbox comes back under them. Returns 1 filled,
+   0 no record, -1 error (logged; create as new). */
+int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
+				      struct mailbox_update *update_r);
 
 /* Does the mailbox need a rebuild without being asked: its index is new
-   (no UIDVALIDITY) while the store has a mailbox record with its name,
-   i.e. the index files were lost. Returns 1 yes, 0 no, -1 error (set on
-   the mailbox). */
+   (no UIDVALIDITY) while the store has a mailbox record with its name
+   (the index files were lost), its index is empty and has never handed
+   out a UID while its mailbox record says it did (the directory was
+   lost and the mailbox recreated), or lib-index had to fsck it.
+   Returns 1 yes, 0 no, -1 error (set on the mailbox). */
 int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox);
 
 #endif

@@ -295,10 +295,8 @@ static int casbox_sync_update_store(struct casbox_sync_context *ctx)
 	}
 	if (ret == 0)
 		ret = casbox_sync_mirror_flags(ctx, txn, &error);
-	if (ret == 0) {
-		ret = casbox_sync_rebuild_mirror_mailbox(mbox, store, txn,
-							 &error);
-	}
+	if (ret == 0)
+		casbox_sync_rebuild_mirror_mailbox(mbox, txn);
 	if (ret < 0)
 		casbox_store_txn_rollback(&txn);
 	else
@@ -380,6 +378,7 @@ casbox_storage_sync_init(struct mailbox *box, enum mailbox_sync_flags flags)
 		/* doveadm force-resync: rebuild the index from the LSM */
 		sync_flags |= CASBOX_SYNC_FLAG_FORCE |
 			CASBOX_SYNC_FLAG_FORCE_REBUILD;
+		(void)casbox_sync_rebuild_mailbox_list(mbox->storage);
 	}
 	if (index_mailbox_want_full_sync(&mbox->box, flags) || sync_flags != 0)
 		ret = casbox_sync(mbox, sync_flags);

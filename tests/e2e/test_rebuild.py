@@ -11,6 +11,7 @@ comparison can fail."""
 
 import os
 import re
+import shutil
 import sys
 import unittest
 
@@ -230,6 +231,32 @@ class RebuildTest(unittest.TestCase):
                            "mailbox", "INBOX", "all")
             uids = [int(m["uid"]) for m in parse_tab(r.stdout)]
             self.assertEqual(uids[-1], 61)
+
+            # 4. the Work directory and the list index lost: force-resync
+            # restores the directory from the mailbox record
+            before = Snapshot(dc)
+            shutil.rmtree(os.path.join(root, "mailboxes", "Work"))
+            for path in index_files(root):
+                os.unlink(path)
+            r = dc.doveadm("force-resync", "-u", USER, "*")
+            self.assertIn("Mailbox Work: casbox: Mailbox directory was "
+                          "lost: restored it", r.stderr)
+            self.assert_recovered(before, Snapshot(dc))
+
+            # 5. the whole mailboxes/ tree lost: the first access creates
+            # INBOX under its old GUID and restores the other directories
+            shutil.rmtree(os.path.join(root, "mailboxes"))
+            for path in index_files(root):
+                os.unlink(path)
+            r = dc.doveadm("mailbox", "status", "-u", USER, "messages",
+                           "INBOX")
+            self.assertEqual(r.stdout.split(), ["INBOX", "messages=56"],
+                             r.stderr)
+            self.assertIn("Mailbox INBOX: casbox: Mailbox directory was "
+                          "lost: recreating it", r.stderr)
+            self.assertIn("Mailbox Work: casbox: Mailbox directory was "
+                          "lost: restored it", r.stderr)
+            self.assert_recovered(before, Snapshot(dc))
 
     def test_sdbox_control(self):
         """sdbox after the same loss: UIDs, GUIDs and bytes survive;
