@@ -875,6 +875,62 @@ START_TEST(test_crash_without_commit)
 }
 END_TEST
 
+/* Read input from its current offset to EOF, comparing with expected. */
+static void read_rest(struct istream *input, const buffer_t *expected)
+{
+	const unsigned char *data;
+	size_t size;
+
+	while (i_stream_read_more(input, &data, &size) > 0) {
+		ck_assert_uint_le(input->v_offset + size, expected->used);
+		ck_assert(memcmp(data, CONST_PTR_OFFSET(expected->data,
+					input->v_offset), size) == 0);
+		i_stream_skip(input, size);
+	}
+	ck_assert_int_eq(input->stream_errno, 0);
+	ck_assert_uint_eq(input->v_offset, expected->used);
+}
+
+START_TEST(test_scratch_reuse)
+{
+	/* streams hand their decode buffers back to the store at EOF and
+	   take them again on a later seek: interleaved streams must never
+	   see each other's chunks */
+	static const size_t sizes[] = { 150000, 70000, 5 };
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[N_ELEMENTS(sizes)];
+	struct cas_blob_id ids[N_ELEMENTS(sizes)];
+	struct casbox_blob_record recs[N_ELEMENTS(sizes)];
+	struct istream *in[N_ELEMENTS(sizes)];
+	unsigned int i, round;
+
+	for (i = 0; i < N_ELEMENTS(sizes); i++)
+		blobs[i] = pattern_blob(sizes[i], 70 + i);
+	add_blobs(store, (const buffer_t *const *)blobs, N_ELEMENTS(sizes),
+		  ids, recs);
+	for (i = 0; i < N_ELEMENTS(sizes); i++)
+		in[i] = casbox_pack_blob_open(store, &ids[i], &recs[i]);
+	for (round = 0; round < 3; round++) {
+		/* 0 half-way (holds a scratch), then 1 and 2 to EOF, then
+		   0 to EOF and everything again from chunk starts */
+		i_stream_seek(in[0], round * 65536);
+		ck_assert_int_ge(i_stream_read(in[0]), 1);
+		for (i = 1; i < N_ELEMENTS(sizes); i++) {
+			i_stream_seek(in[i], 0);
+			read_rest(in[i], blobs[i]);
+		}
+		read_rest(in[0], blobs[0]);
+		i_stream_seek(in[1], sizes[1] - 3);
+		read_rest(in[1], blobs[1]);
+	}
+	for (i = 0; i < N_ELEMENTS(sizes); i++) {
+		i_stream_unref(&in[i]);
+		buffer_free(&blobs[i]);
+	}
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
 START_TEST(test_concat_of_blobs)
 {
 	/* the glue reassembles a message from part blobs with Dovecot's
@@ -1017,6 +1073,7 @@ int main(void)
 	tcase_add_test(tc, test_crash_without_commit);
 	tcase_add_test(tc, test_golden_v1);
 	tcase_add_test(tc, test_concat_of_blobs);
+	tcase_add_test(tc, test_scratch_reuse);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -21,6 +21,17 @@ struct casbox_pack_dict {
 	const char *error;
 };
 
+/* Buffers one blob istream decodes with: the DEK in sodium_malloc()ed
+   memory and the stored/plain chunk buffers. A stream holds one only
+   while it decodes and hands it back at EOF, so reading a message's
+   blobs one after another reuses the same one. */
+struct casbox_blob_scratch {
+	unsigned char *dek;	/* sodium_malloc(CAS_DEK_SIZE) */
+	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
+	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
+	struct casbox_blob_scratch *next;
+};
+
 struct casbox_pack_store {
 	pool_t pool;
 	struct casbox_pack_settings set;
@@ -34,6 +45,9 @@ struct casbox_pack_store {
 	/* highest pack id seen, 0 = not looked yet */
 	uint32_t last_pack_id;
 	struct casbox_pack_txn *txn;
+	/* idle scratch buffers, already wiped */
+	struct casbox_blob_scratch *free_scratch;
+	unsigned int free_scratch_count;
 };
 
 const char *casbox_pack_path(struct casbox_pack_store *store,
@@ -48,6 +62,9 @@ int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
 int casbox_pack_dicts_load(struct casbox_pack_store *store,
 			   const char **error_r);
 void casbox_pack_dicts_free(struct casbox_pack_store *store);
+
+/* Frees the idle blob scratch buffers (at store close). */
+void casbox_blob_scratch_free_all(struct casbox_pack_store *store);
 
 /* zstd size_t result -> -1 + error string */
 int casbox_zstd_check(size_t ret, const char *what, const char **error_r);

@@ -130,6 +130,7 @@ void casbox_pack_store_close(struct casbox_pack_store **_store)
 	*_store = NULL;
 	i_assert(store->txn == NULL);
 	casbox_pack_dicts_free(store);
+	casbox_blob_scratch_free_all(store);
 	array_free(&store->dicts);
 	ZSTD_freeCCtx(store->cctx);
 	ZSTD_freeDCtx(store->dctx);

@@ -2,7 +2,10 @@
    table are read and checked on the first read; each chunk is read,
    CRC-checked, authenticated and only then decompressed, when the
    reader reaches it. One decoded chunk is cached, so seeking inside it
-   costs nothing. */
+   costs nothing. The DEK and chunk buffers are borrowed from the pack
+   store while decoding and wiped and handed back at EOF, so a message's
+   blobs (and the next message's) reuse them instead of allocating and
+   wiping 128 kB per blob. */
 
 #include "lib.h"
 #include "istream-private.h"
@@ -23,16 +26,80 @@ struct casbox_blob_istream {
 
 	int fd;
 	bool opened, failed;
-	unsigned char *dek;	/* sodium_malloc()ed */
 	const struct casbox_pack_dict *dict;
 	struct casbox_frame_header hdr;
 	struct casbox_frame_chunk *chunks;
 
-	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
-	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
+	/* NULL unless decoding; dek is unwrapped while held */
+	struct casbox_blob_scratch *scratch;
+	size_t stored_used, plain_used; /* bytes to wipe on release */
 	uint32_t cur_chunk;	/* UINT32_MAX = none */
 	size_t cur_size;
 };
+
+#define CASBOX_BLOB_SCRATCH_MAX_FREE 2
+
+static struct casbox_blob_scratch *
+casbox_blob_scratch_get(struct casbox_pack_store *store)
+{
+	struct casbox_blob_scratch *scratch = store->free_scratch;
+
+	if (scratch != NULL) {
+		store->free_scratch = scratch->next;
+		store->free_scratch_count--;
+		scratch->next = NULL;
+		return scratch;
+	}
+	scratch = i_new(struct casbox_blob_scratch, 1);
+	scratch->dek = sodium_malloc(CAS_DEK_SIZE);
+	if (scratch->dek == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	scratch->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
+	scratch->plain = i_malloc(CASBOX_CHUNK_SIZE);
+	return scratch;
+}
+
+static void casbox_blob_scratch_destroy(struct casbox_blob_scratch *scratch)
+{
+	sodium_free(scratch->dek);
+	i_free(scratch->stored);
+	i_free(scratch->plain);
+	i_free(scratch);
+}
+
+void casbox_blob_scratch_free_all(struct casbox_pack_store *store)
+{
+	struct casbox_blob_scratch *scratch;
+
+	while ((scratch = store->free_scratch) != NULL) {
+		store->free_scratch = scratch->next;
+		casbox_blob_scratch_destroy(scratch);
+	}
+	store->free_scratch_count = 0;
+}
+
+/* Wipe what this stream decoded into its scratch and hand it back. */
+static void casbox_blob_release(struct casbox_blob_istream *bstream)
+{
+	struct casbox_blob_scratch *scratch = bstream->scratch;
+	struct casbox_pack_store *store = bstream->store;
+
+	if (scratch == NULL)
+		return;
+	bstream->scratch = NULL;
+	bstream->cur_chunk = UINT32_MAX;
+	sodium_memzero(scratch->dek, CAS_DEK_SIZE);
+	sodium_memzero(scratch->plain, bstream->plain_used);
+	sodium_memzero(scratch->stored, bstream->stored_used);
+	bstream->plain_used = bstream->stored_used = 0;
+	if (store->free_scratch_count >= CASBOX_BLOB_SCRATCH_MAX_FREE) {
+		casbox_blob_scratch_destroy(scratch);
+		return;
+	}
+	scratch->next = store->free_scratch;
+	store->free_scratch = scratch;
+	store->free_scratch_count++;
+}
 
 static int ATTR_FORMAT(2, 3)
 casbox_blob_error(struct casbox_blob_istream *bstream, const char *fmt, ...)
@@ -149,18 +216,20 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 			table_size, bstream->chunks, &error) < 0)
 		ret = casbox_blob_error(bstream, "%s", error);
 	i_free(table);
-	if (ret < 0)
-		return -1;
+	return ret < 0 ? -1 : 0;
+}
 
-	bstream->dek = sodium_malloc(CAS_DEK_SIZE);
-	if (bstream->dek == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+static int casbox_blob_acquire(struct casbox_blob_istream *bstream)
+{
+	const char *error;
+
+	if (bstream->scratch != NULL)
+		return 0;
+	bstream->scratch = casbox_blob_scratch_get(bstream->store);
 	if (cas_dek_unwrap(bstream->store->keyring, &bstream->id,
-			   bstream->rec.wrapped_dek, bstream->dek,
+			   bstream->rec.wrapped_dek, bstream->scratch->dek,
 			   &error) < 0)
 		return casbox_blob_error(bstream, "%s", error);
-	bstream->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
-	bstream->plain = i_malloc(CASBOX_CHUNK_SIZE);
 	return 0;
 }
 
@@ -170,36 +239,47 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	const struct casbox_frame_chunk *chunk = &bstream->chunks[idx];
 	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], nonce[CAS_AEAD_NONCE_SIZE];
 	ZSTD_DCtx *dctx = bstream->store->dctx;
+	struct casbox_blob_scratch *scratch;
+	unsigned char *stored, *plain;
 	size_t expected, clen, ret;
 	const char *error;
 
 	bstream->cur_chunk = UINT32_MAX;
-	if (casbox_blob_pread(bstream, bstream->stored, chunk->stored_size,
+	if (casbox_blob_acquire(bstream) < 0)
+		return -1;
+	scratch = bstream->scratch;
+	stored = scratch->stored;
+	plain = scratch->plain;
+	bstream->stored_used = I_MAX(bstream->stored_used, chunk->stored_size);
+	if (casbox_blob_pread(bstream, stored, chunk->stored_size,
 			      chunk->offset) < 0)
 		return -1;
-	if (cas_crc32c_mask(cas_crc32c(bstream->stored,
+	if (cas_crc32c_mask(cas_crc32c(stored,
 				       chunk->stored_size)) != chunk->crc)
 		return casbox_blob_error(bstream, "chunk %u: CRC mismatch",
 					 idx);
 	casbox_frame_chunk_aad(&bstream->id, bstream->hdr.dict_id, idx,
 			       idx + 1 == bstream->hdr.chunk_count, aad);
 	casbox_frame_chunk_nonce(idx, nonce);
-	if (cas_aead_decrypt(bstream->dek, nonce, aad, sizeof(aad),
-			     bstream->stored, chunk->stored_size,
-			     bstream->stored) < 0) {
+	if (cas_aead_decrypt(scratch->dek, nonce, aad, sizeof(aad),
+			     stored, chunk->stored_size, stored) < 0) {
 		return casbox_blob_error(bstream,
 			"chunk %u: authentication failed", idx);
 	}
 	clen = chunk->stored_size - CAS_AEAD_TAG_SIZE;
 	expected = casbox_frame_chunk_plain_size(bstream->hdr.plain_size, idx);
 	if (bstream->dict != NULL) {
-		ret = ZSTD_decompress_usingDDict(dctx, bstream->plain,
-			CASBOX_CHUNK_SIZE, bstream->stored, clen,
+		ret = ZSTD_decompress_usingDDict(dctx, plain,
+			CASBOX_CHUNK_SIZE, stored, clen,
 			bstream->dict->ddict);
 	} else {
-		ret = ZSTD_decompressDCtx(dctx, bstream->plain,
-			CASBOX_CHUNK_SIZE, bstream->stored, clen);
+		ret = ZSTD_decompressDCtx(dctx, plain,
+			CASBOX_CHUNK_SIZE, stored, clen);
 	}
+	/* wipe on release only what zstd can have written: the result,
+	   or on error possibly the whole buffer */
+	bstream->plain_used = I_MAX(bstream->plain_used,
+		ZSTD_isError(ret) ? CASBOX_CHUNK_SIZE : ret);
 	if (casbox_zstd_check(ret, "ZSTD_decompress()", &error) < 0)
 		return casbox_blob_error(bstream, "chunk %u: %s", idx, error);
 	if (ret != expected) {
@@ -229,6 +309,7 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 	}
 	offset = stream->istream.v_offset + (stream->pos - stream->skip);
 	if (offset >= bstream->hdr.plain_size) {
+		casbox_blob_release(bstream);
 		stream->istream.eof = TRUE;
 		return -1;
 	}
@@ -241,7 +322,8 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 	if (!i_stream_try_alloc(stream, 1, &avail))
 		return -2;
 	n = I_MIN(avail, bstream->cur_size - in_chunk);
-	memcpy(stream->w_buffer + stream->pos, bstream->plain + in_chunk, n);
+	memcpy(stream->w_buffer + stream->pos,
+	       bstream->scratch->plain + in_chunk, n);
 	stream->pos += n;
 	return n;
 }
@@ -281,12 +363,7 @@ static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
 
 	if (bstream->fd != -1)
 		i_close_fd(&bstream->fd);
-	if (bstream->dek != NULL)
-		sodium_free(bstream->dek);
-	if (bstream->plain != NULL)
-		sodium_memzero(bstream->plain, CASBOX_CHUNK_SIZE);
-	i_free(bstream->plain);
-	i_free(bstream->stored);
+	casbox_blob_release(bstream);
 	i_free(bstream->chunks);
 	i_free(bstream->path);
 	i_stream_free_buffer(&bstream->istream);
