@@ -12,6 +12,7 @@ comparison can fail."""
 import os
 import re
 import shutil
+import subprocess
 import sys
 import unittest
 
@@ -257,6 +258,43 @@ class RebuildTest(unittest.TestCase):
             self.assertIn("Mailbox Work: casbox: Mailbox directory was "
                           "lost: restored it", r.stderr)
             self.assert_recovered(before, Snapshot(dc))
+
+    def test_unreleased_expunge_left_out(self):
+        """A record the intact index expunged (its release lost, here by
+        putting back the LSM from before the expunge) stays out of a
+        force-resync; after lost index files it comes back."""
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            root = os.path.join(dc.home(USER), "casbox")
+            dc.lmtp_deliver_many(USER, [b"Subject: m%d\r\n\r\nbody %d\r\n"
+                                        % (n, n) for n in range(1, 6)])
+            dc.doveadm("flags", "add", "-u", USER, r"\Seen", "mailbox",
+                       "INBOX", "uid", "2:3")
+            lsm = os.path.join(root, "lsm")
+            saved = os.path.join(dc.tmp, "lsm-before-expunge")
+            # cp -a keeps the mail user's ownership
+            subprocess.run(["cp", "-a", lsm, saved], check=True)
+            dc.doveadm("expunge", "-u", USER, "mailbox", "INBOX", "uid", "3")
+            shutil.rmtree(lsm)
+            subprocess.run(["cp", "-a", saved, lsm], check=True)
+
+            r = dc.doveadm("force-resync", "-u", USER, "INBOX")
+            self.assertIn("4 messages", r.stderr)
+            self.assertIn("1 expunged records left out", r.stderr)
+            r = dc.doveadm("-f", "tab", "fetch", "-u", USER, "uid flags",
+                           "mailbox", "INBOX", "all")
+            self.assertEqual([m["uid"] for m in parse_tab(r.stdout)],
+                             ["1", "2", "4", "5"])
+
+            for path in index_files(root):
+                os.unlink(path)
+            r = dc.doveadm("-f", "tab", "fetch", "-u", USER, "uid flags",
+                           "mailbox", "INBOX", "all")
+            self.assertIn("recovered 5 messages", r.stderr)
+            msgs = parse_tab(r.stdout)
+            self.assertEqual([m["uid"] for m in msgs],
+                             ["1", "2", "3", "4", "5"])
+            self.assertIn("\\Seen", msgs[2]["flags"])
 
     def test_sdbox_control(self):
         """sdbox after the same loss: UIDs, GUIDs and bytes survive;
