@@ -166,6 +166,39 @@ class FtsEncryptTest(unittest.TestCase):
                            "subject", "zanzibarquokka")
             self.assertIn("INBOX: %d" % self.marker_uid, r.stdout)
 
+    def test_tampered_sealed_segment_is_rebuilt(self):
+        """One flipped byte in a sealed segment fails authentication
+        before anything is parsed; the index is dropped and rebuilt
+        and SEARCH still answers right."""
+        settings = dict(FTS, **KEYS)
+        with Dovecot(mail_location="casbox:~/casbox",
+                     mail_plugins=["casbox", "fts", "fts_casidx"],
+                     plugin_settings=settings) as dc:
+            dc.allow_log(r"fts-casidx: .*seg-[0-9a-f]+\.cxs: sealed file: "
+                         r"authentication failed .* - rebuilding the index")
+            dc.lmtp_deliver_many(USER, self.messages)
+            dc.doveadm("index", "-u", USER, "INBOX")
+            [seg] = casidx_segments(dc.home(USER))
+            with open(seg, "r+b") as f:
+                f.seek(os.path.getsize(seg) // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0x01]))
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            self.assertEqual(uid_search(imap, ["BODY", "plumbiferous"]),
+                             [self.marker_uid])
+            imap.logout()
+            self.assertTrue(any("authentication failed" in line
+                                for line in dc.log_lines()))
+            dc.doveadm("index", "-u", USER, "INBOX")
+            r = dc.doveadm("fts", "lookup", "-u", USER, "mailbox", "INBOX",
+                           "from", "zabriskie")
+            self.assertIn("INBOX: %d" % self.marker_uid, r.stdout)
+            for p in casidx_segments(dc.home(USER)):
+                with open(p, "rb") as f:
+                    self.assertEqual(f.read(8), b"CXSEGENC", p)
+
     def test_missing_key_fails_fts(self):
         """casbox_key_file set but absent (the FTS plugin never creates
         keys): indexing fails with a clear error, no segment written."""
