@@ -5,12 +5,17 @@
    libFuzzer: clang -fsanitize=fuzzer,address -DCASIDX_LIBFUZZER ...
    Otherwise main() replays files or directories given as arguments, by
    default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/segment (make check);
-   `fuzz-segment --make-corpus DIR` writes the seed segments. */
+   `fuzz-segment --make-corpus DIR` writes the seed segments.
+   Every input is also opened as a sealed file (casidx-crypt.h) with a
+   fixed fuzzing key: only an authentic one (the "sealed" seed) may
+   decrypt, and its plaintext goes through the segment decoder too. */
 
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
 #include "str.h"
+#include "cas-key.h"
+#include "casidx-crypt.h"
 #include "casidx-segment.h"
 
 #include <dirent.h>
@@ -20,6 +25,12 @@
 #include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FUZZ_GUID "00000000000000000000000000000001"
+#define FUZZ_SEG_NAME "seg-00000001.cxs"
+static const unsigned char fuzz_kek[CAS_KEK_SIZE] = { 0xf7 };
+static struct cas_keyring *fuzz_keyring;
+static unsigned int sealed_opened;
 
 static void check_segment(struct casidx_segment *seg)
 {
@@ -66,11 +77,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!lib_is_initialized())
 		lib_init();
+	if (fuzz_keyring == NULL)
+		fuzz_keyring = cas_keyring_create_from_kek(fuzz_kek);
 	T_BEGIN {
+		buffer_t *plain = buffer_create_dynamic(default_pool, 256);
+
 		if (casidx_segment_open_buf(data, size, &seg, &error) > 0) {
 			check_segment(seg);
 			casidx_segment_close(&seg);
 		}
+		if (casidx_crypt_open(fuzz_keyring, FUZZ_GUID, FUZZ_SEG_NAME,
+				      data, size, plain, &error) > 0) {
+			sealed_opened++;
+			if (casidx_segment_open_owned(&plain, &seg,
+						      &error) > 0) {
+				check_segment(seg);
+				casidx_segment_close(&seg);
+			}
+		} else if (plain->used != 0) {
+			i_panic("failed open left plaintext behind");
+		}
+		if (plain != NULL)
+			buffer_free(&plain);
 	} T_END;
 	return 0;
 }
@@ -142,6 +170,30 @@ static void write_seed(const char *dir, const char *name,
 	casidx_builder_destroy(&b);
 }
 
+/* A segment sealed with the fuzzing key: the one input that decrypts. */
+static void write_sealed_seed(const char *dir, const char *name)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	buffer_t *plain = buffer_create_dynamic(default_pool, 1024);
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 1024);
+	struct cas_keyring *keyring = cas_keyring_create_from_kek(fuzz_kek);
+	const char *error;
+
+	casidx_builder_add_doc(b, 5);
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "sealed", 6);
+	casidx_builder_add_term(b, CASIDX_FIELD_SUBJECT, "seed", 4);
+	casidx_builder_serialize(b, plain);
+	casidx_crypt_seal(keyring, FUZZ_GUID, FUZZ_SEG_NAME, plain->data,
+			  plain->used, sealed);
+	if (casidx_file_write(t_strconcat(dir, "/", name, NULL), sealed->data,
+			      sealed->used, FALSE, &error) < 0)
+		i_fatal("%s", error);
+	cas_keyring_free(&keyring);
+	buffer_free(&sealed);
+	buffer_free(&plain);
+	casidx_builder_destroy(&b);
+}
+
 int main(int argc, char *argv[])
 {
 	const char *srcdir = getenv("CASBOX_TOP_SRCDIR");
@@ -153,6 +205,7 @@ int main(int argc, char *argv[])
 		write_seed(argv[2], "no-terms", 3, 0);
 		write_seed(argv[2], "small", 4, 5);
 		write_seed(argv[2], "blocks", 40, 20);
+		write_sealed_seed(argv[2], "sealed");
 		lib_deinit();
 		return 0;
 	}
@@ -162,11 +215,15 @@ int main(int argc, char *argv[])
 	} else {
 		replay_path(t_strconcat(srcdir != NULL ? srcdir : "..",
 					"/tests/fuzz/corpus/segment", NULL));
+		/* the "sealed" seed reaches the decoder through decryption */
+		if (sealed_opened == 0)
+			i_fatal("no sealed input decrypted");
 	}
 	/* an empty or missing corpus must not pass silently */
 	if (replay_count == 0)
 		i_fatal("no fuzz inputs replayed");
 	printf("replayed %u inputs\n", replay_count);
+	cas_keyring_free(&fuzz_keyring);
 	lib_deinit();
 	return 0;
 }
