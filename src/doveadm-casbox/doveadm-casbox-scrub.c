@@ -85,7 +85,7 @@ static void casbox_scrub_blobs(struct casbox_scrub *scrub)
 			blob->damage = p_strdup_printf(scrub->census->pool,
 				"no intact frame at pack %u offset %"PRIu64,
 				blob->rec.pack_id, blob->rec.offset);
-		} else {
+		} else if (scrub->adm->keyring != NULL) {
 			casbox_scrub_decode(scrub, blob);
 		}
 	} T_END;
@@ -164,10 +164,34 @@ static void casbox_scrub_refcounts(struct casbox_scrub *scrub)
 	} T_END;
 }
 
+/* Without the key, everything but decoding still runs; the run then
+   fails with the key error, so it is never mistaken for a clean one. */
+static int casbox_scrub_open_packs(struct casbox_scrub *scrub,
+				   const char **key_error_r,
+				   const char **error_r)
+{
+	int ret;
+
+	*key_error_r = NULL;
+	if (casbox_admin_open_keys(scrub->adm, key_error_r) > 0)
+		return 1;
+	ret = casbox_admin_open_packs_keyless(scrub->adm, error_r);
+	if (ret == 0) {
+		*key_error_r = t_strdup_printf("%s: packs not checked "
+			"(their dictionaries need the key)", *key_error_r);
+	} else if (ret > 0) {
+		*key_error_r = t_strdup_printf("%s: blobs not decoded, "
+			"pack frames checked by CRC only", *key_error_r);
+	}
+	return ret;
+}
+
 static int casbox_scrub_check(struct casbox_scrub *scrub,
 			      const char **error_r)
 {
 	struct casbox_admin *adm = scrub->adm;
+	const char *key_error;
+	int ret;
 
 	if (casbox_lsm_verify(adm->lsm, casbox_scrub_lsm_damage, scrub,
 			      error_r) < 0)
@@ -175,15 +199,21 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	if (casbox_census_build(adm, casbox_scrub_row, scrub,
 				&scrub->census, error_r) < 0)
 		return -1;
-	if (casbox_admin_open_keys(adm, error_r) < 0)
+	if ((ret = casbox_scrub_open_packs(scrub, &key_error, error_r)) < 0)
 		return -1;
-	if (casbox_census_scan_packs(adm, scrub->census, casbox_scrub_row,
-				     scrub, error_r) < 0)
+	if (ret > 0 && casbox_census_scan_packs(adm, scrub->census,
+						casbox_scrub_row, scrub,
+						error_r) < 0)
 		return -1;
-	casbox_scrub_blobs(scrub);
+	if (ret > 0)
+		casbox_scrub_blobs(scrub);
 	if (casbox_scrub_messages(scrub, error_r) < 0)
 		return -1;
 	casbox_scrub_refcounts(scrub);
+	if (key_error != NULL) {
+		*error_r = key_error;
+		return -1;
+	}
 	return 0;
 }
 

@@ -119,6 +119,42 @@ int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r)
 	return 1;
 }
 
+int casbox_admin_open_packs_keyless(struct casbox_admin *adm,
+				    const char **error_r)
+{
+	const char *dir_path = t_strconcat(adm->root_dir, "/packs", NULL);
+	struct casbox_pack_settings pack_set;
+	struct dirent *d;
+	const char *error;
+	bool have_dicts = FALSE;
+	DIR *dir;
+
+	i_assert(adm->packs == NULL && adm->keyring == NULL);
+	dir = opendir(dir_path);
+	if (dir == NULL && errno != ENOENT) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m", dir_path);
+		return -1;
+	}
+	while (dir != NULL && (d = readdir(dir)) != NULL) {
+		if (str_begins(d->d_name, "dict-"))
+			have_dicts = TRUE;
+	}
+	if (dir != NULL)
+		(void)closedir(dir);
+	/* the pack store opens the dictionaries, which needs the key */
+	if (have_dicts)
+		return 0;
+	i_zero(&pack_set);
+	pack_set.dir = dir_path;
+	pack_set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
+	if (casbox_pack_store_open(&pack_set, NULL, &adm->packs,
+				   &error) < 0) {
+		*error_r = t_strdup_printf("packs %s: %s", dir_path, error);
+		return -1;
+	}
+	return 1;
+}
+
 void casbox_admin_close(struct casbox_admin **_adm)
 {
 	struct casbox_admin *adm = *_adm;

@@ -114,6 +114,12 @@ int casbox_admin_open_root(const char *root_dir,
 /* Load the key ring (it must be the store's key) and open the packs.
    Returns 1 ok, -1 error. */
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r);
+/* Without the key: open the packs for the keyless frame scan only
+   (casbox_census_scan_packs(); no blob can be decoded). Returns 1 ok,
+   0 not possible (the store has dictionaries, which are sealed with the
+   key), -1 error. */
+int casbox_admin_open_packs_keyless(struct casbox_admin *adm,
+				    const char **error_r);
 void casbox_admin_close(struct casbox_admin **adm);
 
 /* Sorted ids of the pack files and their sizes. Returns 0 ok, -1. */
@@ -134,7 +140,8 @@ int casbox_census_build(struct casbox_admin *adm,
 /* Scan every pack frame (CRC, no decryption) and attribute each frame
    to live or dead bytes per pack. Damaged frames are reported; a
    damaged frame that a blob record points to sets that blob's damage.
-   Needs casbox_admin_open_keys(). Returns 0 ok, -1 error. */
+   Needs casbox_admin_open_keys() or casbox_admin_open_packs_keyless().
+   Returns 0 ok, -1 error. */
 int casbox_census_scan_packs(struct casbox_admin *adm,
 			     struct casbox_census *census,
 			     casbox_admin_damage_callback_t *damage,
