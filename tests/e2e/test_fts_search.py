@@ -443,6 +443,25 @@ class FtsCasidxSearch(unittest.TestCase):
             typ, data = imap.uid("SEARCH", "BODY", "okkawo")
             self.assertEqual(data[0].split(), [b"21"])
             imap.logout()
+            # a long hyphenated identifier is words, not base64
+            dc.lmtp_deliver(USER, b"From: a@example.com\r\n"
+                            b"X-Zorg-CrossTenant-originalarrivalzorgtime: 1"
+                            b"\r\nSubject: ids\r\n\r\n"
+                            b"Header-Like-Identifier-"
+                            b"Zorgblatquuxification-Extra\r\n")
+            dc.doveadm("index", "-u", USER, "INBOX")
+            for field, word in (("body", "zorgblatquux"),
+                                ("text", "originalarrivalzorgtime")):
+                r = dc.doveadm("fts", "lookup", "-u", USER, "mailbox",
+                               "INBOX", field, word)
+                self.assertIn("INBOX: 22", r.stdout, (field, word))
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            typ, data = imap.uid("SEARCH", "BODY", "zorgblatquux")
+            self.assertEqual(data[0].split(), [b"22"])
+            typ, data = imap.uid("SEARCH", "TEXT", "originalarrivalzorg")
+            self.assertEqual(data[0].split(), [b"22"])
+            imap.logout()
 
 
 if __name__ == "__main__":
