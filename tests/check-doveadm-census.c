@@ -329,6 +329,73 @@ START_TEST(test_malformed_and_drift)
 }
 END_TEST
 
+static void expunge_uid(uint32_t uid)
+{
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
+		FILE_LOCK_METHOD_FCNTL, &store, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_expunge(txn, box_guid, uid,
+						  &error), 0);
+	ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+	casbox_store_close(&store);
+}
+
+/* A damaged frame nothing points to is reported; a torn tail (an append
+   in progress) is only dead bytes. */
+START_TEST(test_unreferenced_damage_and_tail)
+{
+	static const unsigned char junk[40] = { 0x42, 0x43 };
+	struct damage_log log = { 0, NULL };
+	struct casbox_census *census;
+	struct casbox_admin_blob *b;
+	struct casbox_admin *adm;
+	struct casbox_blob_record brec;
+	uint64_t dead;
+	unsigned char c;
+	off_t pos;
+	int fd;
+
+	build_store(FALSE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	b = census_blob(census, part_b);
+	brec = b->rec;
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+	expunge_uid(1);
+
+	adm = adm_open();
+	fd = open(casbox_admin_pack_path(adm, brec.pack_id), O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 0);
+	dead = census_dead(census);
+	casbox_census_free(&census);
+	ck_assert_int_ge(lseek(fd, 0, SEEK_END), 0);
+	ck_assert_int_eq(write(fd, junk, sizeof(junk)), sizeof(junk));
+	census = census_full(adm, &log);
+	ck_assert_msg(log.count == 0, "%s", log.last_cause);
+	ck_assert_uint_eq(census_dead(census), dead + sizeof(junk));
+	casbox_census_free(&census);
+
+	pos = brec.offset + brec.frame_size / 2;
+	ck_assert_int_eq(pread(fd, &c, 1, pos), 1);
+	c ^= 0x20;
+	ck_assert_int_eq(pwrite(fd, &c, 1, pos), 1);
+	i_close_fd(&fd);
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 1);
+	ck_assert_ptr_nonnull(strstr(log.last_cause,
+				     "no blob record points to"));
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
 START_TEST(test_no_store)
 {
 	struct casbox_admin *adm;
@@ -355,6 +422,7 @@ int main(void)
 	tcase_add_test(tc, test_dead_after_expunge);
 	tcase_add_test(tc, test_flipped_byte_hits_one_blob);
 	tcase_add_test(tc, test_malformed_and_drift);
+	tcase_add_test(tc, test_unreferenced_damage_and_tail);
 	tcase_add_test(tc, test_no_store);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -266,6 +266,11 @@ casbox_census_frame(struct casbox_admin *adm, struct casbox_census *census,
 			info->offset, info->damage);
 		return;
 	}
+	if (pack == NULL || info->offset + info->frame_size >= pack->size) {
+		/* the tail of a pack that no record points to: an append
+		   in progress (or a crashed one); nothing is lost */
+		return;
+	}
 	casbox_census_damage(damage, context, "-", 0,
 		t_strdup_printf("%s@%"PRIu64,
 			casbox_admin_pack_path(adm, info->pack_id),
