@@ -64,7 +64,15 @@ cmd_casbox_stats_run(struct doveadm_mail_cmd_context *ctx,
 					  MAIL_ERROR_TEMP);
 		return -1;
 	}
-	if (casbox_admin_open_keys(adm, &error) < 0 ||
+	/* stats need no key: the frame scan is keyless */
+	if (casbox_admin_open_keys(adm, &error) < 0 &&
+	    casbox_admin_open_packs_keyless(adm, &error) == 0) {
+		error = t_strdup_printf("%s: the store has compression "
+					"dictionaries, which need the key",
+					error);
+		ret = -1;
+	}
+	if (ret < 0 || adm->packs == NULL ||
 	    casbox_census_build(adm, NULL, NULL, &census, &error) < 0) {
 		i_error("casbox stats: %s", error);
 		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);

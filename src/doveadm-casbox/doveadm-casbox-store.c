@@ -129,7 +129,7 @@ int casbox_admin_open_packs_keyless(struct casbox_admin *adm,
 	bool have_dicts = FALSE;
 	DIR *dir;
 
-	i_assert(adm->packs == NULL && adm->keyring == NULL);
+	i_assert(adm->packs == NULL);
 	dir = opendir(dir_path);
 	if (dir == NULL && errno != ENOENT) {
 		*error_r = t_strdup_printf("opendir(%s) failed: %m", dir_path);

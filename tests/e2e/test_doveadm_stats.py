@@ -63,6 +63,15 @@ class DoveadmStatsTest(unittest.TestCase):
             self.assertAlmostEqual(float(s2["dedup_ratio"]), 2.0,
                                    delta=0.1)
 
+            # the numbers need no key (keyless frame scan)
+            key = os.path.join(dc.home("user1"), "casbox.key")
+            os.rename(key, key + ".away")
+            try:
+                s3 = stats(dc)
+            finally:
+                os.rename(key + ".away", key)
+            self.assertEqual(s3, s2)
+
             # json formatter works too
             out = dc.doveadm("-f", "json", "casbox", "stats", "-u",
                              "user1").stdout
