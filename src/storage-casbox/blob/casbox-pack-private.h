@@ -45,6 +45,8 @@ struct casbox_pack_store {
 	/* highest pack id seen, 0 = not looked yet */
 	uint32_t last_pack_id;
 	struct casbox_pack_txn *txn;
+	/* chunk buffers of the (single) transaction, kept between them */
+	unsigned char *txn_plain, *txn_stored;
 	/* idle scratch buffers, already wiped */
 	struct casbox_blob_scratch *free_scratch;
 	unsigned int free_scratch_count;
