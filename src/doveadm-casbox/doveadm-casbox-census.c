@@ -9,8 +9,10 @@
 
 static unsigned int casbox_admin_blob_id_hash(const struct cas_blob_id *id)
 {
-	return (id->id[0] << 24) | (id->id[1] << 16) |
-		(id->id[2] << 8) | id->id[3];
+	/* ids are keyed hashes: any four bytes are uniformly spread */
+	return ((unsigned int)id->id[0] << 24) |
+		((unsigned int)id->id[1] << 16) |
+		((unsigned int)id->id[2] << 8) | id->id[3];
 }
 
 static int casbox_admin_blob_id_cmp(const struct cas_blob_id *id1,
