@@ -406,10 +406,6 @@ int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
 	return 1;
 }
 
-static void casbox_rebuild_list_mailbox(void *context,
-					const guid_128_t mailbox_guid,
-					const struct casbox_mailbox_record *rec);
-
 struct casbox_rebuild_list_context {
 	struct casbox_storage *storage;
 	unsigned int restored;
