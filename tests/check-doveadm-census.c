@@ -34,7 +34,7 @@ static const char *part_d = "part D only in message 3, a bit longer\r\n";
 
 struct damage_log {
 	unsigned int count;
-	const char *last_cause;
+	char last_cause[512];
 };
 
 static void damage_cb(void *context, const char *mailbox ATTR_UNUSED,
@@ -44,7 +44,7 @@ static void damage_cb(void *context, const char *mailbox ATTR_UNUSED,
 	struct damage_log *log = context;
 
 	log->count++;
-	log->last_cause = i_strdup(cause);
+	(void)i_strocpy(log->last_cause, cause, sizeof(log->last_cause));
 }
 
 static void setup(void)
