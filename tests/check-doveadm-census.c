@@ -184,7 +184,7 @@ static uint64_t census_dead(struct casbox_census *census)
 START_TEST(test_counts_and_refs)
 {
 	const struct casbox_admin_pack *pack;
-	struct damage_log log = { 0, NULL };
+	struct damage_log log = { 0, "" };
 	struct casbox_admin_blob *blob;
 	struct casbox_census *census;
 	struct casbox_admin *adm;
@@ -217,7 +217,7 @@ END_TEST
 START_TEST(test_dead_after_expunge)
 {
 	const struct casbox_admin_pack *pack;
-	struct damage_log log = { 0, NULL };
+	struct damage_log log = { 0, "" };
 	struct casbox_census *census;
 	struct casbox_admin *adm;
 
@@ -238,7 +238,7 @@ END_TEST
 
 START_TEST(test_flipped_byte_hits_one_blob)
 {
-	struct damage_log log = { 0, NULL };
+	struct damage_log log = { 0, "" };
 	struct casbox_admin_blob *blob, *hit;
 	struct casbox_census *census;
 	struct casbox_admin *adm;
@@ -286,7 +286,7 @@ static void lsm_put(struct casbox_admin *adm, const buffer_t *key,
 
 START_TEST(test_malformed_and_drift)
 {
-	struct damage_log log = { 0, NULL };
+	struct damage_log log = { 0, "" };
 	struct casbox_admin_blob *a;
 	struct casbox_census *census;
 	struct casbox_blob_value bval;
@@ -349,7 +349,7 @@ static void expunge_uid(uint32_t uid)
 START_TEST(test_unreferenced_damage_and_tail)
 {
 	static const unsigned char junk[40] = { 0x42, 0x43 };
-	struct damage_log log = { 0, NULL };
+	struct damage_log log = { 0, "" };
 	struct casbox_census *census;
 	struct casbox_admin_blob *b;
 	struct casbox_admin *adm;
