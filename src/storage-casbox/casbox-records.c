@@ -261,6 +261,8 @@ void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
 	/* optional tail */
 	wr_u32(dest, rec->next_uid);
 	wr_u64(dest, rec->highest_modseq);
+	if (!guid_128_is_empty(rec->guid))
+		buffer_append(dest, rec->guid, GUID_128_SIZE);
 }
 
 int casbox_mailbox_record_import(const void *data, size_t size,
@@ -283,6 +285,11 @@ int casbox_mailbox_record_import(const void *data, size_t size,
 		rec_r->next_uid = rd_u32(&rd, "next uid");
 	if (rd.error == NULL && rd.p < rd.end)
 		rec_r->highest_modseq = rd_u64(&rd, "highest modseq");
+	if (rd.error == NULL && rd.p < rd.end &&
+	    rd_need(&rd, GUID_128_SIZE, "mailbox guid")) {
+		memcpy(rec_r->guid, rd.p, GUID_128_SIZE);
+		rd.p += GUID_128_SIZE;
+	}
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("mailbox record: ", rd.error, NULL);
 		return -1;

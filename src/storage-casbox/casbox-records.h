@@ -57,6 +57,10 @@ struct casbox_mailbox_record {
 	/* at least the index's highest modseq after the last change
 	   written (0 = unknown): a rebuild never lets modseqs go down */
 	uint64_t highest_modseq;
+	/* the public mailbox GUID (IMAP/dsync) when it differs from the
+	   GUID in the record's key, the mailbox's fixed storage id;
+	   empty = the same */
+	guid_128_t guid;
 };
 
 struct casbox_blob_value {

@@ -747,11 +747,17 @@ void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
 	if (casbox_store_lsm_get(txn->store, key, value, FALSE, &error) > 0 &&
 	    casbox_mailbox_record_import(value->data, value->used,
 					 pool_datastack_create(), &old,
-					 &error) > 0 &&
-	    old.uid_validity == rec->uid_validity) {
-		merged.next_uid = I_MAX(merged.next_uid, old.next_uid);
-		merged.highest_modseq = I_MAX(merged.highest_modseq,
-					      old.highest_modseq);
+					 &error) > 0) {
+		if (old.uid_validity == rec->uid_validity) {
+			merged.next_uid = I_MAX(merged.next_uid,
+						old.next_uid);
+			merged.highest_modseq = I_MAX(merged.highest_modseq,
+						      old.highest_modseq);
+		}
+		/* writers that do not know the public mailbox GUID
+		   (saves) keep the one stored */
+		if (guid_128_is_empty(merged.guid))
+			guid_128_copy(merged.guid, old.guid);
 	}
 	buffer_set_used_size(value, 0);
 	casbox_mailbox_record_export(&merged, value);
