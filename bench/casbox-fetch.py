@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""casbox vs sdbox: the read path and LMTP delivery, A/B interleaved.
+
+Each round starts a fresh Dovecot per peer with the e2e harness
+(tests/e2e/dovecot_harness.py), LMTP-delivers the same N corpus messages
+(msg/s), then on one IMAP connection times
+  - UID FETCH 1:* (UID BODY.PEEK[])                  (MB/s, --reps times)
+  - BODY.PEEK[]<off.64k> in the middle of the K largest messages
+                                                   (ms per partial fetch)
+  - FETCH 1:* BODYSTRUCTURE on a fresh connection  (seconds; the first
+    one, before Dovecot's cache could have learned it)
+Peers run in alternating order per round; medians and casbox/sdbox
+ratios are printed at the end. Speed is reported, never asserted.
+
+  make -C /work/build-perf && \
+  CASBOX_TOP_BUILDDIR=/work/build-perf python3 bench/casbox-fetch.py \
+      -n 1000 --rounds 3
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
+
+from dovecot_harness import Dovecot, PASSWORD, corpus_files  # noqa: E402
+from imapraw import RawIMAP  # noqa: E402
+
+USER = "fetchbench"
+CONF = "mail_fsync = optimized\n"
+
+PEERS = {
+    "sdbox": dict(mail_location="sdbox:~/sdbox", mail_plugins=[],
+                  extra_conf=CONF),
+    "casbox": dict(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                   extra_conf=CONF,
+                   plugin_settings={"casbox_key_file": "%h/casbox.key",
+                                    "casbox_key_autocreate": "yes"}),
+}
+
+
+def load(folder, n):
+    msgs = []
+    for path in corpus_files(folder, limit=n):
+        with open(path, "rb") as f:
+            msgs.append(f.read().replace(b"\r\n", b"\n")
+                        .replace(b"\n", b"\r\n"))
+    return msgs
+
+
+def one_round(name, msgs, args):
+    res = {}
+    with Dovecot(**PEERS[name]) as dc:
+        t0 = time.perf_counter()
+        dc.lmtp_deliver_many(USER, msgs)
+        res["lmtp_msg_s"] = len(msgs) / (time.perf_counter() - t0)
+
+        with RawIMAP(dc.imap_port) as c:
+            c.login(USER, PASSWORD)
+            n = c.select("INBOX")
+            assert n == len(msgs), (name, n)
+            rates = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                total = c.fetch_bodies("1:*", lambda uid, body: None)
+                rates.append(total / (time.perf_counter() - t0) / 1e6)
+            res["fetch_mb_s"] = max(rates)
+
+            # partial fetches from the middle of the largest messages
+            big = sorted(range(len(msgs)), key=lambda i: -len(msgs[i]))
+            big = big[:args.large]
+            t0 = time.perf_counter()
+            for i in big:
+                off = len(msgs[i]) // 2
+                c.command("UID FETCH %d (BODY.PEEK[]<%d.65536>)"
+                          % (i + 1, off))
+            res["partial_ms"] = ((time.perf_counter() - t0)
+                                 / len(big) * 1000)
+
+        with RawIMAP(dc.imap_port) as c:
+            c.login(USER, PASSWORD)
+            c.select("INBOX")
+            t0 = time.perf_counter()
+            c.command("FETCH 1:* (BODYSTRUCTURE)")
+            res["bodystructure_s"] = time.perf_counter() - t0
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=1000, help="messages")
+    ap.add_argument("--folder", default="usrp-users-3000")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3,
+                    help="FETCH BODY.PEEK[] repetitions per round (best)")
+    ap.add_argument("--large", type=int, default=20,
+                    help="largest messages for the partial fetch")
+    ap.add_argument("--peers", default="sdbox,casbox")
+    args = ap.parse_args()
+
+    msgs = load(args.folder, args.n)
+    print("%d messages, %.1f MB from %s" % (
+        len(msgs), sum(map(len, msgs)) / 1e6, args.folder))
+    peers = args.peers.split(",")
+    results = {p: [] for p in peers}
+    for r in range(args.rounds):
+        order = peers if r % 2 == 0 else list(reversed(peers))
+        for p in order:
+            res = one_round(p, msgs, args)
+            results[p].append(res)
+            print("round %d %-7s %s" % (r + 1, p, " ".join(
+                "%s=%.2f" % kv for kv in sorted(res.items()))),
+                flush=True)
+
+    keys = ["lmtp_msg_s", "fetch_mb_s", "partial_ms", "bodystructure_s"]
+    med = {p: {k: statistics.median(x[k] for x in results[p])
+               for k in keys} for p in peers}
+    print("\nmedian of %d rounds" % args.rounds)
+    print("%-16s" % "" + "".join("%12s" % p for p in peers)
+          + ("%14s" % "casbox/sdbox"
+             if {"sdbox", "casbox"} <= set(peers) else ""))
+    for k in keys:
+        line = "%-16s" % k + "".join("%12.2f" % med[p][k] for p in peers)
+        if {"sdbox", "casbox"} <= set(peers) and med["sdbox"][k]:
+            line += "%14.2f" % (med["casbox"][k] / med["sdbox"][k])
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
