@@ -41,6 +41,15 @@ struct tokens_ctx {
 	ARRAY(struct query_token) parts;
 };
 
+/* A posting seen during a scan, scored once the scan has seen every
+   segment: a term's document frequency is the sum over all segments,
+   so it is only known at the end. */
+struct scan_hit {
+	uint32_t uid, tf, doc_len;
+	unsigned int term_idx;
+	double factor;
+};
+
 struct scan_ctx {
 	roaring_bitmap_t *docs;
 	const roaring_bitmap_t *universe;
@@ -49,6 +58,12 @@ struct scan_ctx {
 	uint64_t total_docs;
 	double avg_len, weight;
 	enum casidx_field field;
+
+	/* scoring state of the current field's scan */
+	pool_t pool;
+	HASH_TABLE(const char *, void *) term_idx; /* term -> index + 1 */
+	ARRAY(uint64_t) term_df;
+	ARRAY(struct scan_hit) hits;
 };
 
 static roaring_bitmap_t *bitmap_create(void)
@@ -139,16 +154,33 @@ static void scores_add(struct casidx_query_scores *scores, uint32_t uid,
 	*value += score;
 }
 
+static unsigned int scan_term_idx(struct scan_ctx *ctx,
+				  const unsigned char *term, size_t term_len)
+{
+	const char *key = t_strndup(term, term_len);
+	void *value;
+	uint64_t zero = 0;
+
+	value = hash_table_lookup(ctx->term_idx, key);
+	if (value != NULL)
+		return POINTER_CAST_TO(value, unsigned int) - 1;
+	array_push_back(&ctx->term_df, &zero);
+	key = p_strdup(ctx->pool, key);
+	hash_table_insert(ctx->term_idx, key,
+			  POINTER_CAST(array_count(&ctx->term_df)));
+	return array_count(&ctx->term_df) - 1;
+}
+
 static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 		    size_t term_len, const roaring_bitmap_t *docs,
 		    const uint32_t *tfs, void *context)
 {
 	struct scan_ctx *ctx = context;
 	roaring_uint32_iterator_t *it;
-	uint64_t df;
+	struct scan_hit *hit;
+	uint64_t *df;
 	double factor;
-	uint32_t uid;
-	unsigned int i;
+	unsigned int i, term_idx;
 
 	roaring_bitmap_or_inplace(ctx->docs, docs);
 	if (ctx->scores == NULL)
@@ -160,19 +192,39 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 		factor = MATCH_FACTOR_PREFIX;
 	else
 		factor = MATCH_FACTOR_SUBSTRING;
-	df = roaring_bitmap_get_cardinality(docs);
+	T_BEGIN {
+		term_idx = scan_term_idx(ctx, term, term_len);
+	} T_END;
+	df = array_idx_modifiable(&ctx->term_df, term_idx);
+	*df += roaring_bitmap_get_cardinality(docs);
 	it = roaring_create_iterator(docs);
 	for (i = 0; it->has_value; roaring_advance_uint32_iterator(it), i++) {
-		uid = it->current_value;
-		if (!roaring_bitmap_contains(ctx->universe, uid))
+		if (!roaring_bitmap_contains(ctx->universe, it->current_value))
 			continue;
-		scores_add(ctx->scores, uid, casidx_bm25_term_score(
-			&casidx_bm25_default_params, ctx->weight * factor,
-			ctx->total_docs, df, tfs[i],
-			casidx_segment_doc_len(seg, uid, ctx->field),
-			ctx->avg_len));
+		hit = array_append_space(&ctx->hits);
+		hit->uid = it->current_value;
+		hit->tf = tfs[i];
+		hit->doc_len = casidx_segment_doc_len(seg, hit->uid,
+						      ctx->field);
+		hit->term_idx = term_idx;
+		hit->factor = factor;
 	}
 	roaring_free_uint32_iterator(it);
+}
+
+/* Score the hits of one field's scan with index-wide frequencies. */
+static void scan_score_hits(struct scan_ctx *ctx)
+{
+	const struct scan_hit *hit;
+	const uint64_t *df = array_front(&ctx->term_df);
+
+	array_foreach(&ctx->hits, hit) {
+		scores_add(ctx->scores, hit->uid, casidx_bm25_term_score(
+			&casidx_bm25_default_params,
+			ctx->weight * hit->factor, ctx->total_docs,
+			df[hit->term_idx], hit->tf, hit->doc_len,
+			ctx->avg_len));
+	}
 }
 
 /* Docs having a term containing token in any field of mask. */
@@ -192,19 +244,31 @@ static int query_token_docs(struct casidx_index *index,
 	ctx.scores = scores;
 	ctx.token = token;
 	ctx.total_docs = roaring_bitmap_get_cardinality(universe);
+	ctx.pool = pool_alloconly_create("casidx scan", 1024);
 	for (field = 0; field < CASIDX_FIELD_COUNT; field++) {
 		if ((field_mask & CASIDX_FIELD_MASK(field)) == 0)
 			continue;
 		ctx.field = field;
 		ctx.weight = field_weights[field];
 		ctx.avg_len = casidx_index_get_avg_len(index, field);
+		p_clear(ctx.pool);
+		hash_table_create(&ctx.term_idx, ctx.pool, 0, str_hash,
+				  strcmp);
+		p_array_init(&ctx.term_df, ctx.pool, 8);
+		p_array_init(&ctx.hits, ctx.pool, 64);
 		if (casidx_index_scan(index, field, token->term, token->len,
 				      CASIDX_MATCH_SUBSTRING, scan_cb, &ctx,
 				      error_r) < 0) {
+			hash_table_destroy(&ctx.term_idx);
+			pool_unref(&ctx.pool);
 			roaring_bitmap_free(ctx.docs);
 			return -1;
 		}
+		if (ctx.scores != NULL)
+			scan_score_hits(&ctx);
+		hash_table_destroy(&ctx.term_idx);
 	}
+	pool_unref(&ctx.pool);
 	*docs_r = ctx.docs;
 	return 0;
 }
