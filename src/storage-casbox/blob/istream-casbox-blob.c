@@ -5,7 +5,8 @@
    costs nothing. The DEK and chunk buffers are borrowed from the pack
    store while decoding and wiped and handed back at EOF, so a message's
    blobs (and the next message's) reuse them instead of allocating and
-   wiping 128 kB per blob. */
+   wiping 128 kB per blob; a stream destroyed before EOF wipes and
+   frees its own. */
 
 #include "lib.h"
 #include "istream-private.h"
@@ -78,8 +79,12 @@ void casbox_blob_scratch_free_all(struct casbox_pack_store *store)
 	store->free_scratch_count = 0;
 }
 
-/* Wipe what this stream decoded into its scratch and hand it back. */
-static void casbox_blob_release(struct casbox_blob_istream *bstream)
+/* Wipe what this stream decoded into its scratch and hand it back to
+   the store, or free it when to_store is FALSE: at destroy the store
+   may already be gone (a stream can outlive its mailbox), so only a
+   read, which needs the store anyway, returns the scratch. */
+static void
+casbox_blob_release(struct casbox_blob_istream *bstream, bool to_store)
 {
 	struct casbox_blob_scratch *scratch = bstream->scratch;
 	struct casbox_pack_store *store = bstream->store;
@@ -92,7 +97,8 @@ static void casbox_blob_release(struct casbox_blob_istream *bstream)
 	sodium_memzero(scratch->plain, bstream->plain_used);
 	sodium_memzero(scratch->stored, bstream->stored_used);
 	bstream->plain_used = bstream->stored_used = 0;
-	if (store->free_scratch_count >= CASBOX_BLOB_SCRATCH_MAX_FREE) {
+	if (!to_store ||
+	    store->free_scratch_count >= CASBOX_BLOB_SCRATCH_MAX_FREE) {
 		casbox_blob_scratch_destroy(scratch);
 		return;
 	}
@@ -309,7 +315,7 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 	}
 	offset = stream->istream.v_offset + (stream->pos - stream->skip);
 	if (offset >= bstream->hdr.plain_size) {
-		casbox_blob_release(bstream);
+		casbox_blob_release(bstream, TRUE);
 		stream->istream.eof = TRUE;
 		return -1;
 	}
@@ -363,7 +369,7 @@ static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
 
 	if (bstream->fd != -1)
 		i_close_fd(&bstream->fd);
-	casbox_blob_release(bstream);
+	casbox_blob_release(bstream, FALSE);
 	i_free(bstream->chunks);
 	i_free(bstream->path);
 	i_stream_free_buffer(&bstream->istream);
