@@ -216,8 +216,11 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 static void scan_score_hits(struct scan_ctx *ctx)
 {
 	const struct scan_hit *hit;
-	const uint64_t *df = array_front(&ctx->term_df);
+	const uint64_t *df;
 
+	if (array_count(&ctx->hits) == 0)
+		return;
+	df = array_front(&ctx->term_df);
 	array_foreach(&ctx->hits, hit) {
 		scores_add(ctx->scores, hit->uid, casidx_bm25_term_score(
 			&casidx_bm25_default_params,
