@@ -45,8 +45,11 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 		rec.guid = p_strdup(pool, mdata->guid);
 	if (mdata->received_date != (time_t)-1)
 		rec.received_date = mdata->received_date;
-	rec.save_date = mdata->save_date != (time_t)-1 ?
-		mdata->save_date : ioloop_time;
+	/* the copy keeps the source's save date, as sdbox's copies do
+	   (their cached date.save is copied): dsync renumbers messages by
+	   copying them and expects the date to stay */
+	if (mdata->save_date != (time_t)-1)
+		rec.save_date = mdata->save_date;
 	rec.flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
 	rec.modseq = mdata->min_modseq;
 	if (mdata->pop3_uidl != NULL)
