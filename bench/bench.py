@@ -92,6 +92,17 @@ def machine_info():
             text=True).stdout.strip()
     except OSError:
         pass
+    try:
+        import subprocess
+        info["git"] = subprocess.run(
+            ["git", "-C", TOP_SRCDIR, "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", TOP_SRCDIR, "status", "--porcelain", "--", "src"],
+            capture_output=True, text=True).stdout.strip()
+        info["src_dirty"] = bool(dirty)
+    except OSError:
+        pass
     return info
 
 

@@ -150,6 +150,10 @@ def write_markdown(results, path, plots):
     w("- Machine: %s, %s cores, %s GB RAM, Linux %s, Dovecot %s"
       % (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gb", "?"),
          m.get("kernel"), m.get("dovecot", "?")))
+    if m.get("git"):
+        w("- Source: commit %s%s" % (m["git"], " plus uncommitted changes "
+                                     "under src/ (parallel work in progress)"
+                                     if m.get("src_dirty") else ""))
     w("- Corpus: %d messages, %.1f MB (%s), spread evenly over the shared "
       "corpus folders %s"
       % (c["messages"], c["bytes"] / 1e6,
