@@ -167,37 +167,65 @@ int casbox_read_header(struct casbox_mailbox *mbox,
 	return ret;
 }
 
+void casbox_mailbox_set_guids(struct casbox_mailbox *mbox,
+			      const struct casbox_index_header *hdr)
+{
+	guid_128_copy(mbox->mailbox_guid, hdr->mailbox_guid);
+	if (guid_128_is_empty(hdr->public_guid))
+		guid_128_copy(mbox->public_guid, hdr->mailbox_guid);
+	else
+		guid_128_copy(mbox->public_guid, hdr->public_guid);
+}
+
 static void
 casbox_update_header(struct casbox_mailbox *mbox,
 		     struct mail_index_transaction *trans,
-		     const struct mailbox_update *update)
+		     const struct mailbox_update *update,
+		     const guid_128_t public_guid)
 {
 	struct casbox_index_header hdr, new_hdr;
-	bool need_resize;
+	bool need_resize, new_index;
 
 	if (casbox_read_header(mbox, &hdr, TRUE, &need_resize) < 0) {
 		i_zero(&hdr);
 		need_resize = TRUE;
 	}
+	new_index = mail_index_get_header(mbox->box.view)->uid_validity == 0;
 
 	new_hdr = hdr;
-	if (update != NULL && !guid_128_is_empty(update->mailbox_guid)) {
-		memcpy(new_hdr.mailbox_guid, update->mailbox_guid,
-		       sizeof(new_hdr.mailbox_guid));
+	if (new_index && update != NULL &&
+	    !guid_128_is_empty(update->mailbox_guid)) {
+		guid_128_copy(new_hdr.mailbox_guid, update->mailbox_guid);
+		guid_128_empty(new_hdr.public_guid);
 	} else if (guid_128_is_empty(new_hdr.mailbox_guid)) {
 		guid_128_generate(new_hdr.mailbox_guid);
+		guid_128_empty(new_hdr.public_guid);
+	}
+	if (new_index && public_guid != NULL &&
+	    !guid_128_equals(public_guid, new_hdr.mailbox_guid))
+		guid_128_copy(new_hdr.public_guid, public_guid);
+	if (!new_index && update != NULL &&
+	    !guid_128_is_empty(update->mailbox_guid)) {
+		/* a GUID change: the records stay under the storage id,
+		   so this one header field is the whole change */
+		if (guid_128_equals(update->mailbox_guid,
+				    new_hdr.mailbox_guid))
+			guid_128_empty(new_hdr.public_guid);
+		else {
+			guid_128_copy(new_hdr.public_guid,
+				      update->mailbox_guid);
+		}
 	}
 
 	if (need_resize) {
 		mail_index_ext_resize_hdr(trans, mbox->hdr_ext_id,
 					  sizeof(new_hdr));
 	}
-	if (memcmp(&hdr, &new_hdr, sizeof(hdr)) != 0) {
+	if (need_resize || memcmp(&hdr, &new_hdr, sizeof(hdr)) != 0) {
 		mail_index_update_header_ext(trans, mbox->hdr_ext_id, 0,
 					     &new_hdr, sizeof(new_hdr));
 	}
-	memcpy(mbox->mailbox_guid, new_hdr.mailbox_guid,
-	       sizeof(mbox->mailbox_guid));
+	casbox_mailbox_set_guids(mbox, &new_hdr);
 }
 
 static uint32_t casbox_get_uidvalidity_next(struct mailbox_list *list)
@@ -257,6 +285,7 @@ casbox_update_header_fields(struct mailbox *box,
 
 int casbox_mailbox_create_indexes(struct mailbox *box,
 				  const struct mailbox_update *update,
+				  const guid_128_t public_guid,
 				  struct mail_index_transaction *trans)
 {
 	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
@@ -271,7 +300,7 @@ int casbox_mailbox_create_indexes(struct mailbox *box,
 		/* pop3-uidl header starts when the mailbox is created */
 		index_pop3_uidl_set_max_uid(box, trans, 0);
 	}
-	casbox_update_header(mbox, trans, update);
+	casbox_update_header(mbox, trans, update, public_guid);
 	if (new_trans != NULL) {
 		if (mail_index_transaction_commit(&new_trans) < 0) {
 			mailbox_set_index_error(box);
@@ -352,12 +381,12 @@ static int casbox_mailbox_open(struct mailbox *box)
 			i_zero(&hdr);
 	}
 	if (guid_128_is_empty(hdr.mailbox_guid)) {
-		if (casbox_mailbox_create_indexes(box, NULL, NULL) < 0 ||
+		if (casbox_mailbox_create_indexes(box, NULL, NULL,
+						  NULL) < 0 ||
 		    casbox_read_header(mbox, &hdr, TRUE, &need_resize) < 0)
 			return -1;
 	}
-	memcpy(mbox->mailbox_guid, hdr.mailbox_guid,
-	       sizeof(mbox->mailbox_guid));
+	casbox_mailbox_set_guids(mbox, &hdr);
 	return 0;
 }
 
@@ -391,6 +420,8 @@ static int casbox_mailbox_create_locked(struct mailbox *box,
 	struct mail_index_view *view;
 	struct mail_index_transaction *trans;
 	struct mailbox_update rec_update;
+	guid_128_t rec_public_guid;
+	const unsigned char *public_guid = NULL;
 	int ret;
 
 	/* syncing works as a lock against concurrent creators */
@@ -405,9 +436,13 @@ static int casbox_mailbox_create_locked(struct mailbox *box,
 		   the sync then rebuilds its messages */
 		if (update == NULL &&
 		    casbox_sync_rebuild_create_update(CASBOX_MAILBOX(box),
-						      &rec_update) > 0)
+						      &rec_update,
+						      rec_public_guid) > 0) {
 			update = &rec_update;
-		if (casbox_mailbox_create_indexes(box, update, trans) < 0) {
+			public_guid = rec_public_guid;
+		}
+		if (casbox_mailbox_create_indexes(box, update, public_guid,
+						  trans) < 0) {
 			mail_index_sync_rollback(&sync_ctx);
 			return -1;
 		}
@@ -441,8 +476,7 @@ casbox_mailbox_create(struct mailbox *box,
 		/* another process created it: read its GUID */
 		if (casbox_read_header(mbox, &hdr, TRUE, &need_resize) < 0)
 			return -1;
-		memcpy(mbox->mailbox_guid, hdr.mailbox_guid,
-		       sizeof(mbox->mailbox_guid));
+		casbox_mailbox_set_guids(mbox, &hdr);
 	}
 	casbox_mailbox_record_update(mbox);
 	/* a lost mailbox recreated from its record: its messages back */
@@ -461,7 +495,7 @@ casbox_mailbox_get_metadata(struct mailbox *box,
 	if (index_mailbox_get_metadata(box, items, metadata_r) < 0)
 		return -1;
 	if ((items & MAILBOX_METADATA_GUID) != 0) {
-		memcpy(metadata_r->guid, mbox->mailbox_guid,
+		memcpy(metadata_r->guid, mbox->public_guid,
 		       sizeof(metadata_r->guid));
 	}
 	return 0;
@@ -477,7 +511,7 @@ casbox_mailbox_update(struct mailbox *box,
 		if (mailbox_open(box) < 0)
 			return -1;
 	}
-	if (casbox_mailbox_create_indexes(box, update, NULL) < 0)
+	if (casbox_mailbox_create_indexes(box, update, NULL, NULL) < 0)
 		return -1;
 	if (index_storage_mailbox_update_common(box, update) < 0)
 		return -1;

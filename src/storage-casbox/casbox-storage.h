@@ -22,9 +22,14 @@ struct casbox_store;
 /* Per-mailbox header extension "casbox-hdr" in dovecot.index. */
 struct casbox_index_header {
 	uint32_t rebuild_count;
+	/* the mailbox's storage id: the GUID in the keys of its LSM
+	   records, fixed for the mailbox's life */
 	guid_128_t mailbox_guid;
 	uint8_t flags;
 	uint8_t unused[3];
+	/* the public mailbox GUID after a change (dsync's mailbox_update());
+	   empty = mailbox_guid. Absent from indexes written before it. */
+	guid_128_t public_guid;
 };
 
 struct casbox_storage {
@@ -42,7 +47,11 @@ struct casbox_mailbox {
 	struct casbox_storage *storage;
 
 	uint32_t hdr_ext_id;
+	/* the storage id keying the LSM records (casbox_index_header) */
 	guid_128_t mailbox_guid;
+	/* the GUID the mailbox shows (metadata, dsync); never empty once
+	   the mailbox is open */
+	guid_128_t public_guid;
 };
 
 #define CASBOX_STORAGE(s) (container_of(s, struct casbox_storage, storage))
@@ -60,8 +69,17 @@ int casbox_storage_get_store(struct casbox_storage *storage,
 int casbox_read_header(struct casbox_mailbox *mbox,
 		       struct casbox_index_header *hdr, bool log_error,
 		       bool *need_resize_r);
+/* Set mbox's storage id and public GUID from hdr. */
+void casbox_mailbox_set_guids(struct casbox_mailbox *mbox,
+			      const struct casbox_index_header *hdr);
+/* Initialize a new index or apply update to an existing one. For a new
+   index (no UIDVALIDITY) update's mailbox GUID becomes the storage id
+   and public_guid (NULL = the same) the public GUID; for an existing
+   one update's GUID only changes the public GUID, so that the LSM
+   records stay keyed as they are. */
 int casbox_mailbox_create_indexes(struct mailbox *box,
 				  const struct mailbox_update *update,
+				  const guid_128_t public_guid,
 				  struct mail_index_transaction *trans);
 
 #endif

@@ -24,6 +24,8 @@ struct casbox_rebuild_context {
 	/* header of the index before the reset (zeroed if it had none) */
 	struct mail_index_header old_hdr;
 	guid_128_t mailbox_guid;
+	/* the public GUID (empty = mailbox_guid) */
+	guid_128_t public_guid;
 	uint32_t old_rebuild_count;
 	/* the mailbox record (uid_validity 0 = none found) */
 	struct casbox_mailbox_record mrec;
@@ -121,6 +123,7 @@ casbox_rebuild_find_mailbox(struct casbox_rebuild_context *ctx,
 	if (ctx->old_hdr.uid_validity != 0 &&
 	    casbox_read_header(mbox, &hdr, FALSE, &need_resize) == 0) {
 		guid_128_copy(ctx->mailbox_guid, hdr.mailbox_guid);
+		guid_128_copy(ctx->public_guid, hdr.public_guid);
 		ctx->old_rebuild_count = hdr.rebuild_count;
 	}
 	ret = casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
@@ -132,9 +135,10 @@ casbox_rebuild_find_mailbox(struct casbox_rebuild_context *ctx,
 	}
 	if (ret == 0)
 		i_zero(&ctx->mrec);
-	else if (guid_128_is_empty(ctx->mailbox_guid))
+	else if (guid_128_is_empty(ctx->mailbox_guid)) {
 		guid_128_copy(ctx->mailbox_guid, rec_guid);
-	else if (!guid_128_equals(ctx->mailbox_guid, rec_guid)) {
+		guid_128_copy(ctx->public_guid, ctx->mrec.guid);
+	} else if (!guid_128_equals(ctx->mailbox_guid, rec_guid)) {
 		/* the index knows better; the record is someone else's */
 		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
 			  "Rebuild: mailbox record with this name has GUID %s, "
@@ -197,12 +201,14 @@ static void casbox_rebuild_header(struct casbox_rebuild_context *ctx,
 	   as sdbox does with its dbox-hdr */
 	i_zero(&hdr);
 	guid_128_copy(hdr.mailbox_guid, ctx->mailbox_guid);
+	if (!guid_128_equals(ctx->public_guid, ctx->mailbox_guid))
+		guid_128_copy(hdr.public_guid, ctx->public_guid);
 	hdr.rebuild_count = ctx->old_rebuild_count + 1;
 	if (hdr.rebuild_count == 0)
 		hdr.rebuild_count = 1;
 	mail_index_set_ext_init_data(mbox->box.index, mbox->hdr_ext_id,
 				     &hdr, sizeof(hdr));
-	guid_128_copy(mbox->mailbox_guid, ctx->mailbox_guid);
+	casbox_mailbox_set_guids(mbox, &hdr);
 }
 
 void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
@@ -220,6 +226,7 @@ void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
 	rec.name = mailbox_get_vname(&mbox->box);
 	rec.next_uid = hdr->next_uid;
 	rec.highest_modseq = mail_index_modseq_get_highest(view);
+	guid_128_copy(rec.guid, mbox->public_guid);
 	mail_index_view_close(&view);
 	if (rec.uid_validity == 0 || guid_128_is_empty(mbox->mailbox_guid))
 		return;
@@ -375,7 +382,8 @@ int casbox_sync_rebuild_needed(struct casbox_mailbox *mbox)
 }
 
 int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
-				      struct mailbox_update *update_r)
+				      struct mailbox_update *update_r,
+				      guid_128_t public_guid_r)
 {
 	struct casbox_mailbox_record rec;
 	struct casbox_store *store;
@@ -395,6 +403,10 @@ int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
 	if (ret == 0)
 		return 0;
 	update_r->uid_validity = rec.uid_validity;
+	if (guid_128_is_empty(rec.guid))
+		guid_128_copy(public_guid_r, update_r->mailbox_guid);
+	else
+		guid_128_copy(public_guid_r, rec.guid);
 	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
 		  "Mailbox directory was lost: recreating it with mailbox "
 		  "GUID %s and UIDVALIDITY %u from its record",

@@ -44,11 +44,13 @@ void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
 int casbox_sync_rebuild_mailbox_list(struct casbox_storage *storage);
 
 /* For a mailbox being created with no explicit update: if a mailbox
-   record has its name, fill update_r with its GUID and UIDVALIDITY so
-   that the lost mailbox comes back under them. Returns 1 filled,
-   0 no record, -1 error (logged; create as new). */
+   record has its name, fill update_r with its GUID (the storage id)
+   and UIDVALIDITY and public_guid_r with its public GUID, so that the
+   lost mailbox comes back under them. Returns 1 filled, 0 no record,
+   -1 error (logged; create as new). */
 int casbox_sync_rebuild_create_update(struct casbox_mailbox *mbox,
-				      struct mailbox_update *update_r);
+				      struct mailbox_update *update_r,
+				      guid_128_t public_guid_r);
 
 /* Does the mailbox need a rebuild without being asked: its index is new
    (no UIDVALIDITY) while the store has a mailbox record with its name

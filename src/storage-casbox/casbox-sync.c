@@ -108,7 +108,8 @@ static int casbox_sync_recover(struct casbox_sync_context *ctx)
 	}
 	update.uid_validity = rec.uid_validity;
 	if (casbox_mailbox_create_indexes(&mbox->box, &update,
-					  ctx->trans) < 0)
+					  guid_128_is_empty(rec.guid) ? NULL :
+					  rec.guid, ctx->trans) < 0)
 		return -1;
 	if (casbox_store_msg_iterate(store, update.mailbox_guid,
 				     casbox_recover_msg, &rctx, &error) < 0) {
@@ -145,7 +146,7 @@ static int casbox_sync_index(struct casbox_sync_context *ctx)
 		if (!box->creating &&
 		    (ret = casbox_sync_recover(ctx)) != 0)
 			return ret < 0 ? -1 : 0;
-		return casbox_mailbox_create_indexes(box, NULL, ctx->trans);
+		return casbox_mailbox_create_indexes(box, NULL, NULL, ctx->trans);
 	}
 
 	/* mark the newly seen messages as recent */

@@ -454,15 +454,6 @@ class SdboxReplication(ReplicationCase, unittest.TestCase):
 class CasboxReplication(ReplicationCase, unittest.TestCase):
     FMT = "casbox"
 
-    # Missing in casbox: a mailbox GUID change through mailbox_update().
-    # casbox_mailbox_update() -> casbox_update_header() writes the new
-    # GUID into the casbox-hdr index extension, but the LSM message
-    # records stay keyed by the old GUID, so every existing message of
-    # that mailbox then fails with "casbox: Message record for uid=1 is
-    # missing" (casbox-mail.c casbox_mail_set_missing) and dsync aborts
-    # ("Can't lookup GUID for UID=1"). Seen when two replicas both got
-    # mail before their first sync.
-    @unittest.expectedFailure
     def test_independent_inboxes_merge(self):
         super().test_independent_inboxes_merge()
 
