@@ -393,15 +393,52 @@ static int casbox_mailbox_open(struct mailbox *box)
 /* Remember the mailbox (GUID -> name, UIDVALIDITY) in the LSM so that
    a rebuild can recreate it. Failure is logged, not fatal: the index
    still has everything needed to serve the mailbox. */
+/* Does the stored mailbox record already say what the index does? Then
+   a write would change nothing (put never lowers next_uid and
+   highest_modseq), and a mailbox that is only read (dsync's sending
+   side calls mailbox_update() too) stays unwritten. */
+static bool
+casbox_mailbox_record_is_current(struct casbox_mailbox *mbox,
+				 struct casbox_store *store)
+{
+	struct casbox_mailbox_record rec;
+	const struct mail_index_header *hdr;
+	struct mail_index_view *view;
+	guid_128_t guid;
+	const char *error;
+	bool current;
+
+	if (casbox_store_mailbox_find(store, mailbox_get_vname(&mbox->box),
+				      pool_datastack_create(), guid, &rec,
+				      &error) <= 0)
+		return FALSE;
+	(void)mail_index_refresh(mbox->box.index);
+	view = mail_index_view_open(mbox->box.index);
+	hdr = mail_index_get_header(view);
+	current = guid_128_equals(guid, mbox->mailbox_guid) &&
+		guid_128_equals(rec.guid, mbox->public_guid) &&
+		rec.uid_validity == hdr->uid_validity &&
+		rec.next_uid >= hdr->next_uid &&
+		rec.highest_modseq >= mail_index_modseq_get_highest(view);
+	mail_index_view_close(&view);
+	return current;
+}
+
 static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 {
 	struct casbox_store *store;
 	struct casbox_store_txn *txn;
 	const char *error;
+	bool current;
 
 	if (guid_128_is_empty(mbox->mailbox_guid))
 		return;
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return;
+	T_BEGIN {
+		current = casbox_mailbox_record_is_current(mbox, store);
+	} T_END;
+	if (current)
 		return;
 	/* from a fresh view: box->view still shows the index before the
 	   creation committed (UIDVALIDITY 0) */
