@@ -88,6 +88,14 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox dict train",
+		.mail_cmd = cmd_casbox_dict_train_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox stats",
 		.mail_cmd = cmd_casbox_stats_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>]",

@@ -165,5 +165,6 @@ struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_dict_train_alloc(void);
 
 #endif
