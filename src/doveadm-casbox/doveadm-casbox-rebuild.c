@@ -34,7 +34,7 @@ casbox_rebuild_box(struct doveadm_mail_cmd_context *ctx,
 	} else if (mailbox_open(box) < 0 ||
 		   mailbox_sync(box, MAILBOX_SYNC_FLAG_FORCE_RESYNC) < 0 ||
 		   mailbox_get_status(box, STATUS_MESSAGES, &status) < 0) {
-		error = mailbox_get_last_error(box, &error_code);
+		error = mailbox_get_last_internal_error(box, &error_code);
 		i_error("casbox rebuild: %s: %s", info->vname, error);
 		doveadm_mail_failed_mailbox(ctx, box);
 		doveadm_print("");

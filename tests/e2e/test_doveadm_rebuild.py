@@ -56,6 +56,27 @@ class DoveadmRebuildTest(unittest.TestCase):
             test_rebuild.RebuildTest.assert_recovered(self, before,
                                                       Snapshot(dc))
 
+    def test_failure_is_reported(self):
+        """A mailbox that cannot be rebuilt fails the command; the
+        others are still rebuilt."""
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            dc.lmtp_deliver_many(USER, [b"Subject: x\n\nhi\n"])
+            dc.doveadm("mailbox", "create", "-u", USER, "Work")
+            path = os.path.join(dc.home(USER), "casbox", "mailboxes",
+                                "Work", "casbox-Mails")
+            os.chmod(path, 0)
+            try:
+                r, rows = rebuild(dc, check=False)
+            finally:
+                os.chmod(path, 0o700)
+            self.assertEqual(r.returncode, 75, r)
+            self.assertTrue(rows["Work"]["result"].startswith(
+                "failed: ") and "Permission denied" in
+                rows["Work"]["result"], rows)
+            self.assertEqual(rows["INBOX"]["result"], "rebuilt")
+            self.assertEqual(rows["INBOX"]["messages"], "1")
+
     def test_changed_guid_survives_rebuild(self):
         """A mailbox GUID change (as dsync makes it) keeps the messages,
         and a rebuild from the LSM alone brings the new GUID back."""
