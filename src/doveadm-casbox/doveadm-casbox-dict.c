@@ -171,7 +171,7 @@ dict_train(struct casbox_admin *adm, struct dict_train_result *res,
 			       &blobs, error_r) < 0)
 		return -1;
 	array_foreach(&blobs, blob) {
-		bool hold = (i++ % DICT_HOLDOUT_EVERY) == DICT_HOLDOUT_EVERY - 1;
+		bool hold = ++i % DICT_HOLDOUT_EVERY == 0;
 
 		if (hold ? array_count(&heldout) >= DICT_MAX_HELDOUT :
 		    array_count(&train) >= DICT_MAX_SAMPLES)

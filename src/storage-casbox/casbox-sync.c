@@ -146,7 +146,8 @@ static int casbox_sync_index(struct casbox_sync_context *ctx)
 		if (!box->creating &&
 		    (ret = casbox_sync_recover(ctx)) != 0)
 			return ret < 0 ? -1 : 0;
-		return casbox_mailbox_create_indexes(box, NULL, NULL, ctx->trans);
+		return casbox_mailbox_create_indexes(box, NULL, NULL,
+						     ctx->trans);
 	}
 
 	/* mark the newly seen messages as recent */
