@@ -450,6 +450,46 @@ static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 	mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 }
 
+struct casbox_storage_id_context {
+	const unsigned char *guid;
+	const char *name;
+	bool taken;
+};
+
+static void
+casbox_storage_id_check(void *context, const guid_128_t mailbox_guid,
+			const struct casbox_mailbox_record *rec)
+{
+	struct casbox_storage_id_context *ctx = context;
+
+	if (guid_128_equals(mailbox_guid, ctx->guid) &&
+	    strcmp(rec->name, ctx->name) != 0)
+		ctx->taken = TRUE;
+}
+
+/* Is guid the storage id of another mailbox's records? It can be: the
+   storage id stays when dsync changes a mailbox's public GUID, and a
+   later create may be given the old GUID. */
+static bool
+casbox_storage_id_is_taken(struct casbox_mailbox *mbox,
+			   const guid_128_t guid)
+{
+	struct casbox_storage_id_context ctx = {
+		.guid = guid, .name = mailbox_get_vname(&mbox->box),
+	};
+	struct casbox_store *store;
+	const char *error;
+
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return FALSE;
+	if (casbox_store_mailbox_iterate(store, casbox_storage_id_check,
+					 &ctx, &error) < 0) {
+		e_error(mbox->box.event, CASBOX_LOG_PREFIX"%s", error);
+		return FALSE;
+	}
+	return ctx.taken;
+}
+
 static int casbox_mailbox_create_locked(struct mailbox *box,
 					const struct mailbox_update *update)
 {
@@ -475,6 +515,17 @@ static int casbox_mailbox_create_locked(struct mailbox *box,
 		    casbox_sync_rebuild_create_update(CASBOX_MAILBOX(box),
 						      &rec_update,
 						      rec_public_guid) > 0) {
+			update = &rec_update;
+			public_guid = rec_public_guid;
+		} else if (update != NULL &&
+			   !guid_128_is_empty(update->mailbox_guid) &&
+			   casbox_storage_id_is_taken(CASBOX_MAILBOX(box),
+						      update->mailbox_guid)) {
+			/* a fresh storage id, the GUID asked for as the
+			   public one */
+			rec_update = *update;
+			guid_128_generate(rec_update.mailbox_guid);
+			guid_128_copy(rec_public_guid, update->mailbox_guid);
 			update = &rec_update;
 			public_guid = rec_public_guid;
 		}

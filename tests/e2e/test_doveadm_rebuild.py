@@ -101,6 +101,43 @@ class DoveadmRebuildTest(unittest.TestCase):
             self.assertEqual(after.status["Work"]["guid"], new_guid)
             test_rebuild.RebuildTest.assert_recovered(self, before, after)
 
+    def test_old_guid_given_to_a_new_mailbox(self):
+        """After a GUID change the old GUID is still the storage id of
+        the mailbox's records; a mailbox created later with that GUID
+        gets its own records, before and after a rebuild."""
+        new_guid = "fedcba9876543210fedcba9876543210"
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            populate(dc)
+            before = Snapshot(dc)
+            old_guid = before.status["Work"]["guid"]
+            dc.doveadm("mailbox", "update", "-u", USER, "--mailbox-guid",
+                       new_guid, "Work")
+            dc.doveadm("mailbox", "create", "-u", USER, "-g", old_guid,
+                       "Other")
+            imap = dc.imap_login(USER)
+            try:
+                for i in range(3):
+                    typ, resp = imap.append(
+                        "Other", None, None,
+                        b"Subject: other %d\r\n\r\nbody %d\r\n" % (i, i))
+                    self.assertEqual(typ, "OK", resp)
+            finally:
+                imap.logout()
+            r = dc.doveadm("-f", "tab", "mailbox", "status", "-u", USER,
+                           "guid messages", "Other")
+            status = parse_tab(r.stdout)[0]
+            self.assertEqual((status["guid"], status["messages"]),
+                             (old_guid, "3"))
+            self.assertEqual(Snapshot(dc).bodies, before.bodies)
+            r, rows = rebuild(dc)
+            self.assertEqual(rows["Other"]["messages"], "3")
+            after = Snapshot(dc)
+            self.assertEqual(after.status["Work"]["guid"], new_guid)
+            self.assertEqual(after.bodies, before.bodies)
+            self.assertEqual(len(after.msgs["Work"]),
+                             len(before.msgs["Work"]))
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
