@@ -29,6 +29,7 @@ import email.policy
 import os
 import sqlite3
 import subprocess
+import sys
 import time
 
 from imapraw import RawIMAP
@@ -120,21 +121,37 @@ def _dir_bytes(path):
     return total
 
 
+# ru_maxrss survives execve on Linux, so a doveadm forked straight from
+# this Python (which holds the corpus in memory) would report Python's
+# peak. A fresh small interpreter runs it and reports its child's peak.
+_RSS_HELPER = """
+import resource, subprocess, sys, time
+t0 = time.perf_counter()
+p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT)
+dt = time.perf_counter() - t0
+sys.stdout.buffer.write(p.stdout[-300:])
+print("\\nRSSHELPER %d %f %d" % (p.returncode, dt,
+      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+"""
+
+
 def _timed_doveadm(harness, dc, args):
-    """Run doveadm under this instance's config and return (seconds,
-    ru_maxrss KiB) of exactly that process (os.wait4)."""
-    p = subprocess.Popen([harness.DOVEADM, "-c", dc.conf_path] + args,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    t0 = time.perf_counter()
-    out = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    dt = time.perf_counter() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
+    """Run doveadm under this instance's config; (seconds, peak RSS KiB)
+    of exactly that process."""
+    p = subprocess.run([sys.executable, "-c", _RSS_HELPER, harness.DOVEADM,
+                        "-c", dc.conf_path] + args, capture_output=True,
+                       timeout=3600)
+    out = p.stdout.decode("latin-1", "replace")
+    last = out.strip().splitlines()[-1].split() if out.strip() else []
+    if len(last) != 4 or last[0] != "RSSHELPER":
+        raise RuntimeError("doveadm %s: no result: %s %s"
+                           % (" ".join(args), out[-300:], p.stderr[-300:]))
+    rc, dt, rss = int(last[1]), float(last[2]), int(last[3])
+    if rc != 0:
         raise RuntimeError("doveadm %s failed (%d): %s"
-                           % (" ".join(args), p.returncode,
-                              out.decode("latin-1", "replace")[-300:]))
-    return dt, ru.ru_maxrss
+                           % (" ".join(args), rc, out[-300:]))
+    return dt, rss
 
 
 def run_engine(harness, name, messages, log, timeout):
