@@ -218,6 +218,9 @@ class Dovecot:
         raise HarnessError("dovecot master process not found after start")
 
     def stop(self):
+        """Stop the instance and wait until the master has exited, so
+        the log is complete. Safe to call inside the `with` block; the
+        exit then only checks the log."""
         if self.master_pid is None:
             return
         pid, self.master_pid = self.master_pid, None
