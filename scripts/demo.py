@@ -53,6 +53,9 @@ def main():
                   .replace("\r\n", "\n  "))
         imap.logout()
 
+        print("demo: doveadm casbox stats -u demo")
+        print(dc.doveadm("casbox", "stats", "-u", "demo").stdout.rstrip())
+
         print()
         print("Dovecot with casbox + casidx is running:")
         print("  IMAP  127.0.0.1:%d  user demo  password %s"
