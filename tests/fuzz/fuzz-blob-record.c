@@ -4,9 +4,7 @@
 #include "lib.h"
 #include "buffer.h"
 #include "casbox-pack.h"
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -34,6 +32,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef CASBOX_LIBFUZZER
 int main(int argc, char **argv)
 {
-	return fuzz_replay_main("blob-record", argc, argv);
+	return fuzz_replay_main("blob-record", argc, argv, NULL);
 }
 #endif

@@ -5,9 +5,7 @@
 #include "lib.h"
 #include "buffer.h"
 #include "cas-key.h"
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 static struct cas_keyring *fuzz_keyring;
 
@@ -42,6 +40,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef CASBOX_LIBFUZZER
 int main(int argc, char **argv)
 {
-	return fuzz_replay_main("key", argc, argv);
+	return fuzz_replay_main("key", argc, argv, NULL);
 }
 #endif

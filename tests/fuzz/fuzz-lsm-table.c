@@ -13,9 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 static void fuzz_check_lookup(struct casbox_lsm_table *table,
 			      const struct casbox_lsm_source *src)
@@ -103,7 +101,7 @@ int main(int argc, char **argv)
 		fuzz_make_seed(t_strconcat(argv[2], "/blocks", NULL), 150, 60);
 		ret = 0;
 	} else {
-		ret = fuzz_replay_main("lsm-table", argc, argv);
+		ret = fuzz_replay_main("lsm-table", argc, argv, NULL);
 	}
 	lib_deinit();
 	return ret;

@@ -13,9 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 struct fuzz_apply {
 	struct casbox_lsm_memtable *mt;
@@ -106,7 +104,7 @@ int main(int argc, char **argv)
 		fuzz_make_seed(t_strconcat(argv[2], "/torn", NULL), 4);
 		ret = 0;
 	} else {
-		ret = fuzz_replay_main("lsm-wal", argc, argv);
+		ret = fuzz_replay_main("lsm-wal", argc, argv, NULL);
 	}
 	lib_deinit();
 	return ret;

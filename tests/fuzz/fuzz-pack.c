@@ -17,9 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 static struct cas_keyring *fuzz_keyring;
 static struct casbox_pack_store *fuzz_store;
@@ -233,6 +231,6 @@ int main(int argc, char **argv)
 		} T_END;
 		return 0;
 	}
-	return fuzz_replay_main("pack", argc, argv);
+	return fuzz_replay_main("pack", argc, argv, NULL);
 }
 #endif

@@ -4,7 +4,8 @@
    posting a subset of the segment's docs with one tf per doc.
    libFuzzer: clang -fsanitize=fuzzer,address -DCASIDX_LIBFUZZER ...
    Otherwise main() replays files or directories given as arguments, by
-   default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/segment (make check);
+   default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/segment (make check,
+   shared driver in fuzz-replay.c);
    `fuzz-segment --make-corpus DIR` writes the seed segments.
    Every input is also opened as a sealed file (casidx-crypt.h) with a
    fixed fuzzing key: only an authentic one (the "sealed" seed) may
@@ -17,14 +18,7 @@
 #include "cas-key.h"
 #include "casidx-crypt.h"
 #include "casidx-segment.h"
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz-replay.h"
 
 #define FUZZ_GUID "00000000000000000000000000000001"
 #define FUZZ_SEG_NAME "seg-00000001.cxs"
@@ -104,49 +98,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef CASIDX_LIBFUZZER
-static unsigned int replay_count;
-
-static void replay_file(const char *path)
+/* the "sealed" seed reaches the decoder through decryption */
+static const char *fuzz_segment_corpus_check(void)
 {
-	buffer_t *buf = buffer_create_dynamic(default_pool, 4096);
-	unsigned char block[4096];
-	ssize_t ret;
-	int fd;
-
-	fd = open(path, O_RDONLY);
-	if (fd < 0)
-		i_fatal("open(%s) failed: %m", path);
-	while ((ret = read(fd, block, sizeof(block))) > 0)
-		buffer_append(buf, block, ret);
-	if (ret < 0)
-		i_fatal("read(%s) failed: %m", path);
-	i_close_fd(&fd);
-	(void)LLVMFuzzerTestOneInput(buf->data, buf->used);
-	buffer_free(&buf);
-	replay_count++;
-}
-
-static void replay_path(const char *path)
-{
-	struct dirent *d;
-	struct stat st;
-	DIR *dir;
-
-	if (stat(path, &st) < 0)
-		i_fatal("stat(%s) failed: %m", path);
-	if (!S_ISDIR(st.st_mode)) {
-		replay_file(path);
-		return;
-	}
-	dir = opendir(path);
-	if (dir == NULL)
-		i_fatal("opendir(%s) failed: %m", path);
-	while ((d = readdir(dir)) != NULL) {
-		if (d->d_name[0] != '.') T_BEGIN {
-			replay_path(t_strconcat(path, "/", d->d_name, NULL));
-		} T_END;
-	}
-	(void)closedir(dir);
+	return sealed_opened == 0 ? "no sealed input decrypted" : NULL;
 }
 
 static void write_seed(const char *dir, const char *name,
@@ -196,11 +151,8 @@ static void write_sealed_seed(const char *dir, const char *name)
 
 int main(int argc, char *argv[])
 {
-	const char *srcdir = getenv("CASBOX_TOP_SRCDIR");
-	int i;
-
-	lib_init();
 	if (argc == 3 && strcmp(argv[1], "--make-corpus") == 0) {
+		lib_init();
 		write_seed(argv[2], "empty", 0, 0);
 		write_seed(argv[2], "no-terms", 3, 0);
 		write_seed(argv[2], "small", 4, 5);
@@ -209,22 +161,7 @@ int main(int argc, char *argv[])
 		lib_deinit();
 		return 0;
 	}
-	if (argc > 1) {
-		for (i = 1; i < argc; i++)
-			replay_path(argv[i]);
-	} else {
-		replay_path(t_strconcat(srcdir != NULL ? srcdir : "..",
-					"/tests/fuzz/corpus/segment", NULL));
-		/* the "sealed" seed reaches the decoder through decryption */
-		if (sealed_opened == 0)
-			i_fatal("no sealed input decrypted");
-	}
-	/* an empty or missing corpus must not pass silently */
-	if (replay_count == 0)
-		i_fatal("no fuzz inputs replayed");
-	printf("replayed %u inputs\n", replay_count);
-	cas_keyring_free(&fuzz_keyring);
-	lib_deinit();
-	return 0;
+	return fuzz_replay_main("segment", argc, argv,
+				fuzz_segment_corpus_check);
 }
 #endif

@@ -5,19 +5,13 @@
 
    libFuzzer: clang -fsanitize=fuzzer,address -DCASIDX_LIBFUZZER ...
    Otherwise main() replays files or directories given as arguments, by
-   default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/tokenizer (make check). */
+   default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/tokenizer (make check),
+   with the shared driver in fuzz-replay.c. */
 
 #include "lib.h"
 #include "str.h"
 #include "casidx-tokenizer-private.h"
-
-#include <dirent.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz-replay.h"
 
 static struct casidx_tokenizer *tok;
 
@@ -87,71 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef CASIDX_LIBFUZZER
-static unsigned int replay_count;
-
-static void replay_file(const char *path)
-{
-	buffer_t *buf = buffer_create_dynamic(default_pool, 4096);
-	unsigned char block[4096];
-	ssize_t ret;
-	int fd;
-
-	fd = open(path, O_RDONLY);
-	if (fd < 0)
-		i_fatal("open(%s) failed: %m", path);
-	while ((ret = read(fd, block, sizeof(block))) > 0)
-		buffer_append(buf, block, ret);
-	if (ret < 0)
-		i_fatal("read(%s) failed: %m", path);
-	i_close_fd(&fd);
-	(void)LLVMFuzzerTestOneInput(buf->data, buf->used);
-	buffer_free(&buf);
-	replay_count++;
-}
-
-static void replay_path(const char *path)
-{
-	struct dirent *d;
-	struct stat st;
-	DIR *dir;
-
-	if (stat(path, &st) < 0)
-		i_fatal("stat(%s) failed: %m", path);
-	if (!S_ISDIR(st.st_mode)) {
-		replay_file(path);
-		return;
-	}
-	dir = opendir(path);
-	if (dir == NULL)
-		i_fatal("opendir(%s) failed: %m", path);
-	while ((d = readdir(dir)) != NULL) {
-		if (d->d_name[0] != '.') T_BEGIN {
-			replay_path(t_strconcat(path, "/", d->d_name, NULL));
-		} T_END;
-	}
-	(void)closedir(dir);
-}
-
 int main(int argc, char *argv[])
 {
-	const char *srcdir = getenv("CASBOX_TOP_SRCDIR");
-	int i;
-
-	lib_init();
-	tok = casidx_tokenizer_create();
-	if (argc > 1) {
-		for (i = 1; i < argc; i++)
-			replay_path(argv[i]);
-	} else {
-		replay_path(t_strconcat(srcdir != NULL ? srcdir : "..",
-					"/tests/fuzz/corpus/tokenizer", NULL));
-	}
-	/* an empty or missing corpus must not pass silently */
-	if (replay_count == 0)
-		i_fatal("no fuzz inputs replayed");
-	printf("replayed %u inputs\n", replay_count);
-	casidx_tokenizer_destroy(&tok);
-	lib_deinit();
-	return 0;
+	return fuzz_replay_main("tokenizer", argc, argv, NULL);
 }
 #endif

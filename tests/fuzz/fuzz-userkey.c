@@ -9,9 +9,7 @@
 #include "lib.h"
 #include "buffer.h"
 #include "cas-userkey.h"
-/* fuzz-pack-replay.c */
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int fuzz_replay_main(const char *name, int argc, char **argv);
+#include "fuzz-replay.h"
 
 #define FUZZ_PASSWORD "fuzz"
 
@@ -78,6 +76,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef CASBOX_LIBFUZZER
 int main(int argc, char **argv)
 {
-	return fuzz_replay_main("userkey", argc, argv);
+	return fuzz_replay_main("userkey", argc, argv, NULL);
 }
 #endif
