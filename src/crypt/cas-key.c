@@ -391,9 +391,9 @@ int cas_dek_rewrap(const struct cas_keyring *old_keyring,
 	return 1;
 }
 
-void cas_record_seal(const struct cas_keyring *keyring,
-		     const void *aad, size_t aad_size,
-		     const void *data, size_t size, buffer_t *sealed)
+void cas_record_seal_key(const unsigned char key[CAS_KEK_SIZE],
+			 const void *aad, size_t aad_size,
+			 const void *data, size_t size, buffer_t *sealed)
 {
 	unsigned char *nonce, *ct;
 
@@ -405,13 +405,13 @@ void cas_record_seal(const struct cas_keyring *keyring,
 	/* the append may have moved the buffer */
 	nonce = ct - crypto_aead_xchacha20poly1305_ietf_NPUBBYTES;
 	crypto_aead_xchacha20poly1305_ietf_encrypt(ct, NULL, data, size,
-		aad, aad_size, NULL, nonce, keyring->secrets->index);
+		aad, aad_size, NULL, nonce, key);
 }
 
-int cas_record_open(const struct cas_keyring *keyring,
-		    const void *aad, size_t aad_size,
-		    const void *sealed, size_t sealed_size,
-		    buffer_t *plain, const char **error_r)
+int cas_record_open_key(const unsigned char key[CAS_KEK_SIZE],
+			const void *aad, size_t aad_size,
+			const void *sealed, size_t sealed_size,
+			buffer_t *plain, const char **error_r)
 {
 	const unsigned char *nonce = sealed;
 	size_t overhead = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES +
@@ -429,13 +429,30 @@ int cas_record_open(const struct cas_keyring *keyring,
 	if (crypto_aead_xchacha20poly1305_ietf_decrypt(dest, NULL, NULL,
 		nonce + crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
 		sealed_size - crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
-		aad, aad_size, nonce, keyring->secrets->index) != 0) {
+		aad, aad_size, nonce, key) != 0) {
 		sodium_memzero(dest, sealed_size - overhead);
 		buffer_set_used_size(plain, old_used);
 		*error_r = "sealed record: authentication failed";
 		return -1;
 	}
 	return 1;
+}
+
+void cas_record_seal(const struct cas_keyring *keyring,
+		     const void *aad, size_t aad_size,
+		     const void *data, size_t size, buffer_t *sealed)
+{
+	cas_record_seal_key(keyring->secrets->index, aad, aad_size,
+			    data, size, sealed);
+}
+
+int cas_record_open(const struct cas_keyring *keyring,
+		    const void *aad, size_t aad_size,
+		    const void *sealed, size_t sealed_size,
+		    buffer_t *plain, const char **error_r)
+{
+	return cas_record_open_key(keyring->secrets->index, aad, aad_size,
+				   sealed, sealed_size, plain, error_r);
 }
 
 /* Raw AEAD with a caller-held key (the blob codec's per-blob DEK). */

@@ -100,6 +100,15 @@ int cas_record_open(const struct cas_keyring *keyring,
 		    const void *aad, size_t aad_size,
 		    const void *sealed, size_t sealed_size,
 		    buffer_t *plain, const char **error_r);
+/* The same with a caller-held 32-byte key (password mode's index key,
+   cas-userkey.c): one implementation of the record format. */
+void cas_record_seal_key(const unsigned char key[CAS_KEK_SIZE],
+			 const void *aad, size_t aad_size,
+			 const void *data, size_t size, buffer_t *sealed);
+int cas_record_open_key(const unsigned char key[CAS_KEK_SIZE],
+			const void *aad, size_t aad_size,
+			const void *sealed, size_t sealed_size,
+			buffer_t *plain, const char **error_r);
 
 /* XChaCha20-Poly1305 with a caller-held key (the per-blob DEK).
    dest has size + CAS_AEAD_TAG_SIZE bytes (ciphertext | tag). decrypt

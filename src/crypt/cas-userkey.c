@@ -856,18 +856,9 @@ void cas_userkey_record_seal(const struct cas_userkey *key,
 			     const void *aad, size_t aad_size,
 			     const void *data, size_t size, buffer_t *sealed)
 {
-	unsigned char *nonce, *ct;
-
 	i_assert(key->unlocked);
-	(void)buffer_append_space_unsafe(sealed,
-		crypto_aead_xchacha20poly1305_ietf_NPUBBYTES);
-	ct = buffer_append_space_unsafe(sealed,
-		size + crypto_aead_xchacha20poly1305_ietf_ABYTES);
-	/* the second append may have moved the buffer */
-	nonce = ct - crypto_aead_xchacha20poly1305_ietf_NPUBBYTES;
-	randombytes_buf(nonce, crypto_aead_xchacha20poly1305_ietf_NPUBBYTES);
-	crypto_aead_xchacha20poly1305_ietf_encrypt(ct, NULL, data, size,
-		aad, aad_size, NULL, nonce, key->secrets->index_key);
+	cas_record_seal_key(key->secrets->index_key, aad, aad_size,
+			    data, size, sealed);
 }
 
 int cas_userkey_record_open(const struct cas_userkey *key,
@@ -875,31 +866,11 @@ int cas_userkey_record_open(const struct cas_userkey *key,
 			    const void *sealed, size_t sealed_size,
 			    buffer_t *plain, const char **error_r)
 {
-	const unsigned char *nonce = sealed;
-	size_t overhead = crypto_aead_xchacha20poly1305_ietf_NPUBBYTES +
-		crypto_aead_xchacha20poly1305_ietf_ABYTES;
-	size_t old_used = plain->used;
-	unsigned char *dest;
-
 	if (!key->unlocked) {
 		*error_r = "sealed record: user key is locked "
 			"(no password in this process)";
 		return -1;
 	}
-	if (sealed_size < overhead) {
-		*error_r = t_strdup_printf(
-			"sealed record too short (%zu bytes)", sealed_size);
-		return -1;
-	}
-	dest = buffer_append_space_unsafe(plain, sealed_size - overhead);
-	if (crypto_aead_xchacha20poly1305_ietf_decrypt(dest, NULL, NULL,
-		nonce + crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
-		sealed_size - crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
-		aad, aad_size, nonce, key->secrets->index_key) != 0) {
-		sodium_memzero(dest, sealed_size - overhead);
-		buffer_set_used_size(plain, old_used);
-		*error_r = "sealed record: authentication failed";
-		return -1;
-	}
-	return 1;
+	return cas_record_open_key(key->secrets->index_key, aad, aad_size,
+				   sealed, sealed_size, plain, error_r);
 }
