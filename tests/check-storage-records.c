@@ -178,6 +178,7 @@ START_TEST(test_blob_and_mailbox_values)
 	ck_assert_int_eq(casbox_blob_value_import(buf->data, buf->used,
 						  &val2, &error), -1);
 
+	i_zero(&mrec);
 	mrec.uid_validity = 1796083230;
 	mrec.name = "Archive/2024";
 	buffer_set_used_size(buf, 0);
@@ -189,6 +190,60 @@ START_TEST(test_blob_and_mailbox_values)
 	ck_assert_int_eq(casbox_mailbox_record_import(buf->data,
 						      buf->used - 1, pool,
 						      &mrec2, &error), -1);
+	pool_unref(&pool);
+}
+END_TEST
+
+START_TEST(test_mailbox_record_tail)
+{
+	pool_t pool = pool_alloconly_create("test", 1024);
+	struct casbox_mailbox_record mrec, mrec2;
+	buffer_t *buf = buffer_create_dynamic(pool, 64);
+	const char *error;
+	size_t base, cut;
+
+	i_zero(&mrec);
+	mrec.uid_validity = 42;
+	mrec.name = "INBOX";
+	mrec.next_uid = 77;
+	mrec.highest_modseq = 123456789012ULL;
+	guid_128_generate(mrec.guid);
+	casbox_mailbox_record_export(&mrec, buf);
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data, buf->used,
+						      pool, &mrec2, &error), 1);
+	ck_assert_uint_eq(mrec2.next_uid, 77);
+	ck_assert(mrec2.highest_modseq == 123456789012ULL);
+	ck_assert(guid_128_equals(mrec2.guid, mrec.guid));
+
+	/* version, uid validity, name: what records held before the tail
+	   fields existed; they still import, with the tail unknown */
+	base = 1 + 4 + 2 + strlen(mrec.name);
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data, base,
+						      pool, &mrec2, &error), 1);
+	ck_assert_uint_eq(mrec2.next_uid, 0);
+	ck_assert(mrec2.highest_modseq == 0);
+	ck_assert(guid_128_is_empty(mrec2.guid));
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data, base + 4,
+						      pool, &mrec2, &error), 1);
+	ck_assert_uint_eq(mrec2.next_uid, 77);
+	ck_assert(mrec2.highest_modseq == 0);
+
+	/* a cut inside any tail field is damage, never a short value */
+	for (cut = base + 1; cut < buf->used; cut++) {
+		if (cut == base + 4 || cut == base + 12)
+			continue;
+		ck_assert_msg(casbox_mailbox_record_import(buf->data, cut,
+				pool, &mrec2, &error) == -1, "cut %zu", cut);
+	}
+
+	/* the public GUID is written only when it differs from the key's */
+	guid_128_empty(mrec.guid);
+	buffer_set_used_size(buf, 0);
+	casbox_mailbox_record_export(&mrec, buf);
+	ck_assert_uint_eq(buf->used, base + 12);
+	ck_assert_int_eq(casbox_mailbox_record_import(buf->data, buf->used,
+						      pool, &mrec2, &error), 1);
+	ck_assert(guid_128_is_empty(mrec2.guid));
 	pool_unref(&pool);
 }
 END_TEST
@@ -206,6 +261,7 @@ int main(void)
 	tcase_add_test(tc, test_msg_inconsistent_fail);
 	tcase_add_test(tc, test_message_keys_sort_by_uid);
 	tcase_add_test(tc, test_blob_and_mailbox_values);
+	tcase_add_test(tc, test_mailbox_record_tail);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
