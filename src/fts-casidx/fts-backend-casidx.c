@@ -92,13 +92,30 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 	return 0;
 }
 
+/* A positive integer setting: dest is left alone when unset.
+   Returns 0 ok, -1 invalid. */
+static int casidx_setting_uint(struct mail_user *user, const char *name,
+			       unsigned int *dest, const char **error_r)
+{
+	const char *value = mail_user_plugin_getenv(user, name);
+	unsigned int num;
+
+	if (value == NULL)
+		return 0;
+	if (str_to_uint(value, &num) < 0 || num == 0) {
+		*error_r = t_strdup_printf("Invalid %s: %s", name, value);
+		return -1;
+	}
+	*dest = num;
+	return 0;
+}
+
 static int
 casidx_settings_read(struct casidx_fts_backend *backend,
 		     struct mail_user *user, const char **error_r)
 {
 	const char *value;
 	uoff_t size;
-	unsigned int num;
 
 	value = mail_user_plugin_getenv(user, "fts_casidx_memory_budget");
 	if (value != NULL) {
@@ -110,24 +127,11 @@ casidx_settings_read(struct casidx_fts_backend *backend,
 		}
 		backend->set.memory_budget = size;
 	}
-	value = mail_user_plugin_getenv(user, "fts_casidx_merge_segments");
-	if (value != NULL) {
-		if (str_to_uint(value, &num) < 0 || num == 0) {
-			*error_r = t_strdup_printf(
-				"Invalid fts_casidx_merge_segments: %s", value);
-			return -1;
-		}
-		backend->set.merge_threshold = num;
-	}
-	value = mail_user_plugin_getenv(user, "fts_casidx_lock_timeout");
-	if (value != NULL) {
-		if (str_to_uint(value, &num) < 0 || num == 0) {
-			*error_r = t_strdup_printf(
-				"Invalid fts_casidx_lock_timeout: %s", value);
-			return -1;
-		}
-		backend->set.lock_timeout_secs = num;
-	}
+	if (casidx_setting_uint(user, "fts_casidx_merge_segments",
+				&backend->set.merge_threshold, error_r) < 0 ||
+	    casidx_setting_uint(user, "fts_casidx_lock_timeout",
+				&backend->set.lock_timeout_secs, error_r) < 0)
+		return -1;
 	backend->set.no_fsync =
 		mail_user_plugin_getenv_bool(user, "fts_casidx_no_fsync");
 	return casidx_settings_read_encrypt(backend, user, error_r);
