@@ -18,7 +18,7 @@ def main():
                     help="word to search for in message bodies")
     args = ap.parse_args()
 
-    with Dovecot(mail_location="casbox:~/casbox",
+    with Dovecot(mail_location="casbox:~/casbox", system_doveadm_plugin=True,
                  mail_plugins=["casbox", "fts", "fts_casidx"],
                  plugin_settings={
                      "casbox_key_file": "%h/casbox.key",

@@ -107,6 +107,25 @@ def ensure_test_user():
     return pwd.getpwnam(TEST_USER)
 
 
+_NAMESPACE_OK = None
+
+
+def private_mounts_available():
+    """True when we may give Dovecot a private mount namespace (root and
+    unshare(CLONE_NEWNS) allowed). Then each instance sees its own build's
+    doveadm plugin bind-mounted over the compiled-in doveadm module dir,
+    so several build trees can run e2e tests at once."""
+    global _NAMESPACE_OK
+    if _NAMESPACE_OK is None:
+        _NAMESPACE_OK = False
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            res = subprocess.run(
+                ["unshare", "-m", "--", "mount", "--bind", "/",
+                 "/"], capture_output=True)
+            _NAMESPACE_OK = res.returncode == 0
+    return _NAMESPACE_OK
+
+
 def _atomic_copy(src, dest):
     tmp = "%s.tmp.%d" % (dest, os.getpid())
     shutil.copyfile(src, tmp)
@@ -119,7 +138,8 @@ class Dovecot:
 
     def __init__(self, mail_location="casbox:~/casbox", mail_plugins=None,
                  plugin_settings=None, extra_conf="", protocols="imap lmtp",
-                 users_prefix="", keep_tmp=None, mail_debug=None):
+                 users_prefix="", keep_tmp=None, mail_debug=None,
+                 system_doveadm_plugin=False):
         self.mail_location = mail_location
         self.mail_plugins = list(mail_plugins if mail_plugins is not None
                                  else ["casbox"])
@@ -131,6 +151,10 @@ class Dovecot:
         self.mail_debug = (os.environ.get("CASBOX_MAIL_DEBUG") == "1"
                            if mail_debug is None else mail_debug)
         self.allowed_log = []
+        # install our doveadm plugin into the system dir even when a
+        # private mount namespace is possible (the demo, whose user runs
+        # doveadm by hand)
+        self.system_doveadm_plugin = system_doveadm_plugin
         self.tmp = None
         self.master_pid = None
         self.imap_port = None
@@ -184,7 +208,7 @@ class Dovecot:
         # would hold a pipe open forever.
         out_path = os.path.join(self.tmp, "start.out")
         with open(out_path, "w+") as out:
-            res = subprocess.run([DOVECOT, "-c", self.conf_path],
+            res = subprocess.run(self.command(DOVECOT, "-c", self.conf_path),
                                  stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
             out.seek(0)
@@ -248,8 +272,10 @@ class Dovecot:
     def _stage_modules(self):
         """mail_plugin_dir replaces Dovecot's module dir, so it gets every
         stock module plus ours from the build tree. doveadm plugins are
-        only looked up in the compiled-in directory, so ours is
-        installed there (root only)."""
+        only looked up in the compiled-in directory: a private copy of
+        that directory with ours is bind-mounted over it in a mount
+        namespace of this instance (self.command()), or, where that is
+        not allowed, ours is installed there (root only)."""
         moddir = os.path.join(self.tmp, "modules")
         for path in glob.glob(os.path.join(SYSTEM_MODULEDIR, "*.so")):
             name = os.path.basename(path)
@@ -266,7 +292,18 @@ class Dovecot:
         dest = os.path.join(DOVEADM_MODULEDIR, name)
         if not os.path.exists(src):
             raise HarnessError("%s not built (looked at %s)" % (name, src))
-        if self.root:
+        self.doveadm_moddir = None
+        if (self.root and not self.system_doveadm_plugin
+                and private_mounts_available()):
+            staged = os.path.join(self.tmp, "doveadm-modules")
+            os.mkdir(staged)
+            for path in glob.glob(os.path.join(DOVEADM_MODULEDIR, "*.so")):
+                if os.path.basename(path) != name:
+                    shutil.copyfile(path, os.path.join(
+                        staged, os.path.basename(path)))
+            shutil.copyfile(src, os.path.join(staged, name))
+            self.doveadm_moddir = staged
+        elif self.root:
             _atomic_copy(src, dest)
         elif not os.path.exists(dest):
             raise HarnessError("doveadm loads plugins only from %s: run as "
@@ -364,9 +401,23 @@ plugin {{
         imap.login(user, PASSWORD)
         return imap
 
+    def command(self, *argv):
+        """argv wrapped so that it runs with this instance's view of the
+        doveadm module dir (see private_mounts_available()). Use it for
+        every Dovecot binary a test starts itself (e.g. with Popen)."""
+        if getattr(self, "doveadm_moddir", None) is None:
+            return list(argv)
+        return ["unshare", "-m", "--", "sh", "-c",
+                'mount --bind "$0" "$1" && shift && exec "$@"',
+                self.doveadm_moddir, DOVEADM_MODULEDIR] + list(argv)
+
+    def doveadm_command(self, *args):
+        """argv of a doveadm run against this instance (for Popen)."""
+        return self.command(DOVEADM, "-c", self.conf_path, *args)
+
     def doveadm(self, *args, check=True, input=None, text=True):
         """Run doveadm against this instance's config."""
-        res = subprocess.run([DOVEADM, "-c", self.conf_path] + list(args),
+        res = subprocess.run(self.doveadm_command(*args),
                              capture_output=True, text=text, input=input,
                              timeout=600)
         if check and res.returncode != 0:
