@@ -10,12 +10,10 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "casbox-lsm.h"
-#include "casbox-pack-private.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
 #include <sodium.h>
-#include <zstd.h>
 
 /* at most this many training samples, and one held-out blob for every
    DICT_HOLDOUT_EVERY eligible ones (up to DICT_MAX_HELDOUT) */
@@ -102,51 +100,19 @@ dict_measure(struct casbox_pack_store *packs, uint32_t dict_id,
 	     const ARRAY_TYPE(dict_buffer) *heldout,
 	     struct dict_train_result *res, const char **error_r)
 {
-	const struct casbox_pack_dict *dict;
-	buffer_t *const *bufp;
-	ZSTD_CCtx *cctx;
-	buffer_t *dest;
-	size_t n;
-	int ret = 0;
+	struct casbox_pack_dict_measure measure;
+	buffer_t *const *bufs;
+	unsigned int count;
 
-	dict = casbox_pack_dict_lookup(packs, dict_id);
-	if (dict == NULL || dict->error != NULL) {
-		*error_r = dict == NULL ? "trained dictionary not loaded" :
-			dict->error;
+	bufs = array_get(heldout, &count);
+	if (casbox_pack_dict_measure(packs, dict_id,
+				     (const buffer_t *const *)bufs, count,
+				     &measure, error_r) < 0)
 		return -1;
-	}
-	cctx = ZSTD_createCCtx();
-	if (cctx == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "ZSTD_createCCtx() failed");
-	dest = buffer_create_dynamic(default_pool, 64 * 1024);
-	array_foreach(heldout, bufp) {
-		const buffer_t *src = *bufp;
-		size_t bound = ZSTD_compressBound(src->used);
-		void *out = buffer_get_space_unsafe(dest, 0, bound);
-
-		n = ZSTD_compressCCtx(cctx, out, bound, src->data, src->used,
-				      packs->set.zstd_level);
-		if (ZSTD_isError(n)) {
-			*error_r = ZSTD_getErrorName(n);
-			ret = -1;
-			break;
-		}
-		res->without_bytes += n;
-		n = ZSTD_compress_usingCDict(cctx, out, bound, src->data,
-					     src->used, dict->cdict);
-		if (ZSTD_isError(n)) {
-			*error_r = ZSTD_getErrorName(n);
-			ret = -1;
-			break;
-		}
-		res->with_bytes += n;
-		res->plain_bytes += src->used;
-	}
-	sodium_memzero(buffer_get_modifiable_data(dest, NULL),
-		       buffer_get_size(dest));
-	buffer_free(&dest);
-	ZSTD_freeCCtx(cctx);
-	return ret;
+	res->plain_bytes += measure.plain_bytes;
+	res->without_bytes += measure.without_bytes;
+	res->with_bytes += measure.with_bytes;
+	return 0;
 }
 
 static int
@@ -167,7 +133,7 @@ dict_train(struct casbox_admin *adm, struct dict_train_result *res,
 	t_array_init(&heldout, 64);
 	t_array_init(&samples, 256);
 	t_array_init(&sizes, 256);
-	if (dict_collect_blobs(adm, adm->packs->set.dict_max_blob_size,
+	if (dict_collect_blobs(adm, casbox_pack_dict_max_blob_size(adm->packs),
 			       &blobs, error_r) < 0)
 		return -1;
 	array_foreach(&blobs, blob) {

@@ -77,6 +77,21 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 			   unsigned int count, uint32_t *dict_id_r,
 			   const char **error_r);
 
+/* Blobs up to this size use the current dictionary. */
+size_t casbox_pack_dict_max_blob_size(struct casbox_pack_store *store);
+/* What dictionary dict_id saves on samples: their compressed sizes
+   without and with it, at the store's level (doveadm casbox dict
+   train). Returns 0 ok, -1 error (dictionary not loaded, zstd). */
+struct casbox_pack_dict_measure {
+	uint64_t plain_bytes, without_bytes, with_bytes;
+};
+int casbox_pack_dict_measure(struct casbox_pack_store *store,
+			     uint32_t dict_id,
+			     const buffer_t *const *samples,
+			     unsigned int count,
+			     struct casbox_pack_dict_measure *measure_r,
+			     const char **error_r);
+
 /* Id of the dictionary new small blobs use, 0 = none yet (the caller
    decides when to train one). */
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
