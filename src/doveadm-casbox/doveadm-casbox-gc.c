@@ -33,12 +33,12 @@ struct casbox_gc_cmd_context {
 };
 
 struct casbox_gc_move {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	struct casbox_blob_record new_rec;
 };
 
 struct casbox_gc_pack {
-	struct casbox_admin_pack *pack;
+	struct casbox_census_pack *pack;
 	/* a live blob in it could not be moved: keep the pack */
 	bool keep;
 };
@@ -71,7 +71,7 @@ casbox_gc_candidate(struct casbox_gc *gc, uint32_t pack_id)
 static void casbox_gc_pick(struct casbox_gc *gc)
 {
 	unsigned int ratio = gc->adm->set.gc_dead_ratio;
-	struct casbox_admin_pack *pack;
+	struct casbox_census_pack *pack;
 	struct casbox_gc_pack *cand;
 
 	array_foreach_modifiable(&gc->census->packs, pack) {
@@ -93,7 +93,7 @@ static int casbox_gc_rotate(struct casbox_gc *gc, const char **error_r)
 	struct casbox_pack_settings set;
 	struct casbox_pack_store *store;
 	struct casbox_pack_txn *txn;
-	const struct casbox_admin_pack *last;
+	const struct casbox_census_pack *last;
 	const char *error;
 
 	if (array_count(&gc->census->packs) == 0)
@@ -133,7 +133,7 @@ static int casbox_gc_txn_commit(struct casbox_gc *gc, const char **error_r)
 }
 
 static int casbox_gc_copy_blob(struct casbox_gc *gc,
-			       struct casbox_admin_blob *blob,
+			       struct casbox_census_blob *blob,
 			       struct casbox_gc_pack *cand,
 			       const char **error_r)
 {
@@ -178,7 +178,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 
 static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	struct casbox_gc_pack *cand;
 	unsigned int i = 0, count = array_count(&gc->census->blob_list);
 	int ret = 0;
@@ -232,7 +232,7 @@ static void casbox_gc_switch(struct casbox_gc *gc,
 			     struct casbox_lsm_batch *batch,
 			     struct casbox_census *fresh)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	const struct casbox_gc_move *move;
 	struct casbox_gc_pack *cand;
 	buffer_t *key;
@@ -275,7 +275,8 @@ static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
 
 	if (casbox_lsm_batch_begin(gc->adm->lsm, &batch, error_r) < 0)
 		return -1;
-	if (casbox_census_build(gc->adm, NULL, NULL, &fresh, error_r) < 0) {
+	if (casbox_census_build(gc->adm->store, NULL, NULL, &fresh,
+				error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);
 		return -1;
 	}
@@ -320,8 +321,8 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	struct casbox_admin *adm = gc->adm;
 
 	if (casbox_admin_open_keys(adm, error_r) < 0 ||
-	    casbox_census_build(adm, NULL, NULL, &gc->census, error_r) < 0 ||
-	    casbox_census_scan_packs(adm, gc->census, NULL, NULL,
+	    casbox_census_build(adm->store, NULL, NULL, &gc->census, error_r) < 0 ||
+	    casbox_census_scan_packs(adm->store, gc->census, NULL, NULL,
 				     error_r) < 0)
 		return -1;
 	p_array_init(&gc->candidates, gc->census->pool, 8);

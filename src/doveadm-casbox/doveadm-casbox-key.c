@@ -26,7 +26,7 @@ static int casbox_key_store_has_data(struct casbox_admin *adm, bool *have_r,
 	static const unsigned char prefixes[] = {
 		CASBOX_KEY_KEYRING, CASBOX_KEY_BLOB, CASBOX_KEY_MESSAGE
 	};
-	ARRAY_TYPE(casbox_admin_pack) packs;
+	ARRAY_TYPE(casbox_census_pack) packs;
 	struct casbox_lsm_iter *iter;
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
@@ -43,8 +43,8 @@ static int casbox_key_store_has_data(struct casbox_admin *adm, bool *have_r,
 		if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
 			return -1;
 	}
-	if (casbox_admin_list_packs(adm, pool_datastack_create(), &packs,
-				    error_r) < 0)
+	if (casbox_census_list_packs(adm->root_dir, pool_datastack_create(),
+				     &packs, error_r) < 0)
 		return -1;
 	if (array_count(&packs) > 0)
 		*have_r = TRUE;

@@ -1,33 +1,71 @@
 /* doveadm casbox scrub: verify every pack frame, LSM file and reference
-   of a user's store; with --repair fix refcounts and mark damaged
-   blobs. See doc/doveadm.md. */
+   of a user's store; with --repair fix refcounts, quarantine damaged
+   blobs and mark the messages that use them. See doc/doveadm.md. */
 
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
+#include "ioloop.h"
 #include "istream.h"
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "casbox-lsm.h"
+#include "casbox-store-quarantine.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
+
+/* the status column */
+#define SCRUB_STATUS_DAMAGED "damaged"
+#define SCRUB_STATUS_KNOWN "known"
+#define SCRUB_STATUS_REPAIRED "repaired"
+
+#define SCRUB_LSM_HINT "not repaired by scrub: see doveadm casbox rebuild"
 
 struct casbox_scrub_cmd_context {
 	struct doveadm_mail_cmd_context ctx;
 	bool repair;
 };
 
-struct casbox_scrub {
-	struct casbox_admin *adm;
-	struct casbox_census *census;
-	/* damage rows printed */
-	unsigned int damaged;
-	/* of those, fixed by --repair */
-	unsigned int repaired;
+/* A message that uses a damaged (or quarantined) blob. */
+struct casbox_scrub_msg {
+	const char *mailbox;
+	uint32_t uid;
+	/* a part cannot be read */
+	bool damaged;
 };
 
+struct casbox_scrub {
+	struct casbox_admin *adm;
+	const char *username;
+	pool_t pool;
+	struct casbox_census *census;
+	ARRAY(struct casbox_scrub_msg) msgs;
+	/* damage rows printed, of them already quarantined */
+	unsigned int damaged, known;
+	/* rows of what --repair did */
+	unsigned int repaired;
+	/* an LSM file is damaged: the records may be incomplete */
+	bool lsm_damaged;
+	/* blobs were decoded (we had the key) */
+	bool decoded;
+};
+
+static void casbox_scrub_print(struct casbox_scrub *scrub,
+			       const char *mailbox, uint32_t uid,
+			       const char *object, const char *status,
+			       const char *cause)
+{
+	doveadm_print(scrub->username);
+	doveadm_print(mailbox);
+	doveadm_print(uid == 0 ? "-" : dec2str(uid));
+	doveadm_print(object);
+	doveadm_print(status);
+	doveadm_print(cause);
+}
+
+/* A damaged item found by the check (census callback too). */
 static void casbox_scrub_row(void *context, const char *mailbox,
 			     uint32_t uid, const char *object,
 			     const char *cause)
@@ -35,23 +73,62 @@ static void casbox_scrub_row(void *context, const char *mailbox,
 	struct casbox_scrub *scrub = context;
 
 	scrub->damaged++;
-	doveadm_print(mailbox);
-	doveadm_print(uid == 0 ? "-" : dec2str(uid));
-	doveadm_print(object);
-	doveadm_print(cause);
+	casbox_scrub_print(scrub, mailbox, uid, object,
+			   SCRUB_STATUS_DAMAGED, cause);
+}
+
+static void casbox_scrub_blob_row(struct casbox_scrub *scrub,
+				  const char *mailbox, uint32_t uid,
+				  const struct casbox_census_blob *blob,
+				  const char *cause)
+{
+	const char *status = SCRUB_STATUS_DAMAGED;
+
+	scrub->damaged++;
+	if (blob->quarantined != NULL) {
+		scrub->known++;
+		status = SCRUB_STATUS_KNOWN;
+	}
+	casbox_scrub_print(scrub, mailbox, uid, cas_blob_id_to_hex(&blob->id),
+			   status, cause);
 }
 
 static void casbox_scrub_lsm_damage(void *context, const char *file,
 				    uoff_t offset, const char *reason)
 {
+	struct casbox_scrub *scrub = context;
+
+	scrub->lsm_damaged = TRUE;
 	casbox_scrub_row(context, "-", 0,
 			 t_strdup_printf("%s@%"PRIuUOFF_T, file, offset),
-			 t_strdup_printf("LSM damage: %s", reason));
+			 t_strdup_printf("LSM damage: %s (%s)", reason,
+					 SCRUB_LSM_HINT));
+}
+
+static const char *casbox_scrub_size(uint64_t bytes)
+{
+	return t_strdup_printf("%"PRIu64".%"PRIu64" MB", bytes / 1000000,
+			       (bytes / 100000) % 10);
+}
+
+static unsigned int casbox_scrub_percent(uint64_t done, uint64_t total)
+{
+	return total == 0 ? 100 : (unsigned int)(done * 100 / total);
+}
+
+static void casbox_scrub_scan_progress(void *context ATTR_UNUSED,
+				       uint64_t frames, uint64_t bytes_done,
+				       uint64_t bytes_total)
+{
+	casbox_admin_progress_line(bytes_done == bytes_total,
+		"scrub: pack frames: %"PRIu64", %s of %s (%u%%)", frames,
+		casbox_scrub_size(bytes_done), casbox_scrub_size(bytes_total),
+		casbox_scrub_percent(bytes_done, bytes_total));
 }
 
 /* Decode the blob to its end: every chunk's CRC and AEAD tag. */
 static void casbox_scrub_decode(struct casbox_scrub *scrub,
-				struct casbox_admin_blob *blob)
+				struct casbox_census_blob *blob)
 {
 	struct istream *input;
 	const unsigned char *data;
@@ -74,11 +151,16 @@ static void casbox_scrub_decode(struct casbox_scrub *scrub,
 
 static void casbox_scrub_blobs(struct casbox_scrub *scrub)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	unsigned int i = 0, count = array_count(&scrub->census->blob_list);
+	uint64_t done = 0, total = 0;
 
+	array_foreach_elem(&scrub->census->blob_list, blob) {
+		if (blob->have_record && !blob->record_bad)
+			total += blob->rec.frame_size;
+	}
 	array_foreach_elem(&scrub->census->blob_list, blob) T_BEGIN {
-		casbox_admin_progress("scrub: decoding blobs", ++i, count);
+		i++;
 		if (!blob->have_record || blob->damage != NULL)
 			;
 		else if (!blob->frame_seen) {
@@ -88,8 +170,27 @@ static void casbox_scrub_blobs(struct casbox_scrub *scrub)
 		} else if (scrub->adm->keyring != NULL) {
 			casbox_scrub_decode(scrub, blob);
 		}
+		if (blob->have_record && !blob->record_bad)
+			done += blob->rec.frame_size;
+		casbox_admin_progress_line(i == count,
+			"scrub: blobs decoded: %u/%u, %s of %s (%u%%)",
+			i, count, casbox_scrub_size(done),
+			casbox_scrub_size(total),
+			casbox_scrub_percent(done, total));
 	} T_END;
 	casbox_admin_progress_end();
+}
+
+static void casbox_scrub_add_msg(struct casbox_scrub *scrub,
+				 const char *mailbox, uint32_t uid,
+				 bool damaged)
+{
+	struct casbox_scrub_msg *msg;
+
+	msg = array_append_space(&scrub->msgs);
+	msg->mailbox = p_strdup(scrub->pool, mailbox);
+	msg->uid = uid;
+	msg->damaged = damaged;
 }
 
 /* One row per message part that cannot be read. */
@@ -99,9 +200,10 @@ static void casbox_scrub_message(struct casbox_scrub *scrub,
 				 size_t value_size)
 {
 	const struct casbox_msg_part *part;
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	struct casbox_msg_record rec;
 	const char *error, *mailbox;
+	bool damaged = FALSE, quarantined = FALSE;
 	guid_128_t guid;
 	uint32_t uid;
 
@@ -115,15 +217,24 @@ static void casbox_scrub_message(struct casbox_scrub *scrub,
 		blob = hash_table_lookup(scrub->census->blobs, &part->id);
 		i_assert(blob != NULL);
 		if (!blob->have_record) {
-			casbox_scrub_row(scrub, mailbox, uid,
-					 cas_blob_id_to_hex(&part->id),
-					 "blob record missing");
+			casbox_scrub_blob_row(scrub, mailbox, uid, blob,
+					      "blob record missing");
+			damaged = TRUE;
 		} else if (blob->damage != NULL) {
-			casbox_scrub_row(scrub, mailbox, uid,
-					 cas_blob_id_to_hex(&part->id),
-					 blob->damage);
+			casbox_scrub_blob_row(scrub, mailbox, uid, blob,
+					      blob->damage);
+			damaged = TRUE;
+		} else if (blob->quarantined != NULL && scrub->decoded) {
+			/* e.g. the pack was restored from a backup */
+			casbox_scrub_blob_row(scrub, mailbox, uid, blob,
+				t_strdup_printf("quarantined (%s), but reads "
+						"intact now",
+						blob->quarantined));
+			quarantined = TRUE;
 		}
 	}
+	if (damaged || quarantined)
+		casbox_scrub_add_msg(scrub, mailbox, uid, damaged);
 }
 
 static int casbox_scrub_messages(struct casbox_scrub *scrub,
@@ -146,7 +257,7 @@ static int casbox_scrub_messages(struct casbox_scrub *scrub,
    message names. */
 static void casbox_scrub_refcounts(struct casbox_scrub *scrub)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 
 	array_foreach_elem(&scrub->census->blob_list, blob) T_BEGIN {
 		const char *hex = cas_blob_id_to_hex(&blob->id);
@@ -196,17 +307,30 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	if (casbox_lsm_verify(adm->lsm, casbox_scrub_lsm_damage, scrub,
 			      error_r) < 0)
 		return -1;
-	if (casbox_census_build(adm, casbox_scrub_row, scrub,
-				&scrub->census, error_r) < 0)
-		return -1;
+	if (casbox_census_build(adm->store, casbox_scrub_row, scrub,
+				&scrub->census, error_r) < 0) {
+		if (!scrub->lsm_damaged)
+			return -1;
+		/* already reported: the records past the damage cannot
+		   be read, so nothing else can be checked */
+		casbox_scrub_row(scrub, "-", 0, "lsm", t_strdup_printf(
+			"records unreadable: %s", *error_r));
+		return 0;
+	}
 	if ((ret = casbox_scrub_open_packs(scrub, &key_error, error_r)) < 0)
 		return -1;
-	if (ret > 0 && casbox_census_scan_packs(adm, scrub->census,
-						casbox_scrub_row, scrub,
-						error_r) < 0)
-		return -1;
-	if (ret > 0)
+	if (ret > 0) {
+		scrub->census->progress = casbox_scrub_scan_progress;
+		scrub->census->progress_context = scrub;
+		ret = casbox_census_scan_packs(adm->store, scrub->census,
+					       casbox_scrub_row, scrub,
+					       error_r);
+		casbox_admin_progress_end();
+		if (ret < 0)
+			return -1;
+		scrub->decoded = adm->keyring != NULL;
 		casbox_scrub_blobs(scrub);
+	}
 	if (casbox_scrub_messages(scrub, error_r) < 0)
 		return -1;
 	casbox_scrub_refcounts(scrub);
@@ -218,80 +342,212 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 }
 
 static void casbox_scrub_repair_row(struct casbox_scrub *scrub,
+				    const char *mailbox, uint32_t uid,
 				    const struct cas_blob_id *id,
 				    const char *action)
 {
 	scrub->repaired++;
-	doveadm_print("-");
-	doveadm_print("-");
-	doveadm_print(cas_blob_id_to_hex(id));
-	doveadm_print(action);
+	casbox_scrub_print(scrub, mailbox, uid, cas_blob_id_to_hex(id),
+			   SCRUB_STATUS_REPAIRED, action);
 }
 
 static void
-casbox_scrub_repair_blob(struct casbox_scrub *scrub,
-			 struct casbox_lsm_batch *batch,
-			 const struct casbox_admin_blob *fresh,
-			 const struct casbox_admin_blob *checked)
+casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
+			  struct casbox_lsm_batch *batch,
+			  const struct casbox_census_blob *fresh)
 {
 	struct casbox_blob_value bval;
 	buffer_t *key, *value, *rec;
 
 	key = t_buffer_create(40);
 	casbox_key_blob(key, &fresh->id);
-	if (fresh->refcount != fresh->counted) {
-		rec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
-		casbox_blob_record_export(&fresh->rec, rec);
-		i_zero(&bval);
-		bval.refcount = fresh->counted;
-		bval.pack_record = rec->data;
-		bval.pack_record_size = rec->used;
-		value = t_buffer_create(128);
-		casbox_blob_value_export(&bval, value);
-		casbox_lsm_batch_put(batch, key->data, key->used,
-				     value->data, value->used);
-		casbox_scrub_repair_row(scrub, &fresh->id, t_strdup_printf(
-			"repaired: refcount %u -> %u", fresh->refcount,
-			fresh->counted));
+	rec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	casbox_blob_record_export(&fresh->rec, rec);
+	i_zero(&bval);
+	bval.refcount = fresh->counted;
+	bval.pack_record = rec->data;
+	bval.pack_record_size = rec->used;
+	value = t_buffer_create(128);
+	casbox_blob_value_export(&bval, value);
+	casbox_lsm_batch_put(batch, key->data, key->used,
+			     value->data, value->used);
+	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, t_strdup_printf(
+		"refcount %u -> %u", fresh->refcount, fresh->counted));
+}
+
+/* Copy the damaged frame aside and record the quarantine. The blob
+   record stays, so the messages still exist and can be restored. */
+static void
+casbox_scrub_quarantine(struct casbox_scrub *scrub,
+			struct casbox_lsm_batch *batch,
+			const struct casbox_census_blob *fresh,
+			const struct casbox_census_blob *checked)
+{
+	struct casbox_quarantine_record qrec;
+	const char *path, *error, *action;
+	buffer_t *key, *value;
+
+	i_zero(&qrec);
+	qrec.time = ioloop_time;
+	qrec.cause = checked->damage != NULL ? checked->damage :
+		"blob record missing";
+	if (fresh->have_record && !fresh->record_bad) {
+		qrec.pack_id = fresh->rec.pack_id;
+		qrec.offset = fresh->rec.offset;
+		qrec.frame_size = fresh->rec.frame_size;
+		if (casbox_store_quarantine_copy(scrub->adm->store, &fresh->id,
+						 &qrec, &path, &error) < 0) {
+			i_error("casbox scrub: blob %s: frame not copied: %s",
+				cas_blob_id_to_hex(&fresh->id), error);
+			action = t_strdup_printf("quarantined, frame not "
+						 "copied: %s", error);
+		} else {
+			action = t_strdup_printf("quarantined, frame copied "
+						 "to %s", path);
+		}
+	} else {
+		action = "quarantined (no readable blob record)";
 	}
-	if (checked != NULL && checked->damage != NULL &&
-	    checked->have_record && !checked->record_bad &&
-	    checked->rec.pack_id == fresh->rec.pack_id &&
-	    checked->rec.offset == fresh->rec.offset) {
-		buffer_set_used_size(key, 0);
-		buffer_append_c(key, CASBOX_ADMIN_KEY_DAMAGED);
-		buffer_append(key, fresh->id.id, sizeof(fresh->id.id));
-		casbox_lsm_batch_put(batch, key->data, key->used,
-				     checked->damage, strlen(checked->damage));
-		casbox_scrub_repair_row(scrub, &fresh->id,
-					"marked damaged (not deleted)");
+	key = t_buffer_create(40);
+	casbox_quarantine_key(key, &fresh->id);
+	value = t_buffer_create(128);
+	casbox_quarantine_record_export(&qrec, value);
+	casbox_lsm_batch_put(batch, key->data, key->used,
+			     value->data, value->used);
+	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, action);
+}
+
+static bool
+casbox_scrub_same_frame(const struct casbox_census_blob *fresh,
+			const struct casbox_census_blob *checked)
+{
+	if (fresh->have_record != checked->have_record ||
+	    fresh->record_bad != checked->record_bad)
+		return FALSE;
+	if (!fresh->have_record || fresh->record_bad)
+		return TRUE;
+	return fresh->rec.pack_id == checked->rec.pack_id &&
+		fresh->rec.offset == checked->rec.offset;
+}
+
+static void
+casbox_scrub_repair_blob(struct casbox_scrub *scrub,
+			 struct casbox_lsm_batch *batch,
+			 const struct casbox_census_blob *fresh,
+			 const struct casbox_census_blob *checked)
+{
+	buffer_t *key;
+
+	if (fresh->have_record && !fresh->record_bad &&
+	    fresh->refcount != fresh->counted)
+		casbox_scrub_fix_refcount(scrub, batch, fresh);
+	/* only what the check found, and only if no save or gc moved
+	   the blob since */
+	if (checked == NULL || !casbox_scrub_same_frame(fresh, checked))
+		return;
+	if ((checked->damage != NULL || !checked->have_record) &&
+	    fresh->counted > 0 && fresh->quarantined == NULL)
+		casbox_scrub_quarantine(scrub, batch, fresh, checked);
+	else if (checked->damage == NULL && checked->have_record &&
+		 fresh->quarantined != NULL && scrub->decoded) {
+		key = t_buffer_create(40);
+		casbox_quarantine_key(key, &fresh->id);
+		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
+			"released from quarantine: reads intact");
 	}
 }
 
+/* Set (or remove) the damaged keyword on the messages the check
+   found, through lib-storage. */
+static int casbox_scrub_mark(struct casbox_scrub *scrub, bool add,
+			     const char **error_r)
+{
+	const struct casbox_scrub_msg *msg;
+	ARRAY_TYPE(const_string) vnames;
+	ARRAY(uint32_t) uids;
+	unsigned int i, count;
+	bool *changed;
+
+	t_array_init(&vnames, 16);
+	t_array_init(&uids, 16);
+	array_foreach(&scrub->msgs, msg) {
+		if (msg->damaged == add) {
+			const char *vname = msg->mailbox;
+
+			array_push_back(&vnames, &vname);
+			array_push_back(&uids, &msg->uid);
+		}
+	}
+	count = array_count(&uids);
+	if (count == 0)
+		return 0;
+	changed = t_new(bool, count);
+	if (casbox_admin_set_keyword(scrub->adm->user, CASBOX_DAMAGED_KEYWORD,
+				     add, array_front(&vnames),
+				     array_front(&uids), count, changed,
+				     error_r) < 0)
+		return -1;
+	for (i = 0; i < count; i++) {
+		if (!changed[i])
+			continue;
+		scrub->repaired++;
+		casbox_scrub_print(scrub, array_idx_elem(&vnames, i),
+				   *array_idx(&uids, i), "-",
+				   SCRUB_STATUS_REPAIRED,
+				   add ? "marked "CASBOX_DAMAGED_KEYWORD :
+				   "unmarked "CASBOX_DAMAGED_KEYWORD);
+	}
+	return 0;
+}
+
 /* Recount under the write lock, so no save changes refcounts between
-   counting and writing; damage found by the check is marked if the
-   blob record still points to the same frame. */
+   counting and writing; damage found by the check is quarantined if
+   the blob record still points to the same frame. */
 static int casbox_scrub_repair(struct casbox_scrub *scrub,
 			       const char **error_r)
 {
 	struct casbox_census *fresh;
 	struct casbox_lsm_batch *batch;
-	struct casbox_admin_blob *blob, *checked;
+	struct casbox_census_blob *blob, *checked;
 
+	if (scrub->lsm_damaged) {
+		/* references counted from a damaged LSM can be too low,
+		   and "fixing" refcounts down would let gc delete blobs
+		   that messages still use */
+		i_warning("casbox scrub: %s: the LSM is damaged, nothing "
+			  "repaired: run doveadm casbox rebuild first",
+			  scrub->adm->root_dir);
+		return 0;
+	}
 	if (casbox_lsm_batch_begin(scrub->adm->lsm, &batch, error_r) < 0)
 		return -1;
-	if (casbox_census_build(scrub->adm, NULL, NULL, &fresh,
+	if (casbox_census_build(scrub->adm->store, NULL, NULL, &fresh,
 				error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);
 		return -1;
 	}
 	array_foreach_elem(&fresh->blob_list, blob) T_BEGIN {
 		checked = hash_table_lookup(scrub->census->blobs, &blob->id);
-		if (blob->have_record && !blob->record_bad)
-			casbox_scrub_repair_blob(scrub, batch, blob, checked);
+		casbox_scrub_repair_blob(scrub, batch, blob, checked);
 	} T_END;
 	casbox_census_free(&fresh);
-	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
+	if (casbox_lsm_batch_commit(&batch, error_r) < 0)
+		return -1;
+	/* after the commit: the mailbox sync takes the LSM lock itself */
+	if (scrub->adm->user == NULL)
+		return 0;
+	if (casbox_scrub_mark(scrub, TRUE, error_r) < 0 ||
+	    casbox_scrub_mark(scrub, FALSE, error_r) < 0)
+		return -1;
+	return 0;
+}
+
+/* A WAL or table so damaged that the LSM does not open is damage too,
+   not an error to retry: the LSM names the file and the offset. */
+static bool casbox_scrub_open_error_is_damage(const char *error)
+{
+	return strstr(error, ": Corrupted ") != NULL;
 }
 
 static int
@@ -305,13 +561,23 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
+	scrub.username = user->username;
 	ret = casbox_admin_open(user, &scrub.adm, &error);
+	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
+		casbox_scrub_row(&scrub, "-", 0, "lsm", t_strdup_printf(
+			"LSM damage: %s (%s)", error, SCRUB_LSM_HINT));
+		i_warning("casbox scrub: %s", error);
+		_ctx->exit_code = EX_DATAERR;
+		return -1;
+	}
 	if (ret <= 0) {
 		i_error("casbox scrub: %s", error);
 		doveadm_mail_failed_error(_ctx, ret == 0 ?
 			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
 		return -1;
 	}
+	scrub.pool = pool_alloconly_create("casbox scrub", 1024);
+	p_array_init(&scrub.msgs, scrub.pool, 16);
 	ret = casbox_scrub_check(&scrub, &error);
 	if (ret == 0 && ctx->repair && scrub.damaged > 0)
 		ret = casbox_scrub_repair(&scrub, &error);
@@ -319,13 +585,18 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 		i_error("casbox scrub: %s", error);
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
 	} else if (scrub.damaged > 0) {
-		i_warning("casbox scrub: %s: %u damaged item(s)%s",
+		i_warning("casbox scrub: %s: %u damaged item(s)%s%s",
 			  scrub.adm->root_dir, scrub.damaged,
-			  ctx->repair ? ", see the repaired rows" : "");
+			  scrub.known == 0 ? "" : t_strdup_printf(
+				", %u of them quarantined before",
+				scrub.known),
+			  scrub.repaired == 0 ? "" : t_strdup_printf(
+				", %u repair(s) done", scrub.repaired));
 		_ctx->exit_code = EX_DATAERR;
 	}
 	if (scrub.census != NULL)
 		casbox_census_free(&scrub.census);
+	pool_unref(&scrub.pool);
 	casbox_admin_close(&scrub.adm);
 	return ret;
 }
@@ -334,10 +605,12 @@ static void cmd_casbox_scrub_init(struct doveadm_mail_cmd_context *ctx
 				  ATTR_UNUSED,
 				  const char *const args[] ATTR_UNUSED)
 {
+	doveadm_print_header_simple("user");
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("uid", "uid",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
 	doveadm_print_header_simple("blob");
+	doveadm_print_header_simple("status");
 	doveadm_print_header_simple("cause");
 }
 

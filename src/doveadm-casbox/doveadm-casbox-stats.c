@@ -17,8 +17,8 @@ static const char *casbox_stats_ratio(uint64_t num, uint64_t denom)
 static void casbox_stats_print(struct casbox_admin *adm,
 			       struct casbox_census *census)
 {
-	const struct casbox_admin_pack *pack;
-	struct casbox_admin_blob *blob;
+	const struct casbox_census_pack *pack;
+	struct casbox_census_blob *blob;
 	uint64_t pack_bytes = 0, live_bytes = 0, live_plain = 0;
 	uint64_t dead_bytes = 0;
 	uint64_t unique_plain = 0, blobs = 0;
@@ -73,13 +73,14 @@ cmd_casbox_stats_run(struct doveadm_mail_cmd_context *ctx,
 		ret = -1;
 	}
 	if (ret < 0 || adm->packs == NULL ||
-	    casbox_census_build(adm, NULL, NULL, &census, &error) < 0) {
+	    casbox_census_build(adm->store, NULL, NULL, &census, &error) < 0) {
 		i_error("casbox stats: %s", error);
 		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
 		casbox_admin_close(&adm);
 		return -1;
 	}
-	ret = casbox_census_scan_packs(adm, census, NULL, NULL, &error);
+	ret = casbox_census_scan_packs(adm->store, census, NULL, NULL,
+				       &error);
 	if (ret < 0) {
 		i_error("casbox stats: %s", error);
 		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);

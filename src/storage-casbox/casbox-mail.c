@@ -9,6 +9,7 @@
 #include "index-mail.h"
 #include "casbox-plugin.h"
 #include "casbox-store.h"
+#include "casbox-store-quarantine.h"
 #include "casbox-save.h"
 #include "casbox-mail.h"
 
@@ -238,7 +239,9 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	const struct casbox_msg_record *rec;
 	struct casbox_store *store;
 	struct istream *saving_input;
-	const char *error;
+	struct cas_blob_id blob;
+	const char *error, *cause;
+	int ret;
 
 	if (casbox_mail_get_record(_mail, &rec, &saving_input) < 0)
 		return -1;
@@ -252,6 +255,27 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	if (casbox_store_msg_open(store, rec, input_r, &error) < 0) {
 		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
 				  _mail->uid, error);
+		return -1;
+	}
+	ret = casbox_store_msg_quarantined(store, rec, &blob, &cause, &error);
+	if (ret != 0)
+		i_stream_unref(input_r);
+	if (ret < 0) {
+		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+				  _mail->uid, error);
+		return -1;
+	}
+	if (ret > 0) {
+		/* fail before a byte is sent: with INVALIDDATA the IMAP
+		   FETCH gets a tagged NO and the session goes on, instead
+		   of a BYE in the middle of the literal */
+		i_info(CASBOX_LOG_PREFIX"%s uid=%u: blob %s is quarantined "
+		       "(%s)", mailbox_get_vname(_mail->box), _mail->uid,
+		       cas_blob_id_to_hex(&blob), cause);
+		mail_storage_set_error(_mail->box->storage,
+			MAIL_ERROR_INVALIDDATA,
+			"Message is damaged and cannot be read "
+			"(found by casbox scrub, kept for recovery)");
 		return -1;
 	}
 	i_stream_set_name(*input_r, t_strdup_printf("casbox %s uid=%u",

@@ -1,13 +1,20 @@
-/* doveadm casbox: one pass over a user's LSM records and pack frames. */
+/* casbox-store-census: one pass over a store's LSM records and pack
+   frames (doveadm casbox stats, scrub, gc). */
 
 #include "lib.h"
 #include "array.h"
 #include "hash.h"
 #include "hex-binary.h"
 #include "casbox-lsm.h"
-#include "doveadm-casbox.h"
+#include "casbox-store.h"
+#include "casbox-store-census.h"
+#include "casbox-store-quarantine.h"
 
-static unsigned int casbox_admin_blob_id_hash(const struct cas_blob_id *id)
+#include <dirent.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+static unsigned int casbox_census_blob_id_hash(const struct cas_blob_id *id)
 {
 	/* ids are keyed hashes: any four bytes are uniformly spread */
 	return ((unsigned int)id->id[0] << 24) |
@@ -15,20 +22,20 @@ static unsigned int casbox_admin_blob_id_hash(const struct cas_blob_id *id)
 		((unsigned int)id->id[2] << 8) | id->id[3];
 }
 
-static int casbox_admin_blob_id_cmp(const struct cas_blob_id *id1,
+static int casbox_census_blob_id_cmp(const struct cas_blob_id *id1,
 				    const struct cas_blob_id *id2)
 {
 	return memcmp(id1->id, id2->id, sizeof(id1->id));
 }
 
-static unsigned int casbox_admin_loc_hash(const struct casbox_admin_loc *loc)
+static unsigned int casbox_census_loc_hash(const struct casbox_census_loc *loc)
 {
 	return loc->pack_id * 2654435761U ^ (unsigned int)loc->offset ^
 		(unsigned int)(loc->offset >> 32);
 }
 
-static int casbox_admin_loc_cmp(const struct casbox_admin_loc *loc1,
-				const struct casbox_admin_loc *loc2)
+static int casbox_census_loc_cmp(const struct casbox_census_loc *loc1,
+				const struct casbox_census_loc *loc2)
 {
 	if (loc1->pack_id != loc2->pack_id)
 		return loc1->pack_id < loc2->pack_id ? -1 : 1;
@@ -37,15 +44,15 @@ static int casbox_admin_loc_cmp(const struct casbox_admin_loc *loc1,
 	return 0;
 }
 
-static struct casbox_admin_blob *
+static struct casbox_census_blob *
 casbox_census_blob_get(struct casbox_census *census,
 		       const struct cas_blob_id *id)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 
 	blob = hash_table_lookup(census->blobs, id);
 	if (blob == NULL) {
-		blob = p_new(census->pool, struct casbox_admin_blob, 1);
+		blob = p_new(census->pool, struct casbox_census_blob, 1);
 		blob->id = *id;
 		hash_table_insert(census->blobs, &blob->id, blob);
 		array_push_back(&census->blob_list, &blob);
@@ -54,7 +61,7 @@ casbox_census_blob_get(struct casbox_census *census,
 }
 
 static void
-casbox_census_damage(casbox_admin_damage_callback_t *damage, void *context,
+casbox_census_damage(casbox_census_damage_callback_t *damage, void *context,
 		     const char *mailbox, uint32_t uid, const char *object,
 		     const char *cause)
 {
@@ -66,11 +73,11 @@ static void
 casbox_census_message(struct casbox_census *census,
 		      const unsigned char *key, size_t key_size,
 		      const unsigned char *value, size_t value_size,
-		      casbox_admin_damage_callback_t *damage, void *context)
+		      casbox_census_damage_callback_t *damage, void *context)
 {
 	const struct casbox_msg_part *part;
 	struct casbox_msg_record rec;
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	guid_128_t guid;
 	const char *error;
 	uint32_t uid;
@@ -106,11 +113,11 @@ static void
 casbox_census_blob(struct casbox_census *census,
 		   const unsigned char *key, size_t key_size,
 		   const unsigned char *value, size_t value_size,
-		   casbox_admin_damage_callback_t *damage, void *context)
+		   casbox_census_damage_callback_t *damage, void *context)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	struct casbox_blob_value bval;
-	struct casbox_admin_loc *loc;
+	struct casbox_census_loc *loc;
 	struct cas_blob_id id;
 	const char *error;
 
@@ -137,10 +144,46 @@ casbox_census_blob(struct casbox_census *census,
 		return;
 	}
 	blob->refcount = bval.refcount;
-	loc = p_new(census->pool, struct casbox_admin_loc, 1);
+	loc = p_new(census->pool, struct casbox_census_loc, 1);
 	loc->pack_id = blob->rec.pack_id;
 	loc->offset = blob->rec.offset;
 	hash_table_update(census->locs, loc, blob);
+}
+
+static void
+casbox_census_quarantine(struct casbox_census *census,
+			 const unsigned char *key, size_t key_size,
+			 const unsigned char *value, size_t value_size,
+			 casbox_census_damage_callback_t *damage,
+			 void *context)
+{
+	struct casbox_quarantine_record qrec;
+	struct casbox_census_blob *blob;
+	struct cas_blob_id id;
+	const char *error;
+
+	if (key_size != 1 + CAS_BLOB_ID_SIZE) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed quarantine key");
+		return;
+	}
+	memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
+	blob = casbox_census_blob_get(census, &id);
+	if (casbox_quarantine_record_import(value, value_size, census->pool,
+					    &qrec, &error) < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+				     cas_blob_id_to_hex(&id),
+				     t_strdup_printf("malformed quarantine "
+						     "record: %s", error));
+		blob->quarantined = "(malformed quarantine record)";
+		return;
+	}
+	blob->quarantined = qrec.cause;
+	blob->quarantine_time = qrec.time;
 }
 
 static void
@@ -161,8 +204,8 @@ casbox_census_mailbox(struct casbox_census *census,
 		p_strdup(census->pool, rec.name));
 }
 
-int casbox_census_build(struct casbox_admin *adm,
-			casbox_admin_damage_callback_t *damage, void *context,
+int casbox_census_build(struct casbox_store *store,
+			casbox_census_damage_callback_t *damage, void *context,
 			struct casbox_census **census_r,
 			const char **error_r)
 {
@@ -170,25 +213,26 @@ int casbox_census_build(struct casbox_admin *adm,
 	struct casbox_lsm_iter *iter;
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
+	struct casbox_lsm *lsm = casbox_store_get_lsm(store);
 	unsigned char prefix;
 	pool_t pool;
 
-	if (casbox_lsm_refresh(adm->lsm, error_r) < 0)
+	if (casbox_lsm_refresh(lsm, error_r) < 0)
 		return -1;
 	pool = pool_alloconly_create("casbox census", 64 * 1024);
 	census = p_new(pool, struct casbox_census, 1);
 	census->pool = pool;
-	hash_table_create(&census->blobs, pool, 0, casbox_admin_blob_id_hash,
-			  casbox_admin_blob_id_cmp);
-	hash_table_create(&census->locs, pool, 0, casbox_admin_loc_hash,
-			  casbox_admin_loc_cmp);
+	hash_table_create(&census->blobs, pool, 0, casbox_census_blob_id_hash,
+			  casbox_census_blob_id_cmp);
+	hash_table_create(&census->locs, pool, 0, casbox_census_loc_hash,
+			  casbox_census_loc_cmp);
 	hash_table_create(&census->mailbox_names, pool, 0, str_hash, strcmp);
 	p_array_init(&census->blob_list, pool, 256);
 	p_array_init(&census->packs, pool, 4);
 
 	/* mailbox names first, so message damage can name its mailbox */
 	prefix = CASBOX_KEY_MAILBOX;
-	iter = casbox_lsm_iter_init(adm->lsm, &prefix, 1);
+	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
 	while (casbox_lsm_iter_next(iter, &key, &key_size,
 				    &value, &value_size)) T_BEGIN {
 		casbox_census_mailbox(census, key, key_size,
@@ -198,7 +242,7 @@ int casbox_census_build(struct casbox_admin *adm,
 		casbox_census_free(&census);
 		return -1;
 	}
-	iter = casbox_lsm_iter_init(adm->lsm, "", 0);
+	iter = casbox_lsm_iter_init(lsm, "", 0);
 	while (casbox_lsm_iter_next(iter, &key, &key_size,
 				    &value, &value_size)) T_BEGIN {
 		if (key_size == 0)
@@ -209,6 +253,9 @@ int casbox_census_build(struct casbox_admin *adm,
 		} else if (key[0] == CASBOX_KEY_BLOB) {
 			casbox_census_blob(census, key, key_size, value,
 					   value_size, damage, context);
+		} else if (key[0] == CASBOX_KEY_QUARANTINE) {
+			casbox_census_quarantine(census, key, key_size, value,
+						 value_size, damage, context);
 		}
 	} T_END;
 	if (casbox_lsm_iter_deinit(&iter, error_r) < 0) {
@@ -219,15 +266,15 @@ int casbox_census_build(struct casbox_admin *adm,
 	return 0;
 }
 
-bool casbox_census_blob_is_live(const struct casbox_admin_blob *blob)
+bool casbox_census_blob_is_live(const struct casbox_census_blob *blob)
 {
 	return blob->refcount > 0 || blob->counted > 0;
 }
 
-static struct casbox_admin_pack *
+static struct casbox_census_pack *
 casbox_census_pack(struct casbox_census *census, uint32_t pack_id)
 {
-	struct casbox_admin_pack *pack;
+	struct casbox_census_pack *pack;
 
 	array_foreach_modifiable(&census->packs, pack) {
 		if (pack->pack_id == pack_id)
@@ -237,16 +284,16 @@ casbox_census_pack(struct casbox_census *census, uint32_t pack_id)
 }
 
 static void
-casbox_census_frame(struct casbox_admin *adm, struct casbox_census *census,
+casbox_census_frame(struct casbox_store *store, struct casbox_census *census,
 		    const struct casbox_pack_frame_info *info,
-		    casbox_admin_damage_callback_t *damage, void *context)
+		    casbox_census_damage_callback_t *damage, void *context)
 {
-	struct casbox_admin_loc loc = {
+	struct casbox_census_loc loc = {
 		.pack_id = info->pack_id,
 		.offset = info->offset,
 	};
-	struct casbox_admin_blob *blob;
-	struct casbox_admin_pack *pack;
+	struct casbox_census_blob *blob;
+	struct casbox_census_pack *pack;
 
 	blob = hash_table_lookup(census->locs, &loc);
 	pack = casbox_census_pack(census, info->pack_id);
@@ -275,29 +322,51 @@ casbox_census_frame(struct casbox_admin *adm, struct casbox_census *census,
 	}
 	casbox_census_damage(damage, context, "-", 0,
 		t_strdup_printf("%s@%"PRIu64,
-			casbox_admin_pack_path(adm, info->pack_id),
+			casbox_census_pack_path(casbox_store_get_root(store),
+						info->pack_id),
 			info->offset),
 		t_strdup_printf("damaged frame (%u bytes) no blob record "
 				"points to: %s", info->frame_size,
 				info->damage));
 }
 
-int casbox_census_scan_packs(struct casbox_admin *adm,
+int casbox_census_scan_packs(struct casbox_store *store,
 			     struct casbox_census *census,
-			     casbox_admin_damage_callback_t *damage,
+			     casbox_census_damage_callback_t *damage,
 			     void *context, const char **error_r)
 {
+	struct casbox_pack_store *packs = casbox_store_get_packs(store);
+	const struct casbox_census_pack *pack;
 	struct casbox_pack_frame_info info;
 	struct casbox_pack_scan *scan;
+	uint64_t frames = 0, bytes_before = 0, bytes_total = 0;
+	uint32_t cur_pack_id = 0;
 	const char *error;
 
-	i_assert(adm->packs != NULL);
-	if (casbox_admin_list_packs(adm, census->pool, &census->packs,
-				    error_r) < 0)
+	i_assert(packs != NULL);
+	if (casbox_census_list_packs(casbox_store_get_root(store),
+				     census->pool, &census->packs,
+				     error_r) < 0)
 		return -1;
-	scan = casbox_pack_scan_init(adm->packs);
+	array_foreach(&census->packs, pack)
+		bytes_total += pack->size;
+	scan = casbox_pack_scan_init(packs);
 	while (casbox_pack_scan_next(scan, &info)) T_BEGIN {
-		casbox_census_frame(adm, census, &info, damage, context);
+		casbox_census_frame(store, census, &info, damage, context);
+		if (census->progress != NULL) {
+			/* packs are scanned in id order */
+			if (info.pack_id != cur_pack_id) {
+				bytes_before = 0;
+				array_foreach(&census->packs, pack) {
+					if (pack->pack_id < info.pack_id)
+						bytes_before += pack->size;
+				}
+				cur_pack_id = info.pack_id;
+			}
+			census->progress(census->progress_context, ++frames,
+					 bytes_before + info.offset +
+					 info.frame_size, bytes_total);
+		}
 	} T_END;
 	if (casbox_pack_scan_deinit(&scan, &error) < 0) {
 		*error_r = t_strdup_printf("pack scan: %s", error);
@@ -325,4 +394,56 @@ void casbox_census_free(struct casbox_census **_census)
 	hash_table_destroy(&census->locs);
 	hash_table_destroy(&census->mailbox_names);
 	pool_unref(&census->pool);
+}
+
+const char *casbox_census_pack_path(const char *root_dir, uint32_t pack_id)
+{
+	return t_strdup_printf("%s/packs/pack-%08u.cbp", root_dir, pack_id);
+}
+
+static int casbox_census_pack_cmp(const struct casbox_census_pack *p1,
+				  const struct casbox_census_pack *p2)
+{
+	return p1->pack_id < p2->pack_id ? -1 :
+		(p1->pack_id > p2->pack_id ? 1 : 0);
+}
+
+int casbox_census_list_packs(const char *root_dir, pool_t pool,
+			     ARRAY_TYPE(casbox_census_pack) *packs,
+			     const char **error_r)
+{
+	const char *dir_path = t_strconcat(root_dir, "/packs", NULL);
+	struct casbox_census_pack *pack;
+	struct dirent *d;
+	struct stat st;
+	unsigned int id;
+	char end;
+	DIR *dir;
+
+	p_array_init(packs, pool, 16);
+	dir = opendir(dir_path);
+	if (dir == NULL) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("opendir(%s) failed: %m", dir_path);
+		return -1;
+	}
+	/* same naming rule as the pack store (doc/casbox-format.md) */
+	while ((d = readdir(dir)) != NULL) {
+		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) != 2 ||
+		    end != 'p' || strlen(d->d_name) != 17 || id == 0)
+			continue;
+		if (stat(casbox_census_pack_path(root_dir, id), &st) < 0)
+			continue;
+		pack = array_append_space(packs);
+		pack->pack_id = id;
+		pack->size = st.st_size;
+	}
+	if (closedir(dir) < 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m",
+					   dir_path);
+		return -1;
+	}
+	array_sort(packs, casbox_census_pack_cmp);
+	return 0;
 }

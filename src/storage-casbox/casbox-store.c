@@ -874,3 +874,60 @@ void casbox_store_txn_rollback(struct casbox_store_txn **_txn)
 		casbox_lsm_batch_rollback(&txn->batch);
 	casbox_store_txn_free(_txn);
 }
+
+const char *casbox_store_get_root(struct casbox_store *store)
+{
+	return store->root_dir;
+}
+
+struct casbox_lsm *casbox_store_get_lsm(struct casbox_store *store)
+{
+	return store->lsm;
+}
+
+struct casbox_pack_store *casbox_store_get_packs(struct casbox_store *store)
+{
+	return store->packs;
+}
+
+struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store)
+{
+	return store->keyring;
+}
+
+int casbox_store_open_packs_keyless(struct casbox_store *store,
+				    const char **error_r)
+{
+	const char *dir_path = t_strconcat(store->root_dir, "/packs", NULL);
+	struct casbox_pack_settings pack_set;
+	struct dirent *d;
+	const char *error;
+	bool have_dicts = FALSE;
+	DIR *dir;
+
+	if (store->packs != NULL)
+		return 1;
+	dir = opendir(dir_path);
+	if (dir == NULL && errno != ENOENT) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m", dir_path);
+		return -1;
+	}
+	while (dir != NULL && (d = readdir(dir)) != NULL) {
+		if (str_begins(d->d_name, "dict-"))
+			have_dicts = TRUE;
+	}
+	if (dir != NULL)
+		(void)closedir(dir);
+	/* the pack store opens the dictionaries, which needs the key */
+	if (have_dicts)
+		return 0;
+	i_zero(&pack_set);
+	pack_set.dir = dir_path;
+	pack_set.fsync = store->fsync;
+	if (casbox_pack_store_open(&pack_set, NULL, &store->packs,
+				   &error) < 0) {
+		*error_r = t_strdup_printf("packs %s: %s", dir_path, error);
+		return -1;
+	}
+	return 1;
+}

@@ -118,4 +118,22 @@ int casbox_store_txn_commit(struct casbox_store_txn **txn,
 			    const char **error_r);
 void casbox_store_txn_rollback(struct casbox_store_txn **txn);
 
+/* The parts of an open store, for admin tools (doveadm casbox) that
+   walk every record and frame (casbox-store-census.h). */
+struct casbox_lsm;
+struct casbox_pack_store;
+struct cas_keyring;
+const char *casbox_store_get_root(struct casbox_store *store);
+struct casbox_lsm *casbox_store_get_lsm(struct casbox_store *store);
+/* NULL until casbox_store_open_keys() or casbox_store_open_packs_keyless() */
+struct casbox_pack_store *casbox_store_get_packs(struct casbox_store *store);
+/* NULL until casbox_store_open_keys() */
+struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store);
+/* Without the key: open the packs for the keyless frame scan only (no
+   blob can be decoded). Returns 1 ok (or already open), 0 not possible
+   (the store has dictionaries, which are sealed with the key), -1
+   error. */
+int casbox_store_open_packs_keyless(struct casbox_store *store,
+				    const char **error_r);
+
 #endif
