@@ -11,6 +11,7 @@
 #include "unlink-directory.h"
 #include "casbox-lsm.h"
 #include "casbox-store.h"
+#include "casbox-store-quarantine.h"
 #include "doveadm-casbox.h"
 
 #include <check.h>
@@ -150,17 +151,18 @@ census_full(struct casbox_admin *adm, struct damage_log *log)
 	struct casbox_census *census;
 	const char *error = NULL;
 
-	if (casbox_census_build(adm, damage_cb, log, &census, &error) < 0 ||
-	    casbox_census_scan_packs(adm, census, damage_cb, log,
+	if (casbox_census_build(adm->store, damage_cb, log, &census,
+				&error) < 0 ||
+	    casbox_census_scan_packs(adm->store, census, damage_cb, log,
 				     &error) < 0)
 		ck_abort_msg("census: %s", error);
 	return census;
 }
 
-static struct casbox_admin_blob *
+static struct casbox_census_blob *
 census_blob(struct casbox_census *census, const char *data)
 {
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 
 	array_foreach_elem(&census->blob_list, blob) {
 		if (blob->have_record &&
@@ -173,7 +175,7 @@ census_blob(struct casbox_census *census, const char *data)
 
 static uint64_t census_dead(struct casbox_census *census)
 {
-	const struct casbox_admin_pack *pack;
+	const struct casbox_census_pack *pack;
 	uint64_t dead = 0;
 
 	array_foreach(&census->packs, pack)
@@ -183,9 +185,9 @@ static uint64_t census_dead(struct casbox_census *census)
 
 START_TEST(test_counts_and_refs)
 {
-	const struct casbox_admin_pack *pack;
+	const struct casbox_census_pack *pack;
 	struct damage_log log = { 0, "" };
-	struct casbox_admin_blob *blob;
+	struct casbox_census_blob *blob;
 	struct casbox_census *census;
 	struct casbox_admin *adm;
 
@@ -216,7 +218,7 @@ END_TEST
 
 START_TEST(test_dead_after_expunge)
 {
-	const struct casbox_admin_pack *pack;
+	const struct casbox_census_pack *pack;
 	struct damage_log log = { 0, "" };
 	struct casbox_census *census;
 	struct casbox_admin *adm;
@@ -239,7 +241,7 @@ END_TEST
 START_TEST(test_flipped_byte_hits_one_blob)
 {
 	struct damage_log log = { 0, "" };
-	struct casbox_admin_blob *blob, *hit;
+	struct casbox_census_blob *blob, *hit;
 	struct casbox_census *census;
 	struct casbox_admin *adm;
 	unsigned char b;
@@ -287,7 +289,7 @@ static void lsm_put(struct casbox_admin *adm, const buffer_t *key,
 START_TEST(test_malformed_and_drift)
 {
 	struct damage_log log = { 0, "" };
-	struct casbox_admin_blob *a;
+	struct casbox_census_blob *a;
 	struct casbox_census *census;
 	struct casbox_blob_value bval;
 	struct casbox_admin *adm;
@@ -351,7 +353,7 @@ START_TEST(test_unreferenced_damage_and_tail)
 	static const unsigned char junk[40] = { 0x42, 0x43 };
 	struct damage_log log = { 0, "" };
 	struct casbox_census *census;
-	struct casbox_admin_blob *b;
+	struct casbox_census_blob *b;
 	struct casbox_admin *adm;
 	struct casbox_blob_record brec;
 	uint64_t dead;
@@ -396,6 +398,92 @@ START_TEST(test_unreferenced_damage_and_tail)
 }
 END_TEST
 
+/* A quarantine record round-trips, the census sees it on its blob, the
+   store finds it for exactly the messages using that blob, the frame
+   copy holds the frame's bytes, and a malformed record is refused. */
+START_TEST(test_quarantine)
+{
+	struct casbox_quarantine_record qrec, back;
+	struct casbox_census_blob *b;
+	struct casbox_census *census;
+	struct casbox_msg_record rec;
+	struct casbox_admin *adm;
+	struct damage_log log;
+	struct cas_blob_id hit;
+	buffer_t *key, *value, *frame;
+	const char *error = NULL, *cause, *path;
+	unsigned char buf[4096];
+	ssize_t n;
+	int fd;
+
+	build_store(FALSE);
+	adm = adm_open();
+	i_zero(&log);
+	census = census_full(adm, &log);
+	b = census_blob(census, part_b);
+
+	i_zero(&qrec);
+	qrec.time = 1700000000;
+	qrec.pack_id = b->rec.pack_id;
+	qrec.offset = b->rec.offset;
+	qrec.frame_size = b->rec.frame_size;
+	qrec.cause = "chunk 0: CRC mismatch";
+	value = t_buffer_create(64);
+	casbox_quarantine_record_export(&qrec, value);
+	ck_assert_int_eq(casbox_quarantine_record_import(value->data,
+		value->used, pool_datastack_create(), &back, &error), 0);
+	ck_assert_int_eq(back.time, qrec.time);
+	ck_assert_uint_eq(back.pack_id, qrec.pack_id);
+	ck_assert_uint_eq(back.offset, qrec.offset);
+	ck_assert_uint_eq(back.frame_size, qrec.frame_size);
+	ck_assert_str_eq(back.cause, qrec.cause);
+	ck_assert_int_eq(casbox_quarantine_record_import(value->data, 10,
+		pool_datastack_create(), &back, &error), -1);
+
+	/* the frame copy is the frame */
+	ck_assert_int_eq(casbox_store_quarantine_copy(adm->store, &b->id,
+		&qrec, &path, &error), 0);
+	frame = t_buffer_create(256);
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		buffer_append(frame, buf, n);
+	i_close_fd(&fd);
+	ck_assert_uint_eq(frame->used, b->rec.frame_size);
+	fd = open(casbox_admin_pack_path(adm, b->rec.pack_id), O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, buf, frame->used, b->rec.offset),
+			 (ssize_t)frame->used);
+	i_close_fd(&fd);
+	ck_assert(memcmp(buf, frame->data, frame->used) == 0);
+
+	key = t_buffer_create(40);
+	casbox_quarantine_key(key, &b->id);
+	lsm_put(adm, key, value->data, value->used);
+	casbox_census_free(&census);
+	i_zero(&log);
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 0);
+	ck_assert_str_eq(census_blob(census, part_b)->quarantined,
+			 qrec.cause);
+	ck_assert_ptr_null(census_blob(census, part_a)->quarantined);
+	casbox_census_free(&census);
+
+	/* message 1 (A+B) is quarantined, message 2 (A+C) is not */
+	ck_assert_int_eq(casbox_store_msg_lookup(adm->store, box_guid, 1,
+		pool_datastack_create(), &rec, &error), 1);
+	ck_assert_int_eq(casbox_store_msg_quarantined(adm->store, &rec, &hit,
+						      &cause, &error), 1);
+	ck_assert(memcmp(hit.id, b->id.id, sizeof(hit.id)) == 0);
+	ck_assert_str_eq(cause, qrec.cause);
+	ck_assert_int_eq(casbox_store_msg_lookup(adm->store, box_guid, 2,
+		pool_datastack_create(), &rec, &error), 1);
+	ck_assert_int_eq(casbox_store_msg_quarantined(adm->store, &rec, &hit,
+						      &cause, &error), 0);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
 START_TEST(test_no_store)
 {
 	struct casbox_admin *adm;
@@ -423,6 +511,7 @@ int main(void)
 	tcase_add_test(tc, test_flipped_byte_hits_one_blob);
 	tcase_add_test(tc, test_malformed_and_drift);
 	tcase_add_test(tc, test_unreferenced_damage_and_tail);
+	tcase_add_test(tc, test_quarantine);
 	tcase_add_test(tc, test_no_store);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

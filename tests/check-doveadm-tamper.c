@@ -1,6 +1,8 @@
 /* doveadm-tamper <casbox root> refcount <delta>: add delta to the
    refcount of the first blob record, so e2e tests can check that
    `doveadm casbox scrub` finds and --repair fixes refcount drift.
+   doveadm-tamper <casbox root> compact: flush and merge the LSM into
+   one table (so a test has a table block to damage).
    Run as the mail user. Exit 0 done, 1 nothing to tamper, 2 error. */
 
 #include "lib.h"
@@ -25,15 +27,25 @@ int main(int argc, char *argv[])
 	int delta, ret = 1;
 
 	lib_init();
-	if (argc != 4 || strcmp(argv[2], "refcount") != 0)
-		i_fatal("usage: doveadm-tamper <casbox root> refcount <delta>");
-	delta = atoi(argv[3]);
+	if ((argc != 4 || strcmp(argv[2], "refcount") != 0) &&
+	    (argc != 3 || strcmp(argv[2], "compact") != 0)) {
+		i_fatal("usage: doveadm-tamper <casbox root> "
+			"refcount <delta> | compact");
+	}
 	i_zero(&set);
 	set.dir = t_strconcat(argv[1], "/lsm", NULL);
 	set.lock_method = FILE_LOCK_METHOD_FCNTL;
 	set.fsync = TRUE;
 	if (casbox_lsm_open(&set, &lsm, &error) < 0)
 		i_fatal_status(2, "open %s: %s", set.dir, error);
+	if (argc == 3) {
+		if (casbox_lsm_compact(lsm, &error) < 0)
+			i_fatal_status(2, "compact %s: %s", set.dir, error);
+		casbox_lsm_close(&lsm);
+		lib_deinit();
+		return 0;
+	}
+	delta = atoi(argv[3]);
 	if (casbox_lsm_batch_begin(lsm, &batch, &error) < 0)
 		i_fatal_status(2, "lock %s: %s", set.dir, error);
 	tkey = t_buffer_create(64);

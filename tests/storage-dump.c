@@ -1,4 +1,5 @@
-/* storage-dump <casbox root>: print the store's LSM records and check
+/* storage-dump <casbox root>: print the store's LSM records (with each
+   message's parts, "p", and each blob's frame location, "l") and check
    that every blob's refcount equals the references from message
    records (e2e tests run it as the mail user). Exit 0 when consistent,
    1 on a mismatch, 2 on errors. */
@@ -10,6 +11,7 @@
 #include "hex-binary.h"
 #include "casbox-lsm.h"
 #include "casbox-records.h"
+#include "casbox-pack.h"
 
 #include <stdio.h>
 
@@ -55,8 +57,31 @@ static void dump_message(const unsigned char *key, size_t key_size,
 	array_foreach_elem(&rec.keywords, kw)
 		printf("%s,", kw);
 	printf(" guid=%s\n", rec.guid);
-	array_foreach(&rec.parts, part)
+	array_foreach(&rec.parts, part) {
 		blob_get(part->id.id)->counted++;
+		printf("p %s %u %s\n", guid_128_to_string(guid), uid,
+		       binary_to_hex(part->id.id, CAS_BLOB_ID_SIZE));
+	}
+}
+
+/* where the blob's frame is: tests flip bytes in exactly it */
+static void dump_blob_location(const unsigned char *id,
+			       const struct casbox_blob_value *bval)
+{
+	struct casbox_blob_record rec;
+	const char *error;
+
+	if (casbox_blob_record_import(bval->pack_record,
+				      bval->pack_record_size, &rec,
+				      &error) < 0) {
+		printf("bad-blob-location %s\n",
+		       binary_to_hex(id, CAS_BLOB_ID_SIZE));
+		return;
+	}
+	printf("l %s pack=%u offset=%llu frame_size=%u plain_size=%llu\n",
+	       binary_to_hex(id, CAS_BLOB_ID_SIZE), rec.pack_id,
+	       (unsigned long long)rec.offset, rec.frame_size,
+	       (unsigned long long)rec.plain_size);
 }
 
 static void dump_mailbox(const unsigned char *key, size_t key_size,
@@ -109,8 +134,10 @@ int main(int argc, char *argv[])
 			if (casbox_blob_value_import(value, value_size,
 						     &bval, &error) < 0)
 				printf("bad-blob-record\n");
-			else
+			else {
 				blob_get(key + 1)->stored = bval.refcount;
+				dump_blob_location(key + 1, &bval);
+			}
 		} else if (key[0] == CASBOX_KEY_MAILBOX) {
 			dump_mailbox(key, key_size, value, value_size);
 		}

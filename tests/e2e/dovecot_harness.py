@@ -67,7 +67,9 @@ def corpus_dir():
     source tree (that is where CI puts it)."""
     path = os.environ.get("CASBOX_CORPUS")
     if path is None:
-        path = os.path.join(os.path.dirname(TOP_SRCDIR), "shared", "corpus")
+        # realpath: an out-of-tree build gives TOP_SRCDIR as build/..
+        path = os.path.join(os.path.dirname(os.path.realpath(TOP_SRCDIR)),
+                            "shared", "corpus")
     if not os.path.isdir(path):
         raise HarnessError("corpus not found at %s (set CASBOX_CORPUS)"
                            % path)
