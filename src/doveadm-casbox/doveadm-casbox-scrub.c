@@ -38,7 +38,6 @@ struct casbox_scrub_msg {
 
 struct casbox_scrub {
 	struct casbox_admin *adm;
-	const char *username;
 	pool_t pool;
 	struct casbox_census *census;
 	ARRAY(struct casbox_scrub_msg) msgs;
@@ -52,12 +51,11 @@ struct casbox_scrub {
 	bool decoded;
 };
 
-static void casbox_scrub_print(struct casbox_scrub *scrub,
+static void casbox_scrub_print(struct casbox_scrub *scrub ATTR_UNUSED,
 			       const char *mailbox, uint32_t uid,
 			       const char *object, const char *status,
 			       const char *cause)
 {
-	doveadm_print(scrub->username);
 	doveadm_print(mailbox);
 	doveadm_print(uid == 0 ? "-" : dec2str(uid));
 	doveadm_print(object);
@@ -561,7 +559,6 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
-	scrub.username = user->username;
 	ret = casbox_admin_open(user, &scrub.adm, &error);
 	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
 		casbox_scrub_row(&scrub, "-", 0, "lsm", t_strdup_printf(
@@ -605,7 +602,6 @@ static void cmd_casbox_scrub_init(struct doveadm_mail_cmd_context *ctx
 				  ATTR_UNUSED,
 				  const char *const args[] ATTR_UNUSED)
 {
-	doveadm_print_header_simple("user");
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("uid", "uid",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
@@ -635,6 +631,9 @@ struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void)
 	ctx->ctx.v.parse_arg = cmd_casbox_scrub_parse_arg;
 	ctx->ctx.v.init = cmd_casbox_scrub_init;
 	ctx->ctx.v.run = cmd_casbox_scrub_run;
+	/* every row names its user, also with -u (doveadm adds the sticky
+	   "username" column itself with -A, -F and wildcards) */
+	ctx->ctx.add_username_header = TRUE;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return &ctx->ctx;
 }
