@@ -3,10 +3,13 @@
    `doveadm casbox scrub` finds and --repair fixes refcount drift.
    doveadm-tamper <casbox root> compact: flush and merge the LSM into
    one table (so a test has a table block to damage).
+   doveadm-tamper <casbox root> drop-blob <blob id hex>: delete the blob
+   record (its messages then reference a missing blob).
    Run as the mail user. Exit 0 done, 1 nothing to tamper, 2 error. */
 
 #include "lib.h"
 #include "buffer.h"
+#include "hex-binary.h"
 #include "casbox-lsm.h"
 #include "casbox-records.h"
 
@@ -27,10 +30,11 @@ int main(int argc, char *argv[])
 	int delta, ret = 1;
 
 	lib_init();
-	if ((argc != 4 || strcmp(argv[2], "refcount") != 0) &&
+	if ((argc != 4 || (strcmp(argv[2], "refcount") != 0 &&
+			   strcmp(argv[2], "drop-blob") != 0)) &&
 	    (argc != 3 || strcmp(argv[2], "compact") != 0)) {
 		i_fatal("usage: doveadm-tamper <casbox root> "
-			"refcount <delta> | compact");
+			"refcount <delta> | compact | drop-blob <hex>");
 	}
 	i_zero(&set);
 	set.dir = t_strconcat(argv[1], "/lsm", NULL);
@@ -41,6 +45,21 @@ int main(int argc, char *argv[])
 	if (argc == 3) {
 		if (casbox_lsm_compact(lsm, &error) < 0)
 			i_fatal_status(2, "compact %s: %s", set.dir, error);
+		casbox_lsm_close(&lsm);
+		lib_deinit();
+		return 0;
+	}
+	if (strcmp(argv[2], "drop-blob") == 0) {
+		tkey = t_buffer_create(64);
+		buffer_append_c(tkey, CASBOX_KEY_BLOB);
+		if (hex_to_binary(argv[3], tkey) < 0 ||
+		    tkey->used != 1 + CAS_BLOB_ID_SIZE)
+			i_fatal_status(2, "bad blob id %s", argv[3]);
+		if (casbox_lsm_batch_begin(lsm, &batch, &error) < 0)
+			i_fatal_status(2, "lock %s: %s", set.dir, error);
+		casbox_lsm_batch_delete(batch, tkey->data, tkey->used);
+		if (casbox_lsm_batch_commit(&batch, &error) < 0)
+			i_fatal_status(2, "commit: %s", error);
 		casbox_lsm_close(&lsm);
 		lib_deinit();
 		return 0;

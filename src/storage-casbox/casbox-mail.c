@@ -232,6 +232,36 @@ casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
 	return index_mail_get_special(_mail, field, value_r);
 }
 
+/* Returns 1 if a part of rec is quarantined (error set on the mail), 0
+   if not, -1 error (set). */
+static int
+casbox_mail_check_quarantine(struct mail *_mail, struct casbox_store *store,
+			     const struct casbox_msg_record *rec)
+{
+	struct cas_blob_id blob;
+	const char *error, *cause;
+	int ret;
+
+	ret = casbox_store_msg_quarantined(store, rec, &blob, &cause, &error);
+	if (ret < 0) {
+		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+				  _mail->uid, error);
+		return -1;
+	}
+	if (ret == 0)
+		return 0;
+	/* fail before a byte is sent: with INVALIDDATA the IMAP FETCH
+	   gets a tagged NO and the session goes on, instead of a BYE in
+	   the middle of the literal */
+	i_info(CASBOX_LOG_PREFIX"%s uid=%u: blob %s is quarantined (%s)",
+	       mailbox_get_vname(_mail->box), _mail->uid,
+	       cas_blob_id_to_hex(&blob), cause);
+	mail_storage_set_error(_mail->box->storage, MAIL_ERROR_INVALIDDATA,
+		"Message is damaged and cannot be read "
+		"(found by casbox scrub, kept for recovery)");
+	return 1;
+}
+
 static int
 casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 {
@@ -239,8 +269,7 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	const struct casbox_msg_record *rec;
 	struct casbox_store *store;
 	struct istream *saving_input;
-	struct cas_blob_id blob;
-	const char *error, *cause;
+	const char *error;
 	int ret;
 
 	if (casbox_mail_get_record(_mail, &rec, &saving_input) < 0)
@@ -253,29 +282,16 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
 	if (casbox_store_msg_open(store, rec, input_r, &error) < 0) {
-		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
-				  _mail->uid, error);
+		/* e.g. a blob record missing: quarantined too? */
+		if (casbox_mail_check_quarantine(_mail, store, rec) == 0) {
+			mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+					  _mail->uid, error);
+		}
 		return -1;
 	}
-	ret = casbox_store_msg_quarantined(store, rec, &blob, &cause, &error);
-	if (ret != 0)
+	ret = casbox_mail_check_quarantine(_mail, store, rec);
+	if (ret != 0) {
 		i_stream_unref(input_r);
-	if (ret < 0) {
-		mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
-				  _mail->uid, error);
-		return -1;
-	}
-	if (ret > 0) {
-		/* fail before a byte is sent: with INVALIDDATA the IMAP
-		   FETCH gets a tagged NO and the session goes on, instead
-		   of a BYE in the middle of the literal */
-		i_info(CASBOX_LOG_PREFIX"%s uid=%u: blob %s is quarantined "
-		       "(%s)", mailbox_get_vname(_mail->box), _mail->uid,
-		       cas_blob_id_to_hex(&blob), cause);
-		mail_storage_set_error(_mail->box->storage,
-			MAIL_ERROR_INVALIDDATA,
-			"Message is damaged and cannot be read "
-			"(found by casbox scrub, kept for recovery)");
 		return -1;
 	}
 	i_stream_set_name(*input_r, t_strdup_printf("casbox %s uid=%u",

@@ -231,10 +231,15 @@ class DoveadmScrubRepairTest(unittest.TestCase):
                  FRAME_HEADER + 5, 0x80)
             flip_tag(root, locs[hit["tag"]])
 
-            damaged_blobs = set(hit.values())
+            # (d) a blob record deleted: its messages reference nothing
+            dropped = order[len(order) * 3 // 10]
+            self.assertNotIn(dropped, hit.values())
+            run_as_user(dc, tool("doveadm-tamper"), root, "drop-blob",
+                        dropped)
+            damaged_blobs = set(hit.values()) | {dropped}
             expected = {m for m, blobs in msg_blobs.items()
                         if damaged_blobs & set(blobs)}
-            self.assertGreaterEqual(len(expected), 3)
+            self.assertGreaterEqual(len(expected), 4)
             # damage the refcount of a blob too (the first blob record)
             run_as_user(dc, tool("doveadm-tamper"), root, "refcount", "3")
 
@@ -252,6 +257,7 @@ class DoveadmScrubRepairTest(unittest.TestCase):
             # the tag flip passes every CRC: only the AEAD finds it
             self.assertIn("authentication failed", causes[hit["tag"]])
             self.assertIn("CRC", causes[hit["chunk"]])
+            self.assertEqual(causes[dropped], "blob record missing")
             refcount_rows = [r for r in rows if r["mailbox"] == "-"
                              and r["cause"].startswith("refcount ")]
             self.assertEqual(len(refcount_rows), 1, rows)
@@ -277,7 +283,7 @@ class DoveadmScrubRepairTest(unittest.TestCase):
             self.assertEqual(got, {u: before[u] for u in intact})
 
             frames = {}
-            for b in damaged_blobs:
+            for b in hit.values():
                 with open(pack_path(root, locs[b]["pack"]), "rb") as f:
                     f.seek(locs[b]["offset"])
                     frames[b] = f.read(locs[b]["frame_size"])
@@ -296,15 +302,18 @@ class DoveadmScrubRepairTest(unittest.TestCase):
 
             # the frame bytes are kept, exactly as they were found
             qdir = os.path.join(root, "quarantine")
-            for b in damaged_blobs:
+            self.assertEqual(len(os.listdir(qdir)), len(hit))
+            for b in hit.values():
                 name = "%s-pack%d-%d.frame" % (b, locs[b]["pack"],
                                                locs[b]["offset"])
                 with open(os.path.join(qdir, name), "rb") as f:
                     self.assertEqual(f.read(), frames[b])
 
-            # nothing deleted, refcounts consistent, keyword mirrored
+            # nothing deleted, refcounts consistent (but for the blob
+            # that has no record), keyword mirrored
             ok, msg_blobs2, _, kws, out = dump(dc, root)
-            self.assertEqual(ok, 0, out)
+            self.assertEqual(re.findall(r"refcount-mismatch (\S+)", out),
+                             [dropped], out)
             self.assertEqual(msg_blobs2, msg_blobs)
             for m in msg_blobs:
                 self.assertEqual(KEYWORD in kws[m], m in expected, m)
