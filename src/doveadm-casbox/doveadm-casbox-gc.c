@@ -321,7 +321,8 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	struct casbox_admin *adm = gc->adm;
 
 	if (casbox_admin_open_keys(adm, error_r) < 0 ||
-	    casbox_census_build(adm->store, NULL, NULL, &gc->census, error_r) < 0 ||
+	    casbox_census_build(adm->store, NULL, NULL, &gc->census,
+				error_r) < 0 ||
 	    casbox_census_scan_packs(adm->store, gc->census, NULL, NULL,
 				     error_r) < 0)
 		return -1;

@@ -66,7 +66,8 @@ struct casbox_census {
 	uint64_t referenced_plain_bytes;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_census_blob *) blobs;
 	ARRAY(struct casbox_census_blob *) blob_list;
-	HASH_TABLE(struct casbox_census_loc *, struct casbox_census_blob *) locs;
+	HASH_TABLE(struct casbox_census_loc *,
+		   struct casbox_census_blob *) locs;
 	/* mailbox guid (hex) -> name, from the 'M' records */
 	HASH_TABLE(char *, char *) mailbox_names;
 	/* malformed records met while iterating */
