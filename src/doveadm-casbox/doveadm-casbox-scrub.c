@@ -45,6 +45,9 @@ struct casbox_scrub {
 	unsigned int damaged, known;
 	/* rows of what --repair did */
 	unsigned int repaired;
+	/* quarantine records of blobs no message uses any more (the
+	   messages were expunged): --repair deletes them */
+	unsigned int orphans;
 	/* an LSM file is damaged: the records may be incomplete */
 	bool lsm_damaged;
 	/* blobs were decoded (we had the key) */
@@ -260,6 +263,9 @@ static void casbox_scrub_refcounts(struct casbox_scrub *scrub)
 	array_foreach_elem(&scrub->census->blob_list, blob) T_BEGIN {
 		const char *hex = cas_blob_id_to_hex(&blob->id);
 
+		if (!blob->have_record && blob->counted == 0 &&
+		    blob->quarantined != NULL)
+			scrub->orphans++;
 		if (!blob->have_record || blob->record_bad)
 			;
 		else if (blob->refcount != blob->counted) {
@@ -453,6 +459,14 @@ casbox_scrub_repair_blob(struct casbox_scrub *scrub,
 		casbox_lsm_batch_delete(batch, key->data, key->used);
 		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
 			"released from quarantine: reads intact");
+	} else if (!fresh->have_record && fresh->counted == 0 &&
+		   fresh->quarantined != NULL) {
+		/* the frame copy stays in quarantine/ */
+		key = t_buffer_create(40);
+		casbox_quarantine_key(key, &fresh->id);
+		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
+			"released from quarantine: no message uses it");
 	}
 }
 
@@ -576,7 +590,8 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	scrub.pool = pool_alloconly_create("casbox scrub", 1024);
 	p_array_init(&scrub.msgs, scrub.pool, 16);
 	ret = casbox_scrub_check(&scrub, &error);
-	if (ret == 0 && ctx->repair && scrub.damaged > 0)
+	if (ret == 0 && ctx->repair &&
+	    (scrub.damaged > 0 || scrub.orphans > 0))
 		ret = casbox_scrub_repair(&scrub, &error);
 	if (ret < 0) {
 		i_error("casbox scrub: %s", error);

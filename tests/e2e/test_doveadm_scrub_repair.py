@@ -347,6 +347,27 @@ class DoveadmScrubRepairTest(unittest.TestCase):
             self.assertEqual([r for r in rows if r["status"] ==
                               "repaired"], [], rows)
 
+            # the user expunges a damaged message: the quarantine record
+            # of its blob goes with the next --repair, the copy stays
+            only = sorted(b for b in hit.values()
+                          if sum(b in bl for bl in msg_blobs.values()) == 1)
+            self.assertTrue(only)
+            gone = next(m for m, bl in msg_blobs.items() if only[0] in bl)
+            imap = dc.imap_login("user1")
+            imap.select("INBOX")
+            imap.uid("STORE", str(gone[1]), "+FLAGS", r"(\Deleted)")
+            imap.expunge()
+            imap.logout()
+            res, rows = scrub(dc, "--repair")
+            self.assertEqual(res.returncode, 65)
+            self.assertEqual({(r["mailbox"], int(r["uid"])) for r in rows
+                              if r["mailbox"] != "-"}, expected - {gone})
+            self.assertEqual([(r["blob"], r["cause"]) for r in rows
+                              if r["status"] == "repaired"],
+                             [(only[0], "released from quarantine: "
+                               "no message uses it")], rows)
+            self.assertEqual(len(os.listdir(qdir)), len(hit))
+
     def test_lsm_damage(self):
         with self.start() as dc:
             root = os.path.join(dc.home("user1"), "casbox")
