@@ -67,7 +67,10 @@ class ConcurrentIndexing(unittest.TestCase):
                         typ, data = imap.uid("SEARCH", "BODY", COMMON)
                         after = delivered[0]
                         n = len(data[0].split())
-                        if typ != "OK" or n > after:
+                        # deliveries are sequential: at most one more
+                        # (committed, its 250 reply not yet read by
+                        # deliver()) can be visible than counted
+                        if typ != "OK" or n > after + 1:
                             errors.append("search: %s, %d hits with %d "
                                           "delivered" % (typ, n, after))
                         if seen and n < seen[-1][0]:
