@@ -73,23 +73,39 @@ END_TEST
 
 START_TEST(test_msg_truncations_fail)
 {
+	static const unsigned char meta[] = "sealed-bytes";
 	pool_t pool = pool_alloconly_create("test", 4096);
 	struct casbox_msg_record rec, rec2;
 	buffer_t *buf = buffer_create_dynamic(pool, 256);
 	const char *error;
-	size_t len, tail;
+	size_t len, tail, pop3_end;
 
 	fill_record(pool, &rec);
+	rec.sealed_meta = meta;
+	rec.sealed_meta_size = sizeof(meta);
 	casbox_msg_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, buf->used, pool,
+						  &rec2, &error), 1);
+	ck_assert_uint_eq(rec2.sealed_meta_size, sizeof(meta));
+	ck_assert(memcmp(rec2.sealed_meta, meta, sizeof(meta)) == 0);
+
 	/* a record ending before the optional POP3 tail is the first
-	   layout: valid, without POP3 fields */
-	tail = buf->used - (2 + strlen(rec.pop3_uidl) + 4);
+	   layout, one ending after it the second: both valid, without
+	   the fields they lack */
+	pop3_end = buf->used - 4 - sizeof(meta);
+	tail = pop3_end - (2 + strlen(rec.pop3_uidl) + 4);
 	ck_assert_int_eq(casbox_msg_record_import(buf->data, tail, pool,
 						  &rec2, &error), 1);
 	ck_assert_str_eq(rec2.pop3_uidl, "");
 	ck_assert_uint_eq(rec2.pop3_order, 0);
+	ck_assert_uint_eq(rec2.sealed_meta_size, 0);
+	ck_assert_int_eq(casbox_msg_record_import(buf->data, pop3_end, pool,
+						  &rec2, &error), 1);
+	ck_assert_str_eq(rec2.pop3_uidl, rec.pop3_uidl);
+	ck_assert_uint_eq(rec2.sealed_meta_size, 0);
+	ck_assert_ptr_null(rec2.sealed_meta);
 	for (len = 0; len < buf->used; len++) {
-		if (len == tail)
+		if (len == tail || len == pop3_end)
 			continue;
 		error = NULL;
 		ck_assert_int_eq(casbox_msg_record_import(buf->data, len, pool,

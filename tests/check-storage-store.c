@@ -12,6 +12,8 @@
 #include "casbox-lsm.h"
 #include "casbox-settings.h"
 #include "casbox-store.h"
+#include "casbox-meta.h"
+#include "message-part.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -352,6 +354,74 @@ START_TEST(test_key_rules)
 }
 END_TEST
 
+/* Sealed metadata opens only with the same key and the same parts; a
+   flipped byte anywhere fails it, never yields other metadata. */
+START_TEST(test_meta_seal)
+{
+	static const unsigned char kek[CAS_KEK_SIZE] = { 1, 2, 3 };
+	static const unsigned char kek2[CAS_KEK_SIZE] = { 4, 5, 6 };
+	struct cas_keyring *keyring = cas_keyring_create_from_kek(kek);
+	struct cas_keyring *other = cas_keyring_create_from_kek(kek2);
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_msg_record rec, rec2;
+	struct casbox_msg_part *part;
+	struct casbox_msg_meta meta;
+	struct message_part root, *parts;
+	unsigned char *copy;
+	const char *error;
+	size_t i;
+
+	casbox_msg_record_init(pool, &rec);
+	part = array_append_space(&rec.parts);
+	memset(part->id.id, 7, sizeof(part->id.id));
+	part->size = 10;
+	i_zero(&root);
+	root.header_size.physical_size = 4;
+	root.header_size.virtual_size = 5;
+	root.body_size.physical_size = 6;
+	root.body_size.virtual_size = 7;
+	root.body_size.lines = 1;
+	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
+					  &error), 0);
+	casbox_meta_seal(keyring, &rec, "(\"text\" \"plain\")", "(BODY)",
+			 &root, pool);
+	ck_assert_uint_gt(rec.sealed_meta_size, 0);
+	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
+					  &error), 1);
+	ck_assert_str_eq(meta.bodystructure, "(\"text\" \"plain\")");
+	ck_assert_str_eq(meta.body, "(BODY)");
+	parts = casbox_meta_get_parts(&meta, pool, &error);
+	ck_assert_ptr_nonnull(parts);
+	ck_assert_uint_eq(parts->body_size.virtual_size, 7);
+	ck_assert_uint_eq(parts->header_size.physical_size, 4);
+
+	ck_assert_int_eq(casbox_meta_open(other, &rec, pool, &meta,
+					  &error), -1);
+	rec2 = rec;
+	p_array_init(&rec2.parts, pool, 1);
+	part = array_append_space(&rec2.parts);
+	memset(part->id.id, 8, sizeof(part->id.id));
+	part->size = 10;
+	ck_assert_int_eq(casbox_meta_open(keyring, &rec2, pool, &meta,
+					  &error), -1);
+	rec2 = rec;
+	copy = p_memdup(pool, rec.sealed_meta, rec.sealed_meta_size);
+	rec2.sealed_meta = copy;
+	for (i = 0; i < rec.sealed_meta_size; i++) {
+		copy[i] ^= 0x01;
+		ck_assert_int_eq(casbox_meta_open(keyring, &rec2, pool,
+						  &meta, &error), -1);
+		copy[i] ^= 0x01;
+	}
+	/* nothing readable in the sealed bytes */
+	for (i = 0; i + 5 <= rec.sealed_meta_size; i++)
+		ck_assert(memcmp(rec.sealed_meta + i, "plain", 5) != 0);
+	pool_unref(&pool);
+	cas_keyring_free(&keyring);
+	cas_keyring_free(&other);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-store");
@@ -367,6 +437,7 @@ int main(void)
 	tcase_add_test(tc, test_rollback_and_missing_blob);
 	tcase_add_test(tc, test_flags_mirror);
 	tcase_add_test(tc, test_key_rules);
+	tcase_add_test(tc, test_meta_seal);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -11,6 +11,8 @@
 #include "casbox-store.h"
 #include "casbox-store-quarantine.h"
 #include "casbox-save.h"
+#include "casbox-pack.h"
+#include "casbox-meta.h"
 #include "casbox-mail.h"
 
 struct casbox_mail {
@@ -21,6 +23,14 @@ struct casbox_mail {
 	struct casbox_msg_record rec;
 	uint32_t rec_uid;
 	bool have_rec;
+
+	/* sealed metadata of rec_uid (from rec_pool), if tried */
+	struct casbox_msg_meta meta;
+	bool meta_tried, have_meta;
+
+	/* chunks decoded by the process when the stream was opened */
+	uint64_t chunks_at_open;
+	bool stream_opened;
 };
 
 #define CASBOX_MAIL(s) \
@@ -40,6 +50,22 @@ casbox_mail_alloc(struct mailbox_transaction_context *t,
 	index_mail_init(&mail->imail, t, wanted_fields, wanted_headers,
 			pool, NULL);
 	return &mail->imail.mail.mail;
+}
+
+/* With mail_debug, say how many chunks reading this mail decoded: the
+   evidence that partial fetches touch only the chunks they need. */
+static void casbox_mail_close(struct mail *_mail)
+{
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
+
+	if (mail->stream_opened) {
+		e_debug(mail_event(_mail), CASBOX_LOG_PREFIX
+			"uid=%u: decoded %"PRIu64" chunks", _mail->uid,
+			casbox_pack_get_chunks_decoded() -
+			mail->chunks_at_open);
+		mail->stream_opened = FALSE;
+	}
+	index_mail_close(_mail);
 }
 
 static void casbox_mail_free(struct mail *_mail)
@@ -89,6 +115,7 @@ casbox_mail_get_record(struct mail *_mail,
 		return 0;
 	}
 	mail->have_rec = FALSE;
+	mail->meta_tried = mail->have_meta = FALSE;
 	p_clear(mail->rec_pool);
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
@@ -215,6 +242,79 @@ casbox_mail_get_pop3(struct mail *_mail, enum mail_fetch_field field,
 	return 0;
 }
 
+/* The record's sealed metadata, if it has one that opens. One that does
+   not is logged and ignored: everything in it can be parsed from the
+   message bytes, which are authenticated on their own. */
+static const struct casbox_msg_meta *casbox_mail_get_meta(struct mail *_mail)
+{
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(_mail->box);
+	const struct casbox_msg_record *rec;
+	struct casbox_store *store;
+	struct istream *input;
+	const char *error;
+	int ret;
+
+	if (_mail->saving || _mail->lookup_abort != MAIL_LOOKUP_ABORT_NEVER)
+		return NULL;
+	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
+		return NULL;
+	if (mail->meta_tried)
+		return mail->have_meta ? &mail->meta : NULL;
+	mail->meta_tried = TRUE;
+	if (rec->sealed_meta_size == 0)
+		return NULL;
+	if (casbox_storage_get_store(mbox->storage, &store) < 0)
+		return NULL;
+	if (casbox_store_open_keys(store, &error) < 0)
+		ret = -1;
+	else {
+		ret = casbox_meta_open(casbox_store_get_keyring(store), rec,
+				       mail->rec_pool, &mail->meta, &error);
+	}
+	if (ret < 0) {
+		e_warning(mail_event(_mail), CASBOX_LOG_PREFIX
+			  "uid=%u: %s (parsing the message instead)",
+			  _mail->uid, error);
+		return NULL;
+	}
+	mail->have_meta = ret > 0;
+	return mail->have_meta ? &mail->meta : NULL;
+}
+
+static int casbox_mail_get_parts(struct mail *_mail,
+				 struct message_part **parts_r)
+{
+	struct index_mail *imail = INDEX_MAIL(_mail);
+	const struct casbox_msg_meta *meta;
+	const char *error;
+
+	if (imail->data.parts == NULL &&
+	    (meta = casbox_mail_get_meta(_mail)) != NULL) {
+		/* in the mail's data pool, like a tree index_mail parsed */
+		imail->data.parts = casbox_meta_get_parts(meta,
+			imail->mail.data_pool, &error);
+		i_assert(imail->data.parts != NULL);
+	}
+	return index_mail_get_parts(_mail, parts_r);
+}
+
+static bool
+casbox_mail_get_meta_special(struct mail *_mail, enum mail_fetch_field field,
+			     const char **value_r)
+{
+	const struct casbox_msg_meta *meta;
+
+	if (field != MAIL_FETCH_IMAP_BODYSTRUCTURE &&
+	    field != MAIL_FETCH_IMAP_BODY)
+		return FALSE;
+	if ((meta = casbox_mail_get_meta(_mail)) == NULL)
+		return FALSE;
+	*value_r = field == MAIL_FETCH_IMAP_BODY ? meta->body :
+		meta->bodystructure;
+	return TRUE;
+}
+
 static int
 casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
 			const char **value_r)
@@ -229,6 +329,8 @@ casbox_mail_get_special(struct mail *_mail, enum mail_fetch_field field,
 	default:
 		break;
 	}
+	if (casbox_mail_get_meta_special(_mail, field, value_r))
+		return 0;
 	return index_mail_get_special(_mail, field, value_r);
 }
 
@@ -305,6 +407,7 @@ casbox_mail_get_stream(struct mail *_mail, bool get_body ATTR_UNUSED,
 		       struct message_size *body_size,
 		       struct istream **stream_r)
 {
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
 	struct index_mail *imail = INDEX_MAIL(_mail);
 	struct mail_private *pmail = &imail->mail;
 	struct istream *input;
@@ -322,12 +425,17 @@ casbox_mail_get_stream(struct mail *_mail, bool get_body ATTR_UNUSED,
 		}
 		imail->data.stream = input;
 		index_mail_set_read_buffer_size(_mail, input);
+		if (!_mail->saving) {
+			mail->chunks_at_open =
+				casbox_pack_get_chunks_decoded();
+			mail->stream_opened = TRUE;
+		}
 	}
 	return index_mail_init_stream(imail, hdr_size, body_size, stream_r);
 }
 
 struct mail_vfuncs casbox_mail_vfuncs = {
-	.close = index_mail_close,
+	.close = casbox_mail_close,
 	.free = casbox_mail_free,
 	.set_seq = index_mail_set_seq,
 	.set_uid = index_mail_set_uid,
@@ -341,7 +449,7 @@ struct mail_vfuncs casbox_mail_vfuncs = {
 	.get_keyword_indexes = index_mail_get_keyword_indexes,
 	.get_modseq = index_mail_get_modseq,
 	.get_pvt_modseq = index_mail_get_pvt_modseq,
-	.get_parts = index_mail_get_parts,
+	.get_parts = casbox_mail_get_parts,
 	.get_date = index_mail_get_date,
 	.get_received_date = casbox_mail_get_received_date,
 	.get_save_date = casbox_mail_get_save_date,

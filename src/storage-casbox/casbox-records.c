@@ -181,6 +181,10 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 	/* optional tail, added after the first layout: POP3 fields */
 	wr_str16(dest, rec->pop3_uidl);
 	wr_u32(dest, rec->pop3_order);
+	/* optional tail, second addition: the sealed metadata */
+	i_assert(rec->sealed_meta_size <= UINT32_MAX);
+	wr_u32(dest, rec->sealed_meta_size);
+	buffer_append(dest, rec->sealed_meta, rec->sealed_meta_size);
 }
 
 static void
@@ -209,6 +213,19 @@ casbox_msg_record_read_parts(struct rec_reader *rd,
 	}
 	if (rd->error == NULL && total != rec->physical_size)
 		rd->error = "parts do not add up to the physical size";
+}
+
+static void
+casbox_msg_record_read_meta(struct rec_reader *rd, pool_t pool,
+			    struct casbox_msg_record *rec)
+{
+	uint32_t size = rd_u32(rd, "sealed meta size");
+
+	if (size == 0 || !rd_need(rd, size, "sealed meta"))
+		return;
+	rec->sealed_meta = p_memdup(pool, rd->p, size);
+	rec->sealed_meta_size = size;
+	rd->p += size;
 }
 
 int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
@@ -244,6 +261,8 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 		rec_r->pop3_uidl = rd_str16(&rd, pool, "pop3 uidl");
 		rec_r->pop3_order = rd_u32(&rd, "pop3 order");
 	}
+	if (rd.error == NULL && rd.p < rd.end)
+		casbox_msg_record_read_meta(&rd, pool, rec_r);
 	/* newer minor versions may append more fields: ignore the rest */
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("message record: ", rd.error, NULL);

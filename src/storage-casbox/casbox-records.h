@@ -46,6 +46,11 @@ struct casbox_msg_record {
 	/* POP3 UIDL ("" = none) and order (0 = none), e.g. from dsync */
 	const char *pop3_uidl;
 	uint32_t pop3_order;
+	/* BODYSTRUCTURE, BODY and MIME part tree sealed with the index key
+	   (casbox-meta.h); NULL/0 = none (records of older saves). The
+	   AAD binds it to the parts, so COPY reuses it as is. */
+	const unsigned char *sealed_meta;
+	size_t sealed_meta_size;
 };
 
 struct casbox_mailbox_record {

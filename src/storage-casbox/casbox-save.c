@@ -15,6 +15,7 @@
 #include "ostream.h"
 #include "iostream-temp.h"
 #include "message-parser.h"
+#include "casbox-meta.h"
 #include "mail-user.h"
 #include "index-mail.h"
 #include "mail-index-modseq.h"
@@ -302,6 +303,34 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	return 0;
 }
 
+/* Seal what FETCH BODYSTRUCTURE/BODY and MIME part lookups need into
+   the record (casbox-meta.h), from the parse the save already did or,
+   failing that, from the saved bytes. Without it reads parse the
+   message, so a failure here does not fail the save. */
+static void
+casbox_save_seal_meta(struct casbox_save_context *ctx,
+		      struct casbox_save_mail *smail)
+{
+	struct mail *mail = ctx->ctx.dest_mail;
+	struct casbox_store *store;
+	struct message_part *parts;
+	const char *bodystructure, *body;
+
+	if (mail_get_parts(mail, &parts) < 0 ||
+	    mail_get_special(mail, MAIL_FETCH_IMAP_BODYSTRUCTURE,
+			     &bodystructure) < 0 ||
+	    mail_get_special(mail, MAIL_FETCH_IMAP_BODY, &body) < 0) {
+		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
+			"no sealed metadata: %s",
+			mailbox_get_last_internal_error(mail->box, NULL));
+		return;
+	}
+	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
+		i_unreached(); /* opened by casbox_save_finish_mail() */
+	casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
+			 bodystructure, body, parts, ctx->pool);
+}
+
 static int casbox_save_finish_write(struct mail_save_context *_ctx)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
@@ -344,6 +373,10 @@ static int casbox_save_finish_write(struct mail_save_context *_ctx)
 	} else {
 		ctx->mem_used += smail.rec.physical_size;
 		array_push_back(&ctx->mails, &smail);
+		T_BEGIN {
+			casbox_save_seal_meta(ctx, array_back_modifiable(
+				&ctx->mails));
+		} T_END;
 	}
 	i_stream_unref(&ctx->input);
 	return ctx->failed ? -1 : 0;

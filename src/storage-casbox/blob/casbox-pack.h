@@ -96,6 +96,10 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
    decides when to train one). */
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
 
+/* Chunks this process has decoded (authenticated and decompressed) so
+   far: a statistic for debug logs and tests of what a read touched. */
+uint64_t casbox_pack_get_chunks_decoded(void);
+
 /* Open a blob for reading: a seekable istream of the plaintext, with
    size known. Seeking decodes only the chunks needed. Every chunk is
    CRC- and AEAD-verified before a byte of it is returned; damage or a

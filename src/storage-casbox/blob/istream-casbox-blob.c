@@ -40,6 +40,13 @@ struct casbox_blob_istream {
 
 #define CASBOX_BLOB_SCRATCH_MAX_FREE 2
 
+static uint64_t casbox_blob_chunks_decoded = 0;
+
+uint64_t casbox_pack_get_chunks_decoded(void)
+{
+	return casbox_blob_chunks_decoded;
+}
+
 static struct casbox_blob_scratch *
 casbox_blob_scratch_get(struct casbox_pack_store *store)
 {
@@ -295,6 +302,7 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	}
 	bstream->cur_chunk = idx;
 	bstream->cur_size = ret;
+	casbox_blob_chunks_decoded++;
 	return 0;
 }
 

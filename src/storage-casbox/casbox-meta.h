@@ -1,0 +1,51 @@
+#ifndef CASBOX_META_H
+#define CASBOX_META_H
+
+/* casbox-meta: what FETCH BODYSTRUCTURE / BODY and MIME part lookups
+   need, kept sealed in the message record so that they decode no blob
+   (doc/casbox-storage.md, "Sealed metadata").
+
+   plaintext = u8 version (1) | u32 len | BODYSTRUCTURE
+                              | u32 len | BODY
+                              | u32 len | message_part_serialize() tree
+   sealed    = cas_record_seal(index key,
+                 AAD = "casbox-msg-meta" | parts (blob id | u64 size))
+
+   The AAD binds the metadata to the bytes it describes, so COPY and
+   MOVE reuse it unchanged and it cannot be moved to a record with
+   other content. Decoders treat the plaintext as untrusted too. */
+
+#include "casbox-records.h"
+
+struct message_part;
+
+struct casbox_msg_meta {
+	const char *bodystructure;
+	const char *body;
+	/* message_part_serialize() of the tree, positions relative to the
+	   stored (LF) bytes: give each mail its own copy with
+	   casbox_meta_get_parts() */
+	const unsigned char *tree;
+	size_t tree_size;
+};
+
+/* Returns the MIME part tree allocated from pool, or NULL with error_r
+   set if the stored tree does not decode. */
+struct message_part *
+casbox_meta_get_parts(const struct casbox_msg_meta *meta, pool_t pool,
+		      const char **error_r);
+
+/* Seal meta for rec (whose parts ids are final) into pool and set
+   rec->sealed_meta. */
+void casbox_meta_seal(const struct cas_keyring *keyring,
+		      struct casbox_msg_record *rec,
+		      const char *bodystructure, const char *body,
+		      struct message_part *parts, pool_t pool);
+
+/* Returns 1 ok (meta_r allocated from pool), 0 if the record has none,
+   -1 if it fails to authenticate or decode (error_r says why). */
+int casbox_meta_open(const struct cas_keyring *keyring,
+		     const struct casbox_msg_record *rec, pool_t pool,
+		     struct casbox_msg_meta *meta_r, const char **error_r);
+
+#endif
