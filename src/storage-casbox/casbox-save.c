@@ -490,6 +490,25 @@ static uint64_t casbox_save_modseq_bound(struct casbox_save_context *ctx)
 }
 
 /* Write every saved mail's blobs and record in one durable batch. */
+/* A full disk or filesystem quota is the user's "mailbox is full"
+   (IMAP [OVERQUOTA], LMTP 452/552), as for sdbox; anything else is an
+   internal error. Both are logged with the cause. The error is the
+   errno of the failing write, unless later cleanup changed it: then
+   the save is reported as an internal error, still logged. */
+static void
+casbox_save_set_error(struct casbox_mailbox *mbox, int failed_errno,
+		      const char *error)
+{
+	if (!ENOSPACE(failed_errno)) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Saving failed: %s", error);
+		return;
+	}
+	e_error(mbox->box.event, CASBOX_LOG_PREFIX"Saving failed: %s", error);
+	mail_storage_set_error(mbox->box.storage, MAIL_ERROR_NOQUOTA,
+			       MAIL_ERRSTR_NO_QUOTA);
+}
+
 static int
 casbox_save_write_records(struct casbox_save_context *ctx,
 			  const struct mail_index_header *hdr,
@@ -504,7 +523,7 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 	const char *error = NULL;
 	unsigned int n = 0;
 	uint32_t uid;
-	int ret = 0;
+	int ret = 0, failed_errno = 0;
 
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
@@ -519,6 +538,7 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		T_BEGIN {
 			ret = casbox_save_add_msg(txn, mbox->mailbox_guid,
 						  uid, smail, &error);
+			failed_errno = errno;
 		} T_END_PASS_STR_IF(ret < 0, &error);
 		if (ret < 0)
 			break;
@@ -536,12 +556,12 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 	}
 	if (ret < 0)
 		casbox_store_txn_rollback(&txn);
-	else
+	else {
 		ret = casbox_store_txn_commit(&txn, &error);
-	if (ret < 0) {
-		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
-				     "Saving failed: %s", error);
+		failed_errno = errno;
 	}
+	if (ret < 0)
+		casbox_save_set_error(mbox, failed_errno, error);
 	return ret;
 }
 
