@@ -387,6 +387,14 @@ static int casbox_mailbox_open(struct mailbox *box)
 			return -1;
 	}
 	casbox_mailbox_set_guids(mbox, &hdr);
+	/* records of a save interrupted before its index commit: release
+	   them now, not only when a later save reaches their UIDs */
+	if (casbox_sync_have_orphans(mbox)) {
+		e_debug(box->event, CASBOX_LOG_PREFIX"Records at or above "
+			"next UID %u: syncing under the index lock",
+			mail_index_get_header(box->view)->next_uid);
+		(void)casbox_sync(mbox, CASBOX_SYNC_FLAG_FORCE);
+	}
 	return 0;
 }
 

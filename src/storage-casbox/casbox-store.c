@@ -411,6 +411,56 @@ int casbox_store_mailbox_iterate(struct casbox_store *store,
 	return ret;
 }
 
+static int
+casbox_store_lsm_uids_from(struct casbox_lsm *lsm,
+			   const guid_128_t mailbox_guid, uint32_t first_uid,
+			   ARRAY_TYPE(uint32_t) *uids, const char **error_r)
+{
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	buffer_t *prefix, *start;
+	guid_128_t guid;
+	uint32_t uid;
+
+	prefix = t_buffer_create(32);
+	buffer_append_c(prefix, CASBOX_KEY_MESSAGE);
+	buffer_append(prefix, mailbox_guid, GUID_128_SIZE);
+	start = t_buffer_create(32);
+	casbox_key_message(start, mailbox_guid, first_uid);
+	iter = casbox_lsm_iter_init(lsm, prefix->data, prefix->used);
+	casbox_lsm_iter_seek(iter, start->data, start->used);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
+		    uid >= first_uid)
+			array_push_back(uids, &uid);
+	}
+	return casbox_lsm_iter_deinit(&iter, error_r) < 0 ? -1 : 0;
+}
+
+int casbox_store_msg_uids_from(struct casbox_store *store,
+			       const guid_128_t mailbox_guid,
+			       uint32_t first_uid, ARRAY_TYPE(uint32_t) *uids,
+			       const char **error_r)
+{
+	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
+		return -1;
+	return casbox_store_lsm_uids_from(store->lsm, mailbox_guid,
+					  first_uid, uids, error_r);
+}
+
+int casbox_store_txn_msg_uids_from(struct casbox_store_txn *txn,
+				   const guid_128_t mailbox_guid,
+				   uint32_t first_uid,
+				   ARRAY_TYPE(uint32_t) *uids,
+				   const char **error_r)
+{
+	/* batch_begin refreshed under the write lock */
+	return casbox_store_lsm_uids_from(txn->store->lsm, mailbox_guid,
+					  first_uid, uids, error_r);
+}
+
 int casbox_store_msg_iterate(struct casbox_store *store,
 			     const guid_128_t mailbox_guid,
 			     casbox_store_msg_callback_t *callback,

@@ -71,6 +71,20 @@ int casbox_store_msg_iterate(struct casbox_store *store,
 			     casbox_store_msg_callback_t *callback,
 			     void *context, const char **error_r);
 
+/* UIDs of a mailbox's message records at or above first_uid, in order,
+   appended to uids. The store variant reads after a refresh, without
+   the write lock (a hint: a save may be committing); the txn variant
+   sees the latest state under the write lock. Returns 0 ok, -1 error. */
+int casbox_store_msg_uids_from(struct casbox_store *store,
+			       const guid_128_t mailbox_guid,
+			       uint32_t first_uid, ARRAY_TYPE(uint32_t) *uids,
+			       const char **error_r);
+int casbox_store_txn_msg_uids_from(struct casbox_store_txn *txn,
+				   const guid_128_t mailbox_guid,
+				   uint32_t first_uid,
+				   ARRAY_TYPE(uint32_t) *uids,
+				   const char **error_r);
+
 /* Returns 1 found, 0 not found (after a refresh), -1 error. */
 int casbox_store_msg_lookup(struct casbox_store *store,
 			    const guid_128_t mailbox_guid, uint32_t uid,

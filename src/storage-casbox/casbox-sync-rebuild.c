@@ -36,6 +36,9 @@ struct casbox_rebuild_context {
 	uint64_t base_modseq;
 	uint64_t max_modseq;
 	unsigned int added, from_index, skipped;
+	/* records of expunges whose release did not finish: released with
+	   the mailbox record once the rebuilt index is committed */
+	ARRAY_TYPE(uint32_t) unreleased;
 };
 
 static bool
@@ -89,6 +92,7 @@ casbox_rebuild_add_msg(void *context, uint32_t uid,
 	} else if (ctx->old_hdr.uid_validity != 0 &&
 		   uid < ctx->old_hdr.next_uid) {
 		/* expunged from the intact index, release unfinished */
+		array_push_back(&ctx->unreleased, &uid);
 		ctx->skipped++;
 		return;
 	} else {
@@ -235,20 +239,34 @@ void casbox_sync_rebuild_mirror_mailbox(struct casbox_mailbox *mbox,
 }
 
 /* Rewrite the mailbox record so that it matches the rebuilt index (it
-   may be missing for a mailbox created before records existed). */
+   may be missing for a mailbox created before records existed), and
+   finish the releases of expunged messages that a crash interrupted.
+   The index said they were expunged; an expunge still finishing in
+   another process finds the record gone, which it takes as done. */
 static void casbox_rebuild_put_mailbox(struct casbox_rebuild_context *ctx,
 				       struct casbox_store *store)
 {
 	struct casbox_mailbox *mbox = ctx->mbox;
 	struct casbox_store_txn *txn;
+	const uint32_t *uidp;
 	const char *error;
-	int ret;
+	int ret = 0;
 
 	if (casbox_store_txn_begin(store, &txn, &error) < 0)
 		ret = -1;
 	else {
-		casbox_sync_rebuild_mirror_mailbox(mbox, txn);
-		ret = casbox_store_txn_commit(&txn, &error);
+		array_foreach(&ctx->unreleased, uidp) {
+			if (ret < 0)
+				break;
+			ret = casbox_store_txn_expunge(txn,
+				ctx->mailbox_guid, *uidp, &error);
+		}
+		if (ret < 0)
+			casbox_store_txn_rollback(&txn);
+		else {
+			casbox_sync_rebuild_mirror_mailbox(mbox, txn);
+			ret = casbox_store_txn_commit(&txn, &error);
+		}
 	}
 	if (ret < 0) {
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
@@ -310,6 +328,7 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
 		return -1;
 	i_zero(&ctx);
 	ctx.mbox = mbox;
+	i_array_init(&ctx.unreleased, 8);
 
 	view = mail_index_view_open(mbox->box.index);
 	trans = mail_index_transaction_begin(view,
@@ -323,10 +342,13 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
 			mailbox_set_index_error(&mbox->box);
 	}
 	mail_index_view_close(&view);
-	if (ret < 0)
+	if (ret < 0) {
+		array_free(&ctx.unreleased);
 		return -1;
+	}
 
 	casbox_rebuild_put_mailbox(&ctx, store);
+	array_free(&ctx.unreleased);
 	if (ctx.old_hdr.uid_validity == 0) {
 		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
 			  "Index files were lost: recovered %u messages "
@@ -336,8 +358,8 @@ int casbox_sync_index_rebuild(struct casbox_mailbox *mbox)
 		e_warning(mbox->box.event, CASBOX_LOG_PREFIX
 			  "Rebuilt index from the LSM records: %u messages "
 			  "(%u with flags from the old index), %u expunged "
-			  "records left out", ctx.added, ctx.from_index,
-			  ctx.skipped);
+			  "records left out and released", ctx.added,
+			  ctx.from_index, ctx.skipped);
 	}
 	return 0;
 }

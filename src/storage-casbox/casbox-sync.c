@@ -1,7 +1,7 @@
 /* casbox: index sync. Expunges and flag changes are applied to the
    index under its sync lock like sdbox; the LSM records are updated
    after the index commit (a crash in between leaves only orphaned
-   records, which rebuild/gc reclaim, never an index entry without its
+   records, which a rebuild releases, never an index entry without its
    record). */
 
 #include "lib.h"
@@ -160,6 +160,101 @@ static int casbox_sync_index(struct casbox_sync_context *ctx)
 	return 0;
 }
 
+/* Release records; returns the number released or -1. */
+static int
+casbox_sync_release_uids(struct casbox_mailbox *mbox, uint32_t next_uid,
+			 const char **error_r)
+{
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	ARRAY_TYPE(uint32_t) uids;
+	const uint32_t *uidp;
+	int ret = 0;
+
+	if (casbox_storage_get_store(mbox->storage, &store) < 0) {
+		*error_r = mailbox_get_last_internal_error(&mbox->box, NULL);
+		return -1;
+	}
+	t_array_init(&uids, 8);
+	/* a lockless look first: nearly always nothing to do */
+	if (casbox_store_msg_uids_from(store, mbox->mailbox_guid, next_uid,
+				       &uids, error_r) < 0)
+		return -1;
+	if (array_count(&uids) == 0)
+		return 0;
+	array_clear(&uids);
+	if (casbox_store_txn_begin(store, &txn, error_r) < 0)
+		return -1;
+	if (casbox_store_txn_msg_uids_from(txn, mbox->mailbox_guid, next_uid,
+					   &uids, error_r) < 0)
+		ret = -1;
+	array_foreach(&uids, uidp) {
+		if (ret < 0)
+			break;
+		ret = casbox_store_txn_expunge(txn, mbox->mailbox_guid, *uidp,
+					       error_r);
+	}
+	if (ret < 0 || array_count(&uids) == 0) {
+		casbox_store_txn_rollback(&txn);
+		return ret;
+	}
+	if (casbox_store_txn_commit(&txn, error_r) < 0)
+		return -1;
+	e_warning(mbox->box.event, CASBOX_LOG_PREFIX
+		  "Released %u message records at or above next UID %u "
+		  "(UIDs %u..%u): a save was interrupted between the record "
+		  "and the index commit", array_count(&uids), next_uid,
+		  *array_front(&uids), *array_back(&uids));
+	return array_count(&uids);
+}
+
+/* Message records at or above the index's next UID were written by a
+   save whose index commit never happened (a crash, or an index write
+   error, between its LSM commit and its index commit): no client was
+   told about them and they can never become visible. A save holds the
+   index sync lock from assigning its UIDs until its index commit, and
+   so does the caller: no process can be inside that window now, so
+   every such record is an orphan and is released with its blobs. A
+   failure is logged; the sync goes on. */
+static void casbox_sync_release_orphans(struct casbox_sync_context *ctx)
+{
+	const struct mail_index_header *hdr;
+	const char *error;
+
+	hdr = mail_index_get_header(ctx->sync_view);
+	if (hdr->uid_validity == 0 || ctx->mbox->box.creating)
+		return;
+	T_BEGIN {
+		if (casbox_sync_release_uids(ctx->mbox, hdr->next_uid,
+					     &error) < 0) {
+			e_error(ctx->mbox->box.event, CASBOX_LOG_PREFIX
+				"Failed to release orphan records: %s", error);
+		}
+	} T_END;
+}
+
+bool casbox_sync_have_orphans(struct casbox_mailbox *mbox)
+{
+	const struct mail_index_header *hdr;
+	struct casbox_store *store;
+	ARRAY_TYPE(uint32_t) uids;
+	const char *error;
+	bool ret;
+
+	hdr = mail_index_get_header(mbox->box.view);
+	if (hdr->uid_validity == 0 ||
+	    casbox_storage_get_store(mbox->storage, &store) < 0)
+		return FALSE;
+	T_BEGIN {
+		t_array_init(&uids, 1);
+		ret = casbox_store_msg_uids_from(store, mbox->mailbox_guid,
+						 hdr->next_uid, &uids,
+						 &error) == 0 &&
+			array_count(&uids) > 0;
+	} T_END;
+	return ret;
+}
+
 int casbox_sync_begin(struct casbox_mailbox *mbox,
 		      enum casbox_sync_flags flags,
 		      struct casbox_sync_context **ctx_r)
@@ -202,6 +297,8 @@ int casbox_sync_begin(struct casbox_mailbox *mbox,
 			mail_index_sync_rollback(&ctx->index_sync_ctx);
 			index_storage_expunging_deinit(&mbox->box);
 			ret = -1;
+		} else {
+			casbox_sync_release_orphans(ctx);
 		}
 	}
 	if (ret <= 0) {

@@ -33,6 +33,11 @@ int casbox_sync_begin(struct casbox_mailbox *mbox,
    LSM records of expunged messages. Returns 0 ok, -1 error. */
 int casbox_sync_finish(struct casbox_sync_context **ctx, bool success);
 int casbox_sync(struct casbox_mailbox *mbox, enum casbox_sync_flags flags);
+/* Are there message records at or above the index's next UID (a hint,
+   read without locks)? A sync with CASBOX_SYNC_FLAG_FORCE releases
+   them under the index sync lock (doc/casbox-storage.md, "Orphan
+   records"). */
+bool casbox_sync_have_orphans(struct casbox_mailbox *mbox);
 
 struct mailbox_sync_context *
 casbox_storage_sync_init(struct mailbox *box, enum mailbox_sync_flags flags);

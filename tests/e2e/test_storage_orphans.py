@@ -1,0 +1,182 @@
+"""Orphan records: a save killed (kill -9) after its LSM commit and
+before its index commit leaves a message record with a UID the index
+never got. The next open of the mailbox releases it under the index
+sync lock (its blobs' references too), the acknowledged mail stays; a
+save that is merely slow inside that window (another process holds the
+lock) is never mistaken for one.
+
+The kill lands at a chosen syscall with strace's fault injection: the
+second fdatasync() of a delivery is the LSM WAL's (the first is the
+pack's), after which the index log is written. strace only places the
+SIGKILL; what is checked is the state casbox leaves."""
+
+import os
+import re
+import shutil
+import smtplib
+import subprocess
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot  # noqa: E402
+
+KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+# one LMTP process, so the traced one is the one serving the session
+CONF = ("lmtp_add_received_header = no\n"
+        "service lmtp {\n  process_limit = 1\n}\n")
+STRACE = shutil.which("strace")
+
+
+def msg(n):
+    return (b"From: a@example.com\r\nSubject: orphan %d\r\n"
+            b"Message-ID: <%d@orphan>\r\n\r\n" % (n, n)
+            + b"body line %d\r\n" % n * 2000)
+
+
+def storage_dump(dc):
+    exe = os.path.join(os.environ.get("CASBOX_TOP_BUILDDIR", "."),
+                       "tests", "storage-dump")
+    root = os.path.join(dc.home("user1"), "casbox")
+    return subprocess.run([exe, root], user=dc.uid, group=dc.gid,
+                          capture_output=True, text=True)
+
+
+def record_uids(dump):
+    return sorted(int(m.group(1)) for m in
+                  re.finditer(r"^m \S+ (\d+) ", dump, re.M))
+
+
+def ok(typ_data):
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+class LmtpSession:
+    """An LMTP connection whose serving process runs under strace with
+    one injected action on the nth fdatasync()."""
+
+    def __init__(self, dc, inject):
+        self.dc = dc
+        self.lmtp = smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=60)
+        self.lmtp.ehlo()
+        pids = dc.pids("lmtp")
+        if len(pids) != 1:
+            raise AssertionError("not one lmtp process: %r" % pids)
+        self.pid = pids[0]
+        # -o: strace's own output; "attached" on stderr says it is in
+        self.strace = subprocess.Popen(
+            [STRACE, "-qq", "-p", str(self.pid), "-e", "trace=fdatasync",
+             "-e", "inject=fdatasync:%s" % inject, "-o", os.devnull],
+            stderr=subprocess.PIPE)
+        self.wait_attached()
+
+    def wait_attached(self):
+        # a traced process shows the tracer in /proc/PID/status
+        while True:
+            with open("/proc/%d/status" % self.pid) as f:
+                tracer = re.search(r"^TracerPid:\s+(\d+)", f.read(), re.M)
+            if int(tracer.group(1)) == self.strace.pid:
+                return
+            if self.strace.poll() is not None:
+                raise AssertionError("strace failed: %s"
+                                     % self.strace.stderr.read())
+
+    def close(self):
+        try:
+            self.lmtp.close()
+        finally:
+            # a surviving process stays traced until strace detaches
+            if self.strace.poll() is None:
+                self.strace.terminate()
+            self.strace.wait(timeout=60)
+
+
+@unittest.skipIf(STRACE is None, "strace not installed")
+class OrphanRecordTest(unittest.TestCase):
+
+    def test_kill9_between_lsm_and_index_commit(self):
+        with Dovecot(plugin_settings=KEYS, extra_conf=CONF) as dc:
+            dc.allow_log(r"killed with signal 9")
+            dc.lmtp_deliver_many("user1", [msg(1), msg(2)])
+
+            sess = LmtpSession(dc, "signal=SIGKILL:when=2")
+            with self.assertRaises((smtplib.SMTPException, OSError)):
+                sess.lmtp.sendmail("s@example.com", ["user1"], msg(3))
+            sess.close()
+
+            # the crash state: a record for UID 3, an index ending at 2
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(record_uids(res.stdout), [1, 2, 3])
+
+            imap = dc.imap_login("user1")
+            self.assertEqual(int(ok(imap.select("INBOX"))[0]), 2)
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(record_uids(res.stdout), [1, 2])
+            self.assertEqual(len(re.findall(
+                r"Released 1 message records at or above next UID 3 "
+                r"\(UIDs 3\.\.3\)", dc.log_text())), 1)
+
+            # the UID was never shown to anyone: the next save takes it
+            dc.lmtp_deliver("user1", msg(4))
+            ok(imap.noop())
+            data = ok(imap.uid("FETCH", "1:*", "(UID BODY.PEEK[])"))
+            bodies = [x[1] for x in data if isinstance(x, tuple)]
+            self.assertEqual(len(bodies), 3)
+            for body, n in zip(bodies, (1, 2, 4)):
+                self.assertTrue(body.endswith(msg(n)[-200:]), n)
+            self.assertIn(b"UID 3 ", data[-2][0])
+            imap.logout()
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(record_uids(res.stdout), [1, 2, 3])
+            # the orphan's blobs were released: only the 3 messages'
+            # parts are referenced
+            self.assertNotIn("refcount-mismatch", res.stdout)
+
+    def test_slow_save_in_the_window_is_not_an_orphan(self):
+        with Dovecot(plugin_settings=KEYS, extra_conf=CONF,
+                     mail_debug=True) as dc:
+            dc.lmtp_deliver("user1", msg(1))
+            # the delivery stops 3 s after its LSM commit, holding the
+            # index sync lock; meanwhile IMAP opens the mailbox
+            sess = LmtpSession(dc, "delay_exit=3000000:when=2")
+            result = {}
+
+            def deliver():
+                try:
+                    result["refused"] = sess.lmtp.sendmail(
+                        "s@example.com", ["user1"], msg(2))
+                except Exception as e:  # noqa: BLE001
+                    result["error"] = e
+            t = threading.Thread(target=deliver)
+            t.start()
+            # wait for the state, not for a time: the record is in the
+            # LSM while the index does not have it yet
+            while record_uids(storage_dump(dc).stdout) != [1, 2]:
+                self.assertTrue(t.is_alive(), result)
+            imap = dc.imap_login("user1")
+            exists = int(ok(imap.select("INBOX"))[0])
+            t.join()
+            sess.close()
+            self.assertEqual(result, {"refused": {}})
+            # SELECT waited for the lock, so it saw the save committed
+            self.assertEqual(exists, 2)
+            self.assertIn("Records at or above next UID 2: syncing under "
+                          "the index lock", dc.log_text())
+            self.assertNotIn("Released", dc.log_text())
+            data = ok(imap.uid("FETCH", "2", "BODY.PEEK[]"))
+            self.assertTrue(data[0][1].endswith(msg(2)[-200:]))
+            imap.logout()
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(record_uids(res.stdout), [1, 2])
+
+
+if __name__ == "__main__":
+    unittest.main()
