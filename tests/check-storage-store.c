@@ -383,13 +383,17 @@ START_TEST(test_meta_seal)
 	root.body_size.lines = 1;
 	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
 					  &error), 0);
-	casbox_meta_seal(keyring, &rec, "(\"text\" \"plain\")", "(BODY)",
-			 &root, pool);
+	i_zero(&meta);
+	meta.bodystructure = "(\"text\" \"plain\")";
+	meta.body = "(BODY)";
+	meta.envelope = "(ENV)";
+	casbox_meta_seal(keyring, &rec, &meta, &root, pool);
 	ck_assert_uint_gt(rec.sealed_meta_size, 0);
 	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
 					  &error), 1);
 	ck_assert_str_eq(meta.bodystructure, "(\"text\" \"plain\")");
 	ck_assert_str_eq(meta.body, "(BODY)");
+	ck_assert_str_eq(meta.envelope, "(ENV)");
 	parts = casbox_meta_get_parts(&meta, pool, &error);
 	ck_assert_ptr_nonnull(parts);
 	ck_assert_uint_eq(parts->body_size.virtual_size, 7);

@@ -306,12 +306,22 @@ casbox_mail_get_meta_special(struct mail *_mail, enum mail_fetch_field field,
 	const struct casbox_msg_meta *meta;
 
 	if (field != MAIL_FETCH_IMAP_BODYSTRUCTURE &&
-	    field != MAIL_FETCH_IMAP_BODY)
+	    field != MAIL_FETCH_IMAP_BODY &&
+	    field != MAIL_FETCH_IMAP_ENVELOPE)
 		return FALSE;
 	if ((meta = casbox_mail_get_meta(_mail)) == NULL)
 		return FALSE;
-	*value_r = field == MAIL_FETCH_IMAP_BODY ? meta->body :
-		meta->bodystructure;
+	switch (field) {
+	case MAIL_FETCH_IMAP_BODY:
+		*value_r = meta->body;
+		break;
+	case MAIL_FETCH_IMAP_ENVELOPE:
+		*value_r = meta->envelope;
+		break;
+	default:
+		*value_r = meta->bodystructure;
+		break;
+	}
 	return TRUE;
 }
 

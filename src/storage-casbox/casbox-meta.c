@@ -41,20 +41,23 @@ static void casbox_meta_wr_data(buffer_t *dest, const void *data, size_t size)
 
 void casbox_meta_seal(const struct cas_keyring *keyring,
 		      struct casbox_msg_record *rec,
-		      const char *bodystructure, const char *body,
+		      const struct casbox_msg_meta *meta,
 		      struct message_part *parts, pool_t pool)
 {
-	size_t bs_len = strlen(bodystructure);
-	size_t body_len = strlen(body);
+	size_t bs_len = strlen(meta->bodystructure);
+	size_t body_len = strlen(meta->body);
+	size_t env_len = strlen(meta->envelope);
 	buffer_t *tree, *plain, *aad, *sealed;
 
 	tree = t_buffer_create(256);
 	message_part_serialize(parts, tree);
 	/* sized up front: no reallocation leaves copies behind */
-	plain = t_buffer_create(1 + 12 + bs_len + body_len + tree->used);
+	plain = t_buffer_create(1 + 16 + bs_len + body_len + env_len +
+				tree->used);
 	buffer_append_c(plain, CASBOX_META_VERSION);
-	casbox_meta_wr_data(plain, bodystructure, bs_len);
-	casbox_meta_wr_data(plain, body, body_len);
+	casbox_meta_wr_data(plain, meta->bodystructure, bs_len);
+	casbox_meta_wr_data(plain, meta->body, body_len);
+	casbox_meta_wr_data(plain, meta->envelope, env_len);
 	casbox_meta_wr_data(plain, tree->data, tree->used);
 
 	aad = t_buffer_create(256);
@@ -92,8 +95,8 @@ casbox_meta_parse(const unsigned char *p, const unsigned char *end,
 		  pool_t pool, struct casbox_msg_meta *meta_r,
 		  const char **error_r)
 {
-	const unsigned char *bs, *body, *tree;
-	size_t bs_size, body_size, tree_size;
+	const unsigned char *bs, *body, *env, *tree;
+	size_t bs_size, body_size, env_size, tree_size;
 	const char *error = NULL;
 
 	if (p == end || *p != CASBOX_META_VERSION) {
@@ -103,13 +106,15 @@ casbox_meta_parse(const unsigned char *p, const unsigned char *end,
 	p++;
 	bs = casbox_meta_rd_data(&p, end, &bs_size);
 	body = bs == NULL ? NULL : casbox_meta_rd_data(&p, end, &body_size);
-	tree = body == NULL ? NULL : casbox_meta_rd_data(&p, end, &tree_size);
+	env = body == NULL ? NULL : casbox_meta_rd_data(&p, end, &env_size);
+	tree = env == NULL ? NULL : casbox_meta_rd_data(&p, end, &tree_size);
 	if (tree == NULL) {
 		*error_r = "truncated";
 		return -1;
 	}
 	meta_r->bodystructure = p_strndup(pool, bs, bs_size);
 	meta_r->body = p_strndup(pool, body, body_size);
+	meta_r->envelope = p_strndup(pool, env, env_size);
 	meta_r->tree = p_memdup(pool, tree, tree_size);
 	meta_r->tree_size = tree_size;
 	/* decode once here, so a bad tree is found before it is used */

@@ -1,12 +1,13 @@
 #ifndef CASBOX_META_H
 #define CASBOX_META_H
 
-/* casbox-meta: what FETCH BODYSTRUCTURE / BODY and MIME part lookups
-   need, kept sealed in the message record so that they decode no blob
-   (doc/casbox-storage.md, "Sealed metadata").
+/* casbox-meta: what FETCH BODYSTRUCTURE, BODY, ENVELOPE and MIME part
+   lookups need, kept sealed in the message record so that they decode no
+   blob (doc/casbox-storage.md, "Sealed metadata").
 
    plaintext = u8 version (1) | u32 len | BODYSTRUCTURE
                               | u32 len | BODY
+                              | u32 len | ENVELOPE
                               | u32 len | message_part_serialize() tree
    sealed    = cas_record_seal(index key,
                  AAD = "casbox-msg-meta" | parts (blob id | u64 size))
@@ -22,6 +23,7 @@ struct message_part;
 struct casbox_msg_meta {
 	const char *bodystructure;
 	const char *body;
+	const char *envelope;
 	/* message_part_serialize() of the tree, positions relative to the
 	   stored (LF) bytes: give each mail its own copy with
 	   casbox_meta_get_parts() */
@@ -35,11 +37,11 @@ struct message_part *
 casbox_meta_get_parts(const struct casbox_msg_meta *meta, pool_t pool,
 		      const char **error_r);
 
-/* Seal meta for rec (whose parts ids are final) into pool and set
-   rec->sealed_meta. */
+/* Seal meta's strings and parts (meta->tree is ignored) for rec, whose
+   part ids are final, into pool and set rec->sealed_meta. */
 void casbox_meta_seal(const struct cas_keyring *keyring,
 		      struct casbox_msg_record *rec,
-		      const char *bodystructure, const char *body,
+		      const struct casbox_msg_meta *meta,
 		      struct message_part *parts, pool_t pool);
 
 /* Returns 1 ok (meta_r allocated from pool), 0 if the record has none,

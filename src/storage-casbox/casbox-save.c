@@ -303,10 +303,10 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	return 0;
 }
 
-/* Seal what FETCH BODYSTRUCTURE/BODY and MIME part lookups need into
-   the record (casbox-meta.h), from the parse the save already did or,
-   failing that, from the saved bytes. Without it reads parse the
-   message, so a failure here does not fail the save. */
+/* Seal what FETCH BODYSTRUCTURE, BODY, ENVELOPE and MIME part lookups
+   need into the record (casbox-meta.h), from the parse the save already
+   did or, failing that, from the saved bytes. Without it reads parse
+   the message, so a failure here does not fail the save. */
 static void
 casbox_save_seal_meta(struct casbox_save_context *ctx,
 		      struct casbox_save_mail *smail)
@@ -314,12 +314,15 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 	struct mail *mail = ctx->ctx.dest_mail;
 	struct casbox_store *store;
 	struct message_part *parts;
-	const char *bodystructure, *body;
+	struct casbox_msg_meta meta;
 
+	i_zero(&meta);
 	if (mail_get_parts(mail, &parts) < 0 ||
 	    mail_get_special(mail, MAIL_FETCH_IMAP_BODYSTRUCTURE,
-			     &bodystructure) < 0 ||
-	    mail_get_special(mail, MAIL_FETCH_IMAP_BODY, &body) < 0) {
+			     &meta.bodystructure) < 0 ||
+	    mail_get_special(mail, MAIL_FETCH_IMAP_BODY, &meta.body) < 0 ||
+	    mail_get_special(mail, MAIL_FETCH_IMAP_ENVELOPE,
+			     &meta.envelope) < 0) {
 		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
 			"no sealed metadata: %s",
 			mailbox_get_last_internal_error(mail->box, NULL));
@@ -328,7 +331,7 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
 		i_unreached(); /* opened by casbox_save_finish_mail() */
 	casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
-			 bodystructure, body, parts, ctx->pool);
+			 &meta, parts, ctx->pool);
 }
 
 static int casbox_save_finish_write(struct mail_save_context *_ctx)
