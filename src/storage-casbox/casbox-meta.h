@@ -3,7 +3,7 @@
 
 /* casbox-meta: what FETCH BODYSTRUCTURE, BODY, ENVELOPE and MIME part
    lookups need, kept sealed in the message record so that they decode no
-   blob (doc/casbox-storage.md, "Sealed metadata").
+   blob (doc/casbox-storage.md, "LSM records").
 
    plaintext = u8 version (1) | u32 len | BODYSTRUCTURE
                               | u32 len | BODY
