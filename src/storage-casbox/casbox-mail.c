@@ -255,7 +255,9 @@ static const struct casbox_msg_meta *casbox_mail_get_meta(struct mail *_mail)
 	const char *error;
 	int ret;
 
-	if (_mail->saving || _mail->lookup_abort != MAIL_LOOKUP_ABORT_NEVER)
+	/* a record lookup is not reading the mail: allowed whatever
+	   lookup_abort says (like the sizes, which also come from it) */
+	if (_mail->saving)
 		return NULL;
 	if (casbox_mail_get_record(_mail, &rec, &input) < 0)
 		return NULL;
