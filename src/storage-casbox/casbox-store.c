@@ -223,12 +223,6 @@ static int casbox_store_check_key_id(struct casbox_store *store,
 	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
 }
 
-const struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store)
-{
-	i_assert(store->keyring != NULL);
-	return store->keyring;
-}
-
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 {
 	struct casbox_pack_settings pack_set;

@@ -30,8 +30,6 @@ void casbox_store_close(struct casbox_store **store);
    for a store with data, or a key that is not the store's, are errors
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
-/* The key ring; casbox_store_open_keys() must have succeeded. */
-const struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store);
 
 /* Keyed content address of input's bytes [offset, offset+size). Needs
    the keys. Returns 0 ok, -1 read error. */
