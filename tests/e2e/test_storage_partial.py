@@ -110,6 +110,15 @@ class PartialFetchTest(unittest.TestCase):
             self.assertLessEqual(n, (off + size) // CHUNK + 2)
             self.assertLess(n, full)
 
+            # BODY[]<o.l>: Dovecot counts CRLFs from the message start
+            # (LF-stored mail, as sdbox): the chunks up to the offset,
+            # never the rest, and no parse
+            off2 = 3000000
+            data, n = dec.fetch(1, "BODY.PEEK[]<%d.%d>" % (off2, size))
+            self.assertEqual(literals(data), [msg[off2:off2 + size]])
+            self.assertLessEqual(n, (off2 + size) // CHUNK + 2)
+            self.assertLess(n, full)
+
             # BINARY[2]<o.l> decodes part 2 (all of it: Dovecot must
             # know the decoded size), not the rest of the message
             data, n = dec.fetch(1, "BINARY.PEEK[2]<%d.%d>" % (off, size))
