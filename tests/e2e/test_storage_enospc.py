@@ -17,7 +17,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, HarnessError  # noqa: E402
+from dovecot_harness import Dovecot  # noqa: E402
+import test_storage_orphans as orphans  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
@@ -229,6 +230,51 @@ class EnospcTest(unittest.TestCase):
         ok(imap.append("INBOX", None, None, m))
         imap.logout()
         print("outcomes: %s" % " ".join(outcomes), file=sys.stderr)
+
+
+@unittest.skipIf(orphans.STRACE is None, "strace not installed")
+class EnospcAtEachSyncTest(unittest.TestCase):
+    """ENOSPC returned by each fdatasync() of a delivery in turn (with
+    strace's fault injection): the pack's, the LSM WAL's, the index
+    log's. The last one fails the index commit after the LSM commit:
+    the record left behind is released at the next open."""
+
+    # fdatasync number: (step, LMTP reply code)
+    STEPS = {1: ("pack", 552), 2: ("LSM WAL", 552),
+             3: ("index log", 451)}
+
+    def test_each_sync(self):
+        for nth, (step, code) in sorted(self.STEPS.items()):
+            with self.subTest(step=step):
+                self.one(nth, code)
+
+    def one(self, nth, code):
+        with Dovecot(plugin_settings=KEYS, extra_conf=orphans.CONF) as dc:
+            dc.allow_log(r"No space left on device")
+            dc.allow_log(r"Internal error occurred")
+            dc.lmtp_deliver("user1", orphans.msg(1))
+            sess = orphans.LmtpSession(dc, "error=ENOSPC:when=%d" % nth)
+            with self.assertRaises(smtplib.SMTPDataError) as cm:
+                sess.lmtp.sendmail("s@example.com", ["user1"],
+                                   orphans.msg(2))
+            sess.close()
+            self.assertEqual(cm.exception.smtp_code, code, cm.exception)
+
+            imap = dc.imap_login("user1")
+            self.assertEqual(int(ok(imap.select("INBOX"))[0]), 1)
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            # the failed save left nothing once the mailbox was opened
+            self.assertEqual(orphans.record_uids(res.stdout), [1])
+            dc.lmtp_deliver("user1", orphans.msg(3))
+            ok(imap.noop())
+            data = ok(imap.uid("FETCH", "1:*", "BODY.PEEK[]"))
+            bodies = [x[1] for x in data if isinstance(x, tuple)]
+            self.assertEqual(len(bodies), 2)
+            self.assertTrue(bodies[1].endswith(orphans.msg(3)[-200:]))
+            imap.logout()
+            rc, rows, err = scrub(dc)
+            self.assertEqual((rc, rows), (0, []), err)
 
 
 if __name__ == "__main__":
