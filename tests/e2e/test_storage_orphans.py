@@ -143,9 +143,11 @@ class OrphanRecordTest(unittest.TestCase):
         with Dovecot(plugin_settings=KEYS, extra_conf=CONF,
                      mail_debug=True) as dc:
             dc.lmtp_deliver("user1", msg(1))
-            # the delivery stops 3 s after its LSM commit, holding the
+            # logged in beforehand: only SELECT has to fit in the window
+            imap = dc.imap_login("user1")
+            # the delivery stops 5 s after its LSM commit, holding the
             # index sync lock; meanwhile IMAP opens the mailbox
-            sess = LmtpSession(dc, "delay_exit=3000000:when=2")
+            sess = LmtpSession(dc, "delay_exit=5000000:when=2")
             result = {}
 
             def deliver():
@@ -160,7 +162,6 @@ class OrphanRecordTest(unittest.TestCase):
             # LSM while the index does not have it yet
             while record_uids(storage_dump(dc).stdout) != [1, 2]:
                 self.assertTrue(t.is_alive(), result)
-            imap = dc.imap_login("user1")
             exists = int(ok(imap.select("INBOX"))[0])
             t.join()
             sess.close()
