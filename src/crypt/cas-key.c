@@ -1,15 +1,32 @@
-/* Key file layout (doc/casbox-format.md, "Key file"):
+/* Key file layouts (doc/casbox-format.md, "Key file"):
 
+   CASKEY1 (created by key init, read forever):
      0   7  magic "CASKEY1"
      7   1  version (1)
-     8  32  KEK
+     8  32  root secret (every sub-key is derived from it)
     40  32  BLAKE2b-256 of bytes 0..39
-   = 72 bytes, mode 0600 */
+   = 72 bytes
+
+   CASKEY2 (written by key rotate):
+     0   7  magic "CASKEY2"
+     7   1  version (2)
+     8  32  root secret (blob-id key, index key, store key id)
+    40   1  slot count n (1..2)
+    41   1  current slot (0..n-1): wraps new DEKs
+    42   2  reserved, zero
+    44  36n slots: key id (4, big-endian) | wrap key (32)
+   44+36n 32 BLAKE2b-256 of everything before
+   = 112 or 148 bytes
+
+   A CASKEY1 file is a CASKEY2 file with one implicit slot: the wrap key
+   derived from the root with the root's key id, so converting one
+   changes no blob id, index key or wrapped DEK. */
 
 #include "lib.h"
 #include "buffer.h"
+#include "str.h"
 #include "hex-binary.h"
-#include "write-full.h"
+#include "cas-keyfile.h"
 #include "cas-key.h"
 
 #include <sodium.h>
@@ -17,11 +34,24 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
-#define CAS_KEY_FILE_MAGIC "CASKEY1"
 #define CAS_KEY_FILE_MAGIC_SIZE 7
-#define CAS_KEY_FILE_VERSION 1
-#define CAS_KEY_FILE_CHECK_OFFSET (CAS_KEY_FILE_MAGIC_SIZE + 1 + CAS_KEK_SIZE)
-#define CAS_KEY_FILE_SIZE (CAS_KEY_FILE_CHECK_OFFSET + 32)
+#define CAS_KEY_FILE_V1_MAGIC "CASKEY1"
+#define CAS_KEY_FILE_V1_CHECK_OFFSET (CAS_KEY_FILE_MAGIC_SIZE + 1 + \
+				      CAS_KEK_SIZE)
+#define CAS_KEY_FILE_V1_SIZE (CAS_KEY_FILE_V1_CHECK_OFFSET + 32)
+
+#define CAS_KEY_FILE_V2_MAGIC "CASKEY2"
+#define CAS_KEY_FILE_V2_OFF_COUNT 40
+#define CAS_KEY_FILE_V2_OFF_CURRENT 41
+#define CAS_KEY_FILE_V2_OFF_SLOTS 44
+#define CAS_KEY_FILE_SLOT_SIZE (4 + CAS_KEK_SIZE)
+#define CAS_KEY_FILE_V2_SIZE(n) \
+	(CAS_KEY_FILE_V2_OFF_SLOTS + (n) * CAS_KEY_FILE_SLOT_SIZE + 32)
+#define CAS_KEY_FILE_MAX_SIZE CAS_KEY_FILE_V2_SIZE(CAS_KEY_FILE_MAX_SLOTS)
+
+/* slots a key ring holds in memory: the file's, plus slots a reload
+   dropped, kept for unwrapping streams opened before it */
+#define CAS_KEYRING_MAX_SLOTS (CAS_KEY_FILE_MAX_SLOTS + 2)
 
 /* crypto_kdf context (8 bytes) and sub-key ids */
 #define CAS_KDF_CONTEXT "CASBOXK1"
@@ -36,14 +66,25 @@ enum cas_kdf_subkey {
 #define CAS_DEK_AAD_SIZE (7 + 4 + CAS_BLOB_ID_SIZE)
 
 struct cas_keyring_secrets {
-	unsigned char wrap[CAS_KEK_SIZE];
+	unsigned char root[CAS_KEK_SIZE];
+	/* wrap keys, by slot */
+	unsigned char wrap[CAS_KEYRING_MAX_SLOTS][CAS_KEK_SIZE];
 	unsigned char blob_id[CAS_KEK_SIZE];
 	unsigned char index[CAS_KEK_SIZE];
 };
 
 struct cas_keyring {
 	struct cas_keyring_secrets *secrets; /* sodium_malloc()ed, read-only */
+	/* the root's id: names the store's key ('K' record), never
+	   changes with rotation */
 	uint32_t key_id;
+	/* slots [0, file_slots) are the key file's; the rest are slots a
+	   reload dropped (unwrap only) */
+	uint32_t slot_key_ids[CAS_KEYRING_MAX_SLOTS];
+	unsigned int slot_count, file_slots, current;
+	/* the loaded file, to notice a replacement (cas_keyring_refresh) */
+	bool have_stat;
+	struct stat st;
 };
 
 static void cas_sodium_init(void)
@@ -52,33 +93,66 @@ static void cas_sodium_init(void)
 		i_fatal("sodium_init() failed");
 }
 
-static void
-cas_key_file_check(const unsigned char *file, unsigned char check_r[32])
+static uint32_t cas_be32(const unsigned char *p)
 {
-	crypto_generichash(check_r, 32, file, CAS_KEY_FILE_CHECK_OFFSET,
-			   NULL, 0);
+	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+		((uint32_t)p[2] << 8) | p[3];
 }
 
+static void cas_put_be32(unsigned char *p, uint32_t v)
+{
+	p[0] = v >> 24;
+	p[1] = v >> 16;
+	p[2] = v >> 8;
+	p[3] = v;
+}
+
+static struct cas_keyring_secrets *cas_keyring_secrets_alloc(void)
+{
+	struct cas_keyring_secrets *secrets;
+
+	secrets = sodium_malloc(sizeof(*secrets));
+	if (secrets == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	sodium_memzero(secrets, sizeof(*secrets));
+	return secrets;
+}
+
+/* Root-derived keys and the root's id. The v1 slot (wrap key derived
+   from the root, key id = root id) goes to wrap_r/key_id_r. */
+static void
+cas_keyring_derive(struct cas_keyring_secrets *secrets, uint32_t *key_id_r,
+		   unsigned char wrap_r[CAS_KEK_SIZE])
+{
+	unsigned char key_id[crypto_kdf_BYTES_MIN];
+
+	crypto_kdf_derive_from_key(wrap_r, CAS_KEK_SIZE, CAS_KDF_WRAP,
+				   CAS_KDF_CONTEXT, secrets->root);
+	crypto_kdf_derive_from_key(secrets->blob_id, CAS_KEK_SIZE,
+				   CAS_KDF_BLOB_ID, CAS_KDF_CONTEXT,
+				   secrets->root);
+	crypto_kdf_derive_from_key(secrets->index, CAS_KEK_SIZE,
+				   CAS_KDF_INDEX, CAS_KDF_CONTEXT,
+				   secrets->root);
+	crypto_kdf_derive_from_key(key_id, sizeof(key_id),
+				   CAS_KDF_KEY_ID, CAS_KDF_CONTEXT,
+				   secrets->root);
+	*key_id_r = cas_be32(key_id);
+}
+
+/* A v1 key ring: one slot, derived from the root. */
 static struct cas_keyring *cas_keyring_from_kek(const unsigned char *kek)
 {
 	struct cas_keyring *keyring;
-	unsigned char key_id[crypto_kdf_BYTES_MIN];
 
 	keyring = i_new(struct cas_keyring, 1);
-	keyring->secrets = sodium_malloc(sizeof(*keyring->secrets));
-	if (keyring->secrets == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
-	crypto_kdf_derive_from_key(keyring->secrets->wrap, CAS_KEK_SIZE,
-				   CAS_KDF_WRAP, CAS_KDF_CONTEXT, kek);
-	crypto_kdf_derive_from_key(keyring->secrets->blob_id, CAS_KEK_SIZE,
-				   CAS_KDF_BLOB_ID, CAS_KDF_CONTEXT, kek);
-	crypto_kdf_derive_from_key(keyring->secrets->index, CAS_KEK_SIZE,
-				   CAS_KDF_INDEX, CAS_KDF_CONTEXT, kek);
-	crypto_kdf_derive_from_key(key_id, sizeof(key_id),
-				   CAS_KDF_KEY_ID, CAS_KDF_CONTEXT, kek);
-	keyring->key_id = ((uint32_t)key_id[0] << 24) |
-		((uint32_t)key_id[1] << 16) | ((uint32_t)key_id[2] << 8) |
-		key_id[3];
+	keyring->secrets = cas_keyring_secrets_alloc();
+	memcpy(keyring->secrets->root, kek, CAS_KEK_SIZE);
+	cas_keyring_derive(keyring->secrets, &keyring->key_id,
+			   keyring->secrets->wrap[0]);
+	keyring->slot_key_ids[0] = keyring->key_id;
+	keyring->slot_count = keyring->file_slots = 1;
+	keyring->current = 0;
 	sodium_mprotect_readonly(keyring->secrets);
 	return keyring;
 }
@@ -90,37 +164,147 @@ cas_keyring_create_from_kek(const unsigned char kek[CAS_KEK_SIZE])
 	return cas_keyring_from_kek(kek);
 }
 
-/* Parse a key file image. Returns 1 ok, -1 with reason (no key bytes). */
-int cas_key_file_parse(const void *data, size_t size,
-		       struct cas_keyring **keyring_r, const char **error_r)
+static void
+cas_key_file_check(const unsigned char *file, size_t size,
+		   unsigned char check_r[32])
 {
-	const unsigned char *file = data;
+	crypto_generichash(check_r, 32, file, size, NULL, 0);
+}
+
+static int cas_key_file_parse_v1(const unsigned char *file, size_t size,
+				 struct cas_keyring **keyring_r,
+				 const char **error_r)
+{
 	unsigned char check[32];
 
-	*keyring_r = NULL;
-	cas_sodium_init();
-	if (size != CAS_KEY_FILE_SIZE) {
+	if (size != CAS_KEY_FILE_V1_SIZE) {
 		*error_r = t_strdup_printf("size %zu, expected %u",
-					   size, CAS_KEY_FILE_SIZE);
+					   size, CAS_KEY_FILE_V1_SIZE);
 		return -1;
 	}
-	if (memcmp(file, CAS_KEY_FILE_MAGIC, CAS_KEY_FILE_MAGIC_SIZE) != 0) {
-		*error_r = "bad magic (not a casbox key file)";
-		return -1;
-	}
-	if (file[CAS_KEY_FILE_MAGIC_SIZE] != CAS_KEY_FILE_VERSION) {
-		*error_r = t_strdup_printf("unsupported version %u",
-					   file[CAS_KEY_FILE_MAGIC_SIZE]);
-		return -1;
-	}
-	cas_key_file_check(file, check);
-	if (sodium_memcmp(check, file + CAS_KEY_FILE_CHECK_OFFSET,
+	cas_key_file_check(file, CAS_KEY_FILE_V1_CHECK_OFFSET, check);
+	if (sodium_memcmp(check, file + CAS_KEY_FILE_V1_CHECK_OFFSET,
 			  sizeof(check)) != 0) {
 		*error_r = "checksum mismatch (file damaged)";
 		return -1;
 	}
 	*keyring_r = cas_keyring_from_kek(file + CAS_KEY_FILE_MAGIC_SIZE + 1);
 	return 1;
+}
+
+static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
+				 struct cas_keyring **keyring_r,
+				 const char **error_r)
+{
+	struct cas_keyring *keyring;
+	unsigned char check[32], derived_wrap[CAS_KEK_SIZE];
+	const unsigned char *slot;
+	unsigned int i, j, count, current;
+
+	if (size < CAS_KEY_FILE_V2_SIZE(1)) {
+		*error_r = t_strdup_printf("size %zu, expected %u or %u",
+			size, CAS_KEY_FILE_V2_SIZE(1), CAS_KEY_FILE_V2_SIZE(2));
+		return -1;
+	}
+	count = file[CAS_KEY_FILE_V2_OFF_COUNT];
+	if (count < 1 || count > CAS_KEY_FILE_MAX_SLOTS) {
+		*error_r = t_strdup_printf("slot count %u, expected 1..%u",
+					   count, CAS_KEY_FILE_MAX_SLOTS);
+		return -1;
+	}
+	if (size != CAS_KEY_FILE_V2_SIZE(count)) {
+		*error_r = t_strdup_printf(
+			"size %zu, expected %u for %u slot(s)",
+			size, CAS_KEY_FILE_V2_SIZE(count), count);
+		return -1;
+	}
+	cas_key_file_check(file, size - 32, check);
+	if (sodium_memcmp(check, file + size - 32, sizeof(check)) != 0) {
+		*error_r = "checksum mismatch (file damaged)";
+		return -1;
+	}
+	/* the checksum only catches damage: check the fields too */
+	current = file[CAS_KEY_FILE_V2_OFF_CURRENT];
+	if (current >= count) {
+		*error_r = t_strdup_printf("current slot %u, but %u slot(s)",
+					   current, count);
+		return -1;
+	}
+	if (file[42] != 0 || file[43] != 0) {
+		*error_r = "reserved bytes are not zero";
+		return -1;
+	}
+	for (i = 0; i < count; i++) {
+		slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
+			i * CAS_KEY_FILE_SLOT_SIZE;
+		if (cas_be32(slot) == 0) {
+			*error_r = t_strdup_printf("slot %u has key id 0", i);
+			return -1;
+		}
+		for (j = 0; j < i; j++) {
+			if (cas_be32(slot) == cas_be32(file +
+					CAS_KEY_FILE_V2_OFF_SLOTS +
+					j * CAS_KEY_FILE_SLOT_SIZE)) {
+				*error_r = t_strdup_printf(
+					"slots %u and %u have the same "
+					"key id %08x", j, i, cas_be32(slot));
+				return -1;
+			}
+		}
+	}
+
+	keyring = i_new(struct cas_keyring, 1);
+	keyring->secrets = cas_keyring_secrets_alloc();
+	memcpy(keyring->secrets->root, file + 8, CAS_KEK_SIZE);
+	cas_keyring_derive(keyring->secrets, &keyring->key_id, derived_wrap);
+	sodium_memzero(derived_wrap, sizeof(derived_wrap));
+	for (i = 0; i < count; i++) {
+		slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
+			i * CAS_KEY_FILE_SLOT_SIZE;
+		keyring->slot_key_ids[i] = cas_be32(slot);
+		memcpy(keyring->secrets->wrap[i], slot + 4, CAS_KEK_SIZE);
+	}
+	keyring->slot_count = keyring->file_slots = count;
+	keyring->current = current;
+	sodium_mprotect_readonly(keyring->secrets);
+	*keyring_r = keyring;
+	return 1;
+}
+
+/* Parse a key file image. Returns 1 ok, -1 with reason (no key bytes). */
+int cas_key_file_parse(const void *data, size_t size,
+		       struct cas_keyring **keyring_r, const char **error_r)
+{
+	const unsigned char *file = data;
+
+	*keyring_r = NULL;
+	cas_sodium_init();
+	if (size < CAS_KEY_FILE_MAGIC_SIZE + 1) {
+		*error_r = t_strdup_printf("size %zu, expected %u, %u or %u",
+			size, CAS_KEY_FILE_V1_SIZE, CAS_KEY_FILE_V2_SIZE(1),
+			CAS_KEY_FILE_V2_SIZE(2));
+		return -1;
+	}
+	if (memcmp(file, CAS_KEY_FILE_V1_MAGIC,
+		   CAS_KEY_FILE_MAGIC_SIZE) == 0) {
+		if (file[CAS_KEY_FILE_MAGIC_SIZE] != 1) {
+			*error_r = t_strdup_printf("unsupported version %u",
+				file[CAS_KEY_FILE_MAGIC_SIZE]);
+			return -1;
+		}
+		return cas_key_file_parse_v1(file, size, keyring_r, error_r);
+	}
+	if (memcmp(file, CAS_KEY_FILE_V2_MAGIC,
+		   CAS_KEY_FILE_MAGIC_SIZE) == 0) {
+		if (file[CAS_KEY_FILE_MAGIC_SIZE] != 2) {
+			*error_r = t_strdup_printf("unsupported version %u",
+				file[CAS_KEY_FILE_MAGIC_SIZE]);
+			return -1;
+		}
+		return cas_key_file_parse_v2(file, size, keyring_r, error_r);
+	}
+	*error_r = "bad magic (not a casbox key file)";
+	return -1;
 }
 
 int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
@@ -145,18 +329,19 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 		i_close_fd(&fd);
 		return -1;
 	}
-	if (!S_ISREG(st.st_mode) || st.st_size != CAS_KEY_FILE_SIZE) {
+	if (!S_ISREG(st.st_mode) || st.st_size > CAS_KEY_FILE_MAX_SIZE) {
 		*error_r = t_strdup_printf(
-			"Key file %s is damaged: size %lld, expected %u",
-			path, (long long)st.st_size, CAS_KEY_FILE_SIZE);
+			"Key file %s is damaged: size %lld, expected "
+			"at most %u", path, (long long)st.st_size,
+			CAS_KEY_FILE_MAX_SIZE);
 		i_close_fd(&fd);
 		return -1;
 	}
-	file = sodium_malloc(CAS_KEY_FILE_SIZE + 1);
+	file = sodium_malloc(CAS_KEY_FILE_MAX_SIZE + 1);
 	if (file == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
-	/* read one byte more than expected to notice a file that grew */
-	ret = pread(fd, file, CAS_KEY_FILE_SIZE + 1, 0);
+	/* read one byte more than allowed to notice a file that grew */
+	ret = pread(fd, file, CAS_KEY_FILE_MAX_SIZE + 1, 0);
 	if (ret < 0) {
 		*error_r = t_strdup_printf("read(%s) failed: %m", path);
 		result = -1;
@@ -166,6 +351,8 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 					   path, error);
 		result = -1;
 	} else {
+		(*keyring_r)->st = st;
+		(*keyring_r)->have_stat = TRUE;
 		result = 1;
 	}
 	sodium_free(file);
@@ -173,64 +360,34 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 	return result;
 }
 
-static int fsync_parent_dir(const char *path, const char **error_r)
-{
-	const char *p = strrchr(path, '/');
-	const char *dir = p == NULL ? "." :
-		p == path ? "/" : t_strdup_until(path, p);
-	int fd, ret = 0;
-
-	fd = open(dir, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
-		return -1;
-	}
-	if (fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		ret = -1;
-	}
-	i_close_fd(&fd);
-	return ret;
-}
-
 int cas_keyring_create(const char *path, struct cas_keyring **keyring_r,
 		       const char **error_r)
 {
 	unsigned char *file;
-	int fd, ret = -1;
+	struct stat st;
+	int ret = -1;
 
 	*keyring_r = NULL;
 	cas_sodium_init();
-	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
-					   path);
-		return -1;
-	}
-	file = sodium_malloc(CAS_KEY_FILE_SIZE);
+	file = sodium_malloc(CAS_KEY_FILE_V1_SIZE);
 	if (file == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
-	memcpy(file, CAS_KEY_FILE_MAGIC, CAS_KEY_FILE_MAGIC_SIZE);
-	file[CAS_KEY_FILE_MAGIC_SIZE] = CAS_KEY_FILE_VERSION;
+	memcpy(file, CAS_KEY_FILE_V1_MAGIC, CAS_KEY_FILE_MAGIC_SIZE);
+	file[CAS_KEY_FILE_MAGIC_SIZE] = 1;
 	randombytes_buf(file + CAS_KEY_FILE_MAGIC_SIZE + 1, CAS_KEK_SIZE);
-	cas_key_file_check(file, file + CAS_KEY_FILE_CHECK_OFFSET);
+	cas_key_file_check(file, CAS_KEY_FILE_V1_CHECK_OFFSET,
+			   file + CAS_KEY_FILE_V1_CHECK_OFFSET);
 
-	if (write_full(fd, file, CAS_KEY_FILE_SIZE) < 0)
-		*error_r = t_strdup_printf("write(%s) failed: %m", path);
-	else if (fsync(fd) < 0)
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
-	else if (fsync_parent_dir(path, error_r) == 0)
-		ret = 1;
-	if (close(fd) < 0 && ret == 1) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", path);
-		ret = -1;
-	}
-	if (ret < 0) {
-		/* never leave a half-written key file behind */
-		i_unlink_if_exists(path);
-	} else {
+	/* never over an existing file, never half a file */
+	if (cas_keyfile_write_atomic(path, file, CAS_KEY_FILE_V1_SIZE,
+				     NULL, FALSE, error_r) == 0) {
 		*keyring_r = cas_keyring_from_kek(file +
 						  CAS_KEY_FILE_MAGIC_SIZE + 1);
+		if (stat(path, &st) == 0) {
+			(*keyring_r)->st = st;
+			(*keyring_r)->have_stat = TRUE;
+		}
+		ret = 1;
 	}
 	sodium_free(file);
 	return ret;
@@ -251,6 +408,231 @@ void cas_keyring_free(struct cas_keyring **_keyring)
 uint32_t cas_keyring_key_id(const struct cas_keyring *keyring)
 {
 	return keyring->key_id;
+}
+
+uint32_t cas_keyring_wrap_key_id(const struct cas_keyring *keyring)
+{
+	return keyring->slot_key_ids[keyring->current];
+}
+
+unsigned int cas_keyring_slot_count(const struct cas_keyring *keyring)
+{
+	return keyring->file_slots;
+}
+
+bool cas_keyring_retiring_key_id(const struct cas_keyring *keyring,
+				 uint32_t *key_id_r)
+{
+	unsigned int i;
+
+	for (i = 0; i < keyring->file_slots; i++) {
+		if (i != keyring->current) {
+			*key_id_r = keyring->slot_key_ids[i];
+			return TRUE;
+		}
+	}
+	return FALSE;
+}
+
+bool cas_keyring_has_key_id(const struct cas_keyring *keyring,
+			    uint32_t key_id)
+{
+	unsigned int i;
+	bool found = FALSE;
+
+	for (i = 0; i < keyring->slot_count; i++)
+		found = found || keyring->slot_key_ids[i] == key_id;
+	return found;
+}
+
+/* Replace the secrets with a writable copy; cas_keyring_seal() makes
+   them read-only again. */
+static struct cas_keyring_secrets *
+cas_keyring_unseal(struct cas_keyring *keyring)
+{
+	struct cas_keyring_secrets *copy;
+
+	copy = cas_keyring_secrets_alloc();
+	memcpy(copy, keyring->secrets, sizeof(*copy));
+	sodium_free(keyring->secrets);
+	keyring->secrets = copy;
+	return copy;
+}
+
+static void cas_keyring_seal(struct cas_keyring *keyring)
+{
+	sodium_mprotect_readonly(keyring->secrets);
+}
+
+void cas_keyring_rotate_add(struct cas_keyring *keyring)
+{
+	struct cas_keyring_secrets *secrets;
+	unsigned int i, slot;
+	uint32_t key_id;
+
+	i_assert(keyring->file_slots == 1);
+	cas_sodium_init();
+	do {
+		key_id = randombytes_random();
+	} while (key_id == 0 || key_id == keyring->key_id ||
+		 cas_keyring_has_key_id(keyring, key_id));
+	secrets = cas_keyring_unseal(keyring);
+	/* the new slot goes right after the file's slot; slots only held
+	   in memory move up (the oldest falls off when full) */
+	slot = 1;
+	for (i = I_MIN(keyring->slot_count, CAS_KEYRING_MAX_SLOTS - 1);
+	     i > slot; i--) {
+		keyring->slot_key_ids[i] = keyring->slot_key_ids[i - 1];
+		memcpy(secrets->wrap[i], secrets->wrap[i - 1], CAS_KEK_SIZE);
+	}
+	randombytes_buf(secrets->wrap[slot], CAS_KEK_SIZE);
+	keyring->slot_key_ids[slot] = key_id;
+	keyring->slot_count = I_MIN(keyring->slot_count + 1,
+				    CAS_KEYRING_MAX_SLOTS);
+	keyring->file_slots = 2;
+	keyring->current = slot;
+	cas_keyring_seal(keyring);
+}
+
+void cas_keyring_rotate_finish(struct cas_keyring *keyring)
+{
+	struct cas_keyring_secrets *secrets;
+	unsigned int i;
+
+	if (keyring->file_slots == 1)
+		return;
+	secrets = cas_keyring_unseal(keyring);
+	/* the current slot becomes the only one; every other slot is
+	   forgotten, also in memory */
+	if (keyring->current != 0) {
+		keyring->slot_key_ids[0] =
+			keyring->slot_key_ids[keyring->current];
+		memcpy(secrets->wrap[0], secrets->wrap[keyring->current],
+		       CAS_KEK_SIZE);
+	}
+	for (i = 1; i < CAS_KEYRING_MAX_SLOTS; i++) {
+		sodium_memzero(secrets->wrap[i], CAS_KEK_SIZE);
+		keyring->slot_key_ids[i] = 0;
+	}
+	keyring->slot_count = keyring->file_slots = 1;
+	keyring->current = 0;
+	cas_keyring_seal(keyring);
+}
+
+int cas_keyring_save(struct cas_keyring *keyring, const char *path,
+		     const char **error_r)
+{
+	unsigned char *file;
+	unsigned int i, count = keyring->file_slots;
+	size_t size = CAS_KEY_FILE_V2_SIZE(count);
+	struct stat st;
+	const struct stat *keep_st = NULL;
+	int ret;
+
+	i_assert(count >= 1 && count <= CAS_KEY_FILE_MAX_SLOTS);
+	/* keep the owner and mode of the file it replaces (the mail
+	   processes must still read it) */
+	if (stat(path, &st) == 0)
+		keep_st = &st;
+	else if (errno != ENOENT) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
+		return -1;
+	}
+	file = sodium_malloc(size);
+	if (file == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	memcpy(file, CAS_KEY_FILE_V2_MAGIC, CAS_KEY_FILE_MAGIC_SIZE);
+	file[CAS_KEY_FILE_MAGIC_SIZE] = 2;
+	memcpy(file + 8, keyring->secrets->root, CAS_KEK_SIZE);
+	file[CAS_KEY_FILE_V2_OFF_COUNT] = count;
+	file[CAS_KEY_FILE_V2_OFF_CURRENT] = keyring->current;
+	file[42] = file[43] = 0;
+	for (i = 0; i < count; i++) {
+		unsigned char *slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
+			i * CAS_KEY_FILE_SLOT_SIZE;
+
+		cas_put_be32(slot, keyring->slot_key_ids[i]);
+		memcpy(slot + 4, keyring->secrets->wrap[i], CAS_KEK_SIZE);
+	}
+	cas_key_file_check(file, size - 32, file + size - 32);
+	ret = cas_keyfile_write_atomic(path, file, size, keep_st, TRUE,
+				       error_r);
+	sodium_free(file);
+	if (ret == 0 && stat(path, &st) == 0) {
+		keyring->st = st;
+		keyring->have_stat = TRUE;
+	}
+	return ret < 0 ? -1 : 1;
+}
+
+static bool cas_keyring_same_file(const struct cas_keyring *keyring,
+				  const struct stat *st)
+{
+	return keyring->have_stat &&
+		keyring->st.st_dev == st->st_dev &&
+		keyring->st.st_ino == st->st_ino &&
+		keyring->st.st_size == st->st_size &&
+		keyring->st.st_mtim.tv_sec == st->st_mtim.tv_sec &&
+		keyring->st.st_mtim.tv_nsec == st->st_mtim.tv_nsec &&
+		keyring->st.st_ctim.tv_sec == st->st_ctim.tv_sec &&
+		keyring->st.st_ctim.tv_nsec == st->st_ctim.tv_nsec;
+}
+
+int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
+			bool *changed_r, const char **error_r)
+{
+	struct cas_keyring *fresh;
+	struct cas_keyring_secrets *secrets;
+	unsigned int i, n;
+	struct stat st;
+	int ret;
+
+	*changed_r = FALSE;
+	if (stat(path, &st) < 0) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
+		return -1;
+	}
+	if (cas_keyring_same_file(keyring, &st))
+		return 1;
+	ret = cas_keyring_load(path, &fresh, error_r);
+	if (ret == 0) {
+		*error_r = t_strdup_printf("key file %s vanished", path);
+		return -1;
+	}
+	if (ret < 0)
+		return -1;
+	/* the root is what blob ids and sealed records depend on: a
+	   different one is another key, never adopted */
+	if (fresh->key_id != keyring->key_id ||
+	    sodium_memcmp(fresh->secrets->root, keyring->secrets->root,
+			  CAS_KEK_SIZE) != 0) {
+		*error_r = t_strdup_printf(
+			"key file %s was replaced by another key "
+			"(key id %08x, expected %08x)", path,
+			fresh->key_id, keyring->key_id);
+		cas_keyring_free(&fresh);
+		return -1;
+	}
+	/* adopt the file's slots; keep slots it no longer has for
+	   unwrapping, as far as there is room */
+	secrets = cas_keyring_unseal(fresh);
+	n = fresh->slot_count;
+	for (i = 0; i < keyring->slot_count && n < CAS_KEYRING_MAX_SLOTS;
+	     i++) {
+		if (cas_keyring_has_key_id(fresh, keyring->slot_key_ids[i]))
+			continue;
+		fresh->slot_key_ids[n] = keyring->slot_key_ids[i];
+		memcpy(secrets->wrap[n], keyring->secrets->wrap[i],
+		       CAS_KEK_SIZE);
+		fresh->slot_count = ++n;
+	}
+	cas_keyring_seal(fresh);
+	/* swap in place: the pack store and streams hold this pointer */
+	sodium_free(keyring->secrets);
+	*keyring = *fresh;
+	i_free(fresh);
+	*changed_r = TRUE;
+	return 1;
 }
 
 void cas_blob_id_init(const struct cas_keyring *keyring,
@@ -310,6 +692,21 @@ int cas_blob_id_from_hex(const char *hex, struct cas_blob_id *id_r)
 	return 0;
 }
 
+/* "key id 1234abcd" or "key ids 1234abcd, 5678ef01" (public ids). */
+static const char *cas_keyring_slots_str(const struct cas_keyring *keyring)
+{
+	string_t *str = t_str_new(40);
+	unsigned int i;
+
+	str_append(str, keyring->slot_count == 1 ? "key id " : "key ids ");
+	for (i = 0; i < keyring->slot_count; i++) {
+		if (i > 0)
+			str_append(str, ", ");
+		str_printfa(str, "%08x", keyring->slot_key_ids[i]);
+	}
+	return str_c(str);
+}
+
 void cas_dek_generate(unsigned char dek_r[CAS_DEK_SIZE])
 {
 	cas_sodium_init();
@@ -336,13 +733,19 @@ void cas_dek_wrap(const struct cas_keyring *keyring,
 	unsigned char aad[CAS_DEK_AAD_SIZE];
 	unsigned char *nonce = wrapped_r + 4;
 
-	cas_dek_aad(keyring->key_id, id, aad);
+	/* new wraps always use the current slot */
+	cas_dek_aad(cas_keyring_wrap_key_id(keyring), id, aad);
 	memcpy(wrapped_r, aad + 7, 4);
 	randombytes_buf(nonce, crypto_aead_xchacha20poly1305_ietf_NPUBBYTES);
 	crypto_aead_xchacha20poly1305_ietf_encrypt(
 		wrapped_r + 4 + crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
 		NULL, dek, CAS_DEK_SIZE, aad, sizeof(aad), NULL, nonce,
-		keyring->secrets->wrap);
+		keyring->secrets->wrap[keyring->current]);
+}
+
+uint32_t cas_dek_wrapped_key_id(const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE])
+{
+	return cas_be32(wrapped);
 }
 
 int cas_dek_unwrap(const struct cas_keyring *keyring,
@@ -351,15 +754,22 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 		   unsigned char dek_r[CAS_DEK_SIZE], const char **error_r)
 {
 	unsigned char aad[CAS_DEK_AAD_SIZE];
+	unsigned int i, slot = UINT_MAX;
 	uint32_t key_id;
 
 	sodium_memzero(dek_r, CAS_DEK_SIZE);
-	key_id = ((uint32_t)wrapped[0] << 24) | ((uint32_t)wrapped[1] << 16) |
-		((uint32_t)wrapped[2] << 8) | wrapped[3];
-	if (key_id != keyring->key_id) {
+	/* the key id is public (stored in the clear): picking the slot by
+	   it leaks nothing; the tag check below is constant-time */
+	key_id = cas_be32(wrapped);
+	for (i = 0; i < keyring->slot_count; i++) {
+		if (keyring->slot_key_ids[i] == key_id)
+			slot = i;
+	}
+	if (slot == UINT_MAX) {
 		*error_r = t_strdup_printf(
-			"DEK wrapped by another key (key id %08x, ours %08x)",
-			key_id, keyring->key_id);
+			"DEK wrapped by another key (key id %08x; the key "
+			"file has %s)", key_id,
+			cas_keyring_slots_str(keyring));
 		return -1;
 	}
 	cas_dek_aad(key_id, id, aad);
@@ -367,7 +777,8 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 		dek_r, NULL, NULL,
 		wrapped + 4 + crypto_aead_xchacha20poly1305_ietf_NPUBBYTES,
 		CAS_DEK_SIZE + crypto_aead_xchacha20poly1305_ietf_ABYTES,
-		aad, sizeof(aad), wrapped + 4, keyring->secrets->wrap) != 0) {
+		aad, sizeof(aad), wrapped + 4,
+		keyring->secrets->wrap[slot]) != 0) {
 		sodium_memzero(dek_r, CAS_DEK_SIZE);
 		*error_r = "DEK unwrap: authentication failed";
 		return -1;

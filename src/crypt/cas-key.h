@@ -4,12 +4,17 @@
 /* cas-key: a user's key ring and the envelope-encryption primitives
    (see doc/casbox-format.md and doc/threat-model.md).
 
-   The key file holds the user's 32-byte key-encryption key (KEK) in a
-   small versioned, checksummed format. Sub-keys are derived from it
-   with BLAKE2b KDF contexts, one per purpose, so one file yields:
-     - the KEK that wraps per-blob data keys (DEKs),
+   The key file holds the user's 32-byte root secret in a small
+   versioned, checksummed format. Sub-keys are derived from it with
+   BLAKE2b KDF contexts, one per purpose:
      - the blob-id key (keyed BLAKE2b-256 content addresses),
-     - the index key (FTS segments, dictionaries, other small records).
+     - the index key (FTS segments, dictionaries, other small records),
+     - the key id that names the store's key (the LSM 'K' record).
+   The root never changes. The keys that wrap per-blob data keys (DEKs)
+   live in slots, each with a public key id: a CASKEY1 file has one
+   implicit slot (wrap key derived from the root, key id = the root's),
+   a CASKEY2 file one or two explicit slots, one of them current (new
+   wraps), the other, during a rotation, retiring (unwrap only).
    Every secret lives in sodium_malloc()ed memory and is wiped on free.
    Nothing here logs key bytes. */
 
@@ -49,9 +54,42 @@ cas_keyring_create_from_kek(const unsigned char kek[CAS_KEK_SIZE]);
    Returns 1 ok, -1 damaged (error_r says why, without key bytes). */
 int cas_key_file_parse(const void *data, size_t size,
 		       struct cas_keyring **keyring_r, const char **error_r);
-/* Short public identifier of the KEK (e.g. stored next to wrapped DEKs
-   so rotation can tell old from new). */
+/* Short public identifier of the root secret: names the store's key in
+   the LSM 'K' record; the same before and after key rotation. For a
+   never rotated key it is also the key id of its only wrap slot. */
 uint32_t cas_keyring_key_id(const struct cas_keyring *keyring);
+
+/* Key slots (rotation). */
+#define CAS_KEY_FILE_MAX_SLOTS 2
+/* Key id of the current slot: what cas_dek_wrap() writes. */
+uint32_t cas_keyring_wrap_key_id(const struct cas_keyring *keyring);
+/* Slots in the key file (1, or 2 while a rotation is in progress). */
+unsigned int cas_keyring_slot_count(const struct cas_keyring *keyring);
+/* The key file's non-current slot, if any. */
+bool cas_keyring_retiring_key_id(const struct cas_keyring *keyring,
+				 uint32_t *key_id_r);
+/* Can cas_dek_unwrap() open DEKs wrapped under key_id? */
+bool cas_keyring_has_key_id(const struct cas_keyring *keyring,
+			    uint32_t key_id);
+/* Add a new random slot and make it current (the key ring must have one
+   slot). Memory only: cas_keyring_save() writes it. */
+void cas_keyring_rotate_add(struct cas_keyring *keyring);
+/* Forget every slot but the current one (memory only). */
+void cas_keyring_rotate_finish(struct cas_keyring *keyring);
+/* Write the key ring as a CASKEY2 file over path: temporary file,
+   fsync, rename, directory fsync; an existing file's owner and mode are
+   kept, a new file gets 0600. Returns 1 ok, -1 error (the old file is
+   then still in place, unless only the directory fsync failed). */
+int cas_keyring_save(struct cas_keyring *keyring, const char *path,
+		     const char **error_r);
+/* Reload the key ring from path if the file changed since it was loaded
+   or saved (one stat() when it did not). The root must be the same
+   (else -1: another store's key); the file's slots are adopted, slots
+   it dropped are kept in memory for unwrapping only. The keyring
+   pointer stays valid. Returns 1 ok, -1 error (missing, damaged or
+   another key: the key ring is left as it was). */
+int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
+			bool *changed_r, const char **error_r);
 
 /* Keyed content address: BLAKE2b-256 keyed with the blob-id key. */
 void cas_blob_id_init(const struct cas_keyring *keyring,
@@ -74,15 +112,20 @@ void cas_dek_wrap(const struct cas_keyring *keyring,
 		  const struct cas_blob_id *id,
 		  const unsigned char dek[CAS_DEK_SIZE],
 		  unsigned char wrapped_r[CAS_WRAPPED_DEK_SIZE]);
-/* Returns 1 ok, -1 wrong key or tampered (dek_r is zeroed then). */
+/* The key id a wrapped DEK names (its first 4 bytes, big-endian). */
+uint32_t cas_dek_wrapped_key_id(const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE]);
+/* Opens with the slot named by the wrapped DEK's key id. Returns 1 ok,
+   -1 no such slot ("wrapped by another key"), wrong key or tampered
+   (dek_r is zeroed then). */
 int cas_dek_unwrap(const struct cas_keyring *keyring,
 		   const struct cas_blob_id *id,
 		   const unsigned char wrapped[CAS_WRAPPED_DEK_SIZE],
 		   unsigned char dek_r[CAS_DEK_SIZE], const char **error_r);
 
-/* Key rotation: unwrap with old_keyring, wrap again with new_keyring.
-   Only the 76 bytes change; packs are never touched. Returns 1 ok, -1
-   as cas_dek_unwrap() (new_wrapped_r untouched then). */
+/* Key rotation: unwrap with old_keyring, wrap again with new_keyring's
+   current slot (both may be the same key ring: retiring slot ->
+   current slot). Only the 76 bytes change; packs are never touched.
+   Returns 1 ok, -1 as cas_dek_unwrap() (new_wrapped_r untouched then). */
 int cas_dek_rewrap(const struct cas_keyring *old_keyring,
 		   const struct cas_keyring *new_keyring,
 		   const struct cas_blob_id *id,

@@ -17,8 +17,7 @@
 
 #include "lib.h"
 #include "buffer.h"
-#include "hex-binary.h"
-#include "write-full.h"
+#include "cas-keyfile.h"
 #include "cas-userkey.h"
 
 #include <sodium.h>
@@ -374,73 +373,6 @@ cas_userkey_file_build(const unsigned char *secret,
 	return ret;
 }
 
-static const char *cas_dir_of(const char *path)
-{
-	const char *p = strrchr(path, '/');
-
-	return p == NULL ? "." : p == path ? "/" : t_strdup_until(path, p);
-}
-
-static int cas_fsync_dir(const char *path, const char **error_r)
-{
-	const char *dir = cas_dir_of(path);
-	int fd, ret = 0;
-
-	fd = open(dir, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
-		return -1;
-	}
-	if (fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		ret = -1;
-	}
-	i_close_fd(&fd);
-	return ret;
-}
-
-/* Write data to a new uniquely named temporary file next to path, with
-   st's mode and owner when st is not NULL (else 0600), fsynced. */
-static int
-cas_userkey_write_tmp(const char *path, const unsigned char *data,
-		      const struct stat *st, const char **tmp_path_r,
-		      const char **error_r)
-{
-	unsigned char rnd[8];
-	const char *tmp;
-	int fd, ret = -1;
-
-	randombytes_buf(rnd, sizeof(rnd));
-	tmp = t_strdup_printf("%s.%s.tmp", path,
-			      binary_to_hex(rnd, sizeof(rnd)));
-	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
-					   tmp);
-		return -1;
-	}
-	if (st != NULL && (st->st_uid != geteuid() ||
-			   st->st_gid != getegid()) &&
-	    fchown(fd, st->st_uid, st->st_gid) < 0)
-		*error_r = t_strdup_printf("fchown(%s) failed: %m", tmp);
-	else if (st != NULL && fchmod(fd, st->st_mode & 07777) < 0)
-		*error_r = t_strdup_printf("fchmod(%s) failed: %m", tmp);
-	else if (write_full(fd, data, UKEY_FILE_SIZE) < 0)
-		*error_r = t_strdup_printf("write(%s) failed: %m", tmp);
-	else if (fsync(fd) < 0)
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", tmp);
-	else
-		ret = 0;
-	if (close(fd) < 0 && ret == 0) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", tmp);
-		ret = -1;
-	}
-	if (ret < 0)
-		i_unlink_if_exists(tmp);
-	*tmp_path_r = tmp;
-	return ret;
-}
-
 /* Read the whole file into a sodium_malloc()ed buffer of
    UKEY_FILE_SIZE + 1 bytes (one more to notice a file that grew).
    Returns 1 ok, 0 missing, -1 error. */
@@ -588,7 +520,7 @@ int cas_userkey_create(const char *path, const void *password,
 {
 	unsigned char *secret, *delivery, *sk, *file;
 	unsigned char pk[crypto_box_PUBLICKEYBYTES];
-	const char *tmp, *error;
+	const char *error;
 	int ret = -1;
 
 	if (key_r != NULL)
@@ -609,18 +541,9 @@ int cas_userkey_create(const char *path, const void *password,
 				   password_len, limits, file, &error) < 0) {
 		*error_r = t_strdup_printf("Creating user key file %s: %s",
 					   path, error);
-	} else if (cas_userkey_write_tmp(path, file, NULL, &tmp,
-					 error_r) == 0) {
-		/* link() never replaces an existing key file */
-		if (link(tmp, path) < 0) {
-			*error_r = t_strdup_printf("link(%s, %s) failed: %m",
-						   tmp, path);
-		} else {
-			ret = 1;
-		}
-		i_unlink_if_exists(tmp);
-		if (ret == 1 && cas_fsync_dir(path, error_r) < 0)
-			ret = -1;
+	} else if (cas_keyfile_write_atomic(path, file, UKEY_FILE_SIZE,
+					    NULL, FALSE, error_r) == 0) {
+		ret = 1;
 	}
 	if (ret == 1 && key_r != NULL) {
 		*key_r = cas_userkey_alloc(pk, delivery);
@@ -642,7 +565,7 @@ int cas_userkey_change_password(const char *path,
 	struct cas_userkey_file parsed;
 	struct cas_userkey_limits old_limits;
 	unsigned char *data, *secret, *file;
-	const char *tmp, *error;
+	const char *error;
 	bool wrong_password = FALSE;
 	struct stat st;
 	size_t size;
@@ -671,14 +594,8 @@ int cas_userkey_change_password(const char *path,
 			*error_r = t_strdup_printf(
 				"Rewrapping user key file %s: %s",
 				path, error);
-		} else if (cas_userkey_write_tmp(path, file, &st, &tmp,
-						 error_r) < 0) {
-			/* error_r set */
-		} else if (rename(tmp, path) < 0) {
-			*error_r = t_strdup_printf(
-				"rename(%s, %s) failed: %m", tmp, path);
-			i_unlink_if_exists(tmp);
-		} else if (cas_fsync_dir(path, error_r) == 0) {
+		} else if (cas_keyfile_write_atomic(path, file,
+				UKEY_FILE_SIZE, &st, TRUE, error_r) == 0) {
 			ret = 1;
 		}
 	}

@@ -1,0 +1,25 @@
+#ifndef CAS_KEYFILE_H
+#define CAS_KEYFILE_H
+
+#include <sys/stat.h>
+
+/* cas-keyfile: how key files (CASKEY*, CASUKEY*) reach disk. One place
+   for the crash-safe write both key modes need. */
+
+/* Write data as the new content of path without ever exposing half a
+   file: a uniquely named temporary file next to path (O_EXCL), with
+   st's mode and owner when st is not NULL (else mode 0600), written and
+   fsynced, then moved into place, then the directory fsynced.
+   replace=FALSE links it into place, so an existing file is never
+   overwritten (creation); replace=TRUE renames it over path. The
+   temporary file is removed on every path. Returns 0 ok, -1 error
+   (error_r names the file; data is never part of it). If only the final
+   directory fsync fails, -1 is returned with the new file in place (it
+   may not survive a crash). */
+int cas_keyfile_write_atomic(const char *path, const void *data,
+			     size_t size, const struct stat *st,
+			     bool replace, const char **error_r);
+/* fsync the directory that holds path. Returns 0 ok, -1 error. */
+int cas_keyfile_fsync_dir(const char *path, const char **error_r);
+
+#endif
