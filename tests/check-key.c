@@ -9,6 +9,7 @@
 #include "cas-key.h"
 
 #include <check.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <fcntl.h>
@@ -16,6 +17,8 @@
 #include <sys/stat.h>
 
 #define KEY_FILE_SIZE 72
+/* CASKEY2: 44 + 36 per slot + 32 */
+#define KEY_FILE_V2_SIZE(n) (44 + 36 * (n) + 32)
 
 static char tmpdir[] = "/tmp/check-key.XXXXXX";
 
@@ -380,6 +383,369 @@ START_TEST(test_raw_aead)
 }
 END_TEST
 
+/* A copy of the key file at path (the test's view of the bytes). */
+static size_t key_image(const char *path, unsigned char *buf, size_t max)
+{
+	return read_file(path, buf, max);
+}
+
+static void recheck(unsigned char *file, size_t size)
+{
+	crypto_generichash(file + size - 32, 32, file, size - 32, NULL, 0);
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+		((uint32_t)p[2] << 8) | p[3];
+}
+
+/* v1 file -> rotation start (v2, two slots) -> rotation end (v2, one
+   slot): the root's keys never change, DEKs open by slot. */
+START_TEST(test_v2_round_trip)
+{
+	struct cas_keyring *k1, *k2, *k3;
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char w1[CAS_WRAPPED_DEK_SIZE], w2[CAS_WRAPPED_DEK_SIZE];
+	unsigned char w3[CAS_WRAPPED_DEK_SIZE], image[KEY_FILE_V2_SIZE(2) + 1];
+	const char *path = tmp_path("r.key"), *error;
+	struct cas_blob_id id1, id2, id;
+	buffer_t *sealed, *plain;
+	uint32_t old_id, new_id, retiring;
+	struct stat st;
+	size_t size;
+	bool changed;
+
+	ck_assert_int_eq(cas_keyring_create(path, &k1, &error), 1);
+	ck_assert_uint_eq(cas_keyring_slot_count(k1), 1);
+	old_id = cas_keyring_wrap_key_id(k1);
+	/* a never rotated key: its only slot has the root's id */
+	ck_assert_uint_eq(old_id, cas_keyring_key_id(k1));
+	ck_assert(!cas_keyring_retiring_key_id(k1, &retiring));
+	cas_blob_id_compute(k1, "abc", 3, &id1);
+	cas_dek_generate(dek);
+	cas_dek_wrap(k1, &id1, dek, w1);
+	sealed = t_buffer_create(128);
+	cas_record_seal(k1, "aad", 3, "index data", 10, sealed);
+
+	/* begin a rotation on a loaded copy, as doveadm does */
+	ck_assert_int_eq(cas_keyring_load(path, &k2, &error), 1);
+	cas_keyring_rotate_add(k2);
+	ck_assert_uint_eq(cas_keyring_slot_count(k2), 2);
+	new_id = cas_keyring_wrap_key_id(k2);
+	ck_assert_uint_ne(new_id, old_id);
+	ck_assert(cas_keyring_retiring_key_id(k2, &retiring));
+	ck_assert_uint_eq(retiring, old_id);
+	ck_assert_int_eq(cas_keyring_save(k2, path, &error), 1);
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_int_eq(st.st_mode & 0777, 0600);
+	size = key_image(path, image, sizeof(image));
+	ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(2));
+	ck_assert_mem_eq(image, "CASKEY2\x02", 8);
+	ck_assert_uint_eq(image[40], 2);
+	ck_assert_uint_eq(be32(image + 44 + 36 * image[41]), new_id);
+	cas_keyring_free(&k2);
+
+	ck_assert_int_eq(cas_keyring_load(path, &k2, &error), 1);
+	ck_assert_uint_eq(cas_keyring_slot_count(k2), 2);
+	ck_assert_uint_eq(cas_keyring_wrap_key_id(k2), new_id);
+	/* root-derived: store id, blob ids, index key unchanged */
+	ck_assert_uint_eq(cas_keyring_key_id(k2), cas_keyring_key_id(k1));
+	cas_blob_id_compute(k2, "abc", 3, &id2);
+	ck_assert_mem_eq(id1.id, id2.id, sizeof(id1.id));
+	plain = t_buffer_create(32);
+	ck_assert_int_eq(cas_record_open(k2, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), 1);
+	ck_assert_mem_eq(plain->data, "index data", 10);
+	/* old wraps open through the retiring slot, new wraps use the
+	   new one */
+	ck_assert_int_eq(cas_dek_unwrap(k2, &id1, w1, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	cas_dek_wrap(k2, &id1, dek, w2);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w2), new_id);
+	ck_assert_int_eq(cas_dek_unwrap(k2, &id1, w2, out, &error), 1);
+	/* the old key file cannot open the new wrap, and says why */
+	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w2, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	ck_assert_ptr_nonnull(strstr(error, t_strdup_printf("%08x", new_id)));
+	/* rewrap within one key ring: retiring -> current */
+	ck_assert_int_eq(cas_dek_rewrap(k2, k2, &id1, w1, w3, &error), 1);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w3), new_id);
+
+	/* another process notices the new file in place */
+	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
+	ck_assert(changed);
+	ck_assert_uint_eq(cas_keyring_wrap_key_id(k1), new_id);
+	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w2, out, &error), 1);
+	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
+	ck_assert(!changed);
+
+	/* finish: one slot, the new one */
+	cas_keyring_rotate_finish(k2);
+	ck_assert_int_eq(cas_keyring_save(k2, path, &error), 1);
+	size = key_image(path, image, sizeof(image));
+	ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(1));
+	ck_assert_int_eq(cas_keyring_load(path, &k3, &error), 1);
+	ck_assert_uint_eq(cas_keyring_slot_count(k3), 1);
+	ck_assert_uint_eq(cas_keyring_wrap_key_id(k3), new_id);
+	ck_assert_uint_eq(cas_keyring_key_id(k3), cas_keyring_key_id(k1));
+	cas_blob_id_compute(k3, "abc", 3, &id);
+	ck_assert_mem_eq(id1.id, id.id, sizeof(id.id));
+	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w2, out, &error), 1);
+	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w3, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	/* the old slot is gone from the file */
+	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w1, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	ck_assert_ptr_nonnull(strstr(error, t_strdup_printf("%08x", old_id)));
+	/* a running process keeps the slot it had for unwrapping (streams
+	   opened before the rewrite), but wraps with the new one */
+	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
+	ck_assert_uint_eq(cas_keyring_slot_count(k1), 1);
+	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w1, out, &error), 1);
+
+	/* and a second rotation on top of a v2 file */
+	cas_keyring_rotate_add(k3);
+	ck_assert_uint_ne(cas_keyring_wrap_key_id(k3), new_id);
+	ck_assert_uint_ne(cas_keyring_wrap_key_id(k3), old_id);
+	ck_assert_int_eq(cas_keyring_save(k3, path, &error), 1);
+	cas_keyring_free(&k3);
+	ck_assert_int_eq(cas_keyring_load(path, &k3, &error), 1);
+	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w2, out, &error), 1);
+	ck_assert(cas_keyring_retiring_key_id(k3, &retiring));
+	ck_assert_uint_eq(retiring, new_id);
+
+	cas_keyring_free(&k1);
+	cas_keyring_free(&k2);
+	cas_keyring_free(&k3);
+}
+END_TEST
+
+/* A file with another root is never adopted by a refresh. */
+START_TEST(test_refresh_other_key)
+{
+	struct cas_keyring *k1, *k2;
+	const char *path = tmp_path("a.key"), *error;
+	unsigned char w[CAS_WRAPPED_DEK_SIZE], dek[CAS_DEK_SIZE];
+	struct cas_blob_id id;
+	bool changed;
+
+	ck_assert_int_eq(cas_keyring_create(path, &k1, &error), 1);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), -1);
+	ck_assert_int_eq(cas_keyring_create(path, &k2, &error), 1);
+	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	ck_assert(!changed);
+	/* k1 still works as before */
+	cas_blob_id_compute(k1, "x", 1, &id);
+	cas_dek_generate(dek);
+	cas_dek_wrap(k1, &id, dek, w);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w), cas_keyring_key_id(k1));
+	cas_keyring_free(&k1);
+	cas_keyring_free(&k2);
+}
+END_TEST
+
+static void
+assert_v2_rejected(const unsigned char *file, size_t size, const char *why)
+{
+	struct cas_keyring *k;
+	const char *error = NULL;
+
+	ck_assert_int_eq(cas_key_file_parse(file, size, &k, &error), -1);
+	ck_assert_ptr_null(k);
+	ck_assert_ptr_nonnull(error);
+	if (why != NULL && strstr(error, why) == NULL)
+		ck_abort_msg("expected '%s' in '%s'", why, error);
+}
+
+START_TEST(test_v2_damage)
+{
+	unsigned char file[KEY_FILE_V2_SIZE(2) + 8];
+	unsigned char bad[KEY_FILE_V2_SIZE(2) + 8];
+	struct cas_keyring *k;
+	const char *path = tmp_path("d2.key"), *bad_path = tmp_path("b2.key");
+	const char *error;
+	size_t size, len, i;
+	unsigned int v, n;
+
+	for (n = 1; n <= 2; n++) {
+		i_unlink_if_exists(path);
+		ck_assert_int_eq(cas_keyring_create(path, &k, &error), 1);
+		cas_keyring_rotate_add(k);
+		if (n == 1)
+			cas_keyring_rotate_finish(k);
+		ck_assert_int_eq(cas_keyring_save(k, path, &error), 1);
+		cas_keyring_free(&k);
+		size = read_file(path, file, sizeof(file));
+		ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(n));
+		ck_assert_int_eq(cas_key_file_parse(file, size, &k,
+						    &error), 1);
+		cas_keyring_free(&k);
+
+		/* every truncation, through the file path */
+		for (len = 0; len < size; len++) {
+			write_file(bad_path, file, len);
+			ck_assert_int_eq(cas_keyring_load(bad_path, &k,
+							  &error), -1);
+			ck_assert_ptr_null(k);
+			ck_assert_ptr_nonnull(strstr(error, bad_path));
+			ck_assert_ptr_nonnull(strstr(error, "damaged"));
+		}
+		/* a grown file */
+		memcpy(bad, file, size);
+		bad[size] = 0;
+		assert_v2_rejected(bad, size + 1, "size");
+		write_file(bad_path, bad, size + 1);
+		ck_assert_int_eq(cas_keyring_load(bad_path, &k, &error), -1);
+		/* every single-byte change, every value */
+		for (i = 0; i < size; i++) {
+			for (v = 1; v < 256; v++) {
+				memcpy(bad, file, size);
+				bad[i] ^= v;
+				assert_v2_rejected(bad, size, NULL);
+			}
+			memcpy(bad, file, size);
+			bad[i] ^= 0x20;
+			write_file(bad_path, bad, size);
+			ck_assert_int_eq(cas_keyring_load(bad_path, &k,
+							  &error), -1);
+			ck_assert_ptr_nonnull(strstr(error, bad_path));
+		}
+	}
+
+	/* fields the checksum cannot vouch for (a recomputed checksum):
+	   each rejected with its reason */
+	size = KEY_FILE_V2_SIZE(2);
+	memcpy(bad, file, size);
+	bad[41] = 2;
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "current slot");
+	memcpy(bad, file, size);
+	bad[42] = 1;
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "reserved");
+	memcpy(bad, file, size);
+	memset(bad + 44, 0, 4);
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "key id 0");
+	memcpy(bad, file, size);
+	memcpy(bad + 44 + 36, bad + 44, 4);
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "same key id");
+	memcpy(bad, file, size);
+	bad[40] = 3;
+	assert_v2_rejected(bad, size, "slot count");
+	bad[40] = 0;
+	assert_v2_rejected(bad, size, "slot count");
+	/* a one-slot count on a two-slot file */
+	memcpy(bad, file, size);
+	bad[40] = 1;
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "size");
+	memcpy(bad, file, size);
+	bad[7] = 3;
+	assert_v2_rejected(bad, size, "unsupported version");
+}
+END_TEST
+
+/* unwrap picks the slot by key id; an id the key ring does not hold is
+   a clear error, one it holds with the wrong key fails the tag. */
+START_TEST(test_unwrap_by_slot)
+{
+	struct cas_keyring *k, *other;
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char zero[CAS_DEK_SIZE];
+	unsigned char w_old[CAS_WRAPPED_DEK_SIZE], w_new[CAS_WRAPPED_DEK_SIZE];
+	unsigned char bad[CAS_WRAPPED_DEK_SIZE];
+	const char *path = tmp_path("s.key"), *error;
+	struct cas_blob_id id;
+	uint32_t old_id, new_id;
+
+	memset(zero, 0, sizeof(zero));
+	ck_assert_int_eq(cas_keyring_create(path, &k, &error), 1);
+	other = test_keyring(7);
+	cas_blob_id_compute(k, "s", 1, &id);
+	cas_dek_generate(dek);
+	old_id = cas_keyring_wrap_key_id(k);
+	cas_dek_wrap(k, &id, dek, w_old);
+	cas_keyring_rotate_add(k);
+	new_id = cas_keyring_wrap_key_id(k);
+	cas_dek_wrap(k, &id, dek, w_new);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w_old), old_id);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w_new), new_id);
+	ck_assert_int_eq(cas_dek_unwrap(k, &id, w_old, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	ck_assert_int_eq(cas_dek_unwrap(k, &id, w_new, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	/* swapping the key ids makes each slot try the other's wrap */
+	memcpy(bad, w_old, sizeof(bad));
+	memcpy(bad, w_new, 4);
+	ck_assert_int_eq(cas_dek_unwrap(k, &id, bad, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
+	ck_assert_mem_eq(out, zero, sizeof(out));
+	/* unknown key id */
+	memcpy(bad, w_new, sizeof(bad));
+	bad[0] ^= 0x80;
+	ck_assert_int_eq(cas_dek_unwrap(k, &id, bad, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	ck_assert_ptr_nonnull(strstr(error, t_strdup_printf("%08x",
+						cas_dek_wrapped_key_id(bad))));
+	ck_assert_mem_eq(out, zero, sizeof(out));
+	ck_assert_int_eq(cas_dek_unwrap(other, &id, w_new, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "another key"));
+	ck_assert(cas_keyring_has_key_id(k, old_id));
+	ck_assert(cas_keyring_has_key_id(k, new_id));
+	ck_assert(!cas_keyring_has_key_id(other, new_id));
+	cas_keyring_free(&k);
+	cas_keyring_free(&other);
+}
+END_TEST
+
+/* A v1 file loads exactly as before: the known answers hold for a
+   CASKEY1 image built here byte by byte. */
+START_TEST(test_v1_known_answer_file)
+{
+	unsigned char file[KEY_FILE_SIZE];
+	struct cas_keyring *k, *kek;
+	struct cas_blob_id id;
+	const char *error;
+	unsigned int i;
+
+	memcpy(file, "CASKEY1\x01", 8);
+	for (i = 0; i < CAS_KEK_SIZE; i++)
+		file[8 + i] = i;
+	crypto_generichash(file + 40, 32, file, 40, NULL, 0);
+	ck_assert_int_eq(cas_key_file_parse(file, sizeof(file), &k,
+					    &error), 1);
+	ck_assert_uint_eq(cas_keyring_key_id(k), 0xc26b5fc7U);
+	ck_assert_uint_eq(cas_keyring_wrap_key_id(k), 0xc26b5fc7U);
+	ck_assert_uint_eq(cas_keyring_slot_count(k), 1);
+	cas_blob_id_compute(k, "hello", 5, &id);
+	ck_assert_str_eq(cas_blob_id_to_hex(&id), id_kat[1].hex);
+	/* the same key as cas_keyring_create_from_kek() */
+	kek = test_keyring(0);
+	{
+		unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+		unsigned char w[CAS_WRAPPED_DEK_SIZE];
+		buffer_t *sealed = t_buffer_create(64);
+		buffer_t *plain = t_buffer_create(64);
+
+		cas_dek_generate(dek);
+		cas_dek_wrap(kek, &id, dek, w);
+		ck_assert_int_eq(cas_dek_unwrap(k, &id, w, out, &error), 1);
+		ck_assert_mem_eq(out, dek, sizeof(dek));
+		cas_record_seal(kek, "a", 1, "zz", 2, sealed);
+		ck_assert_int_eq(cas_record_open(k, "a", 1, sealed->data,
+						 sealed->used, plain,
+						 &error), 1);
+	}
+	cas_keyring_free(&k);
+	cas_keyring_free(&kek);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("key");
@@ -398,6 +764,11 @@ int main(void)
 	tcase_add_test(tc, test_dek_rewrap);
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_raw_aead);
+	tcase_add_test(tc, test_v1_known_answer_file);
+	tcase_add_test(tc, test_v2_round_trip);
+	tcase_add_test(tc, test_refresh_other_key);
+	tcase_add_test(tc, test_v2_damage);
+	tcase_add_test(tc, test_unwrap_by_slot);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -268,6 +268,36 @@ static void casbox_gc_switch(struct casbox_gc *gc,
 	}
 }
 
+/* Under the write lock: the copies were wrapped with the key ring as it
+   was when gc started. If key rotation began since, wrap them with its
+   new slot, so its last step (which drops the old slot once no record
+   uses it, under this lock) never strands them. */
+static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_gc_move *move;
+	unsigned char wrapped[CAS_WRAPPED_DEK_SIZE];
+	uint32_t current;
+	const char *error;
+
+	if (casbox_admin_refresh_keys(gc->adm, error_r) < 0)
+		return -1;
+	current = cas_keyring_wrap_key_id(gc->adm->keyring);
+	array_foreach_modifiable(&gc->moves, move) {
+		if (cas_dek_wrapped_key_id(move->new_rec.wrapped_dek) ==
+		    current)
+			continue;
+		if (cas_dek_rewrap(gc->adm->keyring, gc->adm->keyring,
+				   &move->blob->id, move->new_rec.wrapped_dek,
+				   wrapped, &error) < 0) {
+			*error_r = t_strdup_printf("blob %s: %s",
+				cas_blob_id_to_hex(&move->blob->id), error);
+			return -1;
+		}
+		memcpy(move->new_rec.wrapped_dek, wrapped, sizeof(wrapped));
+	}
+	return 0;
+}
+
 static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
 {
 	struct casbox_lsm_batch *batch;
@@ -275,6 +305,10 @@ static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
 
 	if (casbox_lsm_batch_begin(gc->adm->lsm, &batch, error_r) < 0)
 		return -1;
+	if (casbox_gc_rewrap_moves(gc, error_r) < 0) {
+		casbox_lsm_batch_rollback(&batch);
+		return -1;
+	}
 	if (casbox_census_build(gc->adm->store, NULL, NULL, &fresh,
 				error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);

@@ -1,4 +1,4 @@
-/* doveadm casbox key init|destroy: the user's key file. */
+/* doveadm casbox key init|destroy|rotate: the user's key file. */
 
 #include "lib.h"
 #include "mkdir-parents.h"
@@ -6,7 +6,9 @@
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
+#include "strnum.h"
 #include "casbox-lsm.h"
+#include "casbox-store-rekey.h"
 #include "doveadm-casbox.h"
 
 #include <fcntl.h>
@@ -14,9 +16,30 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+/* records rewrapped per LSM batch unless --batch says otherwise */
+#define CASBOX_ROTATE_DEFAULT_BATCH 1000
+/* full walks before giving up on records that keep the old key id */
+#define CASBOX_ROTATE_MAX_WALKS 3
+
+/* doveadm -v (not in the installed headers) */
+extern bool doveadm_verbose;
+
 struct casbox_key_cmd_context {
 	struct doveadm_mail_cmd_context ctx;
 	bool yes_destroy;
+	unsigned int batch;
+};
+
+struct casbox_rotate {
+	struct casbox_admin *adm;
+	const char *user;
+	unsigned int batch;
+	uint32_t old_key_id, new_key_id;
+	unsigned int steps;
+	struct casbox_rekey_stats stats;
+	/* records still under the old key id when the run ended */
+	uint64_t left;
+	bool finished;
 };
 
 /* Does the store hold anything a new key could not read? */
@@ -207,6 +230,192 @@ cmd_casbox_key_destroy_run(struct doveadm_mail_cmd_context *_ctx,
 	return 0;
 }
 
+/* Step 1, under the LSM write lock (so two rotations never both add a
+   slot): unless a rotation is in progress already, write the key file
+   with a new random current slot beside the old one. */
+static int casbox_rotate_begin(struct casbox_rotate *rot,
+			       const char **error_r)
+{
+	struct casbox_admin *adm = rot->adm;
+	struct casbox_lsm_batch *batch;
+	const char *error;
+	int ret = 0;
+
+	if (casbox_lsm_batch_begin(adm->lsm, &batch, error_r) < 0)
+		return -1;
+	if (casbox_admin_refresh_keys(adm, error_r) < 0)
+		ret = -1;
+	else if (cas_keyring_slot_count(adm->keyring) == 1) {
+		cas_keyring_rotate_add(adm->keyring);
+		if (cas_keyring_save(adm->keyring, adm->set.key_file,
+				     &error) < 0) {
+			*error_r = t_strdup_printf("writing key file %s: %s",
+						   adm->set.key_file, error);
+			ret = -1;
+		}
+	}
+	casbox_lsm_batch_rollback(&batch);
+	if (ret < 0)
+		return -1;
+	rot->new_key_id = cas_keyring_wrap_key_id(adm->keyring);
+	if (!cas_keyring_retiring_key_id(adm->keyring, &rot->old_key_id))
+		i_unreached();
+	return 0;
+}
+
+/* Step 2: rewrap every blob record still under the old key id, one LSM
+   batch of at most rot->batch records at a time. */
+static int casbox_rotate_walk(struct casbox_rotate *rot,
+			      const char **error_r)
+{
+	buffer_t *pos = t_buffer_create(1 + CAS_BLOB_ID_SIZE);
+	uint64_t before;
+	int ret;
+
+	do {
+		before = rot->stats.rewrapped;
+		ret = casbox_rekey_step(rot->adm->lsm, rot->adm->keyring,
+					rot->old_key_id, rot->batch, pos,
+					NULL, NULL, &rot->stats, error_r);
+		if (ret < 0)
+			return -1;
+		rot->steps++;
+		if (doveadm_verbose) {
+			/* tests synchronise on these lines */
+			i_info("casbox key rotate: %s: batch %u: "
+			       "%"PRIu64" rewrapped, %"PRIu64" in total",
+			       rot->user, rot->steps,
+			       rot->stats.rewrapped - before,
+			       rot->stats.rewrapped);
+		}
+	} while (ret > 0);
+	return 0;
+}
+
+/* Step 3, under the LSM write lock: if no blob record names the old key
+   id any more, write the key file without the old slot. Every writer
+   that wraps a new DEK reloads the key file under this lock first, so
+   none can add an old-key record after the count. Returns 1 done, 0
+   records left (rot->left), -1 error. */
+static int casbox_rotate_finish(struct casbox_rotate *rot,
+				const char **error_r)
+{
+	struct casbox_admin *adm = rot->adm;
+	struct casbox_lsm_batch *batch;
+	uint64_t foreign;
+	uint32_t old_key_id;
+	const char *error;
+	int ret = 1;
+
+	if (casbox_lsm_batch_begin(adm->lsm, &batch, error_r) < 0)
+		return -1;
+	if (casbox_admin_refresh_keys(adm, error_r) < 0)
+		ret = -1;
+	else if (!cas_keyring_retiring_key_id(adm->keyring, &old_key_id) ||
+		 old_key_id != rot->old_key_id ||
+		 cas_keyring_wrap_key_id(adm->keyring) != rot->new_key_id) {
+		*error_r = "the key file changed during the rotation "
+			"(another key rotate?)";
+		ret = -1;
+	} else if (casbox_rekey_count(adm->lsm, adm->keyring, old_key_id,
+				      &rot->left, &foreign, error_r) < 0) {
+		ret = -1;
+	} else if (rot->left > 0) {
+		ret = 0;
+	} else {
+		if (foreign > 0) {
+			i_warning("casbox key rotate: %s: %"PRIu64" blob "
+				  "record(s) wrapped by neither key slot "
+				  "(unreadable before and after; see "
+				  "doveadm casbox scrub)", rot->user, foreign);
+		}
+		cas_keyring_rotate_finish(adm->keyring);
+		if (cas_keyring_save(adm->keyring, adm->set.key_file,
+				     &error) < 0) {
+			*error_r = t_strdup_printf("writing key file %s: %s",
+						   adm->set.key_file, error);
+			ret = -1;
+		} else {
+			rot->finished = TRUE;
+		}
+	}
+	casbox_lsm_batch_rollback(&batch);
+	return ret;
+}
+
+/* Returns 0 ok, -1 error with *data_error_r telling a damaged store
+   (records that do not rewrap) from a failure worth retrying. */
+static int casbox_rotate_run(struct casbox_rotate *rot, bool *data_error_r,
+			     const char **error_r)
+{
+	unsigned int walks;
+	int ret;
+
+	*data_error_r = FALSE;
+	if (casbox_admin_open_keys(rot->adm, error_r) < 0) {
+		*data_error_r = TRUE;
+		return -1;
+	}
+	if (casbox_rotate_begin(rot, error_r) < 0)
+		return -1;
+	for (walks = 0; walks < CASBOX_ROTATE_MAX_WALKS; walks++) {
+		if (casbox_rotate_walk(rot, error_r) < 0)
+			return -1;
+		if ((ret = casbox_rotate_finish(rot, error_r)) != 0)
+			return ret < 0 ? -1 : 0;
+		/* records that did not rewrap stay: walking again would
+		   not change that */
+		if (rot->stats.failed > 0)
+			break;
+	}
+	*data_error_r = TRUE;
+	*error_r = t_strdup_printf("%"PRIu64" blob record(s) still use the "
+		"old key id %08x (%"PRIu64" did not unwrap: damaged); the "
+		"key file keeps both slots, nothing is lost",
+		rot->left, rot->old_key_id, rot->stats.failed);
+	return -1;
+}
+
+static int
+cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
+			  struct mail_user *user)
+{
+	struct casbox_key_cmd_context *ctx =
+		container_of(_ctx, struct casbox_key_cmd_context, ctx);
+	struct casbox_rotate rot;
+	const char *error;
+	bool data_error;
+	int ret;
+
+	i_zero(&rot);
+	rot.user = user->username;
+	rot.batch = ctx->batch != 0 ? ctx->batch : CASBOX_ROTATE_DEFAULT_BATCH;
+	ret = casbox_admin_open(user, &rot.adm, &error);
+	if (ret <= 0) {
+		i_error("casbox key rotate: %s", error);
+		doveadm_mail_failed_error(_ctx, ret == 0 ?
+			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
+		return -1;
+	}
+	ret = casbox_rotate_run(&rot, &data_error, &error);
+	if (ret < 0) {
+		i_error("casbox key rotate: %s: %s", rot.adm->root_dir, error);
+		if (data_error)
+			_ctx->exit_code = EX_DATAERR;
+		else
+			doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
+	} else {
+		doveadm_print(rot.adm->set.key_file);
+		doveadm_print(t_strdup_printf("%08x", rot.old_key_id));
+		doveadm_print(t_strdup_printf("%08x", rot.new_key_id));
+		doveadm_print_num(rot.stats.rewrapped);
+		doveadm_print_num(rot.steps);
+		doveadm_print("rotated");
+	}
+	casbox_admin_close(&rot.adm);
+	return ret;
+}
+
 static void cmd_casbox_key_init(struct doveadm_mail_cmd_context *ctx
 				ATTR_UNUSED,
 				const char *const args[] ATTR_UNUSED)
@@ -221,10 +430,21 @@ static bool cmd_casbox_key_parse_arg(struct doveadm_mail_cmd_context *_ctx,
 	struct casbox_key_cmd_context *ctx =
 		container_of(_ctx, struct casbox_key_cmd_context, ctx);
 
-	if (c != 'y')
+	switch (c) {
+	case 'y':
+		ctx->yes_destroy = TRUE;
+		return TRUE;
+	case 'b':
+		if (str_to_uint(optarg, &ctx->batch) < 0 || ctx->batch == 0) {
+			i_error("casbox key rotate: --batch wants a "
+				"positive number, not '%s'", optarg);
+			doveadm_exit_code = EX_USAGE;
+			return FALSE;
+		}
+		return TRUE;
+	default:
 		return FALSE;
-	ctx->yes_destroy = TRUE;
-	return TRUE;
+	}
 }
 
 static struct doveadm_mail_cmd_context *
@@ -250,4 +470,28 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void)
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void)
 {
 	return cmd_casbox_key_alloc(cmd_casbox_key_destroy_run);
+}
+
+static void cmd_casbox_key_rotate_init(struct doveadm_mail_cmd_context *ctx
+				       ATTR_UNUSED,
+				       const char *const args[] ATTR_UNUSED)
+{
+	doveadm_print_header_simple("key_file");
+	doveadm_print_header_simple("old_key_id");
+	doveadm_print_header_simple("new_key_id");
+	doveadm_print_header("rewrapped", "rewrapped",
+			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	doveadm_print_header("batches", "batches",
+			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	doveadm_print_header_simple("result");
+}
+
+struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void)
+{
+	struct doveadm_mail_cmd_context *ctx;
+
+	ctx = cmd_casbox_key_alloc(cmd_casbox_key_rotate_run);
+	ctx->getopt_args = "b:";
+	ctx->v.init = cmd_casbox_key_rotate_init;
+	return ctx;
 }

@@ -2,6 +2,7 @@
 
 #include "lib.h"
 #include "array.h"
+#include "str.h"
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
@@ -12,6 +13,58 @@ static const char *casbox_stats_ratio(uint64_t num, uint64_t denom)
 	if (denom == 0)
 		return "0.000";
 	return t_strdup_printf("%.3f", (double)num / (double)denom);
+}
+
+struct casbox_stats_key_id {
+	uint32_t key_id;
+	uint64_t count;
+};
+
+static int casbox_stats_key_id_cmp(const struct casbox_stats_key_id *a,
+				   const struct casbox_stats_key_id *b)
+{
+	return a->key_id < b->key_id ? -1 : a->key_id > b->key_id ? 1 : 0;
+}
+
+/* "keyid:count,..." over the blob records' wrapped DEKs, by key id: what
+   key rotation has left to do ("" for an empty store). */
+static const char *casbox_stats_wrap_key_ids(struct casbox_census *census)
+{
+	ARRAY(struct casbox_stats_key_id) ids;
+	struct casbox_stats_key_id *kid, new_kid;
+	struct casbox_census_blob *blob;
+	string_t *str = t_str_new(64);
+	unsigned int i;
+	uint32_t key_id;
+
+	t_array_init(&ids, 4);
+	array_foreach_elem(&census->blob_list, blob) {
+		if (!blob->have_record || blob->record_bad)
+			continue;
+		key_id = cas_dek_wrapped_key_id(blob->rec.wrapped_dek);
+		kid = NULL;
+		for (i = 0; i < array_count(&ids) && kid == NULL; i++) {
+			struct casbox_stats_key_id *e =
+				array_idx_modifiable(&ids, i);
+
+			if (e->key_id == key_id)
+				kid = e;
+		}
+		if (kid == NULL) {
+			i_zero(&new_kid);
+			new_kid.key_id = key_id;
+			array_push_back(&ids, &new_kid);
+			kid = array_back_modifiable(&ids);
+		}
+		kid->count++;
+	}
+	array_sort(&ids, casbox_stats_key_id_cmp);
+	array_foreach_modifiable(&ids, kid) {
+		if (str_len(str) > 0)
+			str_append_c(str, ',');
+		str_printfa(str, "%08x:%"PRIu64, kid->key_id, kid->count);
+	}
+	return str_c(str);
 }
 
 static void casbox_stats_print(struct casbox_admin *adm,
@@ -46,6 +99,7 @@ static void casbox_stats_print(struct casbox_admin *adm,
 	doveadm_print(casbox_stats_ratio(dead_bytes, pack_bytes));
 	doveadm_print_num(casbox_admin_dir_size(
 		t_strconcat(adm->root_dir, "/lsm", NULL)));
+	doveadm_print(casbox_stats_wrap_key_ids(census));
 }
 
 static int
@@ -99,7 +153,7 @@ static void cmd_casbox_stats_init(struct doveadm_mail_cmd_context *ctx
 	static const char *const fields[] = {
 		"messages", "logical_bytes", "stored_bytes", "unique_blobs",
 		"dedup_ratio", "compression_ratio", "packs", "dead_ratio",
-		"lsm_bytes",
+		"lsm_bytes", "wrap_key_ids",
 	};
 	unsigned int i;
 

@@ -61,6 +61,13 @@ int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r)
 	return 1;
 }
 
+int casbox_admin_refresh_keys(struct casbox_admin *adm, const char **error_r)
+{
+	i_assert(adm->keyring != NULL);
+	/* reloaded in place: adm->keyring stays valid */
+	return casbox_store_refresh_keys(adm->store, error_r);
+}
+
 int casbox_admin_open_packs_keyless(struct casbox_admin *adm,
 				    const char **error_r)
 {

@@ -78,6 +78,15 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox key rotate",
+		.mail_cmd = cmd_casbox_key_rotate_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>] [--batch <n>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('b', "batch", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox rebuild",
 		.mail_cmd = cmd_casbox_rebuild_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>] [<mailbox> ...]",

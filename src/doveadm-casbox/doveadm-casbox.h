@@ -52,6 +52,9 @@ int casbox_admin_open_root(const char *root_dir,
 /* Load the key ring (it must be the store's key) and open the packs.
    Returns 1 ok, -1 error. */
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r);
+/* Reload the key ring if key rotation rewrote the key file (the same
+   root only). Needs casbox_admin_open_keys(). Returns 0 ok, -1 error. */
+int casbox_admin_refresh_keys(struct casbox_admin *adm, const char **error_r);
 /* Without the key: open the packs for the keyless frame scan only
    (casbox_census_scan_packs(); no blob can be decoded). Returns 1 ok,
    0 not possible (the store has dictionaries, which are sealed with the
@@ -89,6 +92,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_dict_train_alloc(void);
 

@@ -186,8 +186,9 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 	return 0;
 }
 
-/* The 'K' record binds the store to one KEK id: a different key file is
-   refused before it can produce unreadable blobs. */
+/* The 'K' record binds the store to its key's root id (which key
+   rotation never changes): a different key file is refused before it
+   can produce unreadable blobs. */
 static int casbox_store_check_key_id(struct casbox_store *store,
 				     const char **error_r)
 {
@@ -246,6 +247,27 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 	if (casbox_pack_store_open(&pack_set, store->keyring,
 				   &store->packs, &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
+		return -1;
+	}
+	return 0;
+}
+
+/* Pick up a key file that key rotation rewrote since it was loaded (one
+   stat() when it did not change): new wraps must use its current slot,
+   and reads need its slots. cas_keyring_refresh() refuses a key with
+   another root. */
+int casbox_store_refresh_keys(struct casbox_store *store,
+			      const char **error_r)
+{
+	const char *error;
+	bool changed;
+
+	if (store->keyring == NULL)
+		return 0;
+	if (cas_keyring_refresh(store->keyring, store->set->key_file,
+				&changed, &error) < 0) {
+		*error_r = t_strdup_printf("key file %s: %s",
+					   store->set->key_file, error);
 		return -1;
 	}
 	return 0;
@@ -565,6 +587,10 @@ int casbox_store_msg_open(struct casbox_store *store,
 	   when nothing changed) */
 	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
 		return -1;
+	/* after the LSM refresh: a record rewrapped by key rotation is
+	   committed only after the key file holding its slot */
+	if (casbox_store_refresh_keys(store, error_r) < 0)
+		return -1;
 	parts = array_get(&rec->parts, &count);
 	if (count == 0) {
 		*input_r = i_stream_create_from_data("", 0);
@@ -692,7 +718,12 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 		return -1;
 	}
 	if (txn->pack_txn == NULL) {
-		if (casbox_store_open_keys(store, error_r) < 0)
+		/* under the write lock: if key rotation has begun, wrap
+		   with its new slot (the rotation's last step drops the
+		   old slot under this lock, after checking that no blob
+		   record uses it) */
+		if (casbox_store_open_keys(store, error_r) < 0 ||
+		    casbox_store_refresh_keys(store, error_r) < 0)
 			return -1;
 		if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
 					  &error) < 0) {

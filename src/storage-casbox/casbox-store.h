@@ -31,6 +31,13 @@ void casbox_store_close(struct casbox_store **store);
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
 
+/* Reload the key ring if key rotation rewrote the key file since it was
+   loaded (one stat() otherwise; the key ring pointer stays valid, see
+   cas_keyring_refresh()). No-op before the keys are loaded. Returns 0
+   ok, -1 error (missing or damaged key file, or another store's key). */
+int casbox_store_refresh_keys(struct casbox_store *store,
+			      const char **error_r);
+
 /* Keyed content address of input's bytes [offset, offset+size). Needs
    the keys. Returns 0 ok, -1 read error. */
 int casbox_store_blob_id(struct casbox_store *store, struct istream *input,

@@ -1,0 +1,62 @@
+#ifndef CASBOX_STORE_REKEY_H
+#define CASBOX_STORE_REKEY_H
+
+/* casbox-store-rekey: the LSM walk of key rotation (doveadm casbox key
+   rotate, doc/doveadm.md). Each step holds the LSM write lock, so it
+   never races a save's read-modify-write of a blob record: a save that
+   read a blob record before a step commits only after it (the lock is
+   held from its read to its commit), and one that reads after sees the
+   rewrapped record. Only the 76-byte wrapped DEK of a blob record
+   changes; refcount, location and packs stay as they are. */
+
+#include "cas-key.h"
+
+struct casbox_lsm;
+struct casbox_lsm_batch;
+
+struct casbox_rekey_stats {
+	/* blob records looked at */
+	uint64_t examined;
+	/* rewrapped under the current slot */
+	uint64_t rewrapped;
+	/* named the old key id but did not unwrap (damaged record):
+	   left as they are */
+	uint64_t failed;
+	/* blob records that could not be decoded */
+	uint64_t bad_records;
+};
+
+/* Called for every rewrapped record, inside the LSM batch that rewrites
+   it: a hook for writers that keep wrapped DEKs elsewhere too (e.g. a
+   "DEK update" record appended to a pack for rebuilds from packs). */
+typedef void casbox_rekey_callback_t(void *context,
+				     struct casbox_lsm_batch *batch,
+				     const struct cas_blob_id *id,
+				     const unsigned char *old_wrapped,
+				     const unsigned char *new_wrapped);
+
+/* One step of the walk: take the write lock, continue after pos (a blob
+   record key; empty = from the first one), rewrap up to max_records
+   blob records whose wrapped DEK names old_key_id with keyring's
+   current slot, and commit them as one LSM batch (fsynced unless the
+   store runs with fsync off). pos becomes the last key examined, so the
+   next call goes on from there. callback may be NULL. Returns 1 the
+   walk has more, 0 it reached the last blob record, -1 error (nothing
+   of this step applied). */
+int casbox_rekey_step(struct casbox_lsm *lsm,
+		      const struct cas_keyring *keyring,
+		      uint32_t old_key_id, unsigned int max_records,
+		      buffer_t *pos, casbox_rekey_callback_t *callback,
+		      void *context, struct casbox_rekey_stats *stats,
+		      const char **error_r);
+
+/* Count blob records whose wrapped DEK names key_id, and those whose
+   wrapped DEK names neither it nor any slot of keyring (foreign_r).
+   Call with the write lock held (an open batch) to get an answer that
+   no save can invalidate before the lock goes. Returns 0 ok, -1. */
+int casbox_rekey_count(struct casbox_lsm *lsm,
+		       const struct cas_keyring *keyring, uint32_t key_id,
+		       uint64_t *count_r, uint64_t *foreign_r,
+		       const char **error_r);
+
+#endif
