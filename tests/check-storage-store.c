@@ -14,6 +14,8 @@
 #include "casbox-store.h"
 #include "casbox-meta.h"
 #include "message-part.h"
+#include "casbox-store-rekey.h"
+#include "casbox-pack.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -423,6 +425,214 @@ START_TEST(test_meta_seal)
 	pool_unref(&pool);
 	cas_keyring_free(&keyring);
 	cas_keyring_free(&other);
+static struct casbox_lsm *lsm_open(void)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_lsm *lsm;
+	const char *error = NULL;
+
+	i_zero(&lsm_set);
+	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+	lsm_set.fsync = TRUE;
+	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	return lsm;
+}
+
+/* The blob record of id as stored. */
+static void blob_record(struct casbox_lsm *lsm, const struct cas_blob_id *id,
+			struct casbox_blob_value *val_r,
+			struct casbox_blob_record *rec_r)
+{
+	buffer_t *key = t_buffer_create(40), *value = t_buffer_create(128);
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_lsm_refresh(lsm, &error), 1);
+	casbox_key_blob(key, id);
+	ck_assert_int_eq(casbox_lsm_get(lsm, key->data, key->used, value,
+					&error), 1);
+	ck_assert_int_eq(casbox_blob_value_import(value->data, value->used,
+						  val_r, &error), 1);
+	ck_assert_int_eq(casbox_blob_record_import(val_r->pack_record,
+		val_r->pack_record_size, rec_r, &error), 1);
+	/* the caller may keep rec_r only: pack_record points into value */
+	val_r->pack_record = NULL;
+}
+
+static uint32_t blob_key_id(struct casbox_lsm *lsm,
+			    const struct cas_blob_id *id)
+{
+	struct casbox_blob_value val;
+	struct casbox_blob_record rec;
+
+	blob_record(lsm, id, &val, &rec);
+	return cas_dek_wrapped_key_id(rec.wrapped_dek);
+}
+
+struct rekey_seen {
+	struct casbox_lsm *lsm;
+	uint32_t old_id, new_id;
+	unsigned int calls;
+};
+
+static void rekey_callback(void *context, struct casbox_lsm_batch *batch,
+			   const struct cas_blob_id *id ATTR_UNUSED,
+			   const unsigned char *old_wrapped,
+			   const unsigned char *new_wrapped)
+{
+	struct rekey_seen *seen = context;
+
+	ck_assert_ptr_nonnull(batch);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(old_wrapped), seen->old_id);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(new_wrapped), seen->new_id);
+	seen->calls++;
+}
+
+/* Key rotation's walk: a writer whose key ring predates the rotation
+   wraps new blobs with the new slot, steps rewrap at most max records
+   each and resume from their position, a damaged record is left and
+   counted, refcounts and bytes do not change. */
+START_TEST(test_rekey_walk)
+{
+	static const char *const bodies[] = {
+		"\none\n", "\ntwo\n", "\nthree\n", "\nfour\n", "\nfive\n",
+		"\nsix\n", "\nseven\n",
+	};
+	struct casbox_store *store = store_open(), *store2;
+	struct casbox_msg_record recs[N_ELEMENTS(bodies) + 1];
+	struct istream **inputs;
+	struct cas_keyring *kr;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	struct casbox_blob_value val;
+	struct casbox_blob_record brec;
+	struct casbox_rekey_stats stats;
+	struct rekey_seen seen;
+	const struct casbox_msg_part *part;
+	pool_t pool = pool_alloconly_create("test", 8192);
+	buffer_t *pos, *key, *value, *prec;
+	const char *error = NULL;
+	uint32_t old_id, new_id;
+	uint64_t left, foreign;
+	unsigned int i, steps;
+	int ret;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	for (i = 0; i < N_ELEMENTS(bodies); i++) {
+		const char *parts[] = { part_a, bodies[i], NULL };
+
+		make_record(store, pool, parts, &recs[i], &inputs);
+		add_msg(store, i + 1, &recs[i], inputs);
+		free_inputs(inputs);
+	}
+	/* 8 blobs: part_a (refcount 7) and one per body */
+	lsm = lsm_open();
+	part = array_idx(&recs[0].parts, 0);
+	ck_assert_uint_eq(blob_refcount(&part->id), 7);
+
+	/* what doveadm does first: a new current slot, saved */
+	ck_assert_int_eq(cas_keyring_load(key_path, &kr, &error), 1);
+	old_id = cas_keyring_wrap_key_id(kr);
+	cas_keyring_rotate_add(kr);
+	new_id = cas_keyring_wrap_key_id(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+
+	/* store's key ring was loaded before: its next new blob must still
+	   be wrapped with the new slot */
+	{
+		const char *parts[] = { part_a, "\nsaved mid-rotation\n",
+					NULL };
+
+		make_record(store, pool, parts, &recs[7], &inputs);
+		add_msg(store, 8, &recs[7], inputs);
+		free_inputs(inputs);
+	}
+	part = array_idx(&recs[7].parts, 1);
+	ck_assert_uint_eq(blob_key_id(lsm, &part->id), new_id);
+	part = array_idx(&recs[7].parts, 0);
+	ck_assert_uint_eq(blob_key_id(lsm, &part->id), old_id);
+	ck_assert_uint_eq(blob_refcount(&part->id), 8);
+
+	/* damage one record's wrapped DEK (its tag) */
+	part = array_idx(&recs[6].parts, 1);
+	blob_record(lsm, &part->id, &val, &brec);
+	brec.wrapped_dek[CAS_WRAPPED_DEK_SIZE - 1] ^= 0x01;
+	prec = t_buffer_create(128);
+	casbox_blob_record_export(&brec, prec);
+	val.pack_record = prec->data;
+	val.pack_record_size = prec->used;
+	key = t_buffer_create(40);
+	value = t_buffer_create(128);
+	casbox_key_blob(key, &part->id);
+	casbox_blob_value_export(&val, value);
+	ck_assert_int_eq(casbox_lsm_batch_begin(lsm, &batch, &error), 1);
+	casbox_lsm_batch_put(batch, key->data, key->used, value->data,
+			     value->used);
+	ck_assert_int_eq(casbox_lsm_batch_commit(&batch, &error), 1);
+
+	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left, &foreign,
+					    &error), 0);
+	ck_assert_uint_eq(left, 8);
+	ck_assert_uint_eq(foreign, 0);
+
+	/* walk two records per step; the first step twice from the same
+	   position changes nothing the second time */
+	i_zero(&stats);
+	i_zero(&seen);
+	seen.old_id = old_id;
+	seen.new_id = new_id;
+	pos = t_buffer_create(40);
+	steps = 0;
+	do {
+		uint64_t before = stats.rewrapped;
+
+		ret = casbox_rekey_step(lsm, kr, old_id, 2, pos,
+					rekey_callback, &seen, &stats,
+					&error);
+		ck_assert_int_ge(ret, 0);
+		ck_assert_uint_le(stats.rewrapped - before, 2);
+		steps++;
+	} while (ret > 0);
+	ck_assert_uint_eq(stats.rewrapped, 7);
+	ck_assert_uint_eq(stats.failed, 1);
+	ck_assert_uint_eq(stats.bad_records, 0);
+	ck_assert_uint_eq(stats.examined, 9);
+	ck_assert_uint_eq(seen.calls, 7);
+	ck_assert_uint_ge(steps, 4);
+	/* a second walk finds only the damaged record */
+	buffer_set_used_size(pos, 0);
+	i_zero(&stats);
+	ck_assert_int_eq(casbox_rekey_step(lsm, kr, old_id, 100, pos, NULL,
+					   NULL, &stats, &error), 0);
+	ck_assert_uint_eq(stats.rewrapped, 0);
+	ck_assert_uint_eq(stats.failed, 1);
+	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left, &foreign,
+					    &error), 0);
+	ck_assert_uint_eq(left, 1);
+
+	/* refcounts kept; every undamaged message reads back through a
+	   store that only knows the new slot */
+	part = array_idx(&recs[0].parts, 0);
+	ck_assert_uint_eq(blob_refcount(&part->id), 8);
+	ck_assert_uint_eq(blob_key_id(lsm, &part->id), new_id);
+	cas_keyring_rotate_finish(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+	store2 = store_open();
+	for (i = 0; i < 6; i++) {
+		ck_assert_str_eq(read_msg(store2, i + 1),
+				 t_strconcat(part_a, bodies[i], NULL));
+	}
+	ck_assert_str_eq(read_msg(store2, 8),
+			 t_strconcat(part_a, "\nsaved mid-rotation\n", NULL));
+	/* the old store still reads too (it keeps the slot it had) */
+	ck_assert_str_eq(read_msg(store, 1),
+			 t_strconcat(part_a, bodies[0], NULL));
+
+	casbox_lsm_close(&lsm);
+	cas_keyring_free(&kr);
+	casbox_store_close(&store2);
+	casbox_store_close(&store);
+	pool_unref(&pool);
 }
 END_TEST
 
@@ -442,6 +652,7 @@ int main(void)
 	tcase_add_test(tc, test_flags_mirror);
 	tcase_add_test(tc, test_key_rules);
 	tcase_add_test(tc, test_meta_seal);
+	tcase_add_test(tc, test_rekey_walk);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
