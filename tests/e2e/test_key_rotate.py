@@ -151,7 +151,7 @@ class KeyRotateTest(unittest.TestCase):
         return total
 
     def rotate_once(self, dc, key_path, kill_at, expected, old_imap,
-                    reader_imap, extra_msgs, orig_root):
+                    reader_imap, extra_msgs, orig_root, gc=False):
         old_root, old_slots, old_id = read_key_file(key_path)
         self.assertEqual(old_root, orig_root)
         self.assertEqual(len(old_slots), 1)
@@ -207,6 +207,17 @@ class KeyRotateTest(unittest.TestCase):
         self.assertEqual(after[old_id], mid[old_id],
                          "a delivery during rotation used the old key")
         self.assertGreaterEqual(after[new_id], mid[new_id])
+
+        # gc rewriting every pack mid-rotation re-encodes blobs with
+        # fresh DEKs, wrapped with the new slot
+        if gc:
+            res = dc.doveadm("-f", "tab", "casbox", "gc", "-u", "user1",
+                             "--all")
+            moved = int(res.stdout.strip().split("\n")[1].split("\t")[2])
+            self.assertGreater(moved, 0)
+            after_gc = key_id_counts(dc)
+            self.assertEqual(sum(after_gc.values()), sum(after.values()))
+            self.assertLess(after_gc.get(old_id, 0), after[old_id])
 
         # 4. resume, racing more deliveries and copies
         proc = subprocess.Popen(
@@ -304,10 +315,11 @@ class KeyRotateTest(unittest.TestCase):
             reader_imap = dc.imap_login("user1")
             self.assert_mail(reader_imap, expected)
             ids = [first_id]
-            for kill_at in (1, 4, 11):
+            for kill_at, gc in ((1, False), (4, True), (11, False)):
                 ids.append(self.rotate_once(dc, key_path, kill_at,
                                             expected, old_imap,
-                                            reader_imap, extra, orig_root))
+                                            reader_imap, extra, orig_root,
+                                            gc))
             self.assert_mail(reader_imap, expected)
             old_imap.logout()
             reader_imap.logout()
