@@ -21,8 +21,15 @@
 /* full walks before giving up on records that keep the old key id */
 #define CASBOX_ROTATE_MAX_WALKS 3
 
-/* doveadm -v (not in the installed headers) */
-extern bool doveadm_verbose;
+/* doveadm -v: exported by the doveadm binary but not declared in the
+   installed headers. Weak, so the module still loads where it is
+   missing (tests dlopen the module on its own). */
+extern bool doveadm_verbose __attribute__((weak));
+
+static bool casbox_rotate_verbose(void)
+{
+	return &doveadm_verbose != NULL && doveadm_verbose;
+}
 
 struct casbox_key_cmd_context {
 	struct doveadm_mail_cmd_context ctx;
@@ -280,7 +287,7 @@ static int casbox_rotate_walk(struct casbox_rotate *rot,
 		if (ret < 0)
 			return -1;
 		rot->steps++;
-		if (doveadm_verbose) {
+		if (casbox_rotate_verbose()) {
 			/* tests synchronise on these lines */
 			i_info("casbox key rotate: %s: batch %u: "
 			       "%"PRIu64" rewrapped, %"PRIu64" in total",
@@ -436,10 +443,11 @@ static bool cmd_casbox_key_parse_arg(struct doveadm_mail_cmd_context *_ctx,
 		return TRUE;
 	case 'b':
 		if (str_to_uint(optarg, &ctx->batch) < 0 || ctx->batch == 0) {
-			i_error("casbox key rotate: --batch wants a "
-				"positive number, not '%s'", optarg);
-			doveadm_exit_code = EX_USAGE;
-			return FALSE;
+			/* before any store is opened; doveadm would only
+			   warn about a rejected parameter and go on */
+			i_fatal_status(EX_USAGE, "casbox key rotate: --batch "
+				       "wants a positive number, not '%s'",
+				       optarg);
 		}
 		return TRUE;
 	default:

@@ -330,6 +330,67 @@ class KeyRotateTest(unittest.TestCase):
             res = dc.doveadm("casbox", "scrub", "-u", "user1", check=False)
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
+    def test_rotate_refusals(self):
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            dc.allow_log(r"casbox")
+            key_path = os.path.join(dc.home("user1"), "casbox.key")
+            for bad in ("0", "abc", "-3"):
+                res = dc.doveadm("casbox", "key", "rotate", "-u", "user1",
+                                 "--batch", bad, check=False)
+                self.assertEqual(res.returncode, 64, res.stderr)
+                self.assertIn("--batch wants a positive number",
+                              res.stderr)
+            # no store yet
+            res = dc.doveadm("casbox", "key", "rotate", "-u", "user1",
+                             check=False)
+            self.assertEqual(res.returncode, 68, res.stderr)
+            self.assertFalse(os.path.exists(key_path))
+
+            msg = b"From: a@example.com\r\nSubject: r\r\n\r\nbody\r\n"
+            dc.lmtp_deliver("user1", msg)
+            with open(key_path, "rb") as f:
+                image = f.read()
+            # another store's key file is refused and left alone
+            other = os.path.join(dc.home("user1"), "other.key")
+            os.rename(key_path, other)
+            with open(key_path, "wb") as f:
+                f.write(b"CASKEY1\x01" + os.urandom(32))
+            with open(key_path, "r+b") as f:
+                data = f.read()
+                f.write(hashlib.blake2b(data, digest_size=32).digest())
+            res = dc.doveadm("casbox", "key", "rotate", "-u", "user1",
+                             check=False)
+            self.assertEqual(res.returncode, 65, res.stderr)
+            self.assertIn("is not the key of store", res.stderr)
+            with open(key_path, "rb") as f:
+                self.assertEqual(len(f.read()), 72)
+            os.rename(other, key_path)
+            # a damaged key file is refused by name
+            with open(key_path, "r+b") as f:
+                f.seek(20)
+                f.write(bytes([image[20] ^ 1]))
+            res = dc.doveadm("casbox", "key", "rotate", "-u", "user1",
+                             check=False)
+            self.assertEqual(res.returncode, 65, res.stderr)
+            self.assertIn("checksum mismatch", res.stderr)
+            with open(key_path, "r+b") as f:
+                f.seek(20)
+                f.write(image[20:21])
+            # and the real key rotates
+            res = dc.doveadm("-f", "tab", "casbox", "key", "rotate",
+                             "-u", "user1")
+            self.assertIn("rotated", res.stdout)
+            root, slots, cur = read_key_file(key_path)
+            self.assertEqual(root, image[8:40])
+            self.assertEqual(len(slots), 1)
+            self.assertNotEqual(cur, kdf_key_id(root))
+            imap = dc.imap_login("user1")
+            self.assertEqual(fetch_box(imap, "INBOX")[1].split(b"\r\n\r\n",
+                                                              1)[1],
+                             b"body\r\n")
+            imap.logout()
+
 
 if __name__ == "__main__":
     unittest.main()
