@@ -7,6 +7,7 @@
 #include "buffer.h"
 #include "str.h"
 #include "cas-key.h"
+#include "cas-keyfile.h"
 
 #include <check.h>
 #include <sodium.h>
@@ -746,6 +747,67 @@ START_TEST(test_v1_known_answer_file)
 }
 END_TEST
 
+/* A key file replaced by rotation is overwritten once it has no name
+   left; one a hard link keeps is left alone. Temporary files a killed
+   writer left are shredded and removed, nothing else. */
+START_TEST(test_keyfile_shred_and_stale_tmp)
+{
+	unsigned char before[KEY_FILE_V2_SIZE(2)], after[KEY_FILE_V2_SIZE(2)];
+	unsigned char zero[KEY_FILE_V2_SIZE(2)];
+	const char *path = tmp_path("z.key"), *link_path = tmp_path("copy");
+	const char *stale = t_strconcat(path, ".0123456789abcdef.tmp", NULL);
+	const char *other1 = t_strconcat(path, ".tmp", NULL);
+	const char *other2 = t_strconcat(path, ".0123456789ABCDEF.tmp", NULL);
+	const char *other3 = tmp_path("y.key.0123456789abcdef.tmp");
+	struct cas_keyring *k;
+	const char *error;
+	unsigned int removed;
+	size_t size;
+	int fd;
+
+	memset(zero, 0, sizeof(zero));
+	ck_assert_int_eq(cas_keyring_create(path, &k, &error), 1);
+	size = read_file(path, before, sizeof(before));
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	cas_keyring_rotate_add(k);
+	ck_assert_int_eq(cas_keyring_save(k, path, &error), 1);
+	ck_assert_int_eq(pread(fd, after, size, 0), (ssize_t)size);
+	ck_assert_mem_eq(after, zero, size);
+	ck_assert_int_eq(close(fd), 0);
+
+	/* a hard link (an admin's copy) keeps the replaced file intact */
+	size = read_file(path, before, sizeof(before));
+	ck_assert_int_eq(link(path, link_path), 0);
+	cas_keyring_rotate_finish(k);
+	ck_assert_int_eq(cas_keyring_save(k, path, &error), 1);
+	ck_assert_uint_eq(read_file(link_path, after, sizeof(after)), size);
+	ck_assert_mem_eq(after, before, size);
+	cas_keyring_free(&k);
+
+	write_file(stale, "CASKEY2 secret", 14);
+	write_file(other1, "x", 1);
+	write_file(other2, "x", 1);
+	write_file(other3, "x", 1);
+	fd = open(stale, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(cas_keyfile_remove_stale_tmp(path, &removed,
+						      &error), 0);
+	ck_assert_uint_eq(removed, 1);
+	ck_assert_int_eq(access(stale, F_OK), -1);
+	ck_assert_int_eq(pread(fd, after, 14, 0), 14);
+	ck_assert_mem_eq(after, zero, 14);
+	ck_assert_int_eq(close(fd), 0);
+	ck_assert_int_eq(access(other1, F_OK), 0);
+	ck_assert_int_eq(access(other2, F_OK), 0);
+	ck_assert_int_eq(access(other3, F_OK), 0);
+	ck_assert_int_eq(access(path, F_OK), 0);
+	ck_assert_int_eq(cas_keyfile_remove_stale_tmp(path, &removed,
+						      &error), 0);
+	ck_assert_uint_eq(removed, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("key");
@@ -769,6 +831,7 @@ int main(void)
 	tcase_add_test(tc, test_refresh_other_key);
 	tcase_add_test(tc, test_v2_damage);
 	tcase_add_test(tc, test_unwrap_by_slot);
+	tcase_add_test(tc, test_keyfile_shred_and_stale_tmp);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

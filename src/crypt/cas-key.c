@@ -307,8 +307,12 @@ int cas_key_file_parse(const void *data, size_t size,
 	return -1;
 }
 
-int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
-		     const char **error_r)
+/* One attempt of cas_keyring_load(). *replaced_r is set when the file
+   did not parse and had lost its name meanwhile: key rotation renamed a
+   new file over it and shredded the old one while it was being read. */
+static int
+cas_keyring_load_once(const char *path, struct cas_keyring **keyring_r,
+		      bool *replaced_r, const char **error_r)
 {
 	unsigned char *file;
 	const char *error;
@@ -317,6 +321,7 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 	int fd, result;
 
 	*keyring_r = NULL;
+	*replaced_r = FALSE;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		if (errno == ENOENT)
@@ -349,6 +354,7 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 				      &error) < 0) {
 		*error_r = t_strdup_printf("Key file %s is damaged: %s",
 					   path, error);
+		*replaced_r = fstat(fd, &st) == 0 && st.st_nlink == 0;
 		result = -1;
 	} else {
 		(*keyring_r)->st = st;
@@ -358,6 +364,20 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 	sodium_free(file);
 	i_close_fd(&fd);
 	return result;
+}
+
+int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
+		     const char **error_r)
+{
+	unsigned int tries = 0;
+	bool replaced;
+	int ret;
+
+	do {
+		ret = cas_keyring_load_once(path, keyring_r, &replaced,
+					    error_r);
+	} while (ret < 0 && replaced && ++tries < 3);
+	return ret;
 }
 
 int cas_keyring_create(const char *path, struct cas_keyring **keyring_r,
@@ -527,7 +547,8 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 	size_t size = CAS_KEY_FILE_V2_SIZE(count);
 	struct stat st;
 	const struct stat *keep_st = NULL;
-	int ret;
+	const char *error;
+	int ret, old_fd;
 
 	i_assert(count >= 1 && count <= CAS_KEY_FILE_MAX_SLOTS);
 	/* keep the owner and mode of the file it replaces (the mail
@@ -538,6 +559,10 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
 		return -1;
 	}
+	/* held open to shred the file this one replaces (an old slot
+	   must not survive in freed blocks) */
+	old_fd = keep_st == NULL ? -1 :
+		open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	file = sodium_malloc(size);
 	if (file == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
@@ -561,6 +586,16 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 	if (ret == 0 && stat(path, &st) == 0) {
 		keyring->st = st;
 		keyring->have_stat = TRUE;
+	}
+	if (old_fd != -1) {
+		/* readers that opened it just before the rename retry
+		   (cas_keyring_load()) */
+		if (ret == 0 && cas_keyfile_shred_unlinked(old_fd, path,
+							   &error) < 0) {
+			i_warning("casbox: could not overwrite the replaced "
+				  "key file: %s", error);
+		}
+		i_close_fd(&old_fd);
 	}
 	return ret < 0 ? -1 : 1;
 }

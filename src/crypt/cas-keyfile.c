@@ -6,6 +6,7 @@
 #include "cas-keyfile.h"
 
 #include <sodium.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -100,5 +101,117 @@ int cas_keyfile_write_atomic(const char *path, const void *data,
 	i_unlink_if_exists(tmp);
 	if (ret == 0 && cas_keyfile_fsync_dir(path, error_r) < 0)
 		ret = -1;
+	return ret;
+}
+
+static int cas_keyfile_zero_fd(int fd, off_t size, const char *path,
+			       const char **error_r)
+{
+	static const unsigned char zeros[256];
+	off_t pos;
+
+	for (pos = 0; pos < size; pos += sizeof(zeros)) {
+		if (pwrite_full(fd, zeros, I_MIN(sizeof(zeros),
+				(size_t)(size - pos)), pos) < 0) {
+			*error_r = t_strdup_printf("write(%s) failed: %m",
+						   path);
+			return -1;
+		}
+	}
+	if (fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
+		return -1;
+	}
+	return 0;
+}
+
+int cas_keyfile_shred_unlinked(int fd, const char *path,
+			       const char **error_r)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		return -1;
+	}
+	if (st.st_nlink != 0)
+		return 0;
+	return cas_keyfile_zero_fd(fd, st.st_size, path, error_r) < 0 ? -1 : 1;
+}
+
+/* name is "<base>.<16 hex>.tmp"? */
+static bool cas_keyfile_is_tmp_of(const char *name, const char *base)
+{
+	size_t len = strlen(base);
+	unsigned int i;
+
+	if (strncmp(name, base, len) != 0 || name[len] != '.')
+		return FALSE;
+	name += len + 1;
+	for (i = 0; i < 16; i++) {
+		if (!((name[i] >= '0' && name[i] <= '9') ||
+		      (name[i] >= 'a' && name[i] <= 'f')))
+			return FALSE;
+	}
+	return strcmp(name + 16, ".tmp") == 0;
+}
+
+int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
+				 const char **error_r)
+{
+	const char *dir = cas_keyfile_dir_of(path), *base, *tmp, *p;
+	struct dirent *d;
+	struct stat st;
+	DIR *dirp;
+	int fd, ret = 0;
+
+	*removed_r = 0;
+	p = strrchr(path, '/');
+	base = p == NULL ? path : p + 1;
+	dirp = opendir(dir);
+	if (dirp == NULL) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m", dir);
+		return -1;
+	}
+	while (ret == 0 && (d = readdir(dirp)) != NULL) {
+		if (!cas_keyfile_is_tmp_of(d->d_name, base))
+			continue;
+		tmp = t_strdup_printf("%s/%s", dir, d->d_name);
+		fd = open(tmp, O_WRONLY | O_NOFOLLOW | O_NONBLOCK |
+			  O_CLOEXEC);
+		if (fd == -1) {
+			if (errno == ENOENT)
+				continue;
+			*error_r = t_strdup_printf("open(%s) failed: %m", tmp);
+			ret = -1;
+		} else {
+			if (fstat(fd, &st) < 0) {
+				*error_r = t_strdup_printf(
+					"fstat(%s) failed: %m", tmp);
+				ret = -1;
+			} else if (!S_ISREG(st.st_mode)) {
+				*error_r = t_strdup_printf(
+					"%s is not a regular file", tmp);
+				ret = -1;
+			} else {
+				ret = cas_keyfile_zero_fd(fd, st.st_size,
+							  tmp, error_r);
+			}
+			i_close_fd(&fd);
+			if (ret == 0 && unlink(tmp) < 0 && errno != ENOENT) {
+				*error_r = t_strdup_printf(
+					"unlink(%s) failed: %m", tmp);
+				ret = -1;
+			} else if (ret == 0) {
+				(*removed_r)++;
+			}
+		}
+	}
+	if (closedir(dirp) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m", dir);
+		ret = -1;
+	}
+	if (ret == 0 && *removed_r > 0)
+		ret = cas_keyfile_fsync_dir(path, error_r);
 	return ret;
 }

@@ -22,4 +22,19 @@ int cas_keyfile_write_atomic(const char *path, const void *data,
 /* fsync the directory that holds path. Returns 0 ok, -1 error. */
 int cas_keyfile_fsync_dir(const char *path, const char **error_r);
 
+/* Overwrite the file open as fd with zeros and sync it, if it has no
+   name left (st_nlink 0: replaced by a rename, and no hard link keeps
+   it as a copy): a replaced key file must not linger in freed blocks
+   (crypto-shredding later). Best effort on storage that does not
+   overwrite in place (copy-on-write, flash). Returns 1 shredded, 0 it
+   still has a name (left alone), -1 error. */
+int cas_keyfile_shred_unlinked(int fd, const char *path,
+			       const char **error_r);
+/* Shred and unlink temporary files cas_keyfile_write_atomic() left next
+   to path when a process died between creating and renaming them. Call
+   only while nothing else writes path (e.g. under the store's write
+   lock). removed_r counts them. Returns 0 ok, -1 error. */
+int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
+				 const char **error_r);
+
 #endif

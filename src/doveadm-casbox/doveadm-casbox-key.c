@@ -7,6 +7,7 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "strnum.h"
+#include "cas-keyfile.h"
 #include "casbox-lsm.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox.h"
@@ -167,6 +168,7 @@ static int casbox_key_destroy(struct mail_user *user, const char **path_r,
 	static const unsigned char zeros[512];
 	struct casbox_settings set;
 	const char *path, *error;
+	unsigned int stale;
 	struct stat st;
 	off_t pos;
 	int fd;
@@ -210,7 +212,8 @@ static int casbox_key_destroy(struct mail_user *user, const char **path_r,
 		*error_r = t_strdup_printf("unlink(%s) failed: %m", path);
 		return -1;
 	}
-	return 0;
+	/* and any copy an interrupted key rotate left */
+	return cas_keyfile_remove_stale_tmp(path, &stale, error_r) < 0 ? -1 : 0;
 }
 
 static int
@@ -246,11 +249,25 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 	struct casbox_admin *adm = rot->adm;
 	struct casbox_lsm_batch *batch;
 	const char *error;
+	unsigned int stale;
 	int ret = 0;
+
 
 	if (casbox_lsm_batch_begin(adm->lsm, &batch, error_r) < 0)
 		return -1;
-	if (casbox_admin_refresh_keys(adm, error_r) < 0)
+	/* a run killed while writing the key file leaves its temporary
+	   file (key material) behind: only rotation writes this file, and
+	   the lock keeps other rotations out */
+	if (cas_keyfile_remove_stale_tmp(adm->set.key_file, &stale,
+					 error_r) < 0)
+		ret = -1;
+	else if (stale > 0) {
+		i_info("casbox key rotate: %s: removed %u temporary key "
+		       "file(s) left by an interrupted run", rot->user, stale);
+	}
+	if (ret < 0)
+		;
+	else if (casbox_admin_refresh_keys(adm, error_r) < 0)
 		ret = -1;
 	else if (cas_keyring_slot_count(adm->keyring) == 1) {
 		cas_keyring_rotate_add(adm->keyring);
