@@ -335,9 +335,13 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 		return -1;
 	if (casbox_admin_refresh_keys(adm, error_r) < 0)
 		ret = -1;
-	else if (!cas_keyring_retiring_key_id(adm->keyring, &old_key_id) ||
-		 old_key_id != rot->old_key_id ||
-		 cas_keyring_wrap_key_id(adm->keyring) != rot->new_key_id) {
+	else if (cas_keyring_slot_count(adm->keyring) == 1 &&
+		 cas_keyring_wrap_key_id(adm->keyring) == rot->new_key_id) {
+		/* a concurrent run of key rotate finished this rotation */
+		rot->finished = TRUE;
+	} else if (!cas_keyring_retiring_key_id(adm->keyring, &old_key_id) ||
+		   old_key_id != rot->old_key_id ||
+		   cas_keyring_wrap_key_id(adm->keyring) != rot->new_key_id) {
 		*error_r = "the key file changed during the rotation "
 			"(another key rotate?)";
 		ret = -1;

@@ -330,6 +330,34 @@ class KeyRotateTest(unittest.TestCase):
             res = dc.doveadm("casbox", "scrub", "-u", "user1", check=False)
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
+    def test_concurrent_rotates(self):
+        """Two runs at once: each either joins the rotation in progress
+        or starts the next; both succeed and the store ends on one
+        slot that every blob record uses."""
+        msgs = load(corpus_files("usrp-users-3000", limit=150, step=13))
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            key_path = os.path.join(dc.home("user1"), "casbox.key")
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            expected = {"INBOX": fetch_box(imap, "INBOX")}
+            imap.logout()
+            procs = [subprocess.Popen(
+                dc.doveadm_command("-f", "tab", "casbox", "key", "rotate",
+                                   "-u", "user1", "--batch", "4"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+            for proc in procs:
+                out, err = proc.communicate(timeout=300)
+                self.assertEqual(proc.returncode, 0, err)
+                self.assertIn("rotated", out)
+            root, slots, cur = read_key_file(key_path)
+            self.assertEqual(slots, [cur])
+            self.assertEqual(list(key_id_counts(dc)), [cur])
+            imap = dc.imap_login("user1")
+            self.assertEqual(fetch_box(imap, "INBOX"), expected["INBOX"])
+            imap.logout()
+
     def test_rotate_refusals(self):
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
                      plugin_settings=KEYS, extra_conf=CONF) as dc:
