@@ -568,6 +568,12 @@ START_TEST(test_rekey_walk)
 	ck_assert_int_eq(casbox_lsm_batch_begin(lsm, &batch, &error), 1);
 	casbox_lsm_batch_put(batch, key->data, key->used, value->data,
 			     value->used);
+	/* and a malformed 'b' record with a long key: skipped, counted */
+	buffer_set_used_size(key, 0);
+	buffer_append_c(key, CASBOX_KEY_BLOB);
+	for (i = 0; i < 200; i++)
+		buffer_append_c(key, 0xff);
+	casbox_lsm_batch_put(batch, key->data, key->used, "junk", 4);
 	ck_assert_int_eq(casbox_lsm_batch_commit(&batch, &error), 1);
 
 	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left, &foreign,
@@ -595,8 +601,8 @@ START_TEST(test_rekey_walk)
 	} while (ret > 0);
 	ck_assert_uint_eq(stats.rewrapped, 7);
 	ck_assert_uint_eq(stats.failed, 1);
-	ck_assert_uint_eq(stats.bad_records, 0);
-	ck_assert_uint_eq(stats.examined, 9);
+	ck_assert_uint_eq(stats.bad_records, 1);
+	ck_assert_uint_eq(stats.examined, 10);
 	ck_assert_uint_eq(seen.calls, 7);
 	ck_assert_uint_ge(steps, 4);
 	/* a second walk finds only the damaged record */

@@ -292,7 +292,7 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 static int casbox_rotate_walk(struct casbox_rotate *rot,
 			      const char **error_r)
 {
-	buffer_t *pos = t_buffer_create(1 + CAS_BLOB_ID_SIZE);
+	buffer_t *pos = t_buffer_create(64);
 	uint64_t before;
 	int ret;
 

@@ -8,8 +8,6 @@
 #include "casbox-records.h"
 #include "casbox-store-rekey.h"
 
-#include <sodium.h>
-
 /* A step looks at no more than this many records per record it may
    rewrite, so a step over an already rewrapped range still lets
    deliveries in between. */
@@ -50,6 +48,45 @@ casbox_rekey_put(struct casbox_lsm_batch *batch, const unsigned char *key,
 	casbox_lsm_batch_put(batch, key, key_size, value->data, value->used);
 }
 
+/* Rewrap one blob record if it names old_key_id. */
+static void
+casbox_rekey_one(struct casbox_lsm_batch *batch,
+		 const struct cas_keyring *keyring, uint32_t old_key_id,
+		 const unsigned char *key, size_t key_size,
+		 const unsigned char *value, size_t value_size,
+		 casbox_rekey_callback_t *callback, void *context,
+		 struct casbox_rekey_stats *step)
+{
+	struct casbox_blob_value bval;
+	struct casbox_blob_record brec;
+	struct cas_blob_id id;
+	unsigned char new_wrapped[CAS_WRAPPED_DEK_SIZE];
+	const char *error;
+
+	if (key_size != 1 + CAS_BLOB_ID_SIZE ||
+	    casbox_rekey_decode(value, value_size, &bval, &brec) < 0) {
+		step->bad_records++;
+		return;
+	}
+	if (cas_dek_wrapped_key_id(brec.wrapped_dek) != old_key_id) {
+		/* already rewrapped, or written since the rotation began */
+		return;
+	}
+	memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
+	if (cas_dek_rewrap(keyring, keyring, &id, brec.wrapped_dek,
+			   new_wrapped, &error) < 0) {
+		i_error("casbox key rotate: blob %s: %s (left as it is)",
+			cas_blob_id_to_hex(&id), error);
+		step->failed++;
+		return;
+	}
+	if (callback != NULL)
+		callback(context, batch, &id, brec.wrapped_dek, new_wrapped);
+	memcpy(brec.wrapped_dek, new_wrapped, sizeof(new_wrapped));
+	casbox_rekey_put(batch, key, key_size, bval.refcount, &brec);
+	step->rewrapped++;
+}
+
 int casbox_rekey_step(struct casbox_lsm *lsm,
 		      const struct cas_keyring *keyring,
 		      uint32_t old_key_id, unsigned int max_records,
@@ -60,15 +97,10 @@ int casbox_rekey_step(struct casbox_lsm *lsm,
 	const unsigned char prefix = CASBOX_KEY_BLOB;
 	struct casbox_lsm_batch *batch;
 	struct casbox_lsm_iter *iter;
-	struct casbox_blob_value bval;
-	struct casbox_blob_record brec;
-	struct cas_blob_id id;
-	unsigned char new_wrapped[CAS_WRAPPED_DEK_SIZE];
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
 	struct casbox_rekey_stats step;
 	uint64_t max_examined;
-	const char *error;
 	bool more = FALSE;
 
 	i_assert(max_records > 0);
@@ -82,51 +114,28 @@ int casbox_rekey_step(struct casbox_lsm *lsm,
 	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
 	if (pos->used > 0)
 		casbox_lsm_iter_seek(iter, pos->data, pos->used);
-	while (!more && casbox_lsm_iter_next(iter, &key, &key_size,
-					     &value, &value_size)) T_BEGIN {
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) {
 		if (pos->used == key_size &&
 		    memcmp(pos->data, key, key_size) == 0) {
 			/* examined by the previous step */
-		} else if (step.rewrapped >= max_records ||
-			   step.examined >= max_examined) {
-			more = TRUE;
-		} else {
-			step.examined++;
-			buffer_set_used_size(pos, 0);
-			buffer_append(pos, key, key_size);
-			if (key_size != 1 + CAS_BLOB_ID_SIZE ||
-			    casbox_rekey_decode(value, value_size,
-						&bval, &brec) < 0) {
-				step.bad_records++;
-			} else if (cas_dek_wrapped_key_id(brec.wrapped_dek) !=
-				   old_key_id) {
-				/* already rewrapped, or written since */
-			} else {
-				memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
-				if (cas_dek_rewrap(keyring, keyring, &id,
-						   brec.wrapped_dek,
-						   new_wrapped, &error) < 0) {
-					i_error("casbox key rotate: blob %s: "
-						"%s (left as it is)",
-						cas_blob_id_to_hex(&id),
-						error);
-					step.failed++;
-				} else {
-					if (callback != NULL) {
-						callback(context, batch, &id,
-							 brec.wrapped_dek,
-							 new_wrapped);
-					}
-					memcpy(brec.wrapped_dek, new_wrapped,
-					       sizeof(new_wrapped));
-					casbox_rekey_put(batch, key, key_size,
-							 bval.refcount, &brec);
-					step.rewrapped++;
-				}
-			}
+			continue;
 		}
-	} T_END;
-	sodium_memzero(new_wrapped, sizeof(new_wrapped));
+		if (step.rewrapped >= max_records ||
+		    step.examined >= max_examined) {
+			more = TRUE;
+			break;
+		}
+		step.examined++;
+		/* outside the data stack frame below: pos may grow */
+		buffer_set_used_size(pos, 0);
+		buffer_append(pos, key, key_size);
+		T_BEGIN {
+			casbox_rekey_one(batch, keyring, old_key_id,
+					 key, key_size, value, value_size,
+					 callback, context, &step);
+		} T_END;
+	}
 	if (casbox_lsm_iter_deinit(&iter, error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);
 		return -1;

@@ -40,7 +40,9 @@ typedef void casbox_rekey_callback_t(void *context,
    blob records whose wrapped DEK names old_key_id with keyring's
    current slot, and commit them as one LSM batch (fsynced unless the
    store runs with fsync off). pos becomes the last key examined, so the
-   next call goes on from there. callback may be NULL. Returns 1 the
+   next call goes on from there (keys may be of any length: give a
+   buffer that can grow in the caller's data stack frame or a heap
+   one). callback may be NULL. Returns 1 the
    walk has more, 0 it reached the last blob record, -1 error (nothing
    of this step applied). */
 int casbox_rekey_step(struct casbox_lsm *lsm,
