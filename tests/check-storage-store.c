@@ -18,9 +18,11 @@
 #include "casbox-pack.h"
 
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sodium.h>
 
 static char test_dir[] = "/tmp/check-storage-store.XXXXXX";
@@ -642,6 +644,134 @@ START_TEST(test_rekey_walk)
 }
 END_TEST
 
+/* Is pid waiting for a POSIX lock (a "->" line of /proc/locks)? */
+static bool pid_waits_for_lock(pid_t pid)
+{
+	char line[256], *p;
+	bool found = FALSE;
+	FILE *f = fopen("/proc/locks", "r");
+
+	ck_assert_ptr_nonnull(f);
+	while (!found && fgets(line, sizeof(line), f) != NULL) {
+		if (strstr(line, "->") == NULL)
+			continue;
+		/* "N: -> POSIX ADVISORY WRITE <pid> ..." */
+		p = strstr(line, "WRITE ");
+		if (p == NULL)
+			p = strstr(line, "READ ");
+		if (p != NULL && atoi(strchr(p, ' ') + 1) == pid)
+			found = TRUE;
+	}
+	(void)fclose(f);
+	return found;
+}
+
+static void wait_child_ok(pid_t pid)
+{
+	int status;
+
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFEXITED(status));
+	ck_assert_int_eq(WEXITSTATUS(status), 0);
+}
+
+/* The race the lock settles: a save reads a blob record (old wrapped
+   DEK) and commits later; a rotation step wants to rewrap that record
+   meanwhile. The step waits for the save's lock, so the save's
+   refcount change survives and the step then rewraps what the save
+   wrote. Processes, not threads: the LSM lock is per process. */
+START_TEST(test_rekey_waits_for_save)
+{
+	const char *const parts[] = { part_a, "\nraced\n", NULL };
+	struct casbox_store *store = store_open();
+	struct casbox_msg_record rec;
+	struct istream **inputs;
+	struct cas_keyring *kr;
+	struct casbox_lsm *lsm;
+	const struct casbox_msg_part *a;
+	pool_t pool = pool_alloconly_create("test", 4096);
+	int ready[2], go[2];
+	const char *error = NULL;
+	uint32_t old_id, new_id;
+	pid_t saver, rotator;
+	char c;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts, &rec, &inputs);
+	add_msg(store, 1, &rec, inputs);
+	free_inputs(inputs);
+	casbox_store_close(&store);
+	a = array_idx(&rec.parts, 0);
+	ck_assert_uint_eq(blob_refcount(&a->id), 1);
+
+	ck_assert_int_eq(cas_keyring_load(key_path, &kr, &error), 1);
+	old_id = cas_keyring_wrap_key_id(kr);
+	cas_keyring_rotate_add(kr);
+	new_id = cas_keyring_wrap_key_id(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+
+	ck_assert_int_eq(pipe(ready), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	saver = fork();
+	ck_assert_int_ge(saver, 0);
+	if (saver == 0) {
+		/* a copy of message 1: reads both blob records under the
+		   lock, holds it until told to commit */
+		struct casbox_store_txn *txn;
+		int ok;
+
+		store = store_open();
+		ok = casbox_store_txn_begin(store, &txn, &error) == 0 &&
+			casbox_store_txn_add_msg(txn, box_guid, 2, &rec, NULL,
+						 &error) == 0 &&
+			write(ready[1], "r", 1) == 1 &&
+			read(go[0], &c, 1) == 1 &&
+			casbox_store_txn_commit(&txn, &error) == 0;
+		_exit(ok ? 0 : 1);
+	}
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	rotator = fork();
+	ck_assert_int_ge(rotator, 0);
+	if (rotator == 0) {
+		struct casbox_rekey_stats stats;
+		buffer_t *pos = t_buffer_create(64);
+		int ret;
+
+		lsm = lsm_open();
+		i_zero(&stats);
+		do {
+			ret = casbox_rekey_step(lsm, kr, old_id, 1, pos, NULL,
+						NULL, &stats, &error);
+		} while (ret > 0);
+		_exit(ret == 0 && stats.rewrapped == 2 ? 0 : 1);
+	}
+	/* let the save commit only once the rotation step waits for the
+	   lock (observed, not timed) */
+	while (!pid_waits_for_lock(rotator))
+		usleep(1000);
+	ck_assert_int_eq(write(go[1], "g", 1), 1);
+	wait_child_ok(saver);
+	wait_child_ok(rotator);
+
+	lsm = lsm_open();
+	ck_assert_uint_eq(blob_refcount(&a->id), 2);
+	ck_assert_uint_eq(blob_key_id(lsm, &a->id), new_id);
+	casbox_lsm_close(&lsm);
+	cas_keyring_rotate_finish(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+	store = store_open();
+	ck_assert_str_eq(read_msg(store, 2), t_strconcat(part_a, "\nraced\n",
+							  NULL));
+	casbox_store_close(&store);
+	cas_keyring_free(&kr);
+	pool_unref(&pool);
+	i_close_fd(&ready[0]);
+	i_close_fd(&ready[1]);
+	i_close_fd(&go[0]);
+	i_close_fd(&go[1]);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-store");
@@ -659,6 +789,7 @@ int main(void)
 	tcase_add_test(tc, test_key_rules);
 	tcase_add_test(tc, test_meta_seal);
 	tcase_add_test(tc, test_rekey_walk);
+	tcase_add_test(tc, test_rekey_waits_for_save);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
