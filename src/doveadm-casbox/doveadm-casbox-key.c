@@ -259,17 +259,14 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 	   file (key material) behind: only rotation writes this file, and
 	   the lock keeps other rotations out */
 	if (cas_keyfile_remove_stale_tmp(adm->set.key_file, &stale,
-					 error_r) < 0)
+					 error_r) < 0 ||
+	    casbox_admin_refresh_keys(adm, error_r) < 0)
 		ret = -1;
 	else if (stale > 0) {
 		i_info("casbox key rotate: %s: removed %u temporary key "
 		       "file(s) left by an interrupted run", rot->user, stale);
 	}
-	if (ret < 0)
-		;
-	else if (casbox_admin_refresh_keys(adm, error_r) < 0)
-		ret = -1;
-	else if (cas_keyring_slot_count(adm->keyring) == 1) {
+	if (ret == 0 && cas_keyring_slot_count(adm->keyring) == 1) {
 		cas_keyring_rotate_add(adm->keyring);
 		if (cas_keyring_save(adm->keyring, adm->set.key_file,
 				     &error) < 0) {
