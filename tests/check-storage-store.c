@@ -427,6 +427,9 @@ START_TEST(test_meta_seal)
 	pool_unref(&pool);
 	cas_keyring_free(&keyring);
 	cas_keyring_free(&other);
+}
+END_TEST
+
 static struct casbox_lsm *lsm_open(void)
 {
 	struct casbox_lsm_settings lsm_set;
