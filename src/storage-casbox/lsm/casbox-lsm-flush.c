@@ -148,8 +148,6 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 	const char *path = NULL; /* the WAL's, built only for errors */
 	const char *error;
 	buffer_t *rec = lsm->write_buf;
-	uint64_t first_seq;
-	unsigned int applied;
 	int ret;
 
 	if (entries->used + 12 > CASBOX_LSM_WAL_MAX_PAYLOAD) {
@@ -169,10 +167,8 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 			lsm->broken = TRUE;
 		return -1;
 	}
-	(void)casbox_lsm_wal_payload_apply(
-		CONST_PTR_OFFSET(rec->data, CASBOX_LSM_WAL_RECORD_HDR),
-		rec->used - CASBOX_LSM_WAL_RECORD_HDR, &first_seq, &applied,
-		lsm_apply, lsm->mt, &error);
+	casbox_lsm_wal_entries_apply(entries, lsm->last_seq + 1, count,
+				     lsm_apply, lsm->mt);
 	lsm->wal_offset += rec->used;
 	lsm->wal_file_size = lsm->wal_offset;
 	lsm->last_seq += count;
@@ -435,7 +431,7 @@ int casbox_lsm_compact(struct casbox_lsm *lsm, const char **error_r)
 		 lsm_merge_tables(lsm, array_count(&lsm->tables),
 				  error_r) < 0)
 		ret = -1;
-	casbox_lsm_unlock(lsm);
+	casbox_lsm_unlock_state(lsm, ret == 0);
 	return ret < 0 ? -1 : 1;
 }
 

@@ -5,6 +5,7 @@
 
 #include "casbox-lsm.h"
 #include "casbox-lsm-io.h"
+#include "byteorder.h"
 
 /* Fuzz builds (-DCASBOX_FUZZ_NO_CRC, never in the plugin) accept any
    checksum so the fuzzer reaches the parsers behind them. */
@@ -46,8 +47,27 @@ static inline void casbox_lsm_source_free(struct casbox_lsm_source **_src)
 	src->free(src);
 }
 
-int casbox_lsm_key_cmp(const unsigned char *a, size_t a_size,
-		       const unsigned char *b, size_t b_size);
+/* memcmp() order, the shorter key first on a tie. Inline and 8 bytes
+   at a time: keys of one mailbox share a 17-byte prefix, and this is
+   the memtable's and the tables' innermost loop. */
+static inline int casbox_lsm_key_cmp(const unsigned char *a, size_t a_size,
+				     const unsigned char *b, size_t b_size)
+{
+	size_t i = 0, n = I_MIN(a_size, b_size);
+	uint64_t x, y;
+
+	for (; i + 8 <= n; i += 8) {
+		x = be64_to_cpu_unaligned(a + i);
+		y = be64_to_cpu_unaligned(b + i);
+		if (x != y)
+			return x < y ? -1 : 1;
+	}
+	for (; i < n; i++) {
+		if (a[i] != b[i])
+			return a[i] < b[i] ? -1 : 1;
+	}
+	return a_size < b_size ? -1 : (a_size > b_size ? 1 : 0);
+}
 
 /* ---- memtable (casbox-lsm-memtable.c): skiplist of versions ---- */
 struct casbox_lsm_memtable;
@@ -116,6 +136,12 @@ int casbox_lsm_wal_payload_apply(const unsigned char *payload, size_t size,
 				 casbox_lsm_wal_apply_t *apply, void *context,
 				 const char **error_r);
 
+/* Apply a batch this process encoded itself (one pass, no separate
+   validation: it cannot be malformed). */
+void casbox_lsm_wal_entries_apply(const buffer_t *entries, uint64_t first_seq,
+				  unsigned int count,
+				  casbox_lsm_wal_apply_t *apply, void *context);
+
 /* ---- sorted tables (casbox-lsm-table.c) ---- */
 #define CASBOX_LSM_TABLE_FOOTER_SIZE 48
 
@@ -163,6 +189,24 @@ casbox_lsm_table_source(struct casbox_lsm_table *table);
 int casbox_lsm_table_verify(struct casbox_lsm_table *table,
 			    casbox_lsm_damage_callback_t *report,
 			    void *context);
+
+/* ---- block cache (casbox-lsm-cache.c) ---- */
+/* One LRU cache per process, like LevelDB's default 8 MiB block cache:
+   a block is read, CRC-checked and walked once, not on every lookup. */
+#define CASBOX_LSM_CACHE_BYTES (8 * 1024 * 1024)
+#define CASBOX_LSM_CACHE_MAX_BLOCK (64 * 1024)
+
+/* Every table registers (getting a process-unique id) and unregisters
+   when freed, which drops its blocks. */
+uint64_t casbox_lsm_cache_register(void);
+void casbox_lsm_cache_unregister(uint64_t table_id);
+/* The block's bytes, valid until the next casbox_lsm_cache_put() or
+   unregister; NULL if not cached. */
+const unsigned char *
+casbox_lsm_cache_get(uint64_t table_id, uoff_t offset, size_t *size_r);
+/* Store a copy of a validated block (too large ones are skipped). */
+void casbox_lsm_cache_put(uint64_t table_id, uoff_t offset,
+			  const void *data, size_t size);
 
 /* ---- merge (casbox-lsm-merge.c) ---- */
 /* Merge sources, sources[0] newest: for equal keys the newest wins.

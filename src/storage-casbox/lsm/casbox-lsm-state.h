@@ -8,6 +8,13 @@
 
 #include <sys/stat.h>
 
+/* The shared-memory write lock (casbox-lsm-shm.c) needs OFD locks and
+   robust process-shared mutexes (Linux; Makefile.am sets _GNU_SOURCE
+   for F_OFD_SETLK); elsewhere fcntl/flock are used as is. */
+#ifdef __linux__
+#  define LSM_HAVE_SHM
+#endif
+
 /* A dotlock older than this whose owner is gone is taken over. */
 #define LSM_DOTLOCK_STALE_SECS 120
 /* Merge tables when there are more than this many. */
@@ -24,6 +31,11 @@ struct casbox_lsm {
 
 	int lock_fd;
 	struct file_lock *lock;
+	/* the page of LOCK with the shared mutex (NULL with dotlock) */
+	struct casbox_lsm_shm *shm;
+	/* at lock time the stamp matched our state: no refresh needed */
+	bool shm_current;
+	bool locked;
 	/* identity of dir, and the next handle of this process holding
 	   a write lock (see casbox_lsm_lock()) */
 	dev_t dir_dev;
@@ -53,7 +65,23 @@ const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
 /* path, or the current WAL's path if NULL (built only for errors) */
 const char *casbox_lsm_wal_path(struct casbox_lsm *lsm, const char *path);
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r);
+/* Release the write lock. current = our state is exactly what is on
+   disk (the operation succeeded): publish it, so the next holder and
+   readers can skip their refresh. */
+void casbox_lsm_unlock_state(struct casbox_lsm *lsm, bool current);
+/* Release without publishing (after a failure: others re-read). */
 void casbox_lsm_unlock(struct casbox_lsm *lsm);
+
+/* casbox-lsm-shm.c */
+#ifdef LSM_HAVE_SHM
+int casbox_lsm_shm_open(struct casbox_lsm *lsm, const char **error_r);
+void casbox_lsm_shm_close(struct casbox_lsm *lsm);
+int casbox_lsm_shm_lock(struct casbox_lsm *lsm, const char **error_r);
+void casbox_lsm_shm_unlock(struct casbox_lsm *lsm, bool current);
+/* Lock-free: TRUE if the last clean stamp equals our state, and no
+   holder is changing anything right now. */
+bool casbox_lsm_shm_unchanged(struct casbox_lsm *lsm);
+#endif
 /* Refresh; check_manifest = FALSE skips the MANIFEST stat (enough for
    appending, not for flushing). */
 int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,

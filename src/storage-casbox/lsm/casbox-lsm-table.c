@@ -24,8 +24,6 @@
 #define TABLE_MAGIC "CBXSST01"
 #define TABLE_VERSION 1
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
-#define TABLE_CACHE_BLOCKS 16
-#define TABLE_CACHE_MAX_BLOCK_SIZE (64 * 1024)
 
 struct casbox_lsm_table_builder {
 	const struct casbox_lsm_io *io;
@@ -64,10 +62,18 @@ struct casbox_lsm_table {
 	struct casbox_lsm_block lookup_block;
 	struct casbox_lsm_block_iter lookup_iter;
 
-	/* recently read data blocks, already CRC-checked and validated */
-	buffer_t *cache[TABLE_CACHE_BLOCKS];
-	uoff_t cache_offset[TABLE_CACHE_BLOCKS];
-	unsigned int cache_next;
+	/* key of this table's blocks in the process's block cache */
+	uint64_t cache_id;
+};
+
+enum table_read_mode {
+	/* from disk, not via the cache (verify, index) */
+	TABLE_READ_DISK,
+	/* a cached block is copied into the caller's buffer */
+	TABLE_READ_CACHED,
+	/* the block may point into the cache: only until the next cache
+	   insert (point lookups, which finish before that) */
+	TABLE_READ_BORROW,
 };
 
 struct table_source {
@@ -303,10 +309,9 @@ static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
 
 static int block_parse(struct casbox_lsm_table *table,
 		       struct casbox_lsm_block *block, uoff_t offset,
+		       const unsigned char *data, size_t size,
 		       const char **error_r)
 {
-	const unsigned char *data = block->buf->data;
-	size_t size = block->buf->used;
 	uint32_t n, i, restart, prev = 0;
 
 	block->file_offset = offset;
@@ -337,50 +342,32 @@ static int block_parse(struct casbox_lsm_table *table,
 	return 0;
 }
 
-static bool table_cache_get(struct casbox_lsm_table *table, uoff_t offset,
-			    uint32_t size, buffer_t *buf)
-{
-	unsigned int i;
-
-	for (i = 0; i < TABLE_CACHE_BLOCKS; i++) {
-		if (table->cache[i] != NULL &&
-		    table->cache_offset[i] == offset &&
-		    table->cache[i]->used == size) {
-			buffer_set_used_size(buf, 0);
-			buffer_append_buf(buf, table->cache[i], 0, SIZE_MAX);
-			return TRUE;
-		}
-	}
-	return FALSE;
-}
-
-static void table_cache_put(struct casbox_lsm_table *table, uoff_t offset,
-			    const buffer_t *buf)
-{
-	unsigned int i = table->cache_next++ % TABLE_CACHE_BLOCKS;
-
-	if (buf->used > TABLE_CACHE_MAX_BLOCK_SIZE)
-		return;
-	if (table->cache[i] == NULL) {
-		table->cache[i] = buffer_create_dynamic(default_pool,
-							buf->used);
-	}
-	buffer_set_used_size(table->cache[i], 0);
-	buffer_append_buf(table->cache[i], buf, 0, SIZE_MAX);
-	table->cache_offset[i] = offset;
-}
-
 static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
-			    uint32_t size, bool use_cache,
+			    uint32_t size, enum table_read_mode mode,
 			    struct casbox_lsm_block *block,
 			    const char **error_r)
 {
+	const unsigned char *data;
 	const char *reason;
+	size_t cached_size;
 
-	if (use_cache && table_cache_get(table, offset, size, block->buf))
-		return block_parse(table, block, offset, error_r);
+	if (mode != TABLE_READ_DISK) {
+		data = casbox_lsm_cache_get(table->cache_id, offset,
+					    &cached_size);
+		if (data != NULL && cached_size == size) {
+			if (mode == TABLE_READ_CACHED) {
+				buffer_set_used_size(block->buf, 0);
+				buffer_append(block->buf, data, size);
+				data = block->buf->data;
+			}
+			/* cached blocks were validated when read */
+			return block_parse(table, block, offset, data, size,
+					   error_r);
+		}
+	}
 	if (table_read_raw(table, offset, size, block->buf, error_r) < 0 ||
-	    block_parse(table, block, offset, error_r) < 0)
+	    block_parse(table, block, offset, block->buf->data,
+			block->buf->used, error_r) < 0)
 		return -1;
 	T_BEGIN {
 		/* reasons are static strings */
@@ -390,7 +377,10 @@ static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 		*error_r = table_error(table, offset, reason);
 		return -1;
 	}
-	table_cache_put(table, offset, block->buf);
+	if (mode != TABLE_READ_DISK) {
+		casbox_lsm_cache_put(table->cache_id, offset,
+				     block->buf->data, block->buf->used);
+	}
 	return 0;
 }
 
@@ -407,7 +397,7 @@ static int table_load_index(struct casbox_lsm_table *table,
 	i_zero(&block);
 	i_zero(&bi);
 	block.buf = table->index_block;
-	if (table_read_block(table, offset, size, FALSE, &block,
+	if (table_read_block(table, offset, size, TABLE_READ_DISK, &block,
 			     error_r) < 0)
 		return -1;
 	/* decoded keys go into keys; entries hold offsets until the end */
@@ -509,6 +499,7 @@ static struct casbox_lsm_table *table_alloc(const char *path)
 	table->lookup_block.buf = buffer_create_dynamic(default_pool,
 						CASBOX_LSM_BLOCK_SIZE + 64);
 	table->lookup_iter.key = buffer_create_dynamic(default_pool, 128);
+	table->cache_id = casbox_lsm_cache_register();
 	return table;
 }
 
@@ -564,7 +555,6 @@ void casbox_lsm_table_ref(struct casbox_lsm_table *table)
 void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
 {
 	struct casbox_lsm_table *table = *_table;
-	unsigned int i;
 
 	*_table = NULL;
 	i_assert(table->refcount > 0);
@@ -572,10 +562,7 @@ void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
 		return;
 	if (table->fd != -1 && table->io->close(table->fd) < 0)
 		i_error("close(%s) failed: %m", table->path);
-	for (i = 0; i < TABLE_CACHE_BLOCKS; i++) {
-		if (table->cache[i] != NULL)
-			buffer_free(&table->cache[i]);
-	}
+	casbox_lsm_cache_unregister(table->cache_id);
 	buffer_free(&table->lookup_block.buf);
 	buffer_free(&table->lookup_iter.key);
 	buffer_free(&table->index_block);
@@ -657,7 +644,8 @@ static bool table_source_load(struct table_source *ts, unsigned int idx,
 		return FALSE;
 	entry = array_idx(&ts->table->index, idx);
 	if (table_read_block(ts->table, entry->offset, entry->size,
-			     !ts->verify, &ts->block, &error) < 0) {
+			     ts->verify ? TABLE_READ_DISK : TABLE_READ_CACHED,
+			     &ts->block, &error) < 0) {
 		ts->src.valid = FALSE;
 		if (ts->src.error == NULL) {
 			ts->error_offset = entry->offset;
@@ -786,8 +774,9 @@ int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
 		return 0;
 	entry = array_idx(&table->index, idx);
 	/* the same checks a table source does, without allocating one */
-	if (table_read_block(table, entry->offset, entry->size, TRUE,
-			     &table->lookup_block, error_r) < 0)
+	if (table_read_block(table, entry->offset, entry->size,
+			     TABLE_READ_BORROW, &table->lookup_block,
+			     error_r) < 0)
 		return -1;
 	casbox_lsm_block_iter_seek(bi, &table->lookup_block, key, key_size);
 	if (bi->error != NULL) {

@@ -200,6 +200,18 @@ wal_entries_walk(const unsigned char *p, const unsigned char *end,
 	return 0;
 }
 
+void casbox_lsm_wal_entries_apply(const buffer_t *entries, uint64_t first_seq,
+				  unsigned int count,
+				  casbox_lsm_wal_apply_t *apply, void *context)
+{
+	const unsigned char *p = entries->data;
+	const char *error;
+
+	if (wal_entries_walk(p, p + entries->used, first_seq, count, apply,
+			     context, &error) < 0)
+		i_panic("casbox-lsm: own batch does not parse: %s", error);
+}
+
 int casbox_lsm_wal_payload_apply(const unsigned char *payload, size_t size,
 				 uint64_t *first_seq_r, unsigned int *count_r,
 				 casbox_lsm_wal_apply_t *apply, void *context,

@@ -80,7 +80,7 @@ static void lsm_locked_list_remove(struct casbox_lsm *lsm)
 	i_unreached();
 }
 
-int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
+static int lsm_file_lock(struct casbox_lsm *lsm, const char **error_r)
 {
 	struct file_lock_settings lock_set = {
 		.lock_method = lsm->set.lock_method,
@@ -93,9 +93,6 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 	const char *error;
 	int ret;
 
-	i_assert(lsm->lock == NULL);
-	if (lsm_lock_check_process(lsm, error_r) < 0)
-		return -1;
 	if (lsm->set.lock_method == FILE_LOCK_METHOD_DOTLOCK) {
 		ret = file_dotlock_create(&dotlock_set, lsm->lock_path, 0,
 					  &dotlock);
@@ -125,15 +122,48 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 		*error_r = error;
 		return -1;
 	}
+	return 0;
+}
+
+int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
+{
+	int ret;
+
+	i_assert(!lsm->locked);
+	if (lsm_lock_check_process(lsm, error_r) < 0)
+		return -1;
+#ifdef LSM_HAVE_SHM
+	if (lsm->shm != NULL)
+		ret = casbox_lsm_shm_lock(lsm, error_r);
+	else
+#endif
+		ret = lsm_file_lock(lsm, error_r);
+	if (ret < 0)
+		return -1;
+	lsm->locked = TRUE;
 	lsm->lock_next = lsm_locked_list;
 	lsm_locked_list = lsm;
 	return 0;
 }
 
+void casbox_lsm_unlock_state(struct casbox_lsm *lsm, bool current)
+{
+	i_assert(lsm->locked);
+	lsm_locked_list_remove(lsm);
+	lsm->locked = FALSE;
+#ifdef LSM_HAVE_SHM
+	if (lsm->shm != NULL) {
+		casbox_lsm_shm_unlock(lsm, current);
+		return;
+	}
+#endif
+	(void)current;
+	file_unlock(&lsm->lock);
+}
+
 void casbox_lsm_unlock(struct casbox_lsm *lsm)
 {
-	lsm_locked_list_remove(lsm);
-	file_unlock(&lsm->lock);
+	casbox_lsm_unlock_state(lsm, FALSE);
 }
 
 /* ---- loading state ---- */
@@ -466,6 +496,12 @@ int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
 
 int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
 {
+#ifdef LSM_HAVE_SHM
+	/* no system call when the last writer left things as we know
+	   them */
+	if (lsm->shm != NULL && casbox_lsm_shm_unchanged(lsm))
+		return 1;
+#endif
 	return casbox_lsm_refresh_full(lsm, TRUE, error_r);
 }
 
@@ -514,7 +550,7 @@ static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
 			ret = -1;
 		}
 	}
-	casbox_lsm_unlock(lsm);
+	casbox_lsm_unlock_state(lsm, ret > 0);
 	return ret < 0 ? -1 : 0;
 }
 
@@ -581,6 +617,12 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 			casbox_lsm_close(&lsm);
 			return -1;
 		}
+#ifdef LSM_HAVE_SHM
+		if (casbox_lsm_shm_open(lsm, error_r) < 0) {
+			casbox_lsm_close(&lsm);
+			return -1;
+		}
+#endif
 	}
 	ret = casbox_lsm_load(lsm, error_r);
 	if (ret == 0)
@@ -600,8 +642,11 @@ void casbox_lsm_close(struct casbox_lsm **_lsm)
 
 	*_lsm = NULL;
 	i_assert(lsm->batch == NULL);
-	if (lsm->lock != NULL)
+	if (lsm->locked)
 		casbox_lsm_unlock(lsm);
+#ifdef LSM_HAVE_SHM
+	casbox_lsm_shm_close(lsm);
+#endif
 	if (array_is_created(&lsm->tables)) {
 		old.tables = lsm->tables;
 		old.mt = lsm->mt;
@@ -665,8 +710,12 @@ int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
 	}
 	if (casbox_lsm_lock(lsm, error_r) < 0)
 		return -1;
-	if (casbox_lsm_refresh_full(lsm, FALSE, error_r) < 0 ||
-	    casbox_lsm_wal_cut_tail(lsm, error_r) < 0) {
+	/* With the shared lock, a stamp equal to our state means nothing
+	   happened since our last look. Otherwise re-read; the manifest
+	   too, so the state published at unlock is complete. */
+	if ((!lsm->shm_current || lsm->wal_file_size != lsm->wal_offset) &&
+	    (casbox_lsm_refresh_full(lsm, lsm->shm != NULL, error_r) < 0 ||
+	     casbox_lsm_wal_cut_tail(lsm, error_r) < 0)) {
 		casbox_lsm_unlock(lsm);
 		return -1;
 	}
@@ -713,7 +762,8 @@ void casbox_lsm_batch_rollback(struct casbox_lsm_batch **_batch)
 	struct casbox_lsm *lsm = (*_batch)->lsm;
 
 	lsm_batch_free(_batch);
-	casbox_lsm_unlock(lsm);
+	/* begin left our state current, and nothing was written */
+	casbox_lsm_unlock_state(lsm, TRUE);
 }
 
 int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
@@ -722,6 +772,7 @@ int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
 	struct casbox_lsm_batch *batch = *_batch;
 	struct casbox_lsm *lsm = batch->lsm;
 	const char *error;
+	bool current = TRUE;
 	int ret = 1;
 
 	if (batch->count > 0 &&
@@ -732,10 +783,12 @@ int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
 	if (ret > 0 && lsm->wal_offset >= lsm->wal_flush_bytes) {
 		/* the batch is durable already; a failed flush only means
 		   the WAL stays longer, and the next commit retries */
-		if (casbox_lsm_flush_locked(lsm, &error) < 0)
+		if (casbox_lsm_flush_locked(lsm, &error) < 0) {
 			i_error("casbox-lsm: flush failed: %s", error);
+			current = FALSE;
+		}
 	}
-	casbox_lsm_unlock(lsm);
+	casbox_lsm_unlock_state(lsm, ret > 0 && current);
 	return ret;
 }
 
