@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 
 #define N_MAILBOXES 4
 #define N_UIDS 300
@@ -645,6 +646,260 @@ START_TEST(test_two_handles_one_process)
 }
 END_TEST
 
+/* ---- the shared write lock (casbox-lsm-shm.c) ---- */
+
+static const char *find_wal(void)
+{
+	struct dirent *d;
+	const char *found = NULL;
+	DIR *dir = opendir(test_dir);
+
+	ck_assert(dir != NULL);
+	while ((d = readdir(dir)) != NULL) {
+		if (strstr(d->d_name, ".wal") != NULL)
+			found = t_strconcat(test_dir, "/", d->d_name, NULL);
+	}
+	(void)closedir(dir);
+	ck_assert(found != NULL);
+	return found;
+}
+
+static struct casbox_lsm *test_open_timeout(unsigned int secs)
+{
+	struct casbox_lsm_settings set = {
+		.dir = test_dir,
+		.fsync = TRUE,
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+		.lock_timeout_secs = secs,
+	};
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	if (casbox_lsm_open(&set, &lsm, &error) < 0)
+		ck_abort_msg("open: %s", error);
+	return lsm;
+}
+
+/* A writer dies holding the lock after a torn append. The next locker
+   gets the lock at once (robust mutex) and must not trust the state
+   stamp it would otherwise match: it re-reads and cuts the tail, or
+   its own record would land in front of the garbage. */
+START_TEST(test_lock_holder_dies)
+{
+	unsigned char torn[300];
+	struct casbox_lsm *lsm, *child_lsm, *reader;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(32);
+	const char *error;
+	int fd, status;
+	pid_t pid;
+
+	/* the start of a 1000-byte record: a torn append. It is longer
+	   than the next record, and whatever a writer left of it after
+	   its own record would be damage. */
+	memset(torn, 0xab, sizeof(torn));
+	torn[0] = 0; torn[1] = 0; torn[2] = 1000 >> 8; torn[3] = 1000 & 0xff;
+	test_dir_setup();
+	lsm = test_open_timeout(5);
+	batch = begin(lsm);
+	put_str(batch, "before", "1");
+	commit(&batch);
+	reader = test_open_timeout(5);
+
+	pid = fork();
+	ck_assert(pid != -1);
+	if (pid == 0) {
+		child_lsm = test_open_timeout(5);
+		batch = begin(child_lsm);
+		put_str(batch, "never", "1");
+		fd = open(find_wal(), O_WRONLY | O_APPEND);
+		if (fd == -1 || write(fd, torn, sizeof(torn)) != sizeof(torn))
+			_exit(1);
+		/* die with the lock held and the batch open */
+		_exit(0);
+	}
+	ck_assert(waitpid(pid, &status, 0) == pid);
+	ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+	/* the lock is free again, and the torn tail is cut (lsm has not
+	   looked at the WAL since its own commit) */
+	batch = begin(lsm);
+	put_str(batch, "after", "2");
+	commit(&batch);
+	/* a reader that last looked before the crash catches up */
+	ck_assert_int_eq(casbox_lsm_refresh(reader, &error), 1);
+	ck_assert_int_eq(get_str(reader, "after", value), 1);
+	ck_assert_int_eq(get_str(reader, "never", value), 0);
+	casbox_lsm_close(&reader);
+	casbox_lsm_close(&lsm);
+
+	lsm = test_open_timeout(5);
+	ck_assert_int_eq(casbox_lsm_verify(lsm, NULL, NULL, &error), 1);
+	ck_assert_int_eq(get_str(lsm, "before", value), 1);
+	ck_assert_int_eq(get_str(lsm, "after", value), 1);
+	ck_assert_str_eq(str_c(value), "2");
+	ck_assert_int_eq(get_str(lsm, "never", value), 0);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* Try the write lock a build without the shared lock takes: a whole-
+   file fcntl lock and an flock. Returns 0 if both were refused. */
+static int old_build_lock_refused(void)
+{
+	struct flock fl;
+	int fd = open(t_strconcat(test_dir, "/LOCK", NULL), O_RDWR);
+
+	if (fd == -1)
+		return 2;
+	i_zero(&fl);
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	if (fcntl(fd, F_SETLK, &fl) == 0)
+		return 3;
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		return 4;
+	return 0;
+}
+
+static int old_build_lock_granted(void)
+{
+	struct flock fl;
+	int fd = open(t_strconcat(test_dir, "/LOCK", NULL), O_RDWR);
+
+	if (fd == -1)
+		return 2;
+	i_zero(&fl);
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	if (fcntl(fd, F_SETLK, &fl) < 0)
+		return 3;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+		return 4;
+	return 0;
+}
+
+static int run_child(int (*fn)(void))
+{
+	int status;
+	pid_t pid = fork();
+
+	ck_assert(pid != -1);
+	if (pid == 0)
+		_exit(fn());
+	ck_assert(waitpid(pid, &status, 0) == pid);
+	ck_assert(WIFEXITED(status));
+	return WEXITSTATUS(status);
+}
+
+/* While this build has the store open, a process of an older build
+   (fcntl or flock write lock per batch) cannot write: its lock waits. */
+START_TEST(test_lock_excludes_old_builds)
+{
+	struct casbox_lsm *lsm;
+
+	test_dir_setup();
+	lsm = test_open(0);
+	ck_assert_int_eq(run_child(old_build_lock_refused), 0);
+	casbox_lsm_close(&lsm);
+	ck_assert_int_eq(run_child(old_build_lock_granted), 0);
+	test_dir_teardown();
+}
+END_TEST
+
+/* A lock page left behind by a reboot (here: a mutex still owned by a
+   thread that is gone, which no kernel will ever hand over) is reset
+   by the first process that opens the store. */
+static int stale_page_save(void)
+{
+	struct casbox_lsm *lsm = test_open_timeout(5);
+	struct casbox_lsm_batch *batch = begin(lsm);
+	unsigned char page[4096];
+	int fd = open(t_strconcat(test_dir, "/LOCK", NULL), O_RDONLY);
+	int out = open(t_strconcat(test_dir, "/LOCK.saved", NULL),
+		       O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+	if (fd == -1 || out == -1 ||
+	    pread(fd, page, sizeof(page), 0) != sizeof(page) ||
+	    write(out, page, sizeof(page)) != sizeof(page))
+		return 1;
+	casbox_lsm_batch_rollback(&batch);
+	casbox_lsm_close(&lsm);
+	return 0;
+}
+
+START_TEST(test_stale_lock_page)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(32);
+	unsigned char page[4096];
+	const char *lock_path;
+	int fd;
+
+	test_dir_setup();
+	ck_assert_int_eq(run_child(stale_page_save), 0);
+	fd = open(t_strconcat(test_dir, "/LOCK.saved", NULL), O_RDONLY);
+	ck_assert(fd != -1 && read(fd, page, sizeof(page)) == sizeof(page));
+	i_close_fd(&fd);
+	lock_path = t_strconcat(test_dir, "/LOCK", NULL);
+	fd = open(lock_path, O_WRONLY);
+	ck_assert(fd != -1 && pwrite(fd, page, sizeof(page), 0) ==
+		  sizeof(page));
+	i_close_fd(&fd);
+	ck_assert(unlink(t_strconcat(test_dir, "/LOCK.saved", NULL)) == 0);
+
+	lsm = test_open_timeout(2);
+	batch = begin(lsm);
+	put_str(batch, "k", "v");
+	commit(&batch);
+	ck_assert_int_eq(get_str(lsm, "k", value), 1);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* More table data than the process's block cache holds: every read
+   after eviction still returns the right value. */
+START_TEST(test_block_cache_eviction)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(4200);
+	unsigned int i, round;
+	char fill[4001];
+
+	test_dir_setup();
+	lsm = test_open(0);
+	for (i = 0; i < 3000; i++) T_BEGIN {
+		if (i % 100 == 0)
+			batch = begin(lsm);
+		memset(fill, 'a' + i % 26, sizeof(fill) - 1);
+		fill[sizeof(fill) - 1] = '\0';
+		put_str(batch, t_strdup_printf("big%05u", i),
+			t_strdup_printf("%u:%s", i, fill));
+		if (i % 100 == 99)
+			commit(&batch);
+	} T_END;
+	/* ~12 MB in tables: more than CASBOX_LSM_CACHE_BYTES */
+	for (round = 0; round < 2; round++) {
+		for (i = 0; i < 3000; i += (round == 0 ? 1 : 7)) T_BEGIN {
+			ck_assert_int_eq(get_str(lsm, t_strdup_printf(
+				"big%05u", i), value), 1);
+			ck_assert(str_begins(str_c(value),
+					     t_strdup_printf("%u:", i)));
+			ck_assert_uint_eq(str_len(value), 4000 +
+					  strlen(dec2str(i)) + 1);
+			ck_assert_int_eq(str_c(value)[str_len(value) - 1],
+					 'a' + i % 26);
+		} T_END;
+	}
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 /* ---- corruption ---- */
 
 struct damage {
@@ -866,6 +1121,10 @@ int main(void)
 	tcase_add_test(tc, test_lock_timeout);
 	tcase_add_test(tc, test_sigkill_writer);
 	tcase_add_test(tc, test_two_handles_one_process);
+	tcase_add_test(tc, test_lock_holder_dies);
+	tcase_add_test(tc, test_lock_excludes_old_builds);
+	tcase_add_test(tc, test_stale_lock_page);
+	tcase_add_test(tc, test_block_cache_eviction);
 	tcase_add_test(tc, test_corrupt_table_block);
 	tcase_add_test(tc, test_corrupt_table_every_byte);
 	tcase_add_test(tc, test_corrupt_wal_middle);
