@@ -4,7 +4,9 @@
 Each round starts a fresh Dovecot per peer with the e2e harness
 (tests/e2e/dovecot_harness.py), LMTP-delivers the same N corpus messages
 (msg/s), then on one IMAP connection times
-  - UID FETCH 1:* (UID BODY.PEEK[])                  (MB/s, --reps times)
+  - UID FETCH 1:* (UID BODY.PEEK[])                  (MB/s, --reps times,
+                                                   and the imap process's
+                                                   CPU ms per MB)
   - BODY.PEEK[]<off.64k> in the middle of the K largest messages
                                                    (ms per partial fetch)
   - FETCH 1:* BODYSTRUCTURE on a fresh connection  (seconds; the first
@@ -52,6 +54,20 @@ def load(folder, n):
     return msgs
 
 
+def imap_cpu_s(dc):
+    """utime + stime of the instance's imap processes, in seconds."""
+    total = 0
+    for pid in dc.pids("imap"):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def one_round(name, msgs, args):
     res = {}
     with Dovecot(**PEERS[name]) as dc:
@@ -64,11 +80,18 @@ def one_round(name, msgs, args):
             n = c.select("INBOX")
             assert n == len(msgs), (name, n)
             rates = []
+            cpu0 = imap_cpu_s(dc)
+            fetched = 0
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 total = c.fetch_bodies("1:*", lambda uid, body: None)
                 rates.append(total / (time.perf_counter() - t0) / 1e6)
+                fetched += total
             res["fetch_mb_s"] = max(rates)
+            # CPU of the imap process per MB: what the server spends,
+            # unlike MB/s hardly moved by other jobs on the machine
+            res["fetch_cpu_ms_mb"] = ((imap_cpu_s(dc) - cpu0) * 1000
+                                      / (fetched / 1e6))
 
             # partial fetches from the middle of the largest messages
             big = sorted(range(len(msgs)), key=lambda i: -len(msgs[i]))
@@ -116,7 +139,8 @@ def main():
                 "%s=%.2f" % kv for kv in sorted(res.items()))),
                 flush=True)
 
-    keys = ["lmtp_msg_s", "fetch_mb_s", "partial_ms", "bodystructure_s"]
+    keys = ["lmtp_msg_s", "fetch_mb_s", "fetch_cpu_ms_mb", "partial_ms",
+            "bodystructure_s"]
     med = {p: {k: statistics.median(x[k] for x in results[p])
                for k in keys} for p in peers}
     print("\nmedian of %d rounds" % args.rounds)
