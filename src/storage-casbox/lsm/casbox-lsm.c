@@ -610,7 +610,8 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	}
 	if (set->lock_method != FILE_LOCK_METHOD_DOTLOCK) {
 		/* the lock file is never written; it only carries locks */
-		lsm->lock_fd = open(lsm->lock_path, O_RDWR | O_CREAT, 0600);
+		lsm->lock_fd = open(lsm->lock_path,
+				    O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (lsm->lock_fd == -1) {
 			*error_r = t_strdup_printf("open(%s) failed: %m",
 						   lsm->lock_path);
