@@ -983,6 +983,36 @@ START_TEST(test_scratch_back_at_last_byte)
 }
 END_TEST
 
+/* A frame small enough to be read whole at open, with several chunks:
+   the first read may land in any of them. */
+START_TEST(test_small_multichunk_frame)
+{
+	static const char line[] = "The quick brown fox jumps\r\n";
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blob = buffer_create_dynamic(default_pool, 200100);
+	struct cas_blob_id id;
+	struct casbox_blob_record rec;
+	struct istream *input;
+	uoff_t start;
+
+	while (blob->used < 200000)
+		buffer_append(blob, line, sizeof(line) - 1);
+	add_blobs(store, (const buffer_t *const *)&blob, 1, &id, &rec);
+	/* four chunks, compressed far below one chunk */
+	ck_assert_uint_lt(rec.frame_size, CASBOX_CHUNK_SIZE);
+	for (start = 0; start < blob->used; start += 65536 + 777) {
+		input = casbox_pack_blob_open(store, &id, &rec);
+		i_stream_seek(input, blob->used - 5 - start);
+		read_rest(input, blob);
+		i_stream_seek(input, 0);
+		read_rest(input, blob);
+		i_stream_unref(&input);
+	}
+	buffer_free(&blob);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
 START_TEST(test_concat_of_blobs)
 {
 	/* the glue reassembles a message from part blobs with Dovecot's
@@ -1127,6 +1157,7 @@ int main(void)
 	tcase_add_test(tc, test_concat_of_blobs);
 	tcase_add_test(tc, test_scratch_reuse);
 	tcase_add_test(tc, test_scratch_back_at_last_byte);
+	tcase_add_test(tc, test_small_multichunk_frame);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -36,9 +36,17 @@ struct casbox_blob_istream {
 	size_t stored_used, plain_used; /* bytes to wipe on release */
 	uint32_t cur_chunk;	/* UINT32_MAX = none */
 	size_t cur_size;
+	/* scratch->stored holds the whole frame as read (small frames),
+	   its chunk 0 not yet decoded */
+	bool frame_in_stored;
 };
 
 #define CASBOX_BLOB_SCRATCH_MAX_FREE 2
+/* Most mails are one chunk: header, chunk and table then come in with
+   one pread (into the stored buffer, sized for it) instead of three,
+   and without the fstat (a short read says the pack is truncated). */
+#define CASBOX_BLOB_SMALL_FRAME (CASBOX_FRAME_HEADER_SIZE + \
+	CASBOX_CHUNK_MAX_STORED + CASBOX_FRAME_TABLE_ENTRY_SIZE)
 
 static uint64_t casbox_blob_chunks_decoded = 0;
 
@@ -62,7 +70,7 @@ casbox_blob_scratch_get(struct casbox_pack_store *store)
 	scratch->dek = sodium_malloc(CAS_DEK_SIZE);
 	if (scratch->dek == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
-	scratch->stored = i_malloc(CASBOX_CHUNK_MAX_STORED);
+	scratch->stored = i_malloc(CASBOX_BLOB_SMALL_FRAME);
 	scratch->plain = i_malloc(CASBOX_CHUNK_SIZE);
 	return scratch;
 }
@@ -100,6 +108,7 @@ casbox_blob_release(struct casbox_blob_istream *bstream, bool to_store)
 		return;
 	bstream->scratch = NULL;
 	bstream->cur_chunk = UINT32_MAX;
+	bstream->frame_in_stored = FALSE;
 	sodium_memzero(scratch->dek, CAS_DEK_SIZE);
 	sodium_memzero(scratch->plain, bstream->plain_used);
 	sodium_memzero(scratch->stored, bstream->stored_used);
@@ -183,6 +192,64 @@ static int casbox_blob_check_header(struct casbox_blob_istream *bstream)
 	return 0;
 }
 
+static int casbox_blob_acquire(struct casbox_blob_istream *bstream)
+{
+	const char *error;
+
+	if (bstream->scratch != NULL)
+		return 0;
+	bstream->scratch = casbox_blob_scratch_get(bstream->store);
+	if (cas_dek_unwrap(bstream->store->keyring, &bstream->id,
+			   bstream->rec.wrapped_dek, bstream->scratch->dek,
+			   &error) < 0)
+		return casbox_blob_error(bstream, "%s", error);
+	return 0;
+}
+
+static int
+casbox_blob_parse_table(struct casbox_blob_istream *bstream,
+			const unsigned char *table, size_t table_size)
+{
+	const char *error;
+
+	bstream->chunks = i_new(struct casbox_frame_chunk,
+				bstream->hdr.chunk_count);
+	if (casbox_frame_table_parse(&bstream->hdr, table, table_size,
+				     bstream->chunks, &error) < 0)
+		return casbox_blob_error(bstream, "%s", error);
+	return 0;
+}
+
+/* The whole frame with one pread into the scratch's stored buffer. */
+static int casbox_blob_open_small_frame(struct casbox_blob_istream *bstream)
+{
+	uint32_t frame_size = bstream->rec.frame_size;
+	const unsigned char *frame;
+	const char *error;
+	size_t table_size;
+
+	if (casbox_blob_acquire(bstream) < 0)
+		return -1;
+	frame = bstream->scratch->stored;
+	bstream->stored_used = I_MAX(bstream->stored_used, frame_size);
+	if (casbox_blob_pread(bstream, bstream->scratch->stored, frame_size,
+			      0) < 0)
+		return -1;
+	if (casbox_frame_header_parse(frame, frame_size, &bstream->hdr,
+				      &error) < 0)
+		return casbox_blob_error(bstream, "%s", error);
+	if (casbox_blob_check_header(bstream) < 0)
+		return -1;
+	/* the header check bounds the table by frame_size */
+	table_size = (size_t)bstream->hdr.chunk_count *
+		CASBOX_FRAME_TABLE_ENTRY_SIZE;
+	if (casbox_blob_parse_table(bstream, frame + frame_size - table_size,
+				    table_size) < 0)
+		return -1;
+	bstream->frame_in_stored = TRUE;
+	return 0;
+}
+
 static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 {
 	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE], *table;
@@ -197,6 +264,8 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 		return casbox_blob_error(bstream, "open() failed: %s",
 					 strerror(errno));
 	}
+	if (bstream->rec.frame_size <= CASBOX_BLOB_SMALL_FRAME)
+		return casbox_blob_open_small_frame(bstream);
 	if (fstat(bstream->fd, &st) < 0) {
 		return casbox_blob_error(bstream, "fstat() failed: %s",
 					 strerror(errno));
@@ -221,29 +290,12 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	table_size = (size_t)bstream->hdr.chunk_count *
 		CASBOX_FRAME_TABLE_ENTRY_SIZE;
 	table = i_malloc(table_size);
-	bstream->chunks = i_new(struct casbox_frame_chunk,
-				bstream->hdr.chunk_count);
 	ret = casbox_blob_pread(bstream, table, table_size,
 				bstream->hdr.frame_size - table_size);
-	if (ret == 0 && casbox_frame_table_parse(&bstream->hdr, table,
-			table_size, bstream->chunks, &error) < 0)
-		ret = casbox_blob_error(bstream, "%s", error);
+	if (ret == 0)
+		ret = casbox_blob_parse_table(bstream, table, table_size);
 	i_free(table);
 	return ret < 0 ? -1 : 0;
-}
-
-static int casbox_blob_acquire(struct casbox_blob_istream *bstream)
-{
-	const char *error;
-
-	if (bstream->scratch != NULL)
-		return 0;
-	bstream->scratch = casbox_blob_scratch_get(bstream->store);
-	if (cas_dek_unwrap(bstream->store->keyring, &bstream->id,
-			   bstream->rec.wrapped_dek, bstream->scratch->dek,
-			   &error) < 0)
-		return casbox_blob_error(bstream, "%s", error);
-	return 0;
 }
 
 static int
@@ -261,12 +313,20 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	if (casbox_blob_acquire(bstream) < 0)
 		return -1;
 	scratch = bstream->scratch;
-	stored = scratch->stored;
 	plain = scratch->plain;
-	bstream->stored_used = I_MAX(bstream->stored_used, chunk->stored_size);
-	if (casbox_blob_pread(bstream, stored, chunk->stored_size,
-			      chunk->offset) < 0)
-		return -1;
+	if (bstream->frame_in_stored) {
+		/* read whole at open; the table parse bounded the chunks
+		   by the frame. Decrypting in place consumes it. */
+		stored = scratch->stored + chunk->offset;
+		bstream->frame_in_stored = FALSE;
+	} else {
+		stored = scratch->stored;
+		bstream->stored_used = I_MAX(bstream->stored_used,
+					     chunk->stored_size);
+		if (casbox_blob_pread(bstream, stored, chunk->stored_size,
+				      chunk->offset) < 0)
+			return -1;
+	}
 	/* No CRC32C here: the AEAD tag authenticates the same bytes, so a
 	   CRC could only tell a damaged table entry from a damaged chunk.
 	   Pack scans (doveadm casbox scrub, gc) still check every CRC. */
