@@ -21,6 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP_SRCDIR, "tests", "e2e"))
 
 import fts  # noqa: E402
+import lsm  # noqa: E402
 import physical  # noqa: E402
 import report  # noqa: E402
 import storage  # noqa: E402
@@ -36,15 +37,18 @@ SIZES = {
     "tiny": dict(messages=12, rounds=1, fetch_repeats=1, large=60,
                  large_batch=30, large_base=40, latency_repeats=3, seq_mb=8,
                  fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
-                 physical_repeats=1, peer_timeout=300, space_all=False),
+                 physical_repeats=1, peer_timeout=300, space_all=False,
+                 lsm_runs=1, lsm_messages=2000, lsm_sync_messages=100),
     "quick": dict(messages=300, rounds=2, fetch_repeats=2, large=5000,
                   large_batch=250, large_base=2000, latency_repeats=5, seq_mb=64,
                   fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
-                  physical_repeats=2, peer_timeout=900, space_all=False),
+                  physical_repeats=2, peer_timeout=900, space_all=False,
+                  lsm_runs=3, lsm_messages=20000, lsm_sync_messages=500),
     "full": dict(messages=800, rounds=2, fetch_repeats=3, large=100000,
                  large_batch=500, large_base=5000, latency_repeats=7, seq_mb=512,
                  fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
-                 physical_repeats=3, peer_timeout=1800, space_all=True),
+                 physical_repeats=3, peer_timeout=1800, space_all=True,
+                 lsm_runs=5, lsm_messages=50000, lsm_sync_messages=1000),
 }
 
 
@@ -127,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--aead-binary", help="built physical-aead program")
     ap.add_argument("--skip-physical", action="store_true")
     ap.add_argument("--skip-fts", action="store_true")
+    ap.add_argument("--skip-lsm", action="store_true",
+                    help="leave out casbox-lsm vs LevelDB (bench/lsm.py)")
     ap.add_argument("--json", help="where to write raw results")
     ap.add_argument("--report", help="Markdown report path "
                     "(default doc/benchmarks.md)")
@@ -204,6 +210,10 @@ def main(argv=None):
         if not args.skip_fts:
             results["fts"] = fts.run_fts(harness, messages, size, log,
                                          workdir)
+        if not args.skip_lsm:
+            results["lsm"] = lsm.run_lsm(
+                harness.TOP_BUILDDIR, size["lsm_runs"], size["lsm_messages"],
+                size["lsm_sync_messages"], log)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["elapsed_s"] = time.time() - started

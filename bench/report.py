@@ -3,6 +3,7 @@
 import os
 
 from stats import summarize
+import lsm
 
 BASELINE = "sdbox"
 CASBOX = "casbox"
@@ -440,6 +441,10 @@ def write_markdown(results, path, plots):
                 w("| %s | %s |" % (e, " | ".join(str(h[q])
                                                  for q in f["queries"])))
     w("")
+
+    if results.get("lsm"):
+        L.extend(lsm.markdown(results["lsm"]))
+        w("")
 
     if plots:
         w("## Plots")
