@@ -254,6 +254,7 @@ int casbox_lsm_shm_lock(struct casbox_lsm *lsm, const char **error_r)
 {
 	struct casbox_lsm_shm *shm = lsm->shm;
 	struct timespec ts;
+	bool owner_died = FALSE;
 	int ret;
 
 	ret = pthread_mutex_trylock(&shm->mutex);
@@ -270,7 +271,7 @@ int casbox_lsm_shm_lock(struct casbox_lsm *lsm, const char **error_r)
 		   cleanly), so we re-read and cut its torn tail */
 		if (pthread_mutex_consistent(&shm->mutex) != 0)
 			i_panic("pthread_mutex_consistent() failed");
-		shm->dirty = 1;
+		owner_died = TRUE;
 		ret = 0;
 	}
 	if (ret == ETIMEDOUT) {
@@ -285,8 +286,14 @@ int casbox_lsm_shm_lock(struct casbox_lsm *lsm, const char **error_r)
 					   lsm->lock_path);
 		return -1;
 	}
+	if ((shm->seq & 1) != 0) {
+		/* a holder died inside a stamp: dirty is still set unless
+		   the fields were complete, so even is safe again */
+		__atomic_store_n(&shm->seq, shm->seq + 1, __ATOMIC_RELEASE);
+		owner_died = TRUE;
+	}
 	/* did the last holder leave the store exactly as we know it? */
-	lsm->shm_current = shm->dirty == 0 &&
+	lsm->shm_current = !owner_died && shm->dirty == 0 &&
 		shm->generation == lsm->generation &&
 		shm->wal_no == lsm->wal_no &&
 		shm->wal_end == lsm->wal_offset;

@@ -609,7 +609,7 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 		return -1;
 	}
 	if (set->lock_method != FILE_LOCK_METHOD_DOTLOCK) {
-		/* the lock file is never written; it only carries locks */
+		/* locks, and the shared lock page (casbox-lsm-shm.c) */
 		lsm->lock_fd = open(lsm->lock_path,
 				    O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 		if (lsm->lock_fd == -1) {
