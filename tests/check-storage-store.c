@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include <sodium.h>
 
 static char test_dir[] = "/tmp/check-storage-store.XXXXXX";
@@ -669,6 +670,40 @@ static bool pid_waits_for_lock(pid_t pid)
 	return found;
 }
 
+/* Or does pid sleep in futex() on the LSM's shared lock page (the
+   write lock is a robust mutex mapped from <lsm>/LOCK, see
+   casbox-lsm-shm.c)? /proc/pid/syscall names the call a blocked
+   process is in and its first argument, the futex address. */
+static bool pid_waits_for_shared_lock(pid_t pid)
+{
+	char path[64], line[512];
+	unsigned long nr, addr, start, end;
+	bool found = FALSE;
+	FILE *f;
+
+	i_snprintf(path, sizeof(path), "/proc/%d/syscall", pid);
+	f = fopen(path, "r");
+	if (f == NULL)
+		return FALSE;
+	if (fgets(line, sizeof(line), f) == NULL ||
+	    sscanf(line, "%lu %lx", &nr, &addr) != 2 || nr != SYS_futex) {
+		(void)fclose(f);
+		return FALSE;
+	}
+	(void)fclose(f);
+	i_snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (!found && fgets(line, sizeof(line), f) != NULL) {
+		if (strstr(line, "/LOCK") != NULL &&
+		    sscanf(line, "%lx-%lx", &start, &end) == 2 &&
+		    addr >= start && addr < end)
+			found = TRUE;
+	}
+	(void)fclose(f);
+	return found;
+}
+
 static void wait_child_ok(pid_t pid)
 {
 	int status;
@@ -750,7 +785,8 @@ START_TEST(test_rekey_waits_for_save)
 	}
 	/* let the save commit only once the rotation step waits for the
 	   lock (observed, not timed) */
-	while (!pid_waits_for_lock(rotator))
+	while (!pid_waits_for_lock(rotator) &&
+	       !pid_waits_for_shared_lock(rotator))
 		usleep(1000);
 	ck_assert_int_eq(write(go[1], "g", 1), 1);
 	wait_child_ok(saver);
