@@ -10,7 +10,8 @@
 
    Concurrency: any number of processes may open the same directory.
    Writers serialise on the store's write lock (Dovecot lock_method:
-   fcntl, flock or dotlock). Readers never block writers; a reader sees
+   fcntl or flock = a robust mutex shared through <dir>/LOCK, or
+   dotlock). Readers never block writers; a reader sees
    the state as of its last casbox_lsm_refresh() (or open), plus its
    own committed batches.
 
@@ -52,7 +53,9 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 void casbox_lsm_close(struct casbox_lsm **lsm);
 
 /* See what other processes committed since the last open/refresh.
-   Cheap when nothing changed (one stat/read of the WAL tail).
+   No system call when nothing changed since (the last writer's state
+   stamp in the lock page equals ours); else a stat and a read of the
+   WAL tail.
    Returns 1 ok, -1 error. */
 int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r);
 
