@@ -43,7 +43,8 @@ int casbox_pack_header_parse(const unsigned char *data, size_t size,
 		return -1;
 	}
 	version = le32_to_cpu_unaligned(data + 8);
-	if (version != CASBOX_PACK_VERSION) {
+	if (version < CASBOX_PACK_VERSION_MIN ||
+	    version > CASBOX_PACK_VERSION) {
 		*error_r = t_strdup_printf(
 			"pack header: unsupported version %u", version);
 		return -1;
@@ -187,6 +188,88 @@ int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
 	return 0;
 }
 
+void casbox_meta_header_write(const struct casbox_meta_header *hdr,
+			      unsigned char dest[CASBOX_META_HEADER_SIZE])
+{
+	memcpy(dest, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
+	dest[4] = CASBOX_META_VERSION;
+	dest[5] = hdr->kind;
+	dest[6] = 0;
+	dest[7] = 0;
+	cpu32_to_le_unaligned(hdr->frame_size, dest + 8);
+	cpu32_to_le_unaligned(hdr->body_crc, dest + 12);
+	cpu32_to_le_unaligned(casbox_crc(dest, 16), dest + 16);
+}
+
+int casbox_meta_header_parse(const unsigned char *data, size_t size,
+			     struct casbox_meta_header *hdr_r,
+			     const char **error_r)
+{
+	i_zero(hdr_r);
+	if (size < CASBOX_META_HEADER_SIZE) {
+		*error_r = "meta frame: header truncated";
+		return -1;
+	}
+	if (memcmp(data, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE) != 0) {
+		*error_r = "meta frame: bad magic";
+		return -1;
+	}
+	if (le32_to_cpu_unaligned(data + 16) != casbox_crc(data, 16)) {
+		*error_r = "meta frame: header CRC mismatch";
+		return -1;
+	}
+	if (data[4] != CASBOX_META_VERSION) {
+		*error_r = t_strdup_printf(
+			"meta frame: unsupported version %u", data[4]);
+		return -1;
+	}
+	if (data[5] == 0 || data[5] > CASBOX_META_KIND_MAX) {
+		*error_r = t_strdup_printf("meta frame: unknown kind %u",
+					   data[5]);
+		return -1;
+	}
+	if (data[6] != 0 || data[7] != 0) {
+		*error_r = "meta frame: reserved bytes set";
+		return -1;
+	}
+	hdr_r->kind = data[5];
+	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
+	hdr_r->body_crc = le32_to_cpu_unaligned(data + 12);
+	if (hdr_r->frame_size < CASBOX_META_HEADER_SIZE +
+	    CASBOX_META_MIN_BODY ||
+	    hdr_r->frame_size > CASBOX_META_HEADER_SIZE +
+	    CASBOX_META_MAX_BODY) {
+		*error_r = t_strdup_printf(
+			"meta frame: frame_size %u out of range",
+			hdr_r->frame_size);
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_meta_body_check(const struct casbox_meta_header *hdr,
+			   const unsigned char *body, size_t size,
+			   const char **error_r)
+{
+	if (size != hdr->frame_size - CASBOX_META_HEADER_SIZE) {
+		*error_r = "meta frame: body size mismatch";
+		return -1;
+	}
+	if (casbox_crc(body, size) != hdr->body_crc) {
+		*error_r = "meta frame: body CRC mismatch";
+		return -1;
+	}
+	return 0;
+}
+
+void casbox_meta_aad(enum casbox_meta_kind kind,
+		     unsigned char aad_r[CASBOX_META_AAD_SIZE])
+{
+	memcpy(aad_r, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
+	aad_r[4] = CASBOX_META_VERSION;
+	aad_r[5] = kind;
+}
+
 void casbox_frame_chunk_aad(const struct cas_blob_id *id, uint32_t dict_id,
 			    uint32_t idx, bool last,
 			    unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE])
@@ -260,5 +343,53 @@ int casbox_blob_record_import(const void *data, size_t size,
 		*error_r = t_strconcat("blob record: ", error, NULL);
 		return -1;
 	}
+	return 1;
+}
+
+void casbox_dek_update_export(const struct casbox_dek_update *upd,
+			      buffer_t *dest)
+{
+	unsigned char *p = buffer_append_space_unsafe(dest,
+		CASBOX_DEK_UPDATE_SIZE);
+
+	p[0] = CASBOX_DEK_UPDATE_VERSION;
+	cpu64_to_le_unaligned(upd->written_usecs, p + 1);
+	memcpy(p + 9, upd->id.id, CAS_BLOB_ID_SIZE);
+	p[9 + CAS_BLOB_ID_SIZE] = CASBOX_DEK_KIND_WRAPPED;
+	memcpy(p + 10 + CAS_BLOB_ID_SIZE, upd->wrapped_dek,
+	       CAS_WRAPPED_DEK_SIZE);
+}
+
+int casbox_dek_update_import(const void *data, size_t size,
+			     struct casbox_dek_update *upd_r,
+			     const char **error_r)
+{
+	const unsigned char *p = data;
+
+	i_zero(upd_r);
+	if (size < 1 + 8 + CAS_BLOB_ID_SIZE + 1) {
+		*error_r = t_strdup_printf("DEK update: truncated (%zu bytes)",
+					   size);
+		return -1;
+	}
+	if (p[0] != CASBOX_DEK_UPDATE_VERSION) {
+		*error_r = t_strdup_printf("DEK update: unsupported version %u",
+					   p[0]);
+		return -1;
+	}
+	if (p[9 + CAS_BLOB_ID_SIZE] != CASBOX_DEK_KIND_WRAPPED) {
+		*error_r = t_strdup_printf("DEK update: unknown DEK kind %u",
+					   p[9 + CAS_BLOB_ID_SIZE]);
+		return -1;
+	}
+	if (size != CASBOX_DEK_UPDATE_SIZE) {
+		*error_r = t_strdup_printf("DEK update: size %zu, expected %u",
+					   size, CASBOX_DEK_UPDATE_SIZE);
+		return -1;
+	}
+	upd_r->written_usecs = le64_to_cpu_unaligned(p + 1);
+	memcpy(upd_r->id.id, p + 9, CAS_BLOB_ID_SIZE);
+	memcpy(upd_r->wrapped_dek, p + 10 + CAS_BLOB_ID_SIZE,
+	       CAS_WRAPPED_DEK_SIZE);
 	return 1;
 }

@@ -28,7 +28,11 @@
 #include "cas-key.h"
 
 #define CASBOX_PACK_HEADER_SIZE 20
-#define CASBOX_PACK_VERSION 1
+/* version 2 packs may hold meta frames; version 1 packs (blob frames
+   only) are still read. Writers never add a meta frame to a version 1
+   pack: they start a new pack first. */
+#define CASBOX_PACK_VERSION 2
+#define CASBOX_PACK_VERSION_MIN 1
 #define CASBOX_FRAME_HEADER_SIZE 68
 #define CASBOX_FRAME_VERSION 1
 #define CASBOX_FRAME_MAGIC "CBFR"
@@ -42,6 +46,43 @@
 #define CASBOX_CHUNK_MIN_STORED (CAS_AEAD_TAG_SIZE + 1)
 #define CASBOX_CHUNK_AAD_SIZE (4 + 1 + CAS_BLOB_ID_SIZE + 4 + 4 + 1)
 #define CASBOX_BLOB_RECORD_VERSION 1
+
+/* Meta frame: a sealed record that is not a blob (recovery record, DEK
+   update; doc/casbox-format.md "Meta frames"). Its own magic, so no
+   blob reader can take it for a blob and the keyless scanner can tell
+   the kinds apart.
+     0  4  magic "CBMF"
+     4  1  version (1)
+     5  1  kind (enum casbox_meta_kind)
+     6  2  reserved (0)
+     8  4  frame_size (whole frame)
+    12  4  masked CRC32C of the body (bytes 20..frame_size)
+    16  4  masked CRC32C of header bytes 0..15
+    20     body: sealed record (nonce | ciphertext | tag) */
+#define CASBOX_META_MAGIC "CBMF"
+#define CASBOX_META_HEADER_SIZE 20
+#define CASBOX_META_VERSION 1
+/* a sealed record of at least one byte */
+#define CASBOX_META_MIN_BODY (CAS_AEAD_NONCE_SIZE + 1 + CAS_AEAD_TAG_SIZE)
+#define CASBOX_META_MAX_BODY (16 * 1024 * 1024)
+/* AAD of the seal: "CBMF" | version | kind */
+#define CASBOX_META_AAD_SIZE 6
+
+enum casbox_meta_kind {
+	/* not a meta frame: a blob frame */
+	CASBOX_META_KIND_NONE = 0,
+	/* message + mailbox + new blobs' DEKs of one save or copy */
+	CASBOX_META_KIND_RECOVERY = 1,
+	/* blob id -> a newer wrapped DEK (gc, key rotation) */
+	CASBOX_META_KIND_DEK_UPDATE = 2,
+};
+#define CASBOX_META_KIND_MAX CASBOX_META_KIND_DEK_UPDATE
+
+struct casbox_meta_header {
+	enum casbox_meta_kind kind;
+	uint32_t frame_size;
+	uint32_t body_crc;
+};
 
 struct casbox_frame_header {
 	uint32_t frame_size;
@@ -79,6 +120,21 @@ int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
 			     const unsigned char *table, size_t size,
 			     struct casbox_frame_chunk *chunks_r,
 			     const char **error_r);
+void casbox_meta_header_write(const struct casbox_meta_header *hdr,
+			      unsigned char dest[CASBOX_META_HEADER_SIZE]);
+/* Parse and check a meta frame header: magic, CRC, version, kind,
+   reserved bytes and size bounds. Returns 0 ok, -1 damaged. */
+int casbox_meta_header_parse(const unsigned char *data, size_t size,
+			     struct casbox_meta_header *hdr_r,
+			     const char **error_r);
+/* Check the body (frame_size - CASBOX_META_HEADER_SIZE bytes) against
+   the header's CRC. Returns 0 ok, -1 damaged. */
+int casbox_meta_body_check(const struct casbox_meta_header *hdr,
+			   const unsigned char *body, size_t size,
+			   const char **error_r);
+void casbox_meta_aad(enum casbox_meta_kind kind,
+		     unsigned char aad_r[CASBOX_META_AAD_SIZE]);
+
 /* Plaintext size of chunk idx of a blob of plain_size bytes. */
 size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx);
 

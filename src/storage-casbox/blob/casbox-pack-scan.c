@@ -63,12 +63,21 @@ static bool casbox_pack_scan_read(struct casbox_pack_scan *scan, void *buf,
 }
 
 static bool
-casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset)
+casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset,
+			   bool meta)
 {
 	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE];
 	struct casbox_frame_header frame;
+	struct casbox_meta_header mhdr;
 	const char *error;
 
+	if (meta) {
+		return casbox_pack_scan_read(scan, hdr,
+					     CASBOX_META_HEADER_SIZE,
+					     offset) &&
+			casbox_meta_header_parse(hdr, CASBOX_META_HEADER_SIZE,
+						 &mhdr, &error) == 0;
+	}
 	return casbox_pack_scan_read(scan, hdr, sizeof(hdr), offset) &&
 		casbox_frame_header_parse(hdr, sizeof(hdr), &frame,
 					  &error) == 0;
@@ -90,7 +99,11 @@ static uint64_t casbox_pack_scan_resync(struct casbox_pack_scan *scan,
 		for (i = 0; i + CASBOX_FRAME_MAGIC_SIZE <= (size_t)ret; i++) {
 			if (memcmp(scan->buf + i, CASBOX_FRAME_MAGIC,
 				   CASBOX_FRAME_MAGIC_SIZE) == 0 &&
-			    casbox_pack_scan_header_at(scan, pos + i))
+			    casbox_pack_scan_header_at(scan, pos + i, FALSE))
+				return pos + i;
+			if (memcmp(scan->buf + i, CASBOX_META_MAGIC,
+				   CASBOX_FRAME_MAGIC_SIZE) == 0 &&
+			    casbox_pack_scan_header_at(scan, pos + i, TRUE))
 				return pos + i;
 		}
 		/* re-read the last bytes, a magic may straddle windows */
@@ -138,6 +151,55 @@ casbox_pack_scan_verify(struct casbox_pack_scan *scan, uint64_t offset,
 	return error;
 }
 
+/* The body CRC of a meta frame whose header holds. */
+static const char *
+casbox_pack_scan_verify_meta(struct casbox_pack_scan *scan, uint64_t offset,
+			     const struct casbox_meta_header *hdr)
+{
+	size_t body_size = hdr->frame_size - CASBOX_META_HEADER_SIZE;
+	unsigned char *body;
+	const char *error = NULL;
+
+	if (offset + hdr->frame_size > scan->size)
+		return "meta frame truncated";
+	body = i_malloc(body_size);
+	if (!casbox_pack_scan_read(scan, body, body_size,
+				   offset + CASBOX_META_HEADER_SIZE))
+		error = "meta frame body unreadable";
+	else
+		(void)casbox_meta_body_check(hdr, body, body_size, &error);
+	i_free(body);
+	return error;
+}
+
+/* A meta frame at scan->offset. Returns FALSE if its header is not
+   valid (then the caller resyncs). */
+static bool
+casbox_pack_scan_meta(struct casbox_pack_scan *scan,
+		      const unsigned char *buf, size_t size,
+		      struct casbox_pack_frame_info *info_r,
+		      const char **damage_r)
+{
+	struct casbox_meta_header hdr;
+	const char *damage;
+
+	if (casbox_meta_header_parse(buf, size, &hdr, damage_r) < 0)
+		return FALSE;
+	info_r->meta_kind = hdr.kind;
+	damage = casbox_pack_scan_verify_meta(scan, scan->offset, &hdr);
+	if (damage != NULL && scan->offset + hdr.frame_size > scan->size) {
+		*damage_r = damage;
+		return FALSE;
+	}
+	/* the header CRC holds: trust its size */
+	info_r->frame_size = hdr.frame_size;
+	scan->offset += hdr.frame_size;
+	if (damage != NULL)
+		scan->damage = i_strdup(damage);
+	info_r->damage = scan->damage;
+	return TRUE;
+}
+
 static void
 casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 		       struct casbox_pack_frame_info *info_r)
@@ -146,14 +208,28 @@ casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 	struct casbox_frame_header hdr;
 	const char *damage;
 	uint64_t next;
+	ssize_t ret;
 
 	info_r->pack_id = scan->pack_id;
 	info_r->offset = scan->offset;
-	if (!casbox_pack_scan_read(scan, buf, sizeof(buf), scan->offset))
+	ret = pread(scan->fd, buf, sizeof(buf), scan->offset);
+	if (ret < 0) {
+		casbox_pack_scan_set_error(scan, t_strdup_printf(
+			"pread(%s) failed: %m", scan->path));
+		ret = 0;
+	}
+	if (ret >= CASBOX_FRAME_MAGIC_SIZE &&
+	    memcmp(buf, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE) == 0) {
+		if (casbox_pack_scan_meta(scan, buf, ret, info_r, &damage))
+			return;
+		info_r->meta_kind = CASBOX_META_KIND_NONE;
+	} else if (ret != (ssize_t)sizeof(buf))
 		damage = "frame header truncated";
 	else if (casbox_frame_header_parse(buf, sizeof(buf), &hdr,
 					   &damage) == 0) {
 		info_r->id = hdr.id;
+		info_r->plain_size = hdr.plain_size;
+		info_r->dict_id = hdr.dict_id;
 		damage = casbox_pack_scan_verify(scan, scan->offset, &hdr);
 		if (damage == NULL || scan->offset + hdr.frame_size <=
 		    scan->size) {

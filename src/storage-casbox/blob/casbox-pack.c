@@ -10,6 +10,7 @@
 #include "file-lock.h"
 #include "mkdir-parents.h"
 #include "write-full.h"
+#include "byteorder.h"
 #include "cas-crc32c.h"
 #include "casbox-pack-private.h"
 
@@ -18,6 +19,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 /* fcntl locks do not exclude another fd of the same process: remember
    which lock files this process holds so that two stores on one
@@ -37,6 +39,8 @@ struct casbox_pack_txn {
 
 	int fd;
 	uint32_t pack_id;
+	/* of the pack header: meta frames go only into version 2+ */
+	uint32_t pack_version;
 	uint64_t start_offset, offset;
 
 	/* the store's txn_plain/txn_stored; the bytes written to them
@@ -205,9 +209,23 @@ casbox_pack_create(struct casbox_pack_txn *txn, uint32_t pack_id,
 	}
 	txn->fd = fd;
 	txn->pack_id = pack_id;
+	txn->pack_version = CASBOX_PACK_VERSION;
 	txn->start_offset = txn->offset = CASBOX_PACK_HEADER_SIZE;
 	store->last_pack_id = pack_id;
 	return 0;
+}
+
+/* The pack header's version; 0 if unreadable (the scanner reports why;
+   an append treats it like version 1 and starts a new pack before a
+   meta frame). */
+static uint32_t casbox_pack_read_version(int fd)
+{
+	unsigned char hdr[CASBOX_PACK_HEADER_SIZE];
+
+	if (pread(fd, hdr, sizeof(hdr), 0) != (ssize_t)sizeof(hdr) ||
+	    memcmp(hdr, "CASBPACK", 8) != 0)
+		return 0;
+	return le32_to_cpu_unaligned(hdr + 8);
 }
 
 static int
@@ -250,6 +268,7 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 		return casbox_pack_create(txn, id + 1, error_r);
 	}
 	txn->pack_id = id;
+	txn->pack_version = casbox_pack_read_version(txn->fd);
 	txn->start_offset = txn->offset = st.st_size;
 	return 0;
 }
@@ -591,6 +610,159 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 		}
 	}
 	return ret;
+}
+
+void casbox_pack_meta_seal(struct casbox_pack_store *store,
+			   enum casbox_meta_kind kind,
+			   const void *plain, size_t size, buffer_t *sealed)
+{
+	unsigned char aad[CASBOX_META_AAD_SIZE];
+
+	casbox_meta_aad(kind, aad);
+	cas_record_seal(store->keyring, aad, sizeof(aad), plain, size,
+			sealed);
+}
+
+int casbox_pack_meta_open(struct casbox_pack_store *store,
+			  enum casbox_meta_kind kind,
+			  const void *sealed, size_t size,
+			  buffer_t *plain_r, const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_SIZE];
+
+	casbox_meta_aad(kind, aad);
+	return cas_record_open(store->keyring, aad, sizeof(aad),
+			       sealed, size, plain_r, error_r);
+}
+
+int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
+				    enum casbox_meta_kind kind,
+				    const void *sealed, size_t size,
+				    const char **error_r)
+{
+	struct casbox_meta_header hdr;
+	unsigned char hdr_buf[CASBOX_META_HEADER_SIZE];
+	uint64_t frame_off;
+
+	i_assert(kind != CASBOX_META_KIND_NONE &&
+		 kind <= CASBOX_META_KIND_MAX);
+	if (size < CASBOX_META_MIN_BODY || size > CASBOX_META_MAX_BODY) {
+		*error_r = t_strdup_printf("meta record of %zu bytes "
+					   "out of range", size);
+		return -1;
+	}
+	/* an older reader must not meet a meta frame in a pack whose
+	   header promises blob frames only */
+	if ((txn->offset >= txn->store->set.max_pack_size ||
+	     txn->pack_version < 2) && casbox_pack_rotate(txn, error_r) < 0)
+		return -1;
+	i_zero(&hdr);
+	hdr.kind = kind;
+	hdr.frame_size = CASBOX_META_HEADER_SIZE + size;
+	hdr.body_crc = cas_crc32c_mask(cas_crc32c(sealed, size));
+	casbox_meta_header_write(&hdr, hdr_buf);
+	frame_off = txn->offset;
+	/* body first, header last: a torn frame has no valid header */
+	if (pwrite_full(txn->fd, sealed, size,
+			frame_off + CASBOX_META_HEADER_SIZE) < 0 ||
+	    pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
+		*error_r = t_strdup_printf("write(%s) failed: %m",
+			casbox_pack_path(txn->store, txn->pack_id));
+		if (ftruncate(txn->fd, frame_off) < 0) {
+			i_error("ftruncate(%s) failed: %m",
+				casbox_pack_path(txn->store, txn->pack_id));
+		}
+		return -1;
+	}
+	txn->offset = frame_off + hdr.frame_size;
+	return 1;
+}
+
+int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
+			     enum casbox_meta_kind kind,
+			     const void *plain, size_t size,
+			     const char **error_r)
+{
+	buffer_t *sealed;
+	int ret;
+
+	sealed = buffer_create_dynamic(default_pool, size + 64);
+	casbox_pack_meta_seal(txn->store, kind, plain, size, sealed);
+	ret = casbox_pack_txn_add_meta_sealed(txn, kind, sealed->data,
+					      sealed->used, error_r);
+	buffer_free(&sealed);
+	return ret;
+}
+
+uint64_t casbox_meta_now_usecs(void)
+{
+	struct timeval tv;
+
+	if (gettimeofday(&tv, NULL) < 0)
+		i_fatal("gettimeofday() failed: %m");
+	return (uint64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+}
+
+int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
+				   const struct cas_blob_id *id,
+				   const unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE],
+				   const char **error_r)
+{
+	struct casbox_dek_update upd;
+	buffer_t *plain;
+
+	i_zero(&upd);
+	upd.written_usecs = casbox_meta_now_usecs();
+	upd.id = *id;
+	memcpy(upd.wrapped_dek, wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	plain = t_buffer_create(CASBOX_DEK_UPDATE_SIZE);
+	casbox_dek_update_export(&upd, plain);
+	return casbox_pack_txn_add_meta(txn, CASBOX_META_KIND_DEK_UPDATE,
+					plain->data, plain->used, error_r);
+}
+
+int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
+			  uint64_t offset, enum casbox_meta_kind *kind_r,
+			  buffer_t *sealed_r, const char **error_r)
+{
+	unsigned char hdr_buf[CASBOX_META_HEADER_SIZE];
+	struct casbox_meta_header hdr;
+	const char *path = casbox_pack_path(store, pack_id);
+	size_t body_size;
+	unsigned char *body;
+	ssize_t ret;
+	int fd;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	ret = pread(fd, hdr_buf, sizeof(hdr_buf), offset);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	if (casbox_meta_header_parse(hdr_buf, ret, &hdr, error_r) < 0) {
+		i_close_fd(&fd);
+		return -1;
+	}
+	body_size = hdr.frame_size - CASBOX_META_HEADER_SIZE;
+	body = buffer_append_space_unsafe(sealed_r, body_size);
+	ret = pread(fd, body, body_size, offset + CASBOX_META_HEADER_SIZE);
+	if (ret < 0)
+		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+	else if ((size_t)ret != body_size)
+		*error_r = "meta frame: body truncated";
+	i_close_fd(&fd);
+	if (ret < 0 || (size_t)ret != body_size ||
+	    casbox_meta_body_check(&hdr, body, body_size, error_r) < 0) {
+		buffer_set_used_size(sealed_r, sealed_r->used - body_size);
+		return -1;
+	}
+	*kind_r = hdr.kind;
+	return 1;
 }
 
 int casbox_pack_txn_commit(struct casbox_pack_txn **_txn,

@@ -12,6 +12,7 @@
    packs without any key (scrub, rebuild --from-packs). */
 
 #include "cas-key.h"
+#include "casbox-frame.h"
 
 struct istream;
 struct casbox_pack_store;
@@ -64,6 +65,38 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 			const struct cas_blob_id *id, struct istream *input,
 			struct casbox_blob_record *rec_r,
 			const char **error_r);
+/* Append a meta frame (casbox-frame.h): plain is sealed with
+   casbox_pack_meta_seal() and written after the blobs added so far, so
+   the same commit makes both durable. Returns 1 ok, -1 error. */
+int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
+			     enum casbox_meta_kind kind,
+			     const void *plain, size_t size,
+			     const char **error_r);
+/* Append an already sealed meta frame body verbatim (gc carrying a
+   record forward: no key needed to move it). Returns 1 ok, -1 error. */
+int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
+				    enum casbox_meta_kind kind,
+				    const void *sealed, size_t size,
+				    const char **error_r);
+/* The one place meta records are sealed and opened: the index key of
+   the store's key ring, AAD = "CBMF" | version | kind (not the frame's
+   location, so that gc can move a sealed record without opening it).
+   A key mode without the index key at write time (password mode's
+   LMTP) hooks in here. open returns 1 ok, -1 failure (plain_r is not
+   filled then). */
+void casbox_pack_meta_seal(struct casbox_pack_store *store,
+			   enum casbox_meta_kind kind,
+			   const void *plain, size_t size, buffer_t *sealed);
+int casbox_pack_meta_open(struct casbox_pack_store *store,
+			  enum casbox_meta_kind kind,
+			  const void *sealed, size_t size,
+			  buffer_t *plain_r, const char **error_r);
+/* Read the meta frame at (pack_id, offset): header and body CRC
+   checked, the sealed body appended to sealed_r (not opened). Returns 1
+   ok, -1 damaged or I/O error. */
+int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
+			  uint64_t offset, enum casbox_meta_kind *kind_r,
+			  buffer_t *sealed_r, const char **error_r);
 int casbox_pack_txn_commit(struct casbox_pack_txn **txn,
 			   const char **error_r);
 void casbox_pack_txn_rollback(struct casbox_pack_txn **txn);
@@ -121,13 +154,48 @@ int casbox_blob_record_import(const void *data, size_t size,
 			      struct casbox_blob_record *rec_r,
 			      const char **error_r);
 
+/* DEK update meta record (kind CASBOX_META_KIND_DEK_UPDATE): a newer
+   wrapped DEK for a blob id, for rebuild --from-packs after gc (fresh
+   DEKs) or key rotation (rewrapped DEKs). Plaintext (before sealing):
+   u8 version (1) | u64 written (microseconds, LE) | blob id (32) |
+   u8 DEK kind (1 = server wrapped DEK) | wrapped DEK (76). */
+#define CASBOX_DEK_UPDATE_VERSION 1
+#define CASBOX_DEK_KIND_WRAPPED 1
+#define CASBOX_DEK_UPDATE_SIZE (1 + 8 + CAS_BLOB_ID_SIZE + 1 + \
+				CAS_WRAPPED_DEK_SIZE)
+struct casbox_dek_update {
+	uint64_t written_usecs;
+	struct cas_blob_id id;
+	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+};
+void casbox_dek_update_export(const struct casbox_dek_update *upd,
+			      buffer_t *dest);
+/* Returns 1 ok, -1 malformed. */
+int casbox_dek_update_import(const void *data, size_t size,
+			     struct casbox_dek_update *upd_r,
+			     const char **error_r);
+/* Seal and append a DEK update (written = now). Key rotation calls this
+   in the pack transaction of its LSM batch. Returns 1 ok, -1 error. */
+int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
+				   const struct cas_blob_id *id,
+				   const unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE],
+				   const char **error_r);
+/* Microseconds since the epoch (the "written" stamp of meta records). */
+uint64_t casbox_meta_now_usecs(void);
+
 /* Walk every frame of every pack without keys, verifying CRCs and
    resynchronising after damage (scrub, rebuild --from-packs). */
 struct casbox_pack_frame_info {
 	uint32_t pack_id;
 	uint64_t offset;
 	uint32_t frame_size;
+	/* 0 = a blob frame (id is its blob id), else the kind of the
+	   meta frame (id is zero) */
+	enum casbox_meta_kind meta_kind;
 	struct cas_blob_id id;
+	/* of a blob frame whose header is intact */
+	uint64_t plain_size;
+	uint32_t dict_id;
 	/* NULL if the frame is intact, else why not */
 	const char *damage;
 };
