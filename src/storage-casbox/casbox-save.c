@@ -519,6 +519,7 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 {
 	struct casbox_mailbox_record mrec;
 	struct casbox_mailbox *mbox = ctx->mbox;
+	const struct seq_range *last;
 	const struct casbox_save_mail *smail;
 	struct casbox_store *store;
 	struct casbox_store_txn *txn;
@@ -534,6 +535,15 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 		return -1;
 	}
+	i_zero(&mrec);
+	mrec.uid_validity = hdr->uid_validity;
+	mrec.name = mailbox_get_vname(&mbox->box);
+	/* saved_uids is sorted: its last range ends highest */
+	last = array_back(uids);
+	mrec.next_uid = I_MAX(hdr->next_uid, last->seq2 + 1);
+	mrec.highest_modseq = casbox_save_modseq_bound(ctx);
+	casbox_store_txn_set_recovery_mailbox(txn, mbox->mailbox_guid,
+					      mbox->public_guid, &mrec);
 	seq_range_array_iter_init(&iter, uids);
 	array_foreach(&ctx->mails, smail) {
 		if (!seq_range_array_iter_nth(&iter, n++, &uid))
@@ -546,17 +556,8 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		if (ret < 0)
 			break;
 	}
-	if (ret == 0) {
-		const struct seq_range *last = array_back(uids);
-
-		i_zero(&mrec);
-		mrec.uid_validity = hdr->uid_validity;
-		mrec.name = mailbox_get_vname(&mbox->box);
-		/* saved_uids is sorted: its last range ends highest */
-		mrec.next_uid = I_MAX(hdr->next_uid, last->seq2 + 1);
-		mrec.highest_modseq = casbox_save_modseq_bound(ctx);
+	if (ret == 0)
 		casbox_store_txn_put_mailbox(txn, mbox->mailbox_guid, &mrec);
-	}
 	if (ret < 0)
 		casbox_store_txn_rollback(&txn);
 	else {

@@ -7,9 +7,11 @@
 #include "byteorder.h"
 #include "istream.h"
 #include "istream-concat.h"
+#include "safe-memset.h"
 #include "casbox-pack.h"
 #include "casbox-lsm.h"
 #include "casbox-settings.h"
+#include "casbox-recovery.h"
 #include "casbox-store.h"
 
 #include <dirent.h>
@@ -40,6 +42,12 @@ struct casbox_store_txn {
 	struct casbox_pack_txn *pack_txn;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_pending_blob *) blobs;
 	ARRAY(struct casbox_pending_blob *) blob_list;
+
+	/* the mailbox of the messages added: recovery records are written
+	   only when it is known */
+	bool have_recovery_mailbox;
+	guid_128_t recovery_mailbox_guid, recovery_public_guid;
+	struct casbox_mailbox_record recovery_mailbox;
 };
 
 static int
@@ -691,13 +699,39 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	return 0;
 }
 
+static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
+				       const char **error_r)
+{
+	struct casbox_store *store = txn->store;
+	const char *error;
+
+	if (txn->pack_txn != NULL)
+		return 0;
+	/* under the write lock: if key rotation has begun, wrap with its
+	   new slot (the rotation's last step drops the old slot under this
+	   lock, after checking that no blob record uses it) */
+	if (casbox_store_open_keys(store, error_r) < 0 ||
+	    casbox_store_refresh_keys(store, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
+				  &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+/* Reference the blob of part, writing it if it is not stored. A blob
+   written here is appended to new_blobs (for the recovery record). */
 static int
 casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 			  const struct casbox_msg_part *part,
-			  struct istream *input, const char **error_r)
+			  struct istream *input,
+			  ARRAY_TYPE(casbox_recovery_blob) *new_blobs,
+			  const char **error_r)
 {
-	struct casbox_store *store = txn->store;
 	struct casbox_pending_blob *blob;
+	struct casbox_recovery_blob *rblob;
 	struct casbox_blob_record brec;
 	const char *error;
 
@@ -717,20 +751,8 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 					   cas_blob_id_to_hex(&part->id));
 		return -1;
 	}
-	if (txn->pack_txn == NULL) {
-		/* under the write lock: if key rotation has begun, wrap
-		   with its new slot (the rotation's last step drops the
-		   old slot under this lock, after checking that no blob
-		   record uses it) */
-		if (casbox_store_open_keys(store, error_r) < 0 ||
-		    casbox_store_refresh_keys(store, error_r) < 0)
-			return -1;
-		if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
-					  &error) < 0) {
-			*error_r = t_strdup_printf("pack append: %s", error);
-			return -1;
-		}
-	}
+	if (casbox_store_txn_pack_begin(txn, error_r) < 0)
+		return -1;
 	if (casbox_pack_txn_add(txn->pack_txn, &part->id, input,
 				&brec, &error) < 0) {
 		*error_r = t_strdup_printf("pack append: %s", error);
@@ -739,6 +761,68 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	buffer_set_used_size(blob->pack_record, 0);
 	casbox_blob_record_export(&brec, blob->pack_record);
 	blob->refcount = 1;
+
+	rblob = array_append_space(new_blobs);
+	rblob->id = part->id;
+	rblob->dict_id = brec.dict_id;
+	rblob->plain_size = brec.plain_size;
+	memcpy(rblob->wrapped_dek, brec.wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	return 0;
+}
+
+void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
+		const guid_128_t mailbox_guid, const guid_128_t public_guid,
+		const struct casbox_mailbox_record *rec)
+{
+	txn->have_recovery_mailbox = TRUE;
+	guid_128_copy(txn->recovery_mailbox_guid, mailbox_guid);
+	if (public_guid != NULL && !guid_128_equals(public_guid,
+						    mailbox_guid))
+		guid_128_copy(txn->recovery_public_guid, public_guid);
+	else
+		guid_128_empty(txn->recovery_public_guid);
+	txn->recovery_mailbox = *rec;
+	txn->recovery_mailbox.name = p_strdup(txn->pool, rec->name);
+}
+
+/* Seal the message's recovery record into the pack transaction, after
+   its new blobs, so the pack commit makes them durable together. */
+static int
+casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
+			      const struct casbox_msg_record *rec,
+			      const ARRAY_TYPE(casbox_recovery_blob) *new_blobs,
+			      const char **error_r)
+{
+	const struct casbox_mailbox_record *mrec = &txn->recovery_mailbox;
+	struct casbox_recovery_record rrec;
+	const char *error;
+	buffer_t *plain;
+	int ret;
+
+	if (casbox_store_txn_pack_begin(txn, error_r) < 0)
+		return -1;
+	i_zero(&rrec);
+	rrec.written_usecs = casbox_meta_now_usecs();
+	guid_128_copy(rrec.mailbox_guid, txn->recovery_mailbox_guid);
+	guid_128_copy(rrec.public_guid, txn->recovery_public_guid);
+	rrec.uid_validity = mrec->uid_validity;
+	rrec.uid = uid;
+	rrec.next_uid = I_MAX(mrec->next_uid, uid + 1);
+	rrec.highest_modseq = mrec->highest_modseq;
+	rrec.mailbox_name = mrec->name;
+	rrec.msg = *rec;
+	rrec.blobs = *new_blobs;
+	plain = t_buffer_create(512);
+	casbox_recovery_record_export(&rrec, plain);
+	ret = casbox_pack_txn_add_meta(txn->pack_txn,
+				       CASBOX_META_KIND_RECOVERY,
+				       plain->data, plain->used, &error);
+	/* message metadata: not left in freed data stack memory */
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
 	return 0;
 }
 
@@ -783,6 +867,7 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     struct istream *const *part_inputs,
 			     const char **error_r)
 {
+	ARRAY_TYPE(casbox_recovery_blob) new_blobs;
 	const struct casbox_msg_part *parts;
 	struct casbox_msg_record old_rec;
 	unsigned int i, count;
@@ -799,12 +884,18 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 		return -1;
 
 	parts = array_get(&rec->parts, &count);
+	t_array_init(&new_blobs, count + 1);
 	for (i = 0; i < count; i++) {
 		if (casbox_store_txn_ref_part(txn, &parts[i],
 				part_inputs == NULL ? NULL : part_inputs[i],
-				error_r) < 0)
+				&new_blobs, error_r) < 0)
 			return -1;
 	}
+	if (txn->have_recovery_mailbox &&
+	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid) &&
+	    casbox_store_txn_add_recovery(txn, uid, rec, &new_blobs,
+					  error_r) < 0)
+		return -1;
 	value = t_buffer_create(256);
 	casbox_msg_record_export(rec, value);
 	casbox_lsm_batch_put(txn->batch, key->data, key->used,

@@ -106,6 +106,15 @@ int casbox_store_msg_open(struct casbox_store *store,
 int casbox_store_txn_begin(struct casbox_store *store,
 			   struct casbox_store_txn **txn_r,
 			   const char **error_r);
+/* The mailbox the following casbox_store_txn_add_msg() calls save into
+   (name, UIDVALIDITY, next_uid and highest-modseq bound as the save
+   knows them; public_guid may be NULL): each of those messages then
+   also gets a sealed recovery record in the packs (casbox-recovery.h),
+   which `doveadm casbox rebuild --from-packs` reads. Without this call
+   no recovery records are written. */
+void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
+		const guid_128_t mailbox_guid, const guid_128_t public_guid,
+		const struct casbox_mailbox_record *rec);
 /* Add a message record. part_inputs[i] gives the bytes of parts[i] for
    blobs not in the store yet; NULL part_inputs (copy) requires every
    blob to exist already. A record already under this key (left over

@@ -1,0 +1,57 @@
+#ifndef CASBOX_RECOVERY_H
+#define CASBOX_RECOVERY_H
+
+/* Recovery records: what `doveadm casbox rebuild --from-packs` needs to
+   rebuild the LSM from the packs alone. One is sealed into a meta frame
+   (CASBOX_META_KIND_RECOVERY) in the pack transaction of every saved or
+   copied message, before the pack fsync, so it is durable before the
+   message is acknowledged (doc/casbox-format.md, "Recovery record").
+
+   Plaintext (big-endian, as the LSM records it embeds):
+     u8  version (1)
+     u64 written: microseconds since the epoch (newest record wins)
+     16  mailbox storage id (the key of the 'M'/'m' records)
+     16  public mailbox GUID (all zero = the storage id)
+     u32 UIDVALIDITY | u32 UID | u32 mailbox next_uid at the save
+     u64 mailbox highest-modseq bound at the save
+     u16 len | mailbox name
+     u32 len | casbox_msg_record_export() (flags/keywords as saved)
+     u16 n | n x (blob id (32) | u32 dict_id | u64 plain_size |
+                  u8 DEK kind (1) | wrapped DEK (76))
+   The blobs are the ones this save wrote new frames for (a copy or a
+   deduplicated part lists none: another record or a DEK update carries
+   that blob's DEK). */
+
+#include "casbox-records.h"
+
+#define CASBOX_RECOVERY_VERSION 1
+
+struct casbox_recovery_blob {
+	struct cas_blob_id id;
+	uint32_t dict_id;
+	uint64_t plain_size;
+	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+};
+ARRAY_DEFINE_TYPE(casbox_recovery_blob, struct casbox_recovery_blob);
+
+struct casbox_recovery_record {
+	uint64_t written_usecs;
+	guid_128_t mailbox_guid;
+	guid_128_t public_guid;
+	uint32_t uid_validity;
+	uint32_t uid;
+	uint32_t next_uid;
+	uint64_t highest_modseq;
+	const char *mailbox_name;
+	struct casbox_msg_record msg;
+	ARRAY_TYPE(casbox_recovery_blob) blobs;
+};
+
+void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
+				   buffer_t *dest);
+/* Strings and arrays from pool. Returns 1 ok, -1 malformed. */
+int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
+				  struct casbox_recovery_record *rec_r,
+				  const char **error_r);
+
+#endif
