@@ -8,7 +8,15 @@
    2. Under the LSM write lock: switch each blob record that still points
       to the frame copied, drop records nothing references, commit the
       batch (fsync).
-   3. Unlink the old packs that no record points into any more. */
+   3. Unlink the old packs that no record points into any more.
+
+   Meta frames (doc/casbox-format.md) in a picked pack: a recovery record
+   whose message record is live is copied verbatim, a dead one dropped
+   (in step 2 a record whose message appeared since keeps its pack); a
+   DEK update is copied while its blob is live and stays where it is.
+   Every moved blob, and every live blob whose DEK only a dropped record
+   carried, gets a new DEK update, so rebuild --from-packs can still
+   open it. */
 
 #include "lib.h"
 #include "array.h"
@@ -17,7 +25,9 @@
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
+#include "safe-memset.h"
 #include "casbox-lsm.h"
+#include "casbox-recovery.h"
 #include "doveadm-casbox.h"
 
 #include <fcntl.h>
@@ -37,6 +47,14 @@ struct casbox_gc_move {
 	struct casbox_blob_record new_rec;
 };
 
+/* A recovery record gc did not copy because its message was gone. */
+struct casbox_gc_dropped {
+	guid_128_t mailbox_guid;
+	uint32_t uid;
+	const char *guid;
+	struct casbox_gc_pack *cand;
+};
+
 struct casbox_gc_pack {
 	struct casbox_census_pack *pack;
 	/* a live blob in it could not be moved: keep the pack */
@@ -49,11 +67,13 @@ struct casbox_gc {
 	bool all;
 	ARRAY(struct casbox_gc_pack) candidates;
 	ARRAY(struct casbox_gc_move) moves;
+	ARRAY(struct casbox_gc_dropped) dropped;
 	struct casbox_pack_txn *txn;
 	uint64_t txn_bytes;
 
 	uint64_t bytes_before, bytes_written;
 	unsigned int records_dropped, packs_deleted;
+	unsigned int recovery_kept, recovery_dropped, dek_updates;
 };
 
 static struct casbox_gc_pack *
@@ -132,6 +152,36 @@ static int casbox_gc_txn_commit(struct casbox_gc *gc, const char **error_r)
 	return 0;
 }
 
+static int casbox_gc_txn_begin(struct casbox_gc *gc, const char **error_r)
+{
+	const char *error;
+
+	if (gc->txn == NULL &&
+	    casbox_pack_txn_begin(gc->adm->packs, &gc->txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+static int casbox_gc_dek_update(struct casbox_gc *gc,
+				const struct cas_blob_id *id,
+				const unsigned char *wrapped_dek,
+				const char **error_r)
+{
+	const char *error;
+
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_dek_update(gc->txn, id, wrapped_dek,
+					   &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	gc->dek_updates++;
+	return 0;
+}
+
 static int casbox_gc_copy_blob(struct casbox_gc *gc,
 			       struct casbox_census_blob *blob,
 			       struct casbox_gc_pack *cand,
@@ -149,11 +199,8 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		cand->keep = TRUE;
 		return 0;
 	}
-	if (gc->txn == NULL &&
-	    casbox_pack_txn_begin(gc->adm->packs, &gc->txn, &error) < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
 		return -1;
-	}
 	i_zero(&move);
 	move.blob = blob;
 	input = casbox_pack_blob_open(gc->adm->packs, &blob->id, &blob->rec);
@@ -169,10 +216,179 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		return 0;
 	}
 	array_push_back(&gc->moves, &move);
+	blob->gc_moved = TRUE;
+	/* the copy has a fresh DEK that no recovery record carries */
+	if (casbox_gc_dek_update(gc, &blob->id, move.new_rec.wrapped_dek,
+				 error_r) < 0)
+		return -1;
 	gc->bytes_written += move.new_rec.frame_size;
 	gc->txn_bytes += move.new_rec.frame_size;
 	if (gc->txn_bytes >= CASBOX_GC_COMMIT_BYTES)
 		return casbox_gc_txn_commit(gc, error_r);
+	return 0;
+}
+
+/* 1 if the message record of rec exists with rec's GUID, 0 if not,
+   -1 error. */
+static int casbox_gc_msg_live(struct casbox_gc *gc,
+			      const guid_128_t mailbox_guid, uint32_t uid,
+			      const char *guid, const char **error_r)
+{
+	struct casbox_msg_record mrec;
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	value = t_buffer_create(256);
+	ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used, value,
+			     error_r);
+	if (ret <= 0)
+		return ret;
+	if (casbox_msg_record_import(value->data, value->used,
+				     pool_datastack_create(), &mrec,
+				     error_r) < 0)
+		return -1;
+	return strcmp(mrec.guid, guid) == 0 ? 1 : 0;
+}
+
+static int casbox_gc_recovery(struct casbox_gc *gc,
+			      struct casbox_gc_pack *cand,
+			      const buffer_t *sealed, const buffer_t *plain,
+			      const char **error_r)
+{
+	struct casbox_recovery_record rrec;
+	const struct casbox_recovery_blob *rblob;
+	struct casbox_census_blob *blob;
+	struct casbox_gc_dropped *drop;
+	const char *error;
+	int ret;
+
+	if (casbox_recovery_record_import(plain->data, plain->used,
+					  pool_datastack_create(), &rrec,
+					  error_r) < 0)
+		return 0;
+	ret = casbox_gc_msg_live(gc, rrec.mailbox_guid, rrec.uid,
+				 rrec.msg.guid, error_r);
+	if (ret < 0)
+		return -1;
+	if (ret > 0) {
+		if (casbox_gc_txn_begin(gc, error_r) < 0)
+			return -1;
+		if (casbox_pack_txn_add_meta_sealed(gc->txn,
+				CASBOX_META_KIND_RECOVERY, sealed->data,
+				sealed->used, &error) < 0) {
+			*error_r = t_strdup_printf("pack append: %s", error);
+			return -1;
+		}
+		gc->recovery_kept++;
+		return 1;
+	}
+	drop = array_append_space(&gc->dropped);
+	guid_128_copy(drop->mailbox_guid, rrec.mailbox_guid);
+	drop->uid = rrec.uid;
+	drop->guid = p_strdup(gc->census->pool, rrec.msg.guid);
+	drop->cand = cand;
+	array_foreach(&rrec.blobs, rblob) {
+		blob = hash_table_lookup(gc->census->blobs, &rblob->id);
+		if (blob != NULL && casbox_census_blob_is_live(blob))
+			blob->gc_need_dek = TRUE;
+	}
+	gc->recovery_dropped++;
+	return 1;
+}
+
+static int casbox_gc_dek_frame(struct casbox_gc *gc, const buffer_t *sealed,
+			       const buffer_t *plain, const char **error_r)
+{
+	struct casbox_dek_update upd;
+	struct casbox_census_blob *blob;
+	const char *error;
+
+	if (casbox_dek_update_import(plain->data, plain->used, &upd,
+				     error_r) < 0)
+		return 0;
+	blob = hash_table_lookup(gc->census->blobs, &upd.id);
+	/* a moved blob got a new update; a dead one needs none */
+	if (blob == NULL || !casbox_census_blob_is_live(blob) ||
+	    blob->gc_moved)
+		return 1;
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_meta_sealed(gc->txn,
+			CASBOX_META_KIND_DEK_UPDATE, sealed->data,
+			sealed->used, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 1;
+}
+
+/* Returns 1 handled, 0 could not be read (keep the pack), -1 error. */
+static int casbox_gc_meta(struct casbox_gc *gc,
+			  const struct casbox_census_meta *meta,
+			  struct casbox_gc_pack *cand, const char **error_r)
+{
+	struct casbox_pack_store *packs = gc->adm->packs;
+	enum casbox_meta_kind kind;
+	buffer_t *sealed, *plain;
+	const char *error;
+	int ret;
+
+	sealed = t_buffer_create(512);
+	plain = t_buffer_create(512);
+	if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset, &kind,
+				  sealed, &error) < 0 ||
+	    casbox_pack_meta_open(packs, kind, sealed->data, sealed->used,
+				  plain, &error) < 0)
+		ret = 0;
+	else if (kind == CASBOX_META_KIND_RECOVERY)
+		ret = casbox_gc_recovery(gc, cand, sealed, plain, &error);
+	else
+		ret = casbox_gc_dek_frame(gc, sealed, plain, &error);
+	if (plain->used > 0) {
+		safe_memset(buffer_get_modifiable_data(plain, NULL), 0,
+			    plain->used);
+	}
+	if (ret == 0) {
+		i_warning("casbox gc: %s: keeping pack %u: meta frame at "
+			  "offset %"PRIu64": %s", gc->adm->root_dir,
+			  meta->pack_id, meta->offset, error);
+		cand->keep = TRUE;
+	} else if (ret < 0)
+		*error_r = error;
+	return ret;
+}
+
+static int casbox_gc_copy_metas(struct casbox_gc *gc, const char **error_r)
+{
+	const struct casbox_census_meta *meta;
+	struct casbox_census_blob *blob;
+	struct casbox_gc_pack *cand;
+	int ret = 0;
+
+	array_foreach(&gc->census->metas, meta) {
+		cand = casbox_gc_candidate(gc, meta->pack_id);
+		if (cand == NULL)
+			continue;
+		T_BEGIN {
+			ret = casbox_gc_meta(gc, meta, cand, error_r);
+		} T_END_PASS_STR_IF(ret < 0, error_r);
+		if (ret < 0)
+			return -1;
+	}
+	array_foreach_elem(&gc->census->blob_list, blob) {
+		if (!blob->gc_need_dek || blob->gc_moved ||
+		    !blob->have_record || blob->record_bad)
+			continue;
+		T_BEGIN {
+			ret = casbox_gc_dek_update(gc, &blob->id,
+						   blob->rec.wrapped_dek,
+						   error_r);
+		} T_END_PASS_STR_IF(ret < 0, error_r);
+		if (ret < 0)
+			return -1;
+	}
 	return 0;
 }
 
@@ -198,6 +414,8 @@ static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 			break;
 	}
 	casbox_admin_progress_end();
+	if (ret == 0)
+		ret = casbox_gc_copy_metas(gc, error_r);
 	if (ret == 0)
 		ret = casbox_gc_txn_commit(gc, error_r);
 	if (gc->txn != NULL)
@@ -234,8 +452,19 @@ static void casbox_gc_switch(struct casbox_gc *gc,
 {
 	struct casbox_census_blob *blob;
 	const struct casbox_gc_move *move;
+	const struct casbox_gc_dropped *drop;
 	struct casbox_gc_pack *cand;
+	const char *error;
 	buffer_t *key;
+
+	/* a save whose LSM batch was not committed when step 1 looked:
+	   its recovery record stays, with its pack */
+	array_foreach(&gc->dropped, drop) T_BEGIN {
+		if (!drop->cand->keep &&
+		    casbox_gc_msg_live(gc, drop->mailbox_guid, drop->uid,
+				       drop->guid, &error) != 0)
+			drop->cand->keep = TRUE;
+	} T_END;
 
 	array_foreach(&gc->moves, move) T_BEGIN {
 		blob = hash_table_lookup(fresh->blobs, &move->blob->id);
@@ -362,6 +591,7 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 		return -1;
 	p_array_init(&gc->candidates, gc->census->pool, 8);
 	p_array_init(&gc->moves, gc->census->pool, 64);
+	p_array_init(&gc->dropped, gc->census->pool, 64);
 	casbox_gc_pick(gc);
 	if (array_count(&gc->candidates) == 0)
 		return 0;
@@ -394,6 +624,9 @@ static void casbox_gc_print(struct casbox_gc *gc)
 	doveadm_print_num(gc->bytes_written);
 	doveadm_print_num(freed > gc->bytes_written ?
 			  freed - gc->bytes_written : 0);
+	doveadm_print_num(gc->recovery_kept);
+	doveadm_print_num(gc->recovery_dropped);
+	doveadm_print_num(gc->dek_updates);
 }
 
 static int
@@ -435,7 +668,8 @@ static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
 	static const char *const fields[] = {
 		"packs_selected", "packs_deleted", "blobs_moved",
 		"records_dropped", "bytes_selected", "bytes_written",
-		"bytes_reclaimed",
+		"bytes_reclaimed", "recovery_kept", "recovery_dropped",
+		"dek_updates",
 	};
 	unsigned int i;
 

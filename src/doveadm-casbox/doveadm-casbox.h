@@ -15,6 +15,7 @@
 #include "casbox-store-census.h"
 
 struct mail_user;
+struct mailbox_list;
 struct casbox_lsm;
 
 struct casbox_admin {
@@ -49,6 +50,18 @@ int casbox_admin_open_root(const char *root_dir,
 			   enum fsync_mode fsync_mode,
 			   enum file_lock_method lock_method,
 			   struct casbox_admin **adm_r, const char **error_r);
+/* As casbox_admin_open*() but without opening the LSM (adm->lsm stays
+   NULL; the store needs its packs/ directory): for rebuild
+   --from-packs, where the LSM may be missing or unreadable. */
+int casbox_admin_open_nolsm(struct mail_user *user,
+			    struct casbox_admin **adm_r,
+			    const char **error_r);
+int casbox_admin_open_root_full(const char *root_dir,
+				const struct casbox_settings *set,
+				enum fsync_mode fsync_mode,
+				enum file_lock_method lock_method,
+				bool open_lsm, struct casbox_admin **adm_r,
+				const char **error_r);
 /* Load the key ring (it must be the store's key) and open the packs.
    Returns 1 ok, -1 error. */
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r);
@@ -94,6 +107,15 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void);
+
+/* rebuild --from-packs (doveadm-casbox-frompacks.c). */
+int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
+			 struct mail_user *user);
+void casbox_frompacks_init_header(void);
+/* Force-resync one mailbox (doveadm-casbox-rebuild.c). Returns the
+   message count, -1 failed (error_r set). */
+int casbox_rebuild_mailbox(struct mailbox_list *list, const char *vname,
+			   const char **error_r);
 struct doveadm_mail_cmd_context *cmd_casbox_dict_train_alloc(void);
 
 #endif

@@ -228,6 +228,7 @@ int casbox_census_build(struct casbox_store *store,
 			  casbox_census_loc_cmp);
 	hash_table_create(&census->mailbox_names, pool, 0, str_hash, strcmp);
 	p_array_init(&census->blob_list, pool, 256);
+	p_array_init(&census->metas, pool, 64);
 	p_array_init(&census->packs, pool, 4);
 
 	/* mailbox names first, so message damage can name its mailbox */
@@ -295,8 +296,21 @@ casbox_census_frame(struct casbox_store *store, struct casbox_census *census,
 	struct casbox_census_blob *blob;
 	struct casbox_census_pack *pack;
 
-	blob = hash_table_lookup(census->locs, &loc);
 	pack = casbox_census_pack(census, info->pack_id);
+	if (info->meta_kind != CASBOX_META_KIND_NONE &&
+	    info->damage == NULL) {
+		struct casbox_census_meta *meta;
+
+		if (pack != NULL)
+			pack->meta_bytes += info->frame_size;
+		meta = array_append_space(&census->metas);
+		meta->pack_id = info->pack_id;
+		meta->offset = info->offset;
+		meta->kind = info->meta_kind;
+		return;
+	}
+	blob = info->meta_kind != CASBOX_META_KIND_NONE ? NULL :
+		hash_table_lookup(census->locs, &loc);
 	if (blob != NULL && info->damage == NULL)
 		blob->frame_seen = TRUE;
 	if (blob != NULL && casbox_census_blob_is_live(blob) &&

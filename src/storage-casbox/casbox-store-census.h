@@ -30,12 +30,23 @@ struct casbox_census_blob {
 	/* NULL, or the cause in its quarantine record (scrub --repair) */
 	const char *quarantined;
 	time_t quarantine_time;
+	/* gc: copied to a new frame (under a fresh DEK) */
+	bool gc_moved;
+	/* gc: a recovery record carrying its DEK is dropped */
+	bool gc_need_dek;
 };
 
 /* A frame location: (pack id, offset). */
 struct casbox_census_loc {
 	uint32_t pack_id;
 	uint64_t offset;
+};
+
+/* An intact meta frame the pack scan found. */
+struct casbox_census_meta {
+	uint32_t pack_id;
+	uint64_t offset;
+	enum casbox_meta_kind kind;
 };
 
 struct casbox_census_pack {
@@ -46,6 +57,9 @@ struct casbox_census_pack {
 	uint64_t live_plain_bytes;
 	/* frames nothing live points to, damaged ones included */
 	uint64_t dead_bytes;
+	/* intact meta frames (recovery records, DEK updates): neither
+	   live nor dead for gc's ratio; gc decides per record */
+	uint64_t meta_bytes;
 	/* a live blob in it could not be read */
 	bool live_damaged;
 };
@@ -70,6 +84,8 @@ struct casbox_census {
 		   struct casbox_census_blob *) locs;
 	/* mailbox guid (hex) -> name, from the 'M' records */
 	HASH_TABLE(char *, char *) mailbox_names;
+	/* intact meta frames, in scan order (casbox_census_scan_packs) */
+	ARRAY(struct casbox_census_meta) metas;
 	/* malformed records met while iterating */
 	unsigned int bad_records;
 	ARRAY_TYPE(casbox_census_pack) packs;
