@@ -20,8 +20,26 @@ static struct mail_namespace *casbox_admin_find_ns(struct mail_user *user)
 	return NULL;
 }
 
+static int
+casbox_admin_open_full(struct mail_user *user, bool open_lsm,
+		       struct casbox_admin **adm_r, const char **error_r);
+
 int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		      const char **error_r)
+{
+	return casbox_admin_open_full(user, TRUE, adm_r, error_r);
+}
+
+int casbox_admin_open_nolsm(struct mail_user *user,
+			    struct casbox_admin **adm_r,
+			    const char **error_r)
+{
+	return casbox_admin_open_full(user, FALSE, adm_r, error_r);
+}
+
+static int
+casbox_admin_open_full(struct mail_user *user, bool open_lsm,
+		       struct casbox_admin **adm_r, const char **error_r)
 {
 	struct casbox_settings *set;
 	struct mail_namespace *ns;
@@ -41,11 +59,11 @@ int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		pool_unref(&pool);
 		return -1;
 	}
-	ret = casbox_admin_open_root(mailbox_list_get_root_forced(ns->list,
-					MAILBOX_LIST_PATH_TYPE_DIR),
+	ret = casbox_admin_open_root_full(mailbox_list_get_root_forced(
+					ns->list, MAILBOX_LIST_PATH_TYPE_DIR),
 				     set, ns->storage->set->parsed_fsync_mode,
 				     ns->storage->set->parsed_lock_method,
-				     adm_r, error_r);
+				     open_lsm, adm_r, error_r);
 	if (ret <= 0) {
 		pool_unref(&pool);
 		return ret;

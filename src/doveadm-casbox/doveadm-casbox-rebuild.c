@@ -1,5 +1,7 @@
 /* doveadm casbox rebuild: rebuild mailbox indexes from the LSM records
-   (doc/casbox-storage.md, "Rebuild"), one line per mailbox. */
+   (doc/casbox-storage.md, "Rebuild"), one line per mailbox. With
+   --from-packs, first the LSM itself from the packs
+   (doveadm-casbox-frompacks.c). */
 
 #include "lib.h"
 #include "mail-namespace.h"
@@ -10,6 +12,35 @@
 #include "doveadm-mailbox-list-iter.h"
 #include "casbox-storage.h"
 #include "doveadm-casbox.h"
+
+#include <sysexits.h>
+
+struct casbox_rebuild_cmd_context {
+	struct doveadm_mail_cmd_context ctx;
+	bool from_packs;
+};
+
+int casbox_rebuild_mailbox(struct mailbox_list *list, const char *vname,
+			   const char **error_r)
+{
+	struct mailbox *box;
+	struct mailbox_status status;
+	enum mail_error error_code;
+	int ret;
+
+	box = mailbox_alloc(list, vname, MAILBOX_FLAG_IGNORE_ACLS);
+	if (mailbox_open(box) < 0 ||
+	    mailbox_sync(box, MAILBOX_SYNC_FLAG_FORCE_RESYNC) < 0 ||
+	    mailbox_get_status(box, STATUS_MESSAGES, &status) < 0) {
+		*error_r = t_strdup(mailbox_get_last_internal_error(box,
+							&error_code));
+		ret = -1;
+	} else {
+		ret = status.messages;
+	}
+	mailbox_free(&box);
+	return ret;
+}
 
 /* Rebuild one mailbox: a forced resync, which casbox turns into an index
    rebuild under the index sync lock. Returns 0 ok, -1 failed (printed
@@ -52,6 +83,8 @@ static int
 cmd_casbox_rebuild_run(struct doveadm_mail_cmd_context *ctx,
 		       struct mail_user *user)
 {
+	struct casbox_rebuild_cmd_context *rctx =
+		container_of(ctx, struct casbox_rebuild_cmd_context, ctx);
 	const enum mailbox_list_iter_flags iter_flags =
 		MAILBOX_LIST_ITER_RAW_LIST |
 		MAILBOX_LIST_ITER_NO_AUTO_BOXES |
@@ -61,6 +94,8 @@ cmd_casbox_rebuild_run(struct doveadm_mail_cmd_context *ctx,
 	const struct mailbox_info *info;
 	int ret = 0;
 
+	if (rctx->from_packs)
+		return casbox_frompacks_run(ctx, user);
 	iter = doveadm_mailbox_list_iter_init(ctx, user, ctx->search_args,
 					      iter_flags);
 	while ((info = doveadm_mailbox_list_iter_next(iter)) != NULL) T_BEGIN {
@@ -76,8 +111,19 @@ static void
 cmd_casbox_rebuild_init(struct doveadm_mail_cmd_context *ctx,
 			const char *const args[])
 {
+	struct casbox_rebuild_cmd_context *rctx =
+		container_of(ctx, struct casbox_rebuild_cmd_context, ctx);
 	static const char *const all[] = { "*", NULL };
 
+	if (rctx->from_packs) {
+		if (args[0] != NULL) {
+			i_fatal_status(EX_USAGE, "casbox rebuild --from-packs "
+				       "rebuilds every mailbox: no mailbox "
+				       "names");
+		}
+		casbox_frompacks_init_header();
+		return;
+	}
 	if (args[0] == NULL)
 		args = all;
 	ctx->search_args = doveadm_mail_mailbox_search_args_build(args);
@@ -86,13 +132,27 @@ cmd_casbox_rebuild_init(struct doveadm_mail_cmd_context *ctx,
 	doveadm_print_header_simple("result");
 }
 
+static bool
+cmd_casbox_rebuild_parse_arg(struct doveadm_mail_cmd_context *_ctx, int c)
+{
+	struct casbox_rebuild_cmd_context *ctx =
+		container_of(_ctx, struct casbox_rebuild_cmd_context, ctx);
+
+	if (c != 'p')
+		return FALSE;
+	ctx->from_packs = TRUE;
+	return TRUE;
+}
+
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void)
 {
-	struct doveadm_mail_cmd_context *ctx;
+	struct casbox_rebuild_cmd_context *ctx;
 
-	ctx = doveadm_mail_cmd_alloc(struct doveadm_mail_cmd_context);
-	ctx->v.init = cmd_casbox_rebuild_init;
-	ctx->v.run = cmd_casbox_rebuild_run;
+	ctx = doveadm_mail_cmd_alloc(struct casbox_rebuild_cmd_context);
+	ctx->ctx.getopt_args = "p";
+	ctx->ctx.v.parse_arg = cmd_casbox_rebuild_parse_arg;
+	ctx->ctx.v.init = cmd_casbox_rebuild_init;
+	ctx->ctx.v.run = cmd_casbox_rebuild_run;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
-	return ctx;
+	return &ctx->ctx;
 }

@@ -20,12 +20,24 @@ int casbox_admin_open_root(const char *root_dir,
 			   enum file_lock_method lock_method,
 			   struct casbox_admin **adm_r, const char **error_r)
 {
+	return casbox_admin_open_root_full(root_dir, set, fsync_mode,
+					   lock_method, TRUE, adm_r, error_r);
+}
+
+int casbox_admin_open_root_full(const char *root_dir,
+				const struct casbox_settings *set,
+				enum fsync_mode fsync_mode,
+				enum file_lock_method lock_method,
+				bool open_lsm, struct casbox_admin **adm_r,
+				const char **error_r)
+{
 	struct casbox_admin *adm;
 	const char *lsm_dir;
 	struct stat st;
 
-	/* an admin command must not create a store where there is none */
-	lsm_dir = t_strconcat(root_dir, "/lsm", NULL);
+	/* an admin command must not create a store where there is none
+	   (without the LSM: the packs are the store) */
+	lsm_dir = t_strconcat(root_dir, open_lsm ? "/lsm" : "/packs", NULL);
 	if (stat(lsm_dir, &st) < 0) {
 		if (errno == ENOENT) {
 			*error_r = t_strdup_printf("no casbox store at %s",
@@ -41,6 +53,10 @@ int casbox_admin_open_root(const char *root_dir,
 	adm->set = *set;
 	adm->fsync_mode = fsync_mode;
 	adm->lock_method = lock_method;
+	if (!open_lsm) {
+		*adm_r = adm;
+		return 1;
+	}
 	if (casbox_store_open(root_dir, &adm->set, fsync_mode, lock_method,
 			      &adm->store, error_r) < 0) {
 		pool_unref(&adm->pool);
@@ -52,8 +68,49 @@ int casbox_admin_open_root(const char *root_dir,
 	return 1;
 }
 
+/* Without the LSM (rebuild --from-packs) there is no casbox_store and no
+   'K' record to check the key against: the sealed records the rebuild
+   must open check it. */
+static int casbox_admin_open_keys_nolsm(struct casbox_admin *adm,
+					const char **error_r)
+{
+	struct casbox_pack_settings pack_set;
+	const char *error;
+	int ret;
+
+	if (adm->packs != NULL)
+		return 1;
+	if (adm->set.key_file == NULL) {
+		*error_r = "casbox_key_file setting is not set";
+		return -1;
+	}
+	ret = cas_keyring_load(adm->set.key_file, &adm->keyring, &error);
+	if (ret <= 0) {
+		*error_r = ret < 0 ?
+			t_strdup_printf("key file %s: %s",
+					adm->set.key_file, error) :
+			t_strdup_printf("key file %s does not exist",
+					adm->set.key_file);
+		return -1;
+	}
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(adm->root_dir, "/packs", NULL);
+	pack_set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
+	pack_set.max_pack_size = adm->set.pack_size;
+	pack_set.zstd_level = adm->set.zstd_level;
+	if (casbox_pack_store_open(&pack_set, adm->keyring, &adm->packs,
+				   &error) < 0) {
+		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir,
+					   error);
+		return -1;
+	}
+	return 1;
+}
+
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r)
 {
+	if (adm->store == NULL)
+		return casbox_admin_open_keys_nolsm(adm, error_r);
 	if (casbox_store_open_keys(adm->store, error_r) < 0)
 		return -1;
 	adm->keyring = casbox_store_get_keyring(adm->store);
@@ -73,7 +130,7 @@ int casbox_admin_open_packs_keyless(struct casbox_admin *adm,
 {
 	int ret;
 
-	i_assert(adm->packs == NULL);
+	i_assert(adm->packs == NULL && adm->store != NULL);
 	ret = casbox_store_open_packs_keyless(adm->store, error_r);
 	if (ret > 0)
 		adm->packs = casbox_store_get_packs(adm->store);
@@ -85,7 +142,14 @@ void casbox_admin_close(struct casbox_admin **_adm)
 	struct casbox_admin *adm = *_adm;
 
 	*_adm = NULL;
-	casbox_store_close(&adm->store);
+	if (adm->store != NULL)
+		casbox_store_close(&adm->store);
+	else {
+		if (adm->packs != NULL)
+			casbox_pack_store_close(&adm->packs);
+		if (adm->keyring != NULL)
+			cas_keyring_free(&adm->keyring);
+	}
 	pool_unref(&adm->pool);
 	if (adm->set_pool != NULL)
 		pool_unref(&adm->set_pool);

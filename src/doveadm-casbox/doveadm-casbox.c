@@ -89,9 +89,11 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 	{
 		.name = "casbox rebuild",
 		.mail_cmd = cmd_casbox_rebuild_alloc,
-		.usage = "[-u <user>|-A] [-S <socket_path>] [<mailbox> ...]",
+		.usage = "[-u <user>|-A] [-S <socket_path>] "
+			"[--from-packs | <mailbox> ...]",
 		DOVEADM_CMD_PARAMS_START
 		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('p', "from-packs", CMD_PARAM_BOOL, 0)
 		DOVEADM_CMD_PARAM('\0', "mailbox-mask", CMD_PARAM_ARRAY,
 				  CMD_PARAM_FLAG_POSITIONAL)
 		DOVEADM_CMD_PARAMS_END

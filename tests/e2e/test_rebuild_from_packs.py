@@ -1,0 +1,294 @@
+"""doveadm casbox rebuild --from-packs: the LSM rebuilt from the packs'
+recovery records (doc/doveadm.md, doc/casbox-storage.md "Rebuild from
+the packs").
+
+Corpus mail delivered over LMTP to INBOX, appended to Work with flags,
+copied from INBOX to Work, flags changed, a few expunged; `doveadm fetch`
+of every field and IMAP BODY[] recorded. Then the LSM is removed (or
+corrupted, or removed together with the index files) and
+`rebuild --from-packs` must bring every message back in its mailbox with
+the same UID, GUID, dates, sizes and bytes. What cannot come back is
+asserted too: flag changes after the save (when the index files are lost
+as well) and expunges not yet collected by gc (the mail comes back)."""
+
+import glob
+import os
+import shutil
+import struct
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+import test_rebuild  # noqa: E402
+from test_rebuild import (KEYS, USER, Snapshot, index_files,  # noqa: E402
+                          parse_tab, strip_recent)
+
+EXPUNGED_INBOX = [3, 17, 40]
+EXPUNGED_WORK = [2]
+
+
+def populate(dc):
+    """INBOX: 40 usrp-users messages by LMTP. Work: 20 mime-edge
+    messages APPENDed with flags, then INBOX 1:8 COPYed in. Flags
+    changed after the saves; a few messages expunged."""
+    inbox = []
+    for path in corpus_files("usrp-users-3000", limit=40, step=11):
+        with open(path, "rb") as f:
+            inbox.append(f.read())
+    dc.lmtp_deliver_many(USER, inbox)
+    dc.doveadm("mailbox", "create", "-u", USER, "Work")
+    imap = dc.imap_login(USER)
+    try:
+        n = 0
+        for path in corpus_files("mime-edge", limit=25):
+            with open(path, "rb") as f:
+                data = f.read()
+            if not data.strip() or n == 20:
+                continue
+            flags = "(\\Flagged $Label1)" if n % 4 == 0 else None
+            typ, resp = imap.append("Work", flags,
+                                    '"14-Jul-2021 02:44:25 +0200"', data)
+            assert typ == "OK", resp
+            n += 1
+        imap.select("INBOX")
+        typ, resp = imap.uid("COPY", "1:8", "Work")
+        assert typ == "OK", resp
+        for cmd in ((b"1:10", "+FLAGS", r"(\Seen Todo)"),
+                    (b"20:25", "+FLAGS", r"(\Deleted)")):
+            typ, resp = imap.uid("STORE", *cmd)
+            assert typ == "OK", resp
+    finally:
+        imap.logout()
+    dc.doveadm("expunge", "-u", USER, "mailbox", "INBOX", "uid",
+               ",".join(str(u) for u in EXPUNGED_INBOX))
+    dc.doveadm("expunge", "-u", USER, "mailbox", "Work", "uid",
+               ",".join(str(u) for u in EXPUNGED_WORK))
+
+
+def from_packs(dc, check=True):
+    r = dc.doveadm("-f", "tab", "casbox", "rebuild", "--from-packs", "-u",
+                   USER, check=check)
+    rows = parse_tab(r.stdout) if r.stdout else []
+    return r, (rows[0] if rows else None)
+
+
+def pack_frames(root):
+    """(path, offset, magic, size) of every frame, walking the packs."""
+    frames = []
+    for path in sorted(glob.glob(os.path.join(root, "packs", "pack-*.cbp"))):
+        with open(path, "rb") as f:
+            data = f.read()
+        off = 20
+        while off + 12 <= len(data):
+            magic = data[off:off + 4]
+            assert magic in (b"CBFR", b"CBMF"), (path, off, magic)
+            size = struct.unpack_from("<I", data, off + 8)[0]
+            frames.append((path, off, magic, size))
+            off += size
+    return frames
+
+
+def unchanged_fields(m):
+    """What the message record holds from the save: not flags, not
+    modseq."""
+    return {k: v for k, v in m.items() if k not in ("flags", "modseq")}
+
+
+class RebuildFromPacksTest(unittest.TestCase):
+
+    maxDiff = None
+
+    def setUp(self):
+        self.dc = Dovecot(mail_location="casbox:~/casbox",
+                          mail_plugins=["casbox"], plugin_settings=KEYS)
+        self.dc.__enter__()
+        self.root = os.path.join(self.dc.home(USER), "casbox")
+        populate(self.dc)
+        self.before = Snapshot(self.dc)
+        self.assert_sane(self.before)
+
+    def tearDown(self):
+        self.dc.__exit__(None, None, None)
+
+    def assert_sane(self, snap):
+        inbox, work = snap.msgs["INBOX"], snap.msgs["Work"]
+        self.assertEqual(len(inbox), 40 - len(EXPUNGED_INBOX))
+        self.assertEqual(len(work), 20 + 8 - len(EXPUNGED_WORK))
+        # the copies (of INBOX 1:8, 3 expunged since) keep the GUID
+        copies = {m["guid"] for uid, m in work.items() if uid > 20}
+        self.assertEqual(len(copies & {m["guid"] for m in inbox.values()}),
+                         7)
+        self.assertIn("Todo", inbox[1]["flags"])
+        self.assertIn("$Label1", work[1]["flags"])
+
+    def assert_counts(self, row, messages):
+        self.assertEqual(int(row["mailboxes"]), 2, row)
+        self.assertEqual(int(row["messages"]), messages, row)
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        self.assertEqual(int(row["damaged_frames"]), 0, row)
+        self.assertEqual(int(row["unreadable_records"]), 0, row)
+        self.assertGreater(int(row["blobs"]), 40, row)
+
+    def test_lsm_removed(self):
+        """Index files intact: everything comes back, flags included
+        (the index keeps them), expunged mail stays expunged."""
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        r, row = from_packs(self.dc)
+        # every message ever saved has a record; the intact index
+        # leaves the expunged ones out of the mailboxes
+        self.assert_counts(row, 40 + 20 + 8)
+        self.assertEqual(row["old_lsm"], "-")
+        after = Snapshot(self.dc)
+        test_rebuild.RebuildTest.assert_recovered(self, self.before, after)
+        # the store works on: a scrub is clean and a delivery lands
+        self.dc.doveadm("casbox", "scrub", "-u", USER)
+        self.dc.lmtp_deliver(USER, b"Subject: after\n\nnew\n")
+        st = parse_tab(self.dc.doveadm("-f", "tab", "mailbox", "status",
+                                       "-u", USER, "messages uidnext",
+                                       "INBOX").stdout)[0]
+        self.assertEqual(int(st["messages"]), 38)
+        self.assertEqual(int(st["uidnext"]), 42)
+
+    def test_lsm_corrupted(self):
+        """Every LSM file overwritten with garbage: moved aside (kept,
+        never deleted) and rebuilt."""
+        lsm = os.path.join(self.root, "lsm")
+        damaged = {}
+        for path in sorted(glob.glob(os.path.join(lsm, "*"))):
+            if os.path.isfile(path) and os.path.getsize(path) > 0:
+                with open(path, "r+b") as f:
+                    f.write(b"\xa5" * min(64, os.path.getsize(path)))
+                with open(path, "rb") as f:
+                    damaged[os.path.basename(path)] = f.read()
+        self.assertTrue(damaged)
+        r, row = from_packs(self.dc)
+        self.assert_counts(row, 40 + 20 + 8)
+        self.assertRegex(row["old_lsm"], r"/lsm\.broken-\d+")
+        for name, data in damaged.items():
+            with open(os.path.join(row["old_lsm"], name), "rb") as f:
+                self.assertEqual(f.read(), data, name)
+        test_rebuild.RebuildTest.assert_recovered(self, self.before,
+                                                  Snapshot(self.dc))
+
+    def test_lsm_and_index_lost(self):
+        """LSM and index files lost: UIDs, GUIDs, dates, sizes and bytes
+        come back; flags as they were saved; mail expunged since its
+        save comes back until gc has dropped its recovery record."""
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assert_counts(row, 40 + 20 + 8)
+        after = Snapshot(self.dc)
+        self.assertEqual(after.mailboxes, self.before.mailboxes)
+        resurrected = {"INBOX": EXPUNGED_INBOX, "Work": EXPUNGED_WORK}
+        for box in ("INBOX", "Work"):
+            for key in ("guid", "uidvalidity", "uidnext"):
+                self.assertEqual(after.status[box][key],
+                                 self.before.status[box][key], (box, key))
+            self.assertGreaterEqual(
+                int(after.status[box]["highestmodseq"]),
+                int(self.before.status[box]["highestmodseq"]))
+            self.assertEqual(sorted(after.msgs[box]),
+                             sorted(list(self.before.msgs[box]) +
+                                    resurrected[box]), box)
+            for uid, m in self.before.msgs[box].items():
+                self.assertEqual(unchanged_fields(after.msgs[box][uid]),
+                                 unchanged_fields(m), (box, uid))
+        for key, body in self.before.bodies.items():
+            self.assertEqual(after.bodies[key], body, key)
+        # flags given at the save come back (APPEND), later changes not
+        work = after.msgs["Work"]
+        self.assertEqual(strip_recent(work[1]["flags"]), "$Label1 \\Flagged")
+        self.assertEqual(strip_recent(work[3]["flags"]), "")
+        self.assertNotIn("Todo", after.msgs["INBOX"][1]["flags"])
+        self.assertIn("Todo", self.before.msgs["INBOX"][1]["flags"])
+
+        # expunge them again and let gc drop their recovery records:
+        # then a second loss brings back exactly the live mail
+        for box, uids in resurrected.items():
+            self.dc.doveadm("expunge", "-u", USER, "mailbox", box, "uid",
+                            ",".join(str(u) for u in uids))
+        gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
+                                       USER, "--all").stdout)[0]
+        self.assertEqual(int(gc["recovery_dropped"]),
+                         len(EXPUNGED_INBOX) + len(EXPUNGED_WORK), gc)
+        self.assertEqual(int(gc["recovery_kept"]), 40 + 20 + 8 - 4, gc)
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assert_counts(row, 40 + 20 + 8 - 4)
+        again = Snapshot(self.dc)
+        for box in ("INBOX", "Work"):
+            self.assertEqual(sorted(again.msgs[box]),
+                             sorted(self.before.msgs[box]), box)
+            for uid, m in self.before.msgs[box].items():
+                self.assertEqual(unchanged_fields(again.msgs[box][uid]),
+                                 unchanged_fields(m), (box, uid))
+        self.assertEqual(again.bodies, self.before.bodies)
+
+    def test_damaged_frame(self):
+        """A flipped byte in one blob frame loses only the messages that
+        use that blob; every other message comes back unchanged."""
+        frames = [f for f in pack_frames(self.root) if f[2] == b"CBFR"]
+        metas = [f for f in pack_frames(self.root) if f[2] == b"CBMF"]
+        self.assertEqual(len(metas), 40 + 20 + 8)
+        path, off, _, size = frames[len(frames) // 2]
+        with open(path, "r+b") as f:
+            f.seek(off + 68 + 5)
+            b = f.read(1)
+            f.seek(off + 68 + 5)
+            f.write(bytes([b[0] ^ 0x40]))
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        r, row = from_packs(self.dc)
+        self.assertEqual(int(row["damaged_frames"]), 1, row)
+        lost = int(row["lost_messages"])
+        self.assertGreaterEqual(lost, 1, row)
+        self.assertEqual(int(row["messages"]) + lost, 40 + 20 + 8, row)
+        self.assertIn("lost: blob", r.stderr)
+        after = Snapshot(self.dc)
+        missing = 0
+        for box in ("INBOX", "Work"):
+            for uid, m in self.before.msgs[box].items():
+                if uid not in after.msgs[box]:
+                    missing += 1
+                    continue
+                self.assertEqual(after.durable(box)[uid],
+                                 self.before.durable(box)[uid], (box, uid))
+                self.assertEqual(after.bodies[(box, uid)],
+                                 self.before.bodies[(box, uid)])
+        self.assertGreaterEqual(missing, 1)
+        self.assertLessEqual(missing, lost)
+
+    def test_wrong_key_changes_nothing(self):
+        """With another key no record opens: refused, LSM untouched."""
+        key = os.path.join(self.dc.home(USER), "casbox.key")
+        os.rename(key, key + ".real")
+        with open(key + ".real", "rb") as f:
+            real = f.read()
+        lsm = os.path.join(self.root, "lsm")
+        files = sorted(os.listdir(lsm))
+        try:
+            # a valid key file of another store
+            with open(key, "wb") as f:
+                f.write(other_key_file(real))
+            r, row = from_packs(self.dc, check=False)
+        finally:
+            os.rename(key + ".real", key)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no recovery record opens", r.stderr)
+        self.assertEqual(sorted(os.listdir(lsm)), files)
+        self.assertEqual(glob.glob(os.path.join(self.root, "lsm.*")), [])
+
+
+def other_key_file(real):
+    """A well-formed key file (doc/casbox-format.md) with another KEK."""
+    import hashlib
+    body = real[:8] + bytes(range(32))
+    return body + hashlib.blake2b(body, digest_size=32).digest()
+
+
+if __name__ == "__main__":
+    unittest.main()
