@@ -97,6 +97,8 @@ struct frompacks {
 
 	unsigned int meta_frames, meta_unreadable, damaged_frames;
 	unsigned int messages, lost_messages, blob_count, orphans;
+	/* records the intact index had expunged, released again */
+	unsigned int expunged;
 	const char *moved_to;
 };
 
@@ -733,9 +735,61 @@ static void frompacks_reset_storage(struct mail_user *user)
 	}
 }
 
-static int frompacks_resync_one(struct mail_user *user, const char *vname)
+/* An intact index left out records of mail it had expunged (the
+   packs keep recovery records until gc): release them, so they do not
+   hold their blobs and records for ever. Returns 0 ok, -1 error. */
+static int frompacks_release_expunged(struct frompacks *fp,
+				      struct mailbox *box,
+				      const struct frompacks_mailbox *fmbox,
+				      const char **error_r)
+{
+	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
+	const struct mail_index_header *hdr;
+	struct frompacks_msg *msg;
+	struct casbox_store *store;
+	struct casbox_store_txn *txn;
+	unsigned int count = 0;
+	uint32_t seq;
+	int ret = 0;
+
+	if (!guid_128_equals(mbox->mailbox_guid, fmbox->guid))
+		return 0;
+	if (casbox_storage_get_store(mbox->storage, &store) < 0) {
+		*error_r = mail_storage_get_last_internal_error(
+			&mbox->storage->storage, NULL);
+		return -1;
+	}
+	if (casbox_store_txn_begin(store, &txn, error_r) < 0)
+		return -1;
+	hdr = mail_index_get_header(box->view);
+	array_foreach_elem(&fp->msg_list, msg) {
+		if (msg->lost || msg->uid >= hdr->next_uid ||
+		    !guid_128_equals(msg->mailbox_guid, fmbox->guid) ||
+		    mail_index_lookup_seq(box->view, msg->uid, &seq))
+			continue;
+		if (casbox_store_txn_expunge(txn, fmbox->guid, msg->uid,
+					     error_r) < 0) {
+			ret = -1;
+			break;
+		}
+		count++;
+	}
+	if (ret < 0 || count == 0) {
+		casbox_store_txn_rollback(&txn);
+		return ret;
+	}
+	if (casbox_store_txn_commit(&txn, error_r) < 0)
+		return -1;
+	fp->expunged += count;
+	return 0;
+}
+
+static int frompacks_resync_one(struct frompacks *fp, struct mail_user *user,
+				const char *vname,
+				const struct frompacks_mailbox *fmbox)
 {
 	struct mail_namespace *ns;
+	struct mailbox *box;
 	const char *error;
 	int ret;
 
@@ -752,23 +806,42 @@ static int frompacks_resync_one(struct mail_user *user, const char *vname)
 				"index rebuild failed: %s", vname, error);
 		}
 	} T_END;
-	return ret < 0 ? -1 : 0;
+	if (ret < 0 || fmbox == NULL)
+		return ret < 0 ? -1 : 0;
+
+	box = mailbox_alloc(ns->list, vname, MAILBOX_FLAG_IGNORE_ACLS);
+	if (mailbox_open(box) < 0 || mailbox_sync(box, 0) < 0) {
+		error = mailbox_get_last_internal_error(box, NULL);
+		ret = -1;
+	} else {
+		ret = frompacks_release_expunged(fp, box, fmbox, &error);
+	}
+	if (ret < 0) {
+		i_error("casbox rebuild --from-packs: mailbox %s: "
+			"releasing expunged records: %s", vname, error);
+	}
+	mailbox_free(&box);
+	return ret;
 }
 
 /* Dovecot's index of every recovered mailbox from the new LSM. */
 static int frompacks_resync(struct frompacks *fp, struct mail_user *user)
 {
-	struct frompacks_mailbox *mbox;
+	struct frompacks_mailbox *mbox, *inbox = NULL;
 	int ret = 0;
 
 	frompacks_reset_storage(user);
+	array_foreach_elem(&fp->mailbox_list, mbox) {
+		if (strcmp(mbox->rec.name, "INBOX") == 0)
+			inbox = mbox;
+	}
 	/* INBOX first: its forced resync recreates the directories of
 	   the mailboxes the M records name */
-	if (frompacks_resync_one(user, "INBOX") < 0)
+	if (frompacks_resync_one(fp, user, "INBOX", inbox) < 0)
 		ret = -1;
 	array_foreach_elem(&fp->mailbox_list, mbox) {
-		if (strcmp(mbox->rec.name, "INBOX") != 0 &&
-		    frompacks_resync_one(user, mbox->rec.name) < 0)
+		if (mbox != inbox &&
+		    frompacks_resync_one(fp, user, mbox->rec.name, mbox) < 0)
 			ret = -1;
 	}
 	return ret;
@@ -779,6 +852,7 @@ void casbox_frompacks_init_header(void)
 	static const char *const fields[] = {
 		"mailboxes", "messages", "blobs", "orphans",
 		"damaged_frames", "lost_messages", "unreadable_records",
+		"expunged",
 	};
 	unsigned int i;
 
@@ -798,6 +872,7 @@ static void frompacks_print(struct frompacks *fp)
 	doveadm_print_num(fp->damaged_frames);
 	doveadm_print_num(fp->lost_messages);
 	doveadm_print_num(fp->meta_unreadable);
+	doveadm_print_num(fp->expunged);
 	doveadm_print(fp->moved_to != NULL ? fp->moved_to : "-");
 }
 

@@ -26,6 +26,7 @@ from test_rebuild import (KEYS, USER, Snapshot, index_files,  # noqa: E402
 
 EXPUNGED_INBOX = [3, 17, 40]
 EXPUNGED_WORK = [2]
+NEXPUNGED = len(EXPUNGED_INBOX) + len(EXPUNGED_WORK)
 
 
 def populate(dc):
@@ -122,12 +123,13 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertIn("Todo", inbox[1]["flags"])
         self.assertIn("$Label1", work[1]["flags"])
 
-    def assert_counts(self, row, messages):
+    def assert_counts(self, row, messages, expunged=0):
         self.assertEqual(int(row["mailboxes"]), 2, row)
         self.assertEqual(int(row["messages"]), messages, row)
         self.assertEqual(int(row["lost_messages"]), 0, row)
         self.assertEqual(int(row["damaged_frames"]), 0, row)
         self.assertEqual(int(row["unreadable_records"]), 0, row)
+        self.assertEqual(int(row["expunged"]), expunged, row)
         self.assertGreater(int(row["blobs"]), 40, row)
 
     def test_lsm_removed(self):
@@ -136,13 +138,18 @@ class RebuildFromPacksTest(unittest.TestCase):
         shutil.rmtree(os.path.join(self.root, "lsm"))
         r, row = from_packs(self.dc)
         # every message ever saved has a record; the intact index
-        # leaves the expunged ones out of the mailboxes
-        self.assert_counts(row, 40 + 20 + 8)
+        # knows which were expunged: their records are released again
+        self.assert_counts(row, 40 + 20 + 8, expunged=NEXPUNGED)
         self.assertEqual(row["old_lsm"], "-")
         after = Snapshot(self.dc)
         test_rebuild.RebuildTest.assert_recovered(self, self.before, after)
-        # the store works on: a scrub is clean and a delivery lands
+        # the store works on: a scrub is clean (refcounts exact), gc
+        # drops the expunged mail's recovery records, a delivery lands
         self.dc.doveadm("casbox", "scrub", "-u", USER)
+        gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
+                                       USER, "--all").stdout)[0]
+        self.assertEqual(int(gc["recovery_dropped"]), NEXPUNGED, gc)
+        self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED, gc)
         self.dc.lmtp_deliver(USER, b"Subject: after\n\nnew\n")
         st = parse_tab(self.dc.doveadm("-f", "tab", "mailbox", "status",
                                        "-u", USER, "messages uidnext",
@@ -163,7 +170,7 @@ class RebuildFromPacksTest(unittest.TestCase):
                     damaged[os.path.basename(path)] = f.read()
         self.assertTrue(damaged)
         r, row = from_packs(self.dc)
-        self.assert_counts(row, 40 + 20 + 8)
+        self.assert_counts(row, 40 + 20 + 8, expunged=NEXPUNGED)
         self.assertRegex(row["old_lsm"], r"/lsm\.broken-\d+")
         for name, data in damaged.items():
             with open(os.path.join(row["old_lsm"], name), "rb") as f:
@@ -212,14 +219,13 @@ class RebuildFromPacksTest(unittest.TestCase):
                             ",".join(str(u) for u in uids))
         gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
                                        USER, "--all").stdout)[0]
-        self.assertEqual(int(gc["recovery_dropped"]),
-                         len(EXPUNGED_INBOX) + len(EXPUNGED_WORK), gc)
-        self.assertEqual(int(gc["recovery_kept"]), 40 + 20 + 8 - 4, gc)
+        self.assertEqual(int(gc["recovery_dropped"]), NEXPUNGED, gc)
+        self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED, gc)
         shutil.rmtree(os.path.join(self.root, "lsm"))
         for path in index_files(self.root):
             os.unlink(path)
         r, row = from_packs(self.dc)
-        self.assert_counts(row, 40 + 20 + 8 - 4)
+        self.assert_counts(row, 68 - NEXPUNGED)
         again = Snapshot(self.dc)
         for box in ("INBOX", "Work"):
             self.assertEqual(sorted(again.msgs[box]),
