@@ -2,7 +2,9 @@
    every truncation and single-byte change of a frame gives a clean EIO
    (never other bytes), wrong key and wrong id rejected, record
    export/import, rotation, rollback, keyless scan with resync after
-   damage, and dictionaries. */
+   damage, dictionaries, and meta frames (recovery records, DEK updates:
+   sealed, every byte change and truncation rejected, never taken for a
+   blob, never appended to a version 1 pack). */
 
 #include "lib.h"
 #include "array.h"
@@ -13,8 +15,11 @@
 #include "casbox-pack.h"
 #include "casbox-frame.h"
 #include "casbox-pack-private.h"
+#include "byteorder.h"
+#include "cas-crc32c.h"
 
 #include <check.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <dirent.h>
@@ -1128,6 +1133,430 @@ START_TEST(test_golden_v1)
 }
 END_TEST
 
+
+/* One blob, then a meta frame of kind with plain; returns the meta
+   frame's location from the scan. */
+static void
+add_blob_and_meta(struct casbox_pack_store *store, enum casbox_meta_kind kind,
+		  const buffer_t *plain, struct cas_blob_id *id_r,
+		  struct casbox_blob_record *rec_r,
+		  struct casbox_pack_frame_info *meta_r)
+{
+	buffer_t *blob = pattern_blob(3000, 17);
+	struct casbox_pack_txn *txn;
+	struct casbox_pack_scan *scan;
+	struct casbox_pack_frame_info info;
+	struct istream *input;
+	const char *error;
+	unsigned int n = 0;
+
+	cas_blob_id_compute(keyring, blob->data, blob->used, id_r);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	input = i_stream_create_from_data(blob->data, blob->used);
+	ck_assert_int_eq(casbox_pack_txn_add(txn, id_r, input, rec_r,
+					     &error), 1);
+	i_stream_unref(&input);
+	ck_assert_int_eq(casbox_pack_txn_add_meta(txn, kind, plain->data,
+						  plain->used, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	buffer_free(&blob);
+
+	scan = casbox_pack_scan_init(store);
+	i_zero(meta_r);
+	while (casbox_pack_scan_next(scan, &info)) {
+		ck_assert_ptr_null(info.damage);
+		if (n++ == 0) {
+			ck_assert_int_eq(info.meta_kind,
+					 CASBOX_META_KIND_NONE);
+			ck_assert(memcmp(info.id.id, id_r->id,
+					 CAS_BLOB_ID_SIZE) == 0);
+			ck_assert_uint_eq(info.plain_size, 3000);
+		} else {
+			ck_assert_int_eq(info.meta_kind, kind);
+			*meta_r = info;
+		}
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+	ck_assert_uint_eq(n, 2);
+}
+
+/* 1 if the meta frame at meta reads and opens to plain, else 0. */
+static int meta_reads(struct casbox_pack_store *store,
+		      const struct casbox_pack_frame_info *meta,
+		      const buffer_t *plain, const char **error_r)
+{
+	buffer_t *sealed = t_buffer_create(256), *out = t_buffer_create(256);
+	enum casbox_meta_kind kind;
+
+	if (casbox_pack_meta_read(store, meta->pack_id, meta->offset, &kind,
+				  sealed, error_r) < 0 ||
+	    casbox_pack_meta_open(store, kind, sealed->data, sealed->used,
+				  out, error_r) < 0)
+		return 0;
+	ck_assert_int_eq(kind, meta->meta_kind);
+	ck_assert(buffer_cmp(out, plain));
+	return 1;
+}
+
+/* The scan of the one pack: intact and damaged frame counts. */
+static void scan_counts(struct casbox_pack_store *store,
+			unsigned int *intact_r, unsigned int *damaged_r)
+{
+	struct casbox_pack_scan *scan = casbox_pack_scan_init(store);
+	struct casbox_pack_frame_info info;
+	const char *error;
+
+	*intact_r = *damaged_r = 0;
+	while (casbox_pack_scan_next(scan, &info)) {
+		if (info.damage != NULL)
+			(*damaged_r)++;
+		else
+			(*intact_r)++;
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+}
+
+START_TEST(test_meta_frame_damage)
+{
+	static const unsigned char xors[] = { 0x01, 0x80, 0xff };
+	struct casbox_pack_store *store = store_open();
+	struct casbox_pack_frame_info meta;
+	struct casbox_blob_record rec, mrec;
+	struct cas_blob_id id;
+	buffer_t *plain = buffer_create_dynamic(default_pool, 64);
+	unsigned int i, x, intact, damaged;
+	const char *error;
+	unsigned char old;
+
+	buffer_append(plain, "mailbox INBOX uid 7: a recovery record", 38);
+	add_blob_and_meta(store, CASBOX_META_KIND_RECOVERY, plain, &id, &rec,
+			  &meta);
+	ck_assert_uint_eq(meta.frame_size, CASBOX_META_HEADER_SIZE +
+			  CAS_AEAD_NONCE_SIZE + plain->used +
+			  CAS_AEAD_TAG_SIZE);
+	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 1);
+
+	/* the body is sealed: no plaintext in the pack */
+	i_zero(&mrec);
+	mrec.pack_id = meta.pack_id;
+	mrec.offset = meta.offset;
+	for (i = 0; i < meta.frame_size; i++) {
+		for (x = 0; x < N_ELEMENTS(xors); x++) T_BEGIN {
+			pack_poke(&mrec, i, xors[x], &old);
+			ck_assert_msg(meta_reads(store, &meta, plain,
+						 &error) == 0,
+				      "byte %u ^ %02x still read", i, xors[x]);
+			ck_assert_ptr_nonnull(error);
+			scan_counts(store, &intact, &damaged);
+			/* the blob before it is still found */
+			ck_assert_msg(intact == 1 && damaged == 1,
+				      "byte %u: %u intact %u damaged",
+				      i, intact, damaged);
+			pack_poke(&mrec, i, xors[x], &old);
+		} T_END;
+	}
+	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 1);
+
+	/* every truncation of the meta frame, longest first */
+	for (i = meta.frame_size; i-- > 0; ) T_BEGIN {
+		pack_truncate(&mrec, i);
+		ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 0);
+		scan_counts(store, &intact, &damaged);
+		ck_assert_uint_eq(intact, 1);
+		ck_assert_uint_eq(damaged, i == 0 ? 0 : 1);
+	} T_END;
+	buffer_free(&plain);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_meta_sealed)
+{
+	struct casbox_pack_store *store = store_open(), *other;
+	struct cas_keyring *k2 = test_keyring(2);
+	struct casbox_pack_frame_info meta;
+	struct casbox_blob_record rec, mrec;
+	struct cas_blob_id id;
+	buffer_t *plain = buffer_create_dynamic(default_pool, 64);
+	buffer_t *sealed, *out, *pack;
+	struct casbox_meta_header hdr;
+	enum casbox_meta_kind kind;
+	const char *error, *path;
+	unsigned char hdr_buf[CASBOX_META_HEADER_SIZE];
+	struct istream *input;
+	size_t i;
+	int fd;
+
+	buffer_append(plain, "Subject: secret words", 21);
+	add_blob_and_meta(store, CASBOX_META_KIND_RECOVERY, plain, &id, &rec,
+			  &meta);
+	path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir, meta.pack_id);
+	pack = read_path(path);
+	for (i = 0; i + 6 <= pack->used; i++) {
+		ck_assert(memcmp(CONST_PTR_OFFSET(pack->data, i), "secret",
+				 6) != 0);
+	}
+
+	sealed = buffer_create_dynamic(default_pool, 128);
+	out = buffer_create_dynamic(default_pool, 128);
+	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
+			 meta.offset, &kind, sealed, &error), 1);
+	/* the kind is authenticated */
+	ck_assert_int_eq(casbox_pack_meta_open(store,
+			 CASBOX_META_KIND_DEK_UPDATE, sealed->data,
+			 sealed->used, out, &error), -1);
+	/* another key opens nothing */
+	other = store_open_with(k2, 0);
+	ck_assert_int_eq(casbox_pack_meta_open(other, kind, sealed->data,
+			 sealed->used, out, &error), -1);
+	casbox_pack_store_close(&other);
+
+	/* a body changed with its CRC fixed up: the seal still fails */
+	((unsigned char *)buffer_get_modifiable_data(sealed, NULL))[30] ^= 0x04;
+	i_zero(&hdr);
+	hdr.kind = kind;
+	hdr.frame_size = meta.frame_size;
+	hdr.body_crc = cas_crc32c_mask(cas_crc32c(sealed->data, sealed->used));
+	casbox_meta_header_write(&hdr, hdr_buf);
+	fd = open(path, O_RDWR);
+	ck_assert_int_ne(fd, -1);
+	ck_assert_int_eq(pwrite(fd, hdr_buf, sizeof(hdr_buf), meta.offset),
+			 (ssize_t)sizeof(hdr_buf));
+	ck_assert_int_eq(pwrite(fd, sealed->data, sealed->used,
+				meta.offset + CASBOX_META_HEADER_SIZE),
+			 (ssize_t)sealed->used);
+	ck_assert_int_eq(close(fd), 0);
+	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 0);
+	ck_assert_str_eq(error, "sealed record: authentication failed");
+
+	/* a blob record pointing at a meta frame is never read as a blob */
+	i_zero(&mrec);
+	mrec = rec;
+	mrec.offset = meta.offset;
+	input = casbox_pack_blob_open(store, &id, &mrec);
+	ck_assert_int_eq(i_stream_read(input), -1);
+	ck_assert_int_eq(input->stream_errno, EIO);
+	i_stream_unref(&input);
+
+	buffer_free(&sealed);
+	buffer_free(&out);
+	buffer_free(&pack);
+	buffer_free(&plain);
+	cas_keyring_free(&k2);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_dek_update)
+{
+	struct casbox_pack_store *store = store_open();
+	struct casbox_pack_frame_info meta;
+	struct casbox_blob_record rec, rec2;
+	struct casbox_dek_update upd, upd2;
+	struct cas_blob_id id;
+	struct casbox_pack_txn *txn;
+	buffer_t *plain, *sealed, *out, *blob;
+	struct casbox_pack_scan *scan;
+	struct casbox_pack_frame_info info;
+	enum casbox_meta_kind kind;
+	unsigned char dek[CAS_DEK_SIZE];
+	const char *error;
+	unsigned int i;
+
+	/* codec: round trip, every truncation, version and DEK kind */
+	i_zero(&upd);
+	upd.written_usecs = 1234567890123456ULL;
+	memset(upd.id.id, 0x5a, sizeof(upd.id.id));
+	memset(upd.wrapped_dek, 0xc3, sizeof(upd.wrapped_dek));
+	plain = buffer_create_dynamic(default_pool, 128);
+	casbox_dek_update_export(&upd, plain);
+	ck_assert_uint_eq(plain->used, CASBOX_DEK_UPDATE_SIZE);
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), 1);
+	ck_assert(memcmp(&upd, &upd2, sizeof(upd)) == 0);
+	for (i = 0; i < plain->used; i++) {
+		ck_assert_int_eq(casbox_dek_update_import(plain->data, i,
+							  &upd2, &error), -1);
+	}
+	buffer_append_c(plain, 0);
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	buffer_set_used_size(plain, CASBOX_DEK_UPDATE_SIZE);
+	((unsigned char *)buffer_get_modifiable_data(plain, NULL))[0] = 2;
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	ck_assert_str_eq(error, "DEK update: unsupported version 2");
+	((unsigned char *)buffer_get_modifiable_data(plain, NULL))[0] = 1;
+	((unsigned char *)buffer_get_modifiable_data(plain,
+						   NULL))[9 + CAS_BLOB_ID_SIZE] = 2;
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	ck_assert_str_eq(error, "DEK update: unknown DEK kind 2");
+
+	/* API: a blob's DEK rewrapped, recorded in the packs, found by the
+	   scan and opening the blob */
+	buffer_set_used_size(plain, 0);
+	buffer_append(plain, "x", 1);
+	add_blob_and_meta(store, CASBOX_META_KIND_RECOVERY, plain, &id, &rec,
+			  &meta);
+	ck_assert_int_eq(cas_dek_unwrap(keyring, &id, rec.wrapped_dek, dek,
+					&error), 1);
+	rec2 = rec;
+	cas_dek_wrap(keyring, &id, dek, rec2.wrapped_dek);
+	sodium_memzero(dek, sizeof(dek));
+	ck_assert(memcmp(rec2.wrapped_dek, rec.wrapped_dek,
+			 CAS_WRAPPED_DEK_SIZE) != 0);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add_dek_update(txn, &id,
+			 rec2.wrapped_dek, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+
+	scan = casbox_pack_scan_init(store);
+	i_zero(&meta);
+	while (casbox_pack_scan_next(scan, &info)) {
+		if (info.meta_kind == CASBOX_META_KIND_DEK_UPDATE)
+			meta = info;
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+	ck_assert_int_eq(meta.meta_kind, CASBOX_META_KIND_DEK_UPDATE);
+	sealed = buffer_create_dynamic(default_pool, 128);
+	out = buffer_create_dynamic(default_pool, 128);
+	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
+			 meta.offset, &kind, sealed, &error), 1);
+	ck_assert_int_eq(casbox_pack_meta_open(store, kind, sealed->data,
+			 sealed->used, out, &error), 1);
+	ck_assert_int_eq(casbox_dek_update_import(out->data, out->used,
+						  &upd2, &error), 1);
+	ck_assert(memcmp(upd2.id.id, id.id, CAS_BLOB_ID_SIZE) == 0);
+	ck_assert(memcmp(upd2.wrapped_dek, rec2.wrapped_dek,
+			 CAS_WRAPPED_DEK_SIZE) == 0);
+	memcpy(rec2.wrapped_dek, upd2.wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	blob = buffer_create_dynamic(default_pool, 4096);
+	ck_assert_int_eq(read_blob(store, &id, &rec2, blob), 0);
+	ck_assert_uint_eq(blob->used, 3000);
+
+	buffer_free(&blob);
+	buffer_free(&sealed);
+	buffer_free(&out);
+	buffer_free(&plain);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+/* A version 1 pack (written before meta frames) still takes blobs but
+   never a meta frame: the writer starts a version 2 pack first. */
+START_TEST(test_meta_not_in_v1_pack)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[1], *plain;
+	struct cas_blob_id ids[1];
+	struct casbox_blob_record recs[1];
+	struct casbox_pack_txn *txn;
+	unsigned char hdr[CASBOX_PACK_HEADER_SIZE];
+	const char *path1, *path2, *error;
+	struct stat st1, st2;
+	uint32_t pack_id;
+	int fd;
+
+	blobs[0] = pattern_blob(4000, 31);
+	add_blobs(store, (const buffer_t *const *)blobs, 1, ids, recs);
+	casbox_pack_store_close(&store);
+	path1 = t_strdup_printf("%s/packs/pack-00000001.cbp", tmpdir);
+	path2 = t_strdup_printf("%s/packs/pack-00000002.cbp", tmpdir);
+	/* make it a version 1 pack, as older casbox wrote */
+	memcpy(hdr, "CASBPACK", 8);
+	cpu32_to_le_unaligned(1, hdr + 8);
+	cpu32_to_le_unaligned(1, hdr + 12);
+	cpu32_to_le_unaligned(cas_crc32c_mask(cas_crc32c(hdr, 16)), hdr + 16);
+	ck_assert_int_eq(casbox_pack_header_parse(hdr, sizeof(hdr), &pack_id,
+						  &error), 0);
+	fd = open(path1, O_RDWR);
+	ck_assert_int_eq(pwrite(fd, hdr, sizeof(hdr), 0), (ssize_t)sizeof(hdr));
+	ck_assert_int_eq(close(fd), 0);
+	ck_assert_int_eq(stat(path1, &st1), 0);
+
+	store = store_open();
+	plain = buffer_create_dynamic(default_pool, 16);
+	buffer_append(plain, "meta", 4);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add_meta(txn,
+			 CASBOX_META_KIND_RECOVERY, plain->data, plain->used,
+			 &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	ck_assert_int_eq(stat(path1, &st2), 0);
+	ck_assert_int_eq(st1.st_size, st2.st_size);
+	ck_assert_int_eq(stat(path2, &st2), 0);
+	ck_assert_int_gt(st2.st_size, CASBOX_PACK_HEADER_SIZE);
+
+	/* an unknown pack version is refused by name */
+	cpu32_to_le_unaligned(3, hdr + 8);
+	cpu32_to_le_unaligned(cas_crc32c_mask(cas_crc32c(hdr, 16)), hdr + 16);
+	ck_assert_int_eq(casbox_pack_header_parse(hdr, sizeof(hdr), &pack_id,
+						  &error), -1);
+	ck_assert_str_eq(error, "pack header: unsupported version 3");
+	buffer_free(&plain);
+	buffer_free(&blobs[0]);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_meta_header_codec)
+{
+	struct casbox_meta_header hdr, hdr2;
+	unsigned char buf[CASBOX_META_HEADER_SIZE];
+	const char *error;
+	unsigned int i;
+
+	i_zero(&hdr);
+	hdr.kind = CASBOX_META_KIND_DEK_UPDATE;
+	hdr.frame_size = 500;
+	hdr.body_crc = 0x12345678;
+	casbox_meta_header_write(&hdr, buf);
+	ck_assert_int_eq(casbox_meta_header_parse(buf, sizeof(buf), &hdr2,
+						  &error), 0);
+	ck_assert_int_eq(hdr2.kind, hdr.kind);
+	ck_assert_uint_eq(hdr2.frame_size, 500);
+	ck_assert_uint_eq(hdr2.body_crc, 0x12345678);
+	for (i = 0; i < sizeof(buf); i++) {
+		ck_assert_int_eq(casbox_meta_header_parse(buf, i, &hdr2,
+							  &error), -1);
+		ck_assert_str_eq(error, "meta frame: header truncated");
+	}
+	/* fields that pass the CRC are still checked */
+	hdr.kind = 3;
+	casbox_meta_header_write(&hdr, buf);
+	ck_assert_int_eq(casbox_meta_header_parse(buf, sizeof(buf), &hdr2,
+						  &error), -1);
+	ck_assert_str_eq(error, "meta frame: unknown kind 3");
+	hdr.kind = CASBOX_META_KIND_NONE;
+	casbox_meta_header_write(&hdr, buf);
+	ck_assert_int_eq(casbox_meta_header_parse(buf, sizeof(buf), &hdr2,
+						  &error), -1);
+	hdr.kind = CASBOX_META_KIND_RECOVERY;
+	hdr.frame_size = CASBOX_META_HEADER_SIZE + CASBOX_META_MIN_BODY - 1;
+	casbox_meta_header_write(&hdr, buf);
+	ck_assert_int_eq(casbox_meta_header_parse(buf, sizeof(buf), &hdr2,
+						  &error), -1);
+	hdr.frame_size = CASBOX_META_HEADER_SIZE + CASBOX_META_MAX_BODY + 1;
+	casbox_meta_header_write(&hdr, buf);
+	ck_assert_int_eq(casbox_meta_header_parse(buf, sizeof(buf), &hdr2,
+						  &error), -1);
+	/* a blob frame header is not a meta header, and the other way */
+	hdr.frame_size = 500;
+	casbox_meta_header_write(&hdr, buf);
+	{
+		struct casbox_frame_header fh;
+		unsigned char fbuf[CASBOX_FRAME_HEADER_SIZE];
+
+		memset(fbuf, 0, sizeof(fbuf));
+		memcpy(fbuf, buf, sizeof(buf));
+		ck_assert_int_eq(casbox_frame_header_parse(fbuf, sizeof(fbuf),
+							   &fh, &error), -1);
+		ck_assert_str_eq(error, "frame: bad magic");
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pack");
@@ -1139,6 +1568,11 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_corpus_round_trip);
+	tcase_add_test(tc, test_meta_header_codec);
+	tcase_add_test(tc, test_meta_frame_damage);
+	tcase_add_test(tc, test_meta_sealed);
+	tcase_add_test(tc, test_dek_update);
+	tcase_add_test(tc, test_meta_not_in_v1_pack);
 	tcase_add_test(tc, test_chunk_boundaries);
 	tcase_add_test(tc, test_seek);
 	tcase_add_test(tc, test_damage_small_exhaustive);

@@ -1,10 +1,12 @@
-/* casbox LSM records: round trips, key order, and every truncation or
-   inconsistency of untrusted bytes is rejected with a reason. */
+/* casbox LSM records and the recovery records of the packs: round
+   trips, key order, and every truncation or inconsistency of untrusted
+   bytes is rejected with a reason. */
 
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
 #include "casbox-records.h"
+#include "casbox-recovery.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -264,6 +266,108 @@ START_TEST(test_mailbox_record_tail)
 }
 END_TEST
 
+
+static void fill_recovery(pool_t pool, struct casbox_recovery_record *rec)
+{
+	struct casbox_recovery_blob *blob;
+	const struct casbox_msg_part *part;
+
+	i_zero(rec);
+	rec->written_usecs = 1796000000123456ULL;
+	memset(rec->mailbox_guid, 0x11, GUID_128_SIZE);
+	memset(rec->public_guid, 0x22, GUID_128_SIZE);
+	rec->uid_validity = 1700000001;
+	rec->uid = 42;
+	rec->next_uid = 50;
+	rec->highest_modseq = 99;
+	rec->mailbox_name = "Work/Projects";
+	fill_record(pool, &rec->msg);
+	p_array_init(&rec->blobs, pool, 2);
+	blob = array_append_space(&rec->blobs);
+	part = array_idx(&rec->msg.parts, 1);
+	blob->id = part->id;
+	blob->dict_id = 3;
+	blob->plain_size = 200;
+	memset(blob->wrapped_dek, 0x77, sizeof(blob->wrapped_dek));
+}
+
+START_TEST(test_recovery_record)
+{
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_recovery_record rec, rec2;
+	const struct casbox_recovery_blob *b1, *b2;
+	buffer_t *buf = buffer_create_dynamic(pool, 512);
+	buffer_t *msg = buffer_create_dynamic(pool, 512);
+	buffer_t *msg2 = buffer_create_dynamic(pool, 512);
+	const char *error = NULL;
+	unsigned char *p;
+	size_t i;
+
+	fill_recovery(pool, &rec);
+	casbox_recovery_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), 1);
+	ck_assert(rec2.written_usecs == rec.written_usecs);
+	ck_assert(memcmp(rec2.mailbox_guid, rec.mailbox_guid,
+			 GUID_128_SIZE) == 0);
+	ck_assert(memcmp(rec2.public_guid, rec.public_guid,
+			 GUID_128_SIZE) == 0);
+	ck_assert_uint_eq(rec2.uid_validity, rec.uid_validity);
+	ck_assert_uint_eq(rec2.uid, 42);
+	ck_assert_uint_eq(rec2.next_uid, 50);
+	ck_assert_uint_eq(rec2.highest_modseq, 99);
+	ck_assert_str_eq(rec2.mailbox_name, "Work/Projects");
+	casbox_msg_record_export(&rec.msg, msg);
+	casbox_msg_record_export(&rec2.msg, msg2);
+	ck_assert(buffer_cmp(msg, msg2));
+	ck_assert_uint_eq(array_count(&rec2.blobs), 1);
+	b1 = array_front(&rec.blobs);
+	b2 = array_front(&rec2.blobs);
+	ck_assert(memcmp(b1, b2, sizeof(*b1)) == 0);
+
+	/* every truncation, and a trailing byte */
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_recovery_record_import(buf->data, i,
+				 pool, &rec2, &error), -1);
+		ck_assert_ptr_nonnull(strstr(error, "recovery record: "));
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	buffer_set_used_size(buf, buf->used - 1);
+
+	/* version, DEK kind, a zero UID */
+	p = buffer_get_modifiable_data(buf, NULL);
+	p[0] = 2;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "recovery record: unsupported version");
+	p[0] = CASBOX_RECOVERY_VERSION;
+	p[buf->used - CAS_WRAPPED_DEK_SIZE - 1] = 2;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "recovery record: unknown DEK kind");
+
+	rec.uid = 0;
+	buffer_set_used_size(buf, 0);
+	casbox_recovery_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "recovery record: zero UID, UIDVALIDITY or "
+			 "mailbox GUID");
+
+	/* no new blobs (a copy) */
+	rec.uid = 43;
+	array_clear(&rec.blobs);
+	buffer_set_used_size(buf, 0);
+	casbox_recovery_record_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), 1);
+	ck_assert_uint_eq(array_count(&rec2.blobs), 0);
+	pool_unref(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-records");
@@ -278,6 +382,7 @@ int main(void)
 	tcase_add_test(tc, test_message_keys_sort_by_uid);
 	tcase_add_test(tc, test_blob_and_mailbox_values);
 	tcase_add_test(tc, test_mailbox_record_tail);
+	tcase_add_test(tc, test_recovery_record);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

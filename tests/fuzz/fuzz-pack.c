@@ -3,8 +3,11 @@
    is opened and read with the fixed test key. Oracle: a read that
    succeeds must return plain_size bytes whose keyed id is the frame's
    blob id (AEAD authenticates every chunk), anything else is a crash.
-   `fuzz-pack --make-seeds DIR` writes the seed corpus with the real
-   writer. */
+   Meta frames the scan finds intact are read and opened too (a DEK
+   update that opens is decoded). `fuzz-pack --make-seeds DIR` writes
+   the seed corpus with the real writer (the v1 seeds in the corpus
+   predate meta frames and are kept as they are: check-pack reads them
+   as golden files; "meta-frames" is a version 2 pack). */
 
 #include "lib.h"
 #include "buffer.h"
@@ -73,6 +76,28 @@ static void fuzz_write_pack(const uint8_t *data, size_t size)
 	i_close_fd(&fd);
 }
 
+static void fuzz_meta(const struct casbox_pack_frame_info *info)
+{
+	buffer_t *sealed = t_buffer_create(256), *plain = t_buffer_create(256);
+	struct casbox_dek_update upd;
+	enum casbox_meta_kind kind;
+	const char *error;
+
+	if (casbox_pack_meta_read(fuzz_store, info->pack_id, info->offset,
+				  &kind, sealed, &error) < 0) {
+		/* the scan verified header and body CRCs */
+		i_panic("intact meta frame does not read: %s", error);
+	}
+	if (kind != info->meta_kind)
+		i_panic("meta frame kind changed between scan and read");
+	if (casbox_pack_meta_open(fuzz_store, kind, sealed->data,
+				  sealed->used, plain, &error) < 0)
+		return;
+	if (kind == CASBOX_META_KIND_DEK_UPDATE)
+		(void)casbox_dek_update_import(plain->data, plain->used,
+					       &upd, &error);
+}
+
 static void fuzz_scan(void)
 {
 	struct casbox_pack_scan *scan = casbox_pack_scan_init(fuzz_store);
@@ -87,6 +112,10 @@ static void fuzz_scan(void)
 		    (info.frame_size == 0 && info.offset != 0))
 			i_panic("scan went backwards or stalled");
 		last = info.offset + info.frame_size;
+		if (info.meta_kind != CASBOX_META_KIND_NONE &&
+		    info.damage == NULL) T_BEGIN {
+			fuzz_meta(&info);
+		} T_END;
 	}
 	(void)casbox_pack_scan_deinit(&scan, &error);
 }
@@ -150,7 +179,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef CASBOX_LIBFUZZER
 static void
 fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
-	       unsigned int count, unsigned int pick)
+	       unsigned int count, unsigned int pick, bool with_meta)
 {
 	const char *tmp = t_strdup_printf("%s/tmp-%s", dir, name);
 	struct casbox_pack_store *store = fuzz_store_open(tmp);
@@ -178,6 +207,13 @@ fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
 		i_stream_unref(&input);
 		if (i == pick)
 			picked = rec;
+		if (with_meta && casbox_pack_txn_add_meta(txn,
+				CASBOX_META_KIND_RECOVERY, blobs[i]->data,
+				I_MIN(blobs[i]->used, 64), &error) < 0)
+			i_fatal("%s", error);
+		if (with_meta && casbox_pack_txn_add_dek_update(txn, &id,
+				rec.wrapped_dek, &error) < 0)
+			i_fatal("%s", error);
 	}
 	if (casbox_pack_txn_commit(&txn, &error) < 0)
 		i_fatal("%s", error);
@@ -212,12 +248,16 @@ static void fuzz_make_seeds(const char *dir)
 	buffer_append(blobs[1], "Subject: hello\r\n\r\nworld\r\n", 25);
 	for (i = 0; i < 70000; i++)
 		buffer_append_c(blobs[2], "casbox \r\n"[(i * 7 + i / 13) % 9]);
-	fuzz_make_seed(dir, "empty", (const buffer_t *const *)blobs, 1, 0);
-	fuzz_make_seed(dir, "small", (const buffer_t *const *)blobs + 1, 1, 0);
+	fuzz_make_seed(dir, "empty", (const buffer_t *const *)blobs, 1, 0,
+		       FALSE);
+	fuzz_make_seed(dir, "small", (const buffer_t *const *)blobs + 1, 1, 0,
+		       FALSE);
 	fuzz_make_seed(dir, "two-chunks", (const buffer_t *const *)blobs + 2,
-		       1, 0);
+		       1, 0, FALSE);
 	fuzz_make_seed(dir, "three-frames", (const buffer_t *const *)blobs, 3,
-		       1);
+		       1, FALSE);
+	fuzz_make_seed(dir, "meta-frames", (const buffer_t *const *)blobs + 1,
+		       2, 1, TRUE);
 	for (i = 0; i < N_ELEMENTS(blobs); i++)
 		buffer_free(&blobs[i]);
 }
