@@ -14,9 +14,9 @@
    whose message record is live is copied verbatim, a dead one dropped
    (in step 2 a record whose message appeared since keeps its pack); a
    DEK update is copied while its blob is live and stays where it is.
-   Every moved blob, and every live blob whose DEK only a dropped record
-   carried, gets a new DEK update, so rebuild --from-packs can still
-   open it. */
+   Every moved blob gets a DEK update for its fresh DEK. Every recovery
+   record carries the DEKs of all its message's blobs, so dropping a
+   dead one loses no DEK a live message needs. */
 
 #include "lib.h"
 #include "array.h"
@@ -258,8 +258,6 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 			      const char **error_r)
 {
 	struct casbox_recovery_record rrec;
-	const struct casbox_recovery_blob *rblob;
-	struct casbox_census_blob *blob;
 	struct casbox_gc_dropped *drop;
 	const char *error;
 	int ret;
@@ -289,11 +287,6 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 	drop->uid = rrec.uid;
 	drop->guid = p_strdup(gc->census->pool, rrec.msg.guid);
 	drop->cand = cand;
-	array_foreach(&rrec.blobs, rblob) {
-		blob = hash_table_lookup(gc->census->blobs, &rblob->id);
-		if (blob != NULL && casbox_census_blob_is_live(blob))
-			blob->gc_need_dek = TRUE;
-	}
 	gc->recovery_dropped++;
 	return 1;
 }
@@ -363,7 +356,6 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 static int casbox_gc_copy_metas(struct casbox_gc *gc, const char **error_r)
 {
 	const struct casbox_census_meta *meta;
-	struct casbox_census_blob *blob;
 	struct casbox_gc_pack *cand;
 	int ret = 0;
 
@@ -373,18 +365,6 @@ static int casbox_gc_copy_metas(struct casbox_gc *gc, const char **error_r)
 			continue;
 		T_BEGIN {
 			ret = casbox_gc_meta(gc, meta, cand, error_r);
-		} T_END_PASS_STR_IF(ret < 0, error_r);
-		if (ret < 0)
-			return -1;
-	}
-	array_foreach_elem(&gc->census->blob_list, blob) {
-		if (!blob->gc_need_dek || blob->gc_moved ||
-		    !blob->have_record || blob->record_bad)
-			continue;
-		T_BEGIN {
-			ret = casbox_gc_dek_update(gc, &blob->id,
-						   blob->rec.wrapped_dek,
-						   error_r);
 		} T_END_PASS_STR_IF(ret < 0, error_r);
 		if (ret < 0)
 			return -1;

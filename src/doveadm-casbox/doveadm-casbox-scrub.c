@@ -10,8 +10,10 @@
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
+#include "safe-memset.h"
 #include "casbox-lsm.h"
 #include "casbox-store-quarantine.h"
+#include "casbox-recovery.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
@@ -194,6 +196,49 @@ static void casbox_scrub_add_msg(struct casbox_scrub *scrub,
 	msg->damaged = damaged;
 }
 
+/* With the key: every meta frame the scan found intact must open and
+   parse (it is what rebuild --from-packs would need). */
+static void casbox_scrub_metas(struct casbox_scrub *scrub)
+{
+	struct casbox_pack_store *packs = scrub->adm->packs;
+	const struct casbox_census_meta *meta;
+	struct casbox_recovery_record rrec;
+	struct casbox_dek_update upd;
+	enum casbox_meta_kind kind;
+	buffer_t *sealed, *plain;
+	const char *error;
+	int ret;
+
+	array_foreach(&scrub->census->metas, meta) T_BEGIN {
+		sealed = t_buffer_create(512);
+		plain = t_buffer_create(512);
+		if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset,
+					  &kind, sealed, &error) < 0 ||
+		    casbox_pack_meta_open(packs, kind, sealed->data,
+					  sealed->used, plain, &error) < 0)
+			ret = -1;
+		else if (kind == CASBOX_META_KIND_RECOVERY) {
+			ret = casbox_recovery_record_import(plain->data,
+				plain->used, pool_datastack_create(), &rrec,
+				&error);
+		} else {
+			ret = casbox_dek_update_import(plain->data,
+				plain->used, &upd, &error);
+		}
+		if (plain->used > 0) {
+			safe_memset(buffer_get_modifiable_data(plain, NULL),
+				    0, plain->used);
+		}
+		if (ret < 0) {
+			casbox_scrub_row(scrub, "-", 0, t_strdup_printf(
+				"%s@%"PRIu64, casbox_admin_pack_path(
+					scrub->adm, meta->pack_id),
+				meta->offset), t_strdup_printf(
+				"meta frame: %s", error));
+		}
+	} T_END;
+}
+
 /* One row per message part that cannot be read. */
 static void casbox_scrub_message(struct casbox_scrub *scrub,
 				 const unsigned char *key, size_t key_size,
@@ -334,6 +379,8 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 			return -1;
 		scrub->decoded = adm->keyring != NULL;
 		casbox_scrub_blobs(scrub);
+		if (adm->keyring != NULL)
+			casbox_scrub_metas(scrub);
 	}
 	if (casbox_scrub_messages(scrub, error_r) < 0)
 		return -1;

@@ -18,9 +18,12 @@
      u32 len | casbox_msg_record_export() (flags/keywords as saved)
      u16 n | n x (blob id (32) | u32 dict_id | u64 plain_size |
                   u8 DEK kind (1) | wrapped DEK (76))
-   The blobs are the ones this save wrote new frames for (a copy or a
-   deduplicated part lists none: another record or a DEK update carries
-   that blob's DEK). */
+   The blobs are every distinct blob of the message, with the wrapped
+   DEK the store had for it at the save (new or deduplicated alike), so
+   each record opens its message on its own: a damaged record loses only
+   its message, and gc can drop a record without losing a DEK that
+   another message needs. A later DEK (gc's fresh one, key rotation) is
+   in a DEK update frame. */
 
 #include "casbox-records.h"
 

@@ -32,8 +32,6 @@ struct casbox_census_blob {
 	time_t quarantine_time;
 	/* gc: copied to a new frame (under a fresh DEK) */
 	bool gc_moved;
-	/* gc: a recovery record carrying its DEK is dropped */
-	bool gc_need_dek;
 };
 
 /* A frame location: (pack id, offset). */

@@ -721,17 +721,12 @@ static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
 	return 0;
 }
 
-/* Reference the blob of part, writing it if it is not stored. A blob
-   written here is appended to new_blobs (for the recovery record). */
 static int
 casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 			  const struct casbox_msg_part *part,
-			  struct istream *input,
-			  ARRAY_TYPE(casbox_recovery_blob) *new_blobs,
-			  const char **error_r)
+			  struct istream *input, const char **error_r)
 {
 	struct casbox_pending_blob *blob;
-	struct casbox_recovery_blob *rblob;
 	struct casbox_blob_record brec;
 	const char *error;
 
@@ -761,12 +756,6 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	buffer_set_used_size(blob->pack_record, 0);
 	casbox_blob_record_export(&brec, blob->pack_record);
 	blob->refcount = 1;
-
-	rblob = array_append_space(new_blobs);
-	rblob->id = part->id;
-	rblob->dict_id = brec.dict_id;
-	rblob->plain_size = brec.plain_size;
-	memcpy(rblob->wrapped_dek, brec.wrapped_dek, CAS_WRAPPED_DEK_SIZE);
 	return 0;
 }
 
@@ -785,12 +774,55 @@ void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
 	txn->recovery_mailbox.name = p_strdup(txn->pool, rec->name);
 }
 
+/* Every distinct blob of rec with its wrapped DEK as the transaction
+   sees it (just written, or deduplicated: the stored record's), so one
+   recovery record is enough to open its message. */
+static int
+casbox_store_txn_recovery_blobs(struct casbox_store_txn *txn,
+				const struct casbox_msg_record *rec,
+				ARRAY_TYPE(casbox_recovery_blob) *blobs,
+				const char **error_r)
+{
+	const struct casbox_msg_part *part;
+	const struct casbox_recovery_blob *seen;
+	struct casbox_recovery_blob *rblob;
+	struct casbox_pending_blob *blob;
+	struct casbox_blob_record brec;
+	bool dup;
+
+	array_foreach(&rec->parts, part) {
+		dup = FALSE;
+		array_foreach(blobs, seen) {
+			if (memcmp(seen->id.id, part->id.id,
+				   CAS_BLOB_ID_SIZE) == 0)
+				dup = TRUE;
+		}
+		if (dup)
+			continue;
+		blob = hash_table_lookup(txn->blobs, &part->id);
+		i_assert(blob != NULL);
+		if (casbox_blob_record_import(blob->pack_record->data,
+					      blob->pack_record->used,
+					      &brec, error_r) < 0) {
+			*error_r = t_strdup_printf("blob %s: %s",
+				cas_blob_id_to_hex(&part->id), *error_r);
+			return -1;
+		}
+		rblob = array_append_space(blobs);
+		rblob->id = part->id;
+		rblob->dict_id = brec.dict_id;
+		rblob->plain_size = brec.plain_size;
+		memcpy(rblob->wrapped_dek, brec.wrapped_dek,
+		       CAS_WRAPPED_DEK_SIZE);
+	}
+	return 0;
+}
+
 /* Seal the message's recovery record into the pack transaction, after
    its new blobs, so the pack commit makes them durable together. */
 static int
 casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 			      const struct casbox_msg_record *rec,
-			      const ARRAY_TYPE(casbox_recovery_blob) *new_blobs,
 			      const char **error_r)
 {
 	const struct casbox_mailbox_record *mrec = &txn->recovery_mailbox;
@@ -811,7 +843,10 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	rrec.highest_modseq = mrec->highest_modseq;
 	rrec.mailbox_name = mrec->name;
 	rrec.msg = *rec;
-	rrec.blobs = *new_blobs;
+	t_array_init(&rrec.blobs, array_count(&rec->parts) + 1);
+	if (casbox_store_txn_recovery_blobs(txn, rec, &rrec.blobs,
+					    error_r) < 0)
+		return -1;
 	plain = t_buffer_create(512);
 	casbox_recovery_record_export(&rrec, plain);
 	ret = casbox_pack_txn_add_meta(txn->pack_txn,
@@ -867,7 +902,6 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     struct istream *const *part_inputs,
 			     const char **error_r)
 {
-	ARRAY_TYPE(casbox_recovery_blob) new_blobs;
 	const struct casbox_msg_part *parts;
 	struct casbox_msg_record old_rec;
 	unsigned int i, count;
@@ -884,17 +918,15 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 		return -1;
 
 	parts = array_get(&rec->parts, &count);
-	t_array_init(&new_blobs, count + 1);
 	for (i = 0; i < count; i++) {
 		if (casbox_store_txn_ref_part(txn, &parts[i],
 				part_inputs == NULL ? NULL : part_inputs[i],
-				&new_blobs, error_r) < 0)
+				error_r) < 0)
 			return -1;
 	}
 	if (txn->have_recovery_mailbox &&
 	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid) &&
-	    casbox_store_txn_add_recovery(txn, uid, rec, &new_blobs,
-					  error_r) < 0)
+	    casbox_store_txn_add_recovery(txn, uid, rec, error_r) < 0)
 		return -1;
 	value = t_buffer_create(256);
 	casbox_msg_record_export(rec, value);

@@ -268,6 +268,40 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertGreaterEqual(missing, 1)
         self.assertLessEqual(missing, lost)
 
+    def test_damaged_recovery_record(self):
+        """A damaged recovery record: scrub names it; the rebuild loses
+        that one message and nothing else (its copy in Work has its own
+        record with the DEKs; the blob is not an orphan, the copy uses
+        it)."""
+        metas = [f for f in pack_frames(self.root) if f[2] == b"CBMF"]
+        path, off, _, size = metas[0]
+        with open(path, "r+b") as f:
+            f.seek(off + 40)
+            b = f.read(1)
+            f.seek(off + 40)
+            f.write(bytes([b[0] ^ 0x01]))
+        r = self.dc.doveadm("-f", "tab", "casbox", "scrub", "-u", USER,
+                            check=False)
+        self.assertEqual(r.returncode, 65, r)
+        rows = parse_tab(r.stdout)
+        self.assertEqual([row["blob"] for row in rows],
+                         ["%s@%d" % (path, off)], rows)
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        r, row = from_packs(self.dc)
+        self.assertEqual(int(row["damaged_frames"]), 1, row)
+        self.assertEqual(int(row["messages"]), 68 - 1, row)
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        self.assertEqual(int(row["orphans"]), 0, row)
+        after = Snapshot(self.dc)
+        # the first save: INBOX UID 1
+        self.assertNotIn(1, after.msgs["INBOX"])
+        for box in ("INBOX", "Work"):
+            for uid, m in self.before.msgs[box].items():
+                if (box, uid) == ("INBOX", 1):
+                    continue
+                self.assertEqual(after.durable(box)[uid],
+                                 self.before.durable(box)[uid], (box, uid))
+
     def test_wrong_key_changes_nothing(self):
         """With another key no record opens: refused, LSM untouched."""
         key = os.path.join(self.dc.home(USER), "casbox.key")
