@@ -14,8 +14,9 @@
    4. Write a new LSM beside the old one (K, M, m and b records,
       refcount = references counted), rename the old one to
       lsm.broken-<time> (never deleted) and the new one to lsm.
-   5. Force-resync every mailbox (INBOX first: it restores the mailbox
-      directories from the M records), so Dovecot's index agrees. */
+   5. (doveadm-casbox-frompacks-cmd.c) Force-resync every mailbox (INBOX
+      first: it restores the mailbox directories from the M records), so
+      Dovecot's index agrees. */
 
 #include "lib.h"
 #include "array.h"
@@ -25,15 +26,8 @@
 #include "istream.h"
 #include "ioloop.h"
 #include "safe-memset.h"
-#include "mail-namespace.h"
-#include "mail-storage-private.h"
-#include "doveadm-print.h"
-#include "doveadm-mail.h"
 #include "casbox-lsm.h"
-#include "casbox-recovery.h"
-#include "casbox-storage.h"
-#include "casbox-store.h"
-#include "doveadm-casbox.h"
+#include "doveadm-casbox-frompacks.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -42,65 +36,6 @@
 
 /* LSM puts per batch while writing the new LSM */
 #define FROMPACKS_BATCH_RECORDS 1000
-
-struct frompacks_frame {
-	uint32_t pack_id;
-	uint64_t offset;
-	uint32_t frame_size;
-	uint64_t plain_size;
-	uint32_t dict_id;
-};
-
-struct frompacks_dek {
-	unsigned char wrapped[CAS_WRAPPED_DEK_SIZE];
-};
-
-struct frompacks_blob {
-	struct cas_blob_id id;
-	ARRAY(struct frompacks_frame) frames;
-	ARRAY(struct frompacks_dek) deks;
-	/* references from the recovered message records */
-	uint32_t refcount;
-	/* 0 = not tried, 1 = rec is good, -1 = no frame opens */
-	int resolved;
-	struct casbox_blob_record rec;
-};
-
-struct frompacks_msg {
-	guid_128_t mailbox_guid;
-	uint32_t uid;
-	struct casbox_recovery_record rec;
-	bool lost;
-};
-
-struct frompacks_mailbox {
-	guid_128_t guid;
-	uint64_t newest_written;
-	struct casbox_mailbox_record rec;
-	unsigned int messages;
-};
-
-struct frompacks {
-	struct casbox_admin *adm;
-	pool_t pool;
-	HASH_TABLE(struct cas_blob_id *, struct frompacks_blob *) blobs;
-	ARRAY(struct frompacks_blob *) blob_list;
-	/* "<mailbox guid hex>:<uid>" -> newest recovery record */
-	HASH_TABLE(char *, struct frompacks_msg *) msgs;
-	ARRAY(struct frompacks_msg *) msg_list;
-	HASH_TABLE(char *, struct frompacks_mailbox *) mailboxes;
-	ARRAY(struct frompacks_mailbox *) mailbox_list;
-
-	struct casbox_lsm *old_lsm;
-	struct casbox_lsm_batch *old_batch;
-	struct casbox_pack_txn *pack_txn;
-
-	unsigned int meta_frames, meta_unreadable, damaged_frames;
-	unsigned int messages, lost_messages, blob_count, orphans;
-	/* records the intact index had expunged, released again */
-	unsigned int expunged;
-	const char *moved_to;
-};
 
 static unsigned int frompacks_blob_id_hash(const struct cas_blob_id *id)
 {
@@ -114,15 +49,15 @@ static int frompacks_blob_id_cmp(const struct cas_blob_id *id1,
 	return memcmp(id1->id, id2->id, sizeof(id1->id));
 }
 
-static struct frompacks_blob *
-frompacks_blob_get(struct frompacks *fp, const struct cas_blob_id *id)
+static struct casbox_frompacks_blob *
+frompacks_blob_get(struct casbox_frompacks *fp, const struct cas_blob_id *id)
 {
-	struct frompacks_blob *blob;
+	struct casbox_frompacks_blob *blob;
 
 	blob = hash_table_lookup(fp->blobs, id);
 	if (blob != NULL)
 		return blob;
-	blob = p_new(fp->pool, struct frompacks_blob, 1);
+	blob = p_new(fp->pool, struct casbox_frompacks_blob, 1);
 	blob->id = *id;
 	p_array_init(&blob->frames, fp->pool, 1);
 	p_array_init(&blob->deks, fp->pool, 1);
@@ -131,13 +66,13 @@ frompacks_blob_get(struct frompacks *fp, const struct cas_blob_id *id)
 	return blob;
 }
 
-static void frompacks_add_dek(struct frompacks *fp,
+static void frompacks_add_dek(struct casbox_frompacks *fp,
 			      const struct cas_blob_id *id,
 			      const unsigned char *wrapped)
 {
-	struct frompacks_blob *blob = frompacks_blob_get(fp, id);
-	const struct frompacks_dek *dek;
-	struct frompacks_dek *new_dek;
+	struct casbox_frompacks_blob *blob = frompacks_blob_get(fp, id);
+	const struct casbox_frompacks_dek *dek;
+	struct casbox_frompacks_dek *new_dek;
 
 	array_foreach(&blob->deks, dek) {
 		if (memcmp(dek->wrapped, wrapped, CAS_WRAPPED_DEK_SIZE) == 0)
@@ -147,13 +82,13 @@ static void frompacks_add_dek(struct frompacks *fp,
 	memcpy(new_dek->wrapped, wrapped, CAS_WRAPPED_DEK_SIZE);
 }
 
-static void frompacks_add_recovery(struct frompacks *fp,
+static void frompacks_add_recovery(struct casbox_frompacks *fp,
 				   const buffer_t *plain,
 				   const struct casbox_pack_frame_info *info)
 {
 	struct casbox_recovery_record rec;
 	const struct casbox_recovery_blob *rblob;
-	struct frompacks_msg *msg;
+	struct casbox_frompacks_msg *msg;
 	const char *key, *error;
 	pool_t pool = pool_datastack_create();
 
@@ -174,7 +109,7 @@ static void frompacks_add_recovery(struct frompacks *fp,
 	if (msg != NULL && msg->rec.written_usecs > rec.written_usecs)
 		return;
 	if (msg == NULL) {
-		msg = p_new(fp->pool, struct frompacks_msg, 1);
+		msg = p_new(fp->pool, struct casbox_frompacks_msg, 1);
 		hash_table_insert(fp->msgs, p_strdup(fp->pool, key), msg);
 		array_push_back(&fp->msg_list, &msg);
 	}
@@ -186,7 +121,7 @@ static void frompacks_add_recovery(struct frompacks *fp,
 	msg->uid = msg->rec.uid;
 }
 
-static void frompacks_add_dek_update(struct frompacks *fp,
+static void frompacks_add_dek_update(struct casbox_frompacks *fp,
 				     const buffer_t *plain,
 				     const struct casbox_pack_frame_info *info)
 {
@@ -203,7 +138,7 @@ static void frompacks_add_dek_update(struct frompacks *fp,
 	frompacks_add_dek(fp, &upd.id, upd.wrapped_dek);
 }
 
-static void frompacks_meta(struct frompacks *fp,
+static void frompacks_meta(struct casbox_frompacks *fp,
 			   const struct casbox_pack_frame_info *info)
 {
 	struct casbox_pack_store *packs = fp->adm->packs;
@@ -230,11 +165,11 @@ static void frompacks_meta(struct frompacks *fp,
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
 }
 
-static void frompacks_frame(struct frompacks *fp,
+static void frompacks_frame(struct casbox_frompacks *fp,
 			    const struct casbox_pack_frame_info *info)
 {
-	struct frompacks_blob *blob;
-	struct frompacks_frame *frame;
+	struct casbox_frompacks_blob *blob;
+	struct casbox_frompacks_frame *frame;
 
 	if (info->damage != NULL) {
 		i_warning("casbox rebuild --from-packs: pack %u offset %"
@@ -257,7 +192,7 @@ static void frompacks_frame(struct frompacks *fp,
 	frame->dict_id = info->dict_id;
 }
 
-static int frompacks_scan(struct frompacks *fp, const char **error_r)
+static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
 {
 	struct casbox_pack_frame_info info;
 	struct casbox_pack_scan *scan;
@@ -276,7 +211,7 @@ static int frompacks_scan(struct frompacks *fp, const char **error_r)
 
 /* TRUE if the blob opens with rec: the DEK unwraps and the first
    chunk's tag verifies. */
-static bool frompacks_blob_opens(struct frompacks *fp,
+static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 				 const struct cas_blob_id *id,
 				 const struct casbox_blob_record *rec)
 {
@@ -299,11 +234,11 @@ static bool frompacks_blob_opens(struct frompacks *fp,
 
 /* Newest frame first (gc copies are newer than the frames they
    replaced); each with every candidate DEK. */
-static int frompacks_blob_resolve(struct frompacks *fp,
-				  struct frompacks_blob *blob)
+static int frompacks_blob_resolve(struct casbox_frompacks *fp,
+				  struct casbox_frompacks_blob *blob)
 {
-	const struct frompacks_frame *frames;
-	const struct frompacks_dek *dek;
+	const struct casbox_frompacks_frame *frames;
+	const struct casbox_frompacks_dek *dek;
 	struct casbox_blob_record rec;
 	unsigned int i, count;
 
@@ -333,10 +268,10 @@ static int frompacks_blob_resolve(struct frompacks *fp,
 
 /* Returns NULL if every part resolves, else why not. */
 static const char *
-frompacks_msg_resolve(struct frompacks *fp, struct frompacks_msg *msg)
+frompacks_msg_resolve(struct casbox_frompacks *fp, struct casbox_frompacks_msg *msg)
 {
 	const struct casbox_msg_part *part;
-	struct frompacks_blob *blob;
+	struct casbox_frompacks_blob *blob;
 	int ret;
 
 	array_foreach(&msg->rec.msg.parts, part) {
@@ -362,27 +297,27 @@ frompacks_msg_resolve(struct frompacks *fp, struct frompacks_msg *msg)
 	return NULL;
 }
 
-static struct frompacks_mailbox *
-frompacks_mailbox_get(struct frompacks *fp, const guid_128_t guid)
+static struct casbox_frompacks_mailbox *
+frompacks_mailbox_get(struct casbox_frompacks *fp, const guid_128_t guid)
 {
 	const char *hex = binary_to_hex(guid, GUID_128_SIZE);
-	struct frompacks_mailbox *mbox;
+	struct casbox_frompacks_mailbox *mbox;
 
 	mbox = hash_table_lookup(fp->mailboxes, hex);
 	if (mbox != NULL)
 		return mbox;
-	mbox = p_new(fp->pool, struct frompacks_mailbox, 1);
+	mbox = p_new(fp->pool, struct casbox_frompacks_mailbox, 1);
 	guid_128_copy(mbox->guid, guid);
 	hash_table_insert(fp->mailboxes, p_strdup(fp->pool, hex), mbox);
 	array_push_back(&fp->mailbox_list, &mbox);
 	return mbox;
 }
 
-static void frompacks_mailbox_add(struct frompacks *fp,
-				  const struct frompacks_msg *msg)
+static void frompacks_mailbox_add(struct casbox_frompacks *fp,
+				  const struct casbox_frompacks_msg *msg)
 {
 	const struct casbox_recovery_record *rec = &msg->rec;
-	struct frompacks_mailbox *mbox;
+	struct casbox_frompacks_mailbox *mbox;
 
 	mbox = frompacks_mailbox_get(fp, rec->mailbox_guid);
 	if (!msg->lost)
@@ -404,11 +339,11 @@ static void frompacks_mailbox_add(struct frompacks *fp,
    its old records not yet dropped by gc): the newest keeps the name,
    the others come back under "<name> (recovered <guid>)" rather than
    being merged into it or left out. */
-static void frompacks_mailbox_names(struct frompacks *fp)
+static void frompacks_mailbox_names(struct casbox_frompacks *fp)
 {
-	struct frompacks_mailbox *mbox, *other;
+	struct casbox_frompacks_mailbox *mbox, *other;
 	unsigned int i, j, count;
-	struct frompacks_mailbox *const *boxes;
+	struct casbox_frompacks_mailbox *const *boxes;
 
 	boxes = array_get(&fp->mailbox_list, &count);
 	for (i = 0; i < count; i++) {
@@ -429,12 +364,12 @@ static void frompacks_mailbox_names(struct frompacks *fp)
 	}
 }
 
-static void frompacks_resolve(struct frompacks *fp)
+static void frompacks_resolve(struct casbox_frompacks *fp)
 {
-	struct frompacks_msg *msg;
-	struct frompacks_blob *blob;
+	struct casbox_frompacks_msg *msg;
+	struct casbox_frompacks_blob *blob;
 	const struct casbox_msg_part *part;
-	struct frompacks_mailbox *mbox;
+	struct casbox_frompacks_mailbox *mbox;
 	uint64_t now_usecs = casbox_meta_now_usecs();
 	const char *why;
 
@@ -507,12 +442,12 @@ static int frompacks_writer_next(struct frompacks_writer *w)
 	return 0;
 }
 
-static void frompacks_write_records(struct frompacks *fp,
+static void frompacks_write_records(struct casbox_frompacks *fp,
 				    struct frompacks_writer *w)
 {
-	struct frompacks_mailbox *mbox;
-	struct frompacks_msg *msg;
-	struct frompacks_blob *blob;
+	struct casbox_frompacks_mailbox *mbox;
+	struct casbox_frompacks_msg *msg;
+	struct casbox_frompacks_blob *blob;
 	struct casbox_blob_value bval;
 	buffer_t *key, *value, *prec;
 
@@ -583,7 +518,7 @@ static int fsync_path(const char *path, const char **error_r)
 }
 
 /* Write the new LSM at new_dir. Returns 0 ok, -1 error. */
-static int frompacks_write_lsm(struct frompacks *fp, const char *new_dir,
+static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 			       const char **error_r)
 {
 	struct casbox_lsm_settings set;
@@ -615,7 +550,7 @@ static int frompacks_write_lsm(struct frompacks *fp, const char *new_dir,
 }
 
 /* Old LSM aside (renamed, never deleted), new one in its place. */
-static int frompacks_swap(struct frompacks *fp, const char *new_dir,
+static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 			  const char *stamp, const char **error_r)
 {
 	const char *root = fp->adm->root_dir;
@@ -647,7 +582,7 @@ static int frompacks_swap(struct frompacks *fp, const char *new_dir,
 /* Serialise with saves and gc: the pack append lock (no frame can be
    added while we scan) and, if the old LSM still opens, its write
    lock. Returns 0 ok, -1 error. */
-static int frompacks_lock(struct frompacks *fp, const char **error_r)
+static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 {
 	struct casbox_lsm_settings set;
 	const char *lsm_dir = t_strconcat(fp->adm->root_dir, "/lsm", NULL);
@@ -677,7 +612,7 @@ static int frompacks_lock(struct frompacks *fp, const char **error_r)
 	return 0;
 }
 
-static void frompacks_unlock(struct frompacks *fp)
+static void frompacks_unlock(struct casbox_frompacks *fp)
 {
 	if (fp->old_batch != NULL)
 		casbox_lsm_batch_rollback(&fp->old_batch);
@@ -687,7 +622,7 @@ static void frompacks_unlock(struct frompacks *fp)
 		casbox_pack_txn_rollback(&fp->pack_txn);
 }
 
-static int frompacks_rebuild_lsm(struct frompacks *fp, const char **error_r)
+static int frompacks_rebuild(struct casbox_frompacks *fp, const char **error_r)
 {
 	const char *stamp, *new_dir;
 	int ret;
@@ -718,220 +653,46 @@ static int frompacks_rebuild_lsm(struct frompacks *fp, const char **error_r)
 	return ret;
 }
 
-/* The user's casbox storage must open the new LSM, not a handle on the
-   old one from before the swap. */
-static void frompacks_reset_storage(struct mail_user *user)
-{
-	struct mail_namespace *ns;
-	struct casbox_storage *storage;
 
-	for (ns = user->namespaces; ns != NULL; ns = ns->next) {
-		if (ns->storage == NULL ||
-		    strcmp(ns->storage->name, CASBOX_STORAGE_NAME) != 0)
-			continue;
-		storage = CASBOX_STORAGE(ns->storage);
-		if (storage->store != NULL)
-			casbox_store_close(&storage->store);
-	}
+struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm)
+{
+	struct casbox_frompacks *fp;
+	pool_t pool;
+
+	i_assert(adm->packs != NULL && adm->keyring != NULL);
+	pool = pool_alloconly_create("casbox rebuild from packs", 65536);
+	fp = p_new(pool, struct casbox_frompacks, 1);
+	fp->pool = pool;
+	fp->adm = adm;
+	hash_table_create(&fp->blobs, pool, 0, frompacks_blob_id_hash,
+			  frompacks_blob_id_cmp);
+	hash_table_create(&fp->msgs, pool, 0, str_hash, strcmp);
+	hash_table_create(&fp->mailboxes, pool, 0, str_hash, strcmp);
+	p_array_init(&fp->blob_list, pool, 256);
+	p_array_init(&fp->msg_list, pool, 256);
+	p_array_init(&fp->mailbox_list, pool, 8);
+	return fp;
 }
 
-/* An intact index left out records of mail it had expunged (the
-   packs keep recovery records until gc): release them, so they do not
-   hold their blobs and records for ever. Returns 0 ok, -1 error. */
-static int frompacks_release_expunged(struct frompacks *fp,
-				      struct mailbox *box,
-				      const struct frompacks_mailbox *fmbox,
-				      const char **error_r)
+int casbox_frompacks_rebuild_lsm(struct casbox_frompacks *fp,
+				 const char **error_r)
 {
-	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
-	const struct mail_index_header *hdr;
-	struct frompacks_msg *msg;
-	struct casbox_store *store;
-	struct casbox_store_txn *txn;
-	unsigned int count = 0;
-	uint32_t seq;
-	int ret = 0;
-
-	if (!guid_128_equals(mbox->mailbox_guid, fmbox->guid))
-		return 0;
-	if (casbox_storage_get_store(mbox->storage, &store) < 0) {
-		*error_r = mail_storage_get_last_internal_error(
-			&mbox->storage->storage, NULL);
-		return -1;
-	}
-	if (casbox_store_txn_begin(store, &txn, error_r) < 0)
-		return -1;
-	hdr = mail_index_get_header(box->view);
-	array_foreach_elem(&fp->msg_list, msg) {
-		if (msg->lost || msg->uid >= hdr->next_uid ||
-		    !guid_128_equals(msg->mailbox_guid, fmbox->guid) ||
-		    mail_index_lookup_seq(box->view, msg->uid, &seq))
-			continue;
-		if (casbox_store_txn_expunge(txn, fmbox->guid, msg->uid,
-					     error_r) < 0) {
-			ret = -1;
-			break;
-		}
-		count++;
-	}
-	if (ret < 0 || count == 0) {
-		casbox_store_txn_rollback(&txn);
-		return ret;
-	}
-	if (casbox_store_txn_commit(&txn, error_r) < 0)
-		return -1;
-	fp->expunged += count;
-	return 0;
-}
-
-static int frompacks_resync_one(struct frompacks *fp, struct mail_user *user,
-				const char *vname,
-				const struct frompacks_mailbox *fmbox)
-{
-	struct mail_namespace *ns;
-	struct mailbox *box;
-	const char *error;
 	int ret;
 
-	ns = mail_namespace_find(user->namespaces, vname);
-	if (ns == NULL) {
-		i_error("casbox rebuild --from-packs: mailbox %s: "
-			"no namespace", vname);
-		return -1;
-	}
-	T_BEGIN {
-		ret = casbox_rebuild_mailbox(ns->list, vname, &error);
-		if (ret < 0) {
-			i_error("casbox rebuild --from-packs: mailbox %s: "
-				"index rebuild failed: %s", vname, error);
-		}
-	} T_END;
-	if (ret < 0 || fmbox == NULL)
-		return ret < 0 ? -1 : 0;
-
-	box = mailbox_alloc(ns->list, vname, MAILBOX_FLAG_IGNORE_ACLS);
-	if (mailbox_open(box) < 0 || mailbox_sync(box, 0) < 0) {
-		error = mailbox_get_last_internal_error(box, NULL);
-		ret = -1;
-	} else {
-		ret = frompacks_release_expunged(fp, box, fmbox, &error);
-	}
-	if (ret < 0) {
-		i_error("casbox rebuild --from-packs: mailbox %s: "
-			"releasing expunged records: %s", vname, error);
-	}
-	mailbox_free(&box);
+	ret = frompacks_lock(fp, error_r);
+	if (ret == 0)
+		ret = frompacks_rebuild(fp, error_r);
+	frompacks_unlock(fp);
 	return ret;
 }
 
-/* Dovecot's index of every recovered mailbox from the new LSM. */
-static int frompacks_resync(struct frompacks *fp, struct mail_user *user)
+void casbox_frompacks_deinit(struct casbox_frompacks **_fp)
 {
-	struct frompacks_mailbox *mbox, *inbox = NULL;
-	int ret = 0;
+	struct casbox_frompacks *fp = *_fp;
 
-	frompacks_reset_storage(user);
-	array_foreach_elem(&fp->mailbox_list, mbox) {
-		if (strcmp(mbox->rec.name, "INBOX") == 0)
-			inbox = mbox;
-	}
-	/* INBOX first: its forced resync recreates the directories of
-	   the mailboxes the M records name */
-	if (frompacks_resync_one(fp, user, "INBOX", inbox) < 0)
-		ret = -1;
-	array_foreach_elem(&fp->mailbox_list, mbox) {
-		if (mbox != inbox &&
-		    frompacks_resync_one(fp, user, mbox->rec.name, mbox) < 0)
-			ret = -1;
-	}
-	return ret;
-}
-
-void casbox_frompacks_init_header(void)
-{
-	static const char *const fields[] = {
-		"mailboxes", "messages", "blobs", "orphans",
-		"damaged_frames", "lost_messages", "unreadable_records",
-		"expunged",
-	};
-	unsigned int i;
-
-	for (i = 0; i < N_ELEMENTS(fields); i++) {
-		doveadm_print_header(fields[i], fields[i],
-				     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
-	}
-	doveadm_print_header_simple("old_lsm");
-}
-
-static void frompacks_print(struct frompacks *fp)
-{
-	doveadm_print_num(array_count(&fp->mailbox_list));
-	doveadm_print_num(fp->messages);
-	doveadm_print_num(fp->blob_count);
-	doveadm_print_num(fp->orphans);
-	doveadm_print_num(fp->damaged_frames);
-	doveadm_print_num(fp->lost_messages);
-	doveadm_print_num(fp->meta_unreadable);
-	doveadm_print_num(fp->expunged);
-	doveadm_print(fp->moved_to != NULL ? fp->moved_to : "-");
-}
-
-static void frompacks_free(struct frompacks *fp)
-{
+	*_fp = NULL;
 	hash_table_destroy(&fp->blobs);
 	hash_table_destroy(&fp->msgs);
 	hash_table_destroy(&fp->mailboxes);
 	pool_unref(&fp->pool);
-}
-
-int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
-			 struct mail_user *user)
-{
-	struct frompacks fp;
-	const char *error;
-	int ret;
-
-	i_zero(&fp);
-	ret = casbox_admin_open_nolsm(user, &fp.adm, &error);
-	if (ret <= 0) {
-		i_error("casbox rebuild --from-packs: %s", error);
-		doveadm_mail_failed_error(ctx, ret == 0 ?
-			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
-		return -1;
-	}
-	fp.pool = pool_alloconly_create("casbox rebuild from packs", 65536);
-	hash_table_create(&fp.blobs, fp.pool, 0, frompacks_blob_id_hash,
-			  frompacks_blob_id_cmp);
-	hash_table_create(&fp.msgs, fp.pool, 0, str_hash, strcmp);
-	hash_table_create(&fp.mailboxes, fp.pool, 0, str_hash, strcmp);
-	p_array_init(&fp.blob_list, fp.pool, 256);
-	p_array_init(&fp.msg_list, fp.pool, 256);
-	p_array_init(&fp.mailbox_list, fp.pool, 8);
-
-	ret = casbox_admin_open_keys(fp.adm, &error) < 0 ? -1 : 0;
-	if (ret == 0)
-		ret = frompacks_lock(&fp, &error);
-	if (ret == 0)
-		ret = frompacks_rebuild_lsm(&fp, &error);
-	frompacks_unlock(&fp);
-	if (ret < 0) {
-		i_error("casbox rebuild --from-packs: %s: %s",
-			fp.adm->root_dir, error);
-		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
-	} else {
-		if (frompacks_resync(&fp, user) < 0) {
-			doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
-			ret = -1;
-		}
-		frompacks_print(&fp);
-		if (fp.lost_messages > 0 || fp.damaged_frames > 0) {
-			i_warning("casbox rebuild --from-packs: %s: %u "
-				  "message(s) lost, %u damaged frame(s)",
-				  fp.adm->root_dir, fp.lost_messages,
-				  fp.damaged_frames);
-		}
-	}
-	frompacks_free(&fp);
-	casbox_admin_close(&fp.adm);
-	return ret;
 }

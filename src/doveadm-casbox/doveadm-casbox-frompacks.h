@@ -1,0 +1,82 @@
+#ifndef DOVEADM_CASBOX_FROMPACKS_H
+#define DOVEADM_CASBOX_FROMPACKS_H
+
+/* rebuild --from-packs: the LSM rebuilt from the packs' recovery
+   records (doveadm-casbox-frompacks.c); the doveadm command around it
+   (index resync, output) is doveadm-casbox-frompacks-cmd.c. */
+
+#include "hash.h"
+#include "casbox-recovery.h"
+#include "doveadm-casbox.h"
+
+struct casbox_frompacks_frame {
+	uint32_t pack_id;
+	uint64_t offset;
+	uint32_t frame_size;
+	uint64_t plain_size;
+	uint32_t dict_id;
+};
+
+struct casbox_frompacks_dek {
+	unsigned char wrapped[CAS_WRAPPED_DEK_SIZE];
+};
+
+struct casbox_frompacks_blob {
+	struct cas_blob_id id;
+	ARRAY(struct casbox_frompacks_frame) frames;
+	ARRAY(struct casbox_frompacks_dek) deks;
+	/* references from the recovered message records */
+	uint32_t refcount;
+	/* 0 = not tried, 1 = rec is good, -1 = no frame opens */
+	int resolved;
+	struct casbox_blob_record rec;
+};
+
+struct casbox_frompacks_msg {
+	guid_128_t mailbox_guid;
+	uint32_t uid;
+	struct casbox_recovery_record rec;
+	bool lost;
+};
+
+struct casbox_frompacks_mailbox {
+	guid_128_t guid;
+	uint64_t newest_written;
+	struct casbox_mailbox_record rec;
+	unsigned int messages;
+};
+
+/* What the scan found and the rebuild wrote. */
+struct casbox_frompacks {
+	struct casbox_admin *adm;
+	pool_t pool;
+	HASH_TABLE(struct cas_blob_id *, struct casbox_frompacks_blob *) blobs;
+	ARRAY(struct casbox_frompacks_blob *) blob_list;
+	/* "<mailbox guid hex>:<uid>" -> newest recovery record */
+	HASH_TABLE(char *, struct casbox_frompacks_msg *) msgs;
+	ARRAY(struct casbox_frompacks_msg *) msg_list;
+	HASH_TABLE(char *, struct casbox_frompacks_mailbox *) mailboxes;
+	ARRAY(struct casbox_frompacks_mailbox *) mailbox_list;
+
+	struct casbox_lsm *old_lsm;
+	struct casbox_lsm_batch *old_batch;
+	struct casbox_pack_txn *pack_txn;
+
+	unsigned int meta_frames, meta_unreadable, damaged_frames;
+	unsigned int messages, lost_messages, blob_count, orphans;
+	/* records the intact index had expunged, released again */
+	unsigned int expunged;
+	const char *moved_to;
+};
+
+
+/* adm must have the keys open (casbox_admin_open_keys()); its LSM is
+   not used (adm->lsm may be NULL). */
+struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm);
+/* Lock, scan, resolve, write the new LSM and move the old one aside.
+   Returns 0 ok, -1 error (then nothing was moved). */
+int casbox_frompacks_rebuild_lsm(struct casbox_frompacks *fp,
+				 const char **error_r);
+void casbox_frompacks_deinit(struct casbox_frompacks **fp);
+
+#endif

@@ -1,0 +1,482 @@
+/* rebuild --from-packs, the LSM part: a store built with the real store
+   layer (recovery records written as saves and copies write them) loses
+   its LSM; the rebuilt one holds the same message and blob records,
+   byte for byte, and mailbox records that hand out no UID again. DEK
+   choice: a blob re-encoded under a fresh DEK (as gc does) opens through
+   its DEK update; a DEK update wrapped by another key is ignored;
+   without an opening DEK the message is reported lost. */
+
+#include "lib.h"
+#include "array.h"
+#include "buffer.h"
+#include "istream.h"
+#include "str.h"
+#include "hex-binary.h"
+#include "unlink-directory.h"
+#include "casbox-lsm.h"
+#include "casbox-store.h"
+#include "doveadm-casbox-frompacks.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sodium.h>
+
+static char test_dir[] = "/tmp/check-doveadm-frompacks.XXXXXX";
+static const char *root;
+static struct casbox_settings set;
+static const guid_128_t inbox_guid = { 1, 1, 1, 1, 1, 1, 1, 1,
+				       1, 1, 1, 1, 1, 1, 1, 1 };
+static const guid_128_t work_guid = { 2, 2, 2, 2, 2, 2, 2, 2,
+				      2, 2, 2, 2, 2, 2, 2, 2 };
+
+static const char *part_a = "part A shared by messages 1 and 2\r\n";
+static const char *part_b = "part B only in message 1\r\n";
+static const char *part_c = "part C, only in message 2\r\n";
+static const char *part_d = "part D only in message 3, a bit longer\r\n";
+
+static void setup(void)
+{
+	ck_assert_ptr_nonnull(mkdtemp(test_dir));
+	root = t_strconcat(test_dir, "/casbox", NULL);
+	ck_assert_int_eq(mkdir(root, 0700), 0);
+	i_zero(&set);
+	set.key_file = t_strconcat(test_dir, "/user.key", NULL);
+	set.key_autocreate = TRUE;
+	set.zstd_level = 3;
+	set.part_split_size = 1024;
+	set.pack_size = 1024 * 1024;
+	set.gc_dead_ratio = 30;
+}
+
+static void teardown(void)
+{
+	const char *error;
+
+	ck_assert_int_eq(unlink_directory(test_dir,
+		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
+	memcpy(test_dir + strlen(test_dir) - 6, "XXXXXX", 6);
+}
+
+static struct casbox_store *store_open(void)
+{
+	struct casbox_store *store;
+	const char *error = NULL;
+
+	if (casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
+			      FILE_LOCK_METHOD_FCNTL, &store, &error) < 0 ||
+	    casbox_store_open_keys(store, &error) < 0)
+		ck_abort_msg("store open: %s", error);
+	return store;
+}
+
+/* Save (parts given) or copy (copy = TRUE: the blobs must exist) one
+   message the way casbox-save.c does: recovery mailbox, message, then
+   the mailbox record. */
+static void add_msg(struct casbox_store *store, const guid_128_t box,
+		    const char *name, uint32_t uid, const char *guid,
+		    const char *const *parts, bool copy)
+{
+	struct casbox_mailbox_record mrec;
+	struct casbox_store_txn *txn;
+	struct casbox_msg_record rec;
+	struct casbox_msg_part *part;
+	struct istream **inputs;
+	unsigned int i, count = str_array_length(parts);
+	const char *error = NULL, *kw = "$Label1";
+	pool_t pool = pool_alloconly_create("msg", 1024);
+
+	casbox_msg_record_init(pool, &rec);
+	rec.guid = guid;
+	rec.received_date = 1700000000 + uid;
+	rec.save_date = 1700000100 + uid;
+	rec.flags = uid;
+	array_push_back(&rec.keywords, &kw);
+	inputs = p_new(pool, struct istream *, count + 1);
+	for (i = 0; i < count; i++) {
+		part = array_append_space(&rec.parts);
+		part->size = strlen(parts[i]);
+		rec.physical_size += part->size;
+		inputs[i] = i_stream_create_from_data(parts[i], part->size);
+		ck_assert_int_eq(casbox_store_blob_id(store, inputs[i], 0,
+			part->size, &part->id, &error), 0);
+		i_stream_seek(inputs[i], 0);
+	}
+	rec.virtual_size = rec.physical_size + 3;
+	i_zero(&mrec);
+	mrec.uid_validity = 1700000000;
+	mrec.name = name;
+	mrec.next_uid = uid + 1;
+	mrec.highest_modseq = 10 + uid;
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	casbox_store_txn_set_recovery_mailbox(txn, box, NULL, &mrec);
+	if (casbox_store_txn_add_msg(txn, box, uid, &rec,
+				     copy ? NULL : inputs, &error) < 0)
+		ck_abort_msg("add: %s", error);
+	casbox_store_txn_put_mailbox(txn, box, &mrec);
+	if (casbox_store_txn_commit(&txn, &error) < 0)
+		ck_abort_msg("commit: %s", error);
+	for (i = 0; i < count; i++)
+		i_stream_unref(&inputs[i]);
+	pool_unref(&pool);
+}
+
+/* Every LSM record as "hex(key)=hex(value)" lines, sorted by key. */
+static const char *lsm_dump(char prefix)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	const char *error;
+	string_t *str = t_str_new(1024);
+
+	i_zero(&lsm_set);
+	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	if (casbox_lsm_open(&lsm_set, &lsm, &error) < 0)
+		ck_abort_msg("lsm open: %s", error);
+	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
+	while (casbox_lsm_iter_next(iter, &key, &key_size, &value,
+				    &value_size)) {
+		str_printfa(str, "%s=", binary_to_hex(key, key_size));
+		str_append(str, binary_to_hex(value, value_size));
+		str_append_c(str, '\n');
+	}
+	ck_assert_int_eq(casbox_lsm_iter_deinit(&iter, &error), 1);
+	casbox_lsm_close(&lsm);
+	return str_c(str);
+}
+
+static void lsm_lose(void)
+{
+	const char *error;
+
+	ck_assert_int_eq(unlink_directory(t_strconcat(root, "/lsm", NULL),
+		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
+}
+
+static struct casbox_frompacks *rebuild(struct casbox_admin **adm_r)
+{
+	struct casbox_frompacks *fp;
+	const char *error = NULL;
+
+	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
+					FILE_LOCK_METHOD_FCNTL, FALSE,
+					adm_r, &error) <= 0 ||
+	    casbox_admin_open_keys(*adm_r, &error) < 0)
+		ck_abort_msg("admin open: %s", error);
+	fp = casbox_frompacks_init(*adm_r);
+	if (casbox_frompacks_rebuild_lsm(fp, &error) < 0)
+		ck_abort_msg("rebuild: %s", error);
+	return fp;
+}
+
+static const struct casbox_mailbox_record *
+rebuilt_mailbox(struct casbox_frompacks *fp, const guid_128_t guid)
+{
+	struct casbox_frompacks_mailbox *mbox;
+
+	array_foreach_elem(&fp->mailbox_list, mbox) {
+		if (guid_128_equals(mbox->guid, guid))
+			return &mbox->rec;
+	}
+	ck_abort_msg("mailbox not rebuilt");
+	return NULL;
+}
+
+START_TEST(test_records_come_back)
+{
+	const char *m1[] = { part_a, part_b, NULL };
+	const char *m2[] = { part_a, part_c, NULL };
+	const char *m3[] = { part_d, NULL };
+	struct casbox_store *store = store_open();
+	const struct casbox_mailbox_record *mrec;
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+	const char *msgs, *blobs, *key;
+	struct stat st;
+
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	add_msg(store, inbox_guid, "INBOX", 2, "guid-2", m2, FALSE);
+	add_msg(store, inbox_guid, "INBOX", 3, "guid-3", m3, FALSE);
+	add_msg(store, work_guid, "Work", 7, "guid-1", m1, TRUE);
+	casbox_store_close(&store);
+	msgs = lsm_dump(CASBOX_KEY_MESSAGE);
+	blobs = lsm_dump(CASBOX_KEY_BLOB);
+	key = lsm_dump(CASBOX_KEY_KEYRING);
+
+	lsm_lose();
+	fp = rebuild(&adm);
+	ck_assert_uint_eq(array_count(&fp->mailbox_list), 2);
+	ck_assert_uint_eq(fp->messages, 4);
+	ck_assert_uint_eq(fp->blob_count, 4);
+	ck_assert_uint_eq(fp->orphans, 0);
+	ck_assert_uint_eq(fp->damaged_frames, 0);
+	ck_assert_uint_eq(fp->lost_messages, 0);
+	ck_assert_ptr_null(fp->moved_to);
+	mrec = rebuilt_mailbox(fp, work_guid);
+	ck_assert_str_eq(mrec->name, "Work");
+	ck_assert_uint_eq(mrec->uid_validity, 1700000000);
+	ck_assert_uint_eq(mrec->next_uid, 8);
+	/* modseqs after the last save are unknown: raised to the clock */
+	ck_assert(mrec->highest_modseq > 1700000000ULL * 1000000);
+	mrec = rebuilt_mailbox(fp, inbox_guid);
+	ck_assert_str_eq(mrec->name, "INBOX");
+	ck_assert_uint_eq(mrec->next_uid, 4);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+
+	/* message records byte for byte; blob records too: refcounts
+	   counted, location and wrapped DEK as the store had them */
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_BLOB), blobs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_KEYRING), key);
+
+	/* a second run moves the (good) LSM aside, never deletes it */
+	fp = rebuild(&adm);
+	ck_assert_ptr_nonnull(fp->moved_to);
+	ck_assert_int_eq(stat(t_strconcat(fp->moved_to, "/MANIFEST", NULL),
+			      &st), 0);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
+
+	/* and the store opens and reads its mail */
+	store = store_open();
+	{
+		struct casbox_msg_record rec;
+		struct istream *input;
+		const unsigned char *data;
+		size_t size;
+		const char *error;
+		string_t *body = t_str_new(128);
+
+		ck_assert_int_eq(casbox_store_msg_lookup(store, work_guid, 7,
+			pool_datastack_create(), &rec, &error), 1);
+		ck_assert_int_eq(casbox_store_msg_open(store, &rec, &input,
+						       &error), 0);
+		while (i_stream_read_more(input, &data, &size) > 0) {
+			str_append_data(body, data, size);
+			i_stream_skip(input, size);
+		}
+		ck_assert_int_eq(input->stream_errno, 0);
+		i_stream_unref(&input);
+		ck_assert_str_eq(str_c(body),
+				 t_strconcat(part_a, part_b, NULL));
+	}
+	casbox_store_close(&store);
+}
+END_TEST
+
+/* Blob A of message 1 encoded again in a new frame under a fresh DEK
+   (what gc does), with a DEK update for it if with_update; a DEK
+   update wrapped by another key; the old frame damaged. */
+static void reencode_blob_a(bool with_update)
+{
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_store *packs;
+	struct casbox_pack_txn *txn;
+	struct casbox_blob_record rec;
+	struct cas_keyring *keyring, *other;
+	struct cas_blob_id id;
+	struct istream *input;
+	unsigned char dek[CAS_DEK_SIZE], kek[CAS_KEK_SIZE];
+	unsigned char foreign[CAS_WRAPPED_DEK_SIZE];
+	const char *error;
+
+	ck_assert_int_eq(cas_keyring_load(set.key_file, &keyring, &error), 1);
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(root, "/packs", NULL);
+	ck_assert_int_eq(casbox_pack_store_open(&pack_set, keyring, &packs,
+						&error), 1);
+	cas_blob_id_compute(keyring, part_a, strlen(part_a), &id);
+	ck_assert_int_eq(casbox_pack_txn_begin(packs, &txn, &error), 1);
+	input = i_stream_create_from_data(part_a, strlen(part_a));
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 1);
+	i_stream_unref(&input);
+	if (with_update) {
+		ck_assert_int_eq(casbox_pack_txn_add_dek_update(txn, &id,
+				 rec.wrapped_dek, &error), 1);
+	}
+	/* a DEK the current key cannot unwrap: never chosen */
+	memset(kek, 0x5e, sizeof(kek));
+	other = cas_keyring_create_from_kek(kek);
+	memset(dek, 0x33, sizeof(dek));
+	cas_dek_wrap(other, &id, dek, foreign);
+	sodium_memzero(dek, sizeof(dek));
+	ck_assert_int_eq(casbox_pack_txn_add_dek_update(txn, &id, foreign,
+							&error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	casbox_pack_store_close(&packs);
+	cas_keyring_free(&other);
+	cas_keyring_free(&keyring);
+}
+
+/* Flip a byte in the first chunk of the first frame (blob A's). */
+static void damage_first_frame(void)
+{
+	const char *path = t_strconcat(root, "/packs/pack-00000001.cbp",
+				       NULL);
+	unsigned char c;
+	int fd = open(path, O_RDWR);
+
+	ck_assert_int_ne(fd, -1);
+	ck_assert_int_eq(pread(fd, &c, 1, 20 + 68 + 3), 1);
+	c ^= 0x10;
+	ck_assert_int_eq(pwrite(fd, &c, 1, 20 + 68 + 3), 1);
+	ck_assert_int_eq(close(fd), 0);
+}
+
+START_TEST(test_dek_update_opens_new_frame)
+{
+	const char *m1[] = { part_a, NULL };
+	struct casbox_store *store = store_open();
+	struct casbox_frompacks *fp;
+	struct casbox_frompacks_blob *blob;
+	struct casbox_admin *adm;
+
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	casbox_store_close(&store);
+	reencode_blob_a(TRUE);
+	damage_first_frame();
+	lsm_lose();
+	fp = rebuild(&adm);
+	ck_assert_uint_eq(fp->damaged_frames, 1);
+	ck_assert_uint_eq(fp->messages, 1);
+	ck_assert_uint_eq(fp->lost_messages, 0);
+	ck_assert_uint_eq(array_count(&fp->blob_list), 1);
+	blob = array_idx_elem(&fp->blob_list, 0);
+	/* the new frame (after the damaged one and the recovery record) */
+	ck_assert_uint_eq(blob->rec.pack_id, 1);
+	ck_assert_uint_gt(blob->rec.offset, 20 + 68);
+	ck_assert_uint_eq(array_count(&blob->deks), 3);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+
+	store = store_open();
+	{
+		struct casbox_msg_record rec;
+		struct istream *input;
+		const unsigned char *data;
+		size_t size;
+		const char *error;
+
+		ck_assert_int_eq(casbox_store_msg_lookup(store, inbox_guid, 1,
+			pool_datastack_create(), &rec, &error), 1);
+		ck_assert_int_eq(casbox_store_msg_open(store, &rec, &input,
+						       &error), 0);
+		ck_assert_int_gt(i_stream_read_more(input, &data, &size), 0);
+		ck_assert_uint_eq(size, strlen(part_a));
+		ck_assert(memcmp(data, part_a, size) == 0);
+		i_stream_unref(&input);
+	}
+	casbox_store_close(&store);
+}
+END_TEST
+
+START_TEST(test_no_opening_dek_is_lost)
+{
+	const char *m1[] = { part_a, NULL };
+	const char *m3[] = { part_d, NULL };
+	struct casbox_store *store = store_open();
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	add_msg(store, inbox_guid, "INBOX", 2, "guid-3", m3, FALSE);
+	casbox_store_close(&store);
+	/* the new frame's DEK is nowhere in the packs */
+	reencode_blob_a(FALSE);
+	damage_first_frame();
+	lsm_lose();
+	fp = rebuild(&adm);
+	ck_assert_uint_eq(fp->damaged_frames, 1);
+	ck_assert_uint_eq(fp->lost_messages, 1);
+	ck_assert_uint_eq(fp->messages, 1);
+	ck_assert_uint_eq(fp->blob_count, 1);
+	/* the frame nothing can open is an orphan for gc */
+	ck_assert_uint_eq(fp->orphans, 1);
+	/* the mailbox still comes back, its UIDs reserved */
+	ck_assert_uint_eq(rebuilt_mailbox(fp, inbox_guid)->next_uid, 3);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+	ck_assert_ptr_nonnull(strstr(lsm_dump(CASBOX_KEY_MESSAGE),
+				     "00000002="));
+	ck_assert_ptr_null(strstr(lsm_dump(CASBOX_KEY_MESSAGE),
+				  "00000001="));
+}
+END_TEST
+
+START_TEST(test_refused_without_records)
+{
+	const char *m1[] = { part_a, NULL };
+	struct casbox_store *store = store_open();
+	struct casbox_store_txn *txn;
+	struct casbox_msg_record rec;
+	struct casbox_msg_part *part;
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+	struct istream *inputs[2] = { NULL, NULL };
+	const char *error = NULL, *before;
+
+	/* a save without recovery records (as before they existed) */
+	casbox_msg_record_init(pool_datastack_create(), &rec);
+	rec.guid = "old";
+	part = array_append_space(&rec.parts);
+	part->size = strlen(m1[0]);
+	rec.physical_size = rec.virtual_size = part->size;
+	inputs[0] = i_stream_create_from_data(m1[0], part->size);
+	ck_assert_int_eq(casbox_store_blob_id(store, inputs[0], 0, part->size,
+					      &part->id, &error), 0);
+	i_stream_seek(inputs[0], 0);
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_add_msg(txn, inbox_guid, 1, &rec,
+						  inputs, &error), 0);
+	ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+	i_stream_unref(&inputs[0]);
+	casbox_store_close(&store);
+	before = lsm_dump(CASBOX_KEY_MESSAGE);
+
+	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
+					FILE_LOCK_METHOD_FCNTL, FALSE,
+					&adm, &error) <= 0 ||
+	    casbox_admin_open_keys(adm, &error) < 0)
+		ck_abort_msg("admin open: %s", error);
+	fp = casbox_frompacks_init(adm);
+	ck_assert_int_eq(casbox_frompacks_rebuild_lsm(fp, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "no recovery records"));
+	ck_assert_ptr_null(fp->moved_to);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), before);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("doveadm-frompacks");
+	TCase *tc = tcase_create("frompacks");
+	SRunner *sr;
+	int failed;
+
+	lib_init();
+	if (sodium_init() < 0)
+		i_fatal("sodium_init() failed");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_records_come_back);
+	tcase_add_test(tc, test_dek_update_opens_new_frame);
+	tcase_add_test(tc, test_no_opening_dek_is_lost);
+	tcase_add_test(tc, test_refused_without_records);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	lib_deinit();
+	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
