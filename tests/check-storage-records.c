@@ -368,6 +368,64 @@ START_TEST(test_recovery_record)
 }
 END_TEST
 
+START_TEST(test_recovery_mailbox)
+{
+	pool_t pool = pool_alloconly_create("test", 1024);
+	struct casbox_recovery_mailbox rec, rec2;
+	buffer_t *buf = buffer_create_dynamic(pool, 128);
+	const char *error = NULL;
+	unsigned char *p;
+	size_t i;
+
+	i_zero(&rec);
+	rec.written_usecs = 1796000000654321ULL;
+	memset(rec.mailbox_guid, 0x31, GUID_128_SIZE);
+	memset(rec.public_guid, 0x32, GUID_128_SIZE);
+	rec.uid_validity = 1700000002;
+	rec.name = "Archive/2026";
+	casbox_recovery_mailbox_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, buf->used,
+			 pool, &rec2, &error), 1);
+	ck_assert(rec2.written_usecs == rec.written_usecs);
+	ck_assert(memcmp(rec2.mailbox_guid, rec.mailbox_guid,
+			 GUID_128_SIZE) == 0);
+	ck_assert(memcmp(rec2.public_guid, rec.public_guid,
+			 GUID_128_SIZE) == 0);
+	ck_assert_uint_eq(rec2.uid_validity, rec.uid_validity);
+	ck_assert(!rec2.deleted);
+	ck_assert_str_eq(rec2.name, "Archive/2026");
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, i,
+				 pool, &rec2, &error), -1);
+	}
+	buffer_append_c(buf, 'x');
+	ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "mailbox recovery record: trailing bytes");
+	buffer_set_used_size(buf, buf->used - 1);
+	p = buffer_get_modifiable_data(buf, NULL);
+	p[1 + 8 + 16 + 16 + 4] = 0x02;
+	ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "mailbox recovery record: unknown flags");
+
+	/* a deletion marker needs no UIDVALIDITY; a live record does */
+	rec.deleted = TRUE;
+	rec.uid_validity = 0;
+	buffer_set_used_size(buf, 0);
+	casbox_recovery_mailbox_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, buf->used,
+			 pool, &rec2, &error), 1);
+	ck_assert(rec2.deleted);
+	rec.deleted = FALSE;
+	buffer_set_used_size(buf, 0);
+	casbox_recovery_mailbox_export(&rec, buf);
+	ck_assert_int_eq(casbox_recovery_mailbox_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	pool_unref(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-records");
@@ -383,6 +441,7 @@ int main(void)
 	tcase_add_test(tc, test_blob_and_mailbox_values);
 	tcase_add_test(tc, test_mailbox_record_tail);
 	tcase_add_test(tc, test_recovery_record);
+	tcase_add_test(tc, test_recovery_mailbox);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -58,7 +58,7 @@ static int frompacks_release_expunged(struct casbox_frompacks *fp,
 		return -1;
 	hdr = mail_index_get_header(box->view);
 	array_foreach_elem(&fp->msg_list, msg) {
-		if (msg->lost || msg->uid >= hdr->next_uid ||
+		if (msg->lost || msg->deleted || msg->uid >= hdr->next_uid ||
 		    !guid_128_equals(msg->mailbox_guid, fmbox->guid) ||
 		    mail_index_lookup_seq(box->view, msg->uid, &seq))
 			continue;
@@ -147,7 +147,7 @@ void casbox_frompacks_init_header(void)
 	static const char *const fields[] = {
 		"mailboxes", "messages", "blobs", "orphans",
 		"damaged_frames", "lost_messages", "unreadable_records",
-		"expunged",
+		"expunged", "deleted_mailboxes",
 	};
 	unsigned int i;
 
@@ -168,6 +168,7 @@ static void frompacks_print(struct casbox_frompacks *fp)
 	doveadm_print_num(fp->lost_messages);
 	doveadm_print_num(fp->meta_unreadable);
 	doveadm_print_num(fp->expunged);
+	doveadm_print_num(fp->deleted_mailboxes);
 	doveadm_print(fp->moved_to != NULL ? fp->moved_to : "-");
 }
 

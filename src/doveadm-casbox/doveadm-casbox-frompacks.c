@@ -138,6 +138,10 @@ static void frompacks_add_dek_update(struct casbox_frompacks *fp,
 	frompacks_add_dek(fp, &upd.id, upd.wrapped_dek);
 }
 
+static void frompacks_add_mailbox(struct casbox_frompacks *fp,
+				  const buffer_t *plain,
+				  const struct casbox_pack_frame_info *info);
+
 static void frompacks_meta(struct casbox_frompacks *fp,
 			   const struct casbox_pack_frame_info *info)
 {
@@ -160,6 +164,8 @@ static void frompacks_meta(struct casbox_frompacks *fp,
 	}
 	if (kind == CASBOX_META_KIND_RECOVERY)
 		frompacks_add_recovery(fp, plain, info);
+	else if (kind == CASBOX_META_KIND_MAILBOX)
+		frompacks_add_mailbox(fp, plain, info);
 	else
 		frompacks_add_dek_update(fp, plain, info);
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
@@ -313,6 +319,35 @@ frompacks_mailbox_get(struct casbox_frompacks *fp, const guid_128_t guid)
 	return mbox;
 }
 
+static void frompacks_add_mailbox(struct casbox_frompacks *fp,
+				  const buffer_t *plain,
+				  const struct casbox_pack_frame_info *info)
+{
+	struct casbox_recovery_mailbox rec;
+	struct casbox_frompacks_mailbox *mbox;
+	const char *error;
+
+	if (casbox_recovery_mailbox_import(plain->data, plain->used, fp->pool,
+					   &rec, &error) < 0) {
+		i_warning("casbox rebuild --from-packs: pack %u offset %"
+			  PRIu64": %s", info->pack_id, info->offset, error);
+		fp->meta_unreadable++;
+		return;
+	}
+	mbox = frompacks_mailbox_get(fp, rec.mailbox_guid);
+	if (rec.deleted) {
+		mbox->deleted_written = I_MAX(mbox->deleted_written,
+					      rec.written_usecs);
+		return;
+	}
+	if (rec.written_usecs >= mbox->newest_written) {
+		mbox->newest_written = rec.written_usecs;
+		mbox->rec.name = rec.name;
+		mbox->rec.uid_validity = rec.uid_validity;
+		guid_128_copy(mbox->rec.guid, rec.public_guid);
+	}
+}
+
 static void frompacks_mailbox_add(struct casbox_frompacks *fp,
 				  const struct casbox_frompacks_msg *msg)
 {
@@ -364,6 +399,23 @@ static void frompacks_mailbox_names(struct casbox_frompacks *fp)
 	}
 }
 
+/* A mailbox deleted after its newest record does not come back. */
+static void frompacks_drop_deleted(struct casbox_frompacks *fp)
+{
+	struct casbox_frompacks_mailbox *const *boxes;
+	unsigned int i, count;
+
+	boxes = array_get(&fp->mailbox_list, &count);
+	for (i = count; i > 0; i--) {
+		if (boxes[i-1]->deleted_written == 0 ||
+		    boxes[i-1]->deleted_written < boxes[i-1]->newest_written)
+			continue;
+		fp->deleted_mailboxes++;
+		array_delete(&fp->mailbox_list, i-1, 1);
+		boxes = array_get(&fp->mailbox_list, &count);
+	}
+}
+
 static void frompacks_resolve(struct casbox_frompacks *fp)
 {
 	struct casbox_frompacks_msg *msg;
@@ -374,8 +426,14 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 	const char *why;
 
 	array_foreach_elem(&fp->msg_list, msg) T_BEGIN {
-		why = frompacks_msg_resolve(fp, msg);
-		if (why != NULL) {
+		mbox = frompacks_mailbox_get(fp, msg->mailbox_guid);
+		why = msg->rec.written_usecs <= mbox->deleted_written ? NULL :
+			frompacks_msg_resolve(fp, msg);
+		if (msg->rec.written_usecs <= mbox->deleted_written) {
+			/* its mailbox was deleted after this save */
+			msg->deleted = TRUE;
+			fp->deleted_messages++;
+		} else if (why != NULL) {
 			msg->lost = TRUE;
 			fp->lost_messages++;
 			i_warning("casbox rebuild --from-packs: mailbox %s "
@@ -391,9 +449,13 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 		}
 		/* a mailbox whose messages are all lost still comes
 		   back, empty, with its UIDs reserved */
-		frompacks_mailbox_add(fp, msg);
+		if (!msg->deleted)
+			frompacks_mailbox_add(fp, msg);
 	} T_END;
+	frompacks_drop_deleted(fp);
 	array_foreach_elem(&fp->mailbox_list, mbox) {
+		/* a mailbox only a mailbox record named: empty */
+		mbox->rec.next_uid = I_MAX(mbox->rec.next_uid, 1);
 		/* the mailbox's modseqs after the last save are unknown:
 		   above any a client can have seen (a change is +1, the
 		   clock gains a million a second) */
@@ -474,7 +536,7 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 		frompacks_put(w->batch, key, value);
 	}
 	array_foreach_elem(&fp->msg_list, msg) {
-		if (msg->lost)
+		if (msg->lost || msg->deleted)
 			continue;
 		buffer_set_used_size(key, 0);
 		buffer_set_used_size(value, 0);

@@ -36,12 +36,19 @@ struct casbox_frompacks_msg {
 	guid_128_t mailbox_guid;
 	uint32_t uid;
 	struct casbox_recovery_record rec;
+	/* its blobs cannot be opened */
 	bool lost;
+	/* saved before its mailbox was deleted: not recovered */
+	bool deleted;
 };
 
 struct casbox_frompacks_mailbox {
 	guid_128_t guid;
+	/* of the newest recovery or mailbox record: name, UIDVALIDITY and
+	   public GUID are taken from it */
 	uint64_t newest_written;
+	/* of the newest deletion record (0 = none) */
+	uint64_t deleted_written;
 	struct casbox_mailbox_record rec;
 	unsigned int messages;
 };
@@ -63,6 +70,8 @@ struct casbox_frompacks {
 	struct casbox_pack_txn *pack_txn;
 
 	unsigned int meta_frames, meta_unreadable, damaged_frames;
+	/* mailboxes and messages left out because the mailbox was deleted */
+	unsigned int deleted_mailboxes, deleted_messages;
 	unsigned int messages, lost_messages, blob_count, orphans;
 	/* records the intact index had expunged, released again */
 	unsigned int expunged;

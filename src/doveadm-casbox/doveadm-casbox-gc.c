@@ -13,7 +13,8 @@
    Meta frames (doc/casbox-format.md) in a picked pack: a recovery record
    whose message record is live is copied verbatim, a dead one dropped
    (in step 2 a record whose message appeared since keeps its pack); a
-   DEK update is copied while its blob is live and stays where it is.
+   DEK update is copied while its blob is live and stays where it is; a
+   mailbox record while its mailbox exists, a deletion marker always.
    Every moved blob gets a DEK update for its fresh DEK. Every recovery
    record carries the DEKs of all its message's blobs, so dropping a
    dead one loses no DEK a live message needs. */
@@ -317,6 +318,45 @@ static int casbox_gc_dek_frame(struct casbox_gc *gc, const buffer_t *sealed,
 	return 1;
 }
 
+/* A mailbox record is kept while its mailbox has an 'M' record; a
+   deletion marker always (it is small, and it keeps a rebuild from
+   bringing back the mailbox's mail from records in other packs). */
+static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
+				   const buffer_t *sealed,
+				   const buffer_t *plain,
+				   const char **error_r)
+{
+	struct casbox_recovery_mailbox rec;
+	buffer_t *key, *value;
+	const char *error;
+	int ret;
+
+	if (casbox_recovery_mailbox_import(plain->data, plain->used,
+					   pool_datastack_create(), &rec,
+					   error_r) < 0)
+		return 0;
+	if (!rec.deleted) {
+		key = t_buffer_create(32);
+		casbox_key_mailbox(key, rec.mailbox_guid);
+		value = t_buffer_create(128);
+		ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used,
+				     value, error_r);
+		if (ret < 0)
+			return -1;
+		if (ret == 0)
+			return 1;
+	}
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_meta_sealed(gc->txn, CASBOX_META_KIND_MAILBOX,
+					    sealed->data, sealed->used,
+					    &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 1;
+}
+
 /* Returns 1 handled, 0 could not be read (keep the pack), -1 error. */
 static int casbox_gc_meta(struct casbox_gc *gc,
 			  const struct casbox_census_meta *meta,
@@ -337,6 +377,8 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 		ret = 0;
 	else if (kind == CASBOX_META_KIND_RECOVERY)
 		ret = casbox_gc_recovery(gc, cand, sealed, plain, &error);
+	else if (kind == CASBOX_META_KIND_MAILBOX)
+		ret = casbox_gc_mailbox_frame(gc, sealed, plain, &error);
 	else
 		ret = casbox_gc_dek_frame(gc, sealed, plain, &error);
 	if (plain->used > 0) {

@@ -203,6 +203,7 @@ static void casbox_scrub_metas(struct casbox_scrub *scrub)
 	struct casbox_pack_store *packs = scrub->adm->packs;
 	const struct casbox_census_meta *meta;
 	struct casbox_recovery_record rrec;
+	struct casbox_recovery_mailbox mrec;
 	struct casbox_dek_update upd;
 	enum casbox_meta_kind kind;
 	buffer_t *sealed, *plain;
@@ -220,6 +221,10 @@ static void casbox_scrub_metas(struct casbox_scrub *scrub)
 		else if (kind == CASBOX_META_KIND_RECOVERY) {
 			ret = casbox_recovery_record_import(plain->data,
 				plain->used, pool_datastack_create(), &rrec,
+				&error);
+		} else if (kind == CASBOX_META_KIND_MAILBOX) {
+			ret = casbox_recovery_mailbox_import(plain->data,
+				plain->used, pool_datastack_create(), &mrec,
 				&error);
 		} else {
 			ret = casbox_dek_update_import(plain->data,

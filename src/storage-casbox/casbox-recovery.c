@@ -164,3 +164,67 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 	}
 	return 1;
 }
+
+void casbox_recovery_mailbox_export(const struct casbox_recovery_mailbox *rec,
+				    buffer_t *dest)
+{
+	size_t name_len = strlen(rec->name);
+
+	i_assert(name_len <= UINT16_MAX);
+	wr_uint(dest, CASBOX_RECOVERY_VERSION, 1);
+	wr_uint(dest, rec->written_usecs, 8);
+	buffer_append(dest, rec->mailbox_guid, GUID_128_SIZE);
+	buffer_append(dest, rec->public_guid, GUID_128_SIZE);
+	wr_uint(dest, rec->uid_validity, 4);
+	wr_uint(dest, rec->deleted ? CASBOX_RECOVERY_MAILBOX_DELETED : 0, 1);
+	wr_uint(dest, name_len, 2);
+	buffer_append(dest, rec->name, name_len);
+}
+
+int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
+				   struct casbox_recovery_mailbox *rec_r,
+				   const char **error_r)
+{
+	struct recovery_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size),
+	};
+	const unsigned char *p;
+	unsigned int flags;
+	size_t len;
+
+	i_zero(rec_r);
+	if (rr_uint(&rd, 1, "version") != CASBOX_RECOVERY_VERSION &&
+	    rd.error == NULL)
+		rd.error = "unsupported version";
+	rec_r->written_usecs = rr_uint(&rd, 8, "written");
+	if ((p = rr_take(&rd, GUID_128_SIZE, "mailbox guid")) != NULL)
+		memcpy(rec_r->mailbox_guid, p, GUID_128_SIZE);
+	if ((p = rr_take(&rd, GUID_128_SIZE, "public guid")) != NULL)
+		memcpy(rec_r->public_guid, p, GUID_128_SIZE);
+	rec_r->uid_validity = rr_uint(&rd, 4, "uidvalidity");
+	flags = rr_uint(&rd, 1, "flags");
+	if (rd.error == NULL &&
+	    (flags & ENUM_NEGATE(CASBOX_RECOVERY_MAILBOX_DELETED)) != 0)
+		rd.error = "unknown flags";
+	rec_r->deleted = (flags & CASBOX_RECOVERY_MAILBOX_DELETED) != 0;
+	len = rr_uint(&rd, 2, "mailbox name length");
+	if ((p = rr_take(&rd, len, "mailbox name")) != NULL) {
+		if (memchr(p, '\0', len) != NULL)
+			rd.error = "NUL in mailbox name";
+		else
+			rec_r->name = p_strndup(pool, p, len);
+	}
+	if (rd.error == NULL && rd.p != rd.end)
+		rd.error = "trailing bytes";
+	if (rd.error == NULL && (guid_128_is_empty(rec_r->mailbox_guid) ||
+				 (!rec_r->deleted &&
+				  (rec_r->uid_validity == 0 ||
+				   rec_r->name[0] == '\0'))))
+		rd.error = "empty mailbox GUID, UIDVALIDITY or name";
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("mailbox recovery record: ", rd.error,
+				       NULL);
+		return -1;
+	}
+	return 1;
+}

@@ -50,6 +50,30 @@ struct casbox_recovery_record {
 	ARRAY_TYPE(casbox_recovery_blob) blobs;
 };
 
+/* Mailbox record (CASBOX_META_KIND_MAILBOX): written when a mailbox is
+   created, renamed, gets another public GUID or UIDVALIDITY, or is
+   deleted, so that a rebuild knows mailboxes with no message, current
+   names, and which mailboxes' mail must not come back.
+     u8  version (1) | u64 written (microseconds) | 16 storage id |
+     16  public GUID (zero = the storage id) | u32 UIDVALIDITY |
+     u8  flags (1 = deleted; others rejected) | u16 len | name */
+#define CASBOX_RECOVERY_MAILBOX_DELETED 0x01
+struct casbox_recovery_mailbox {
+	uint64_t written_usecs;
+	guid_128_t mailbox_guid;
+	guid_128_t public_guid;
+	uint32_t uid_validity;
+	bool deleted;
+	const char *name;
+};
+
+void casbox_recovery_mailbox_export(const struct casbox_recovery_mailbox *rec,
+				    buffer_t *dest);
+/* Returns 1 ok, -1 malformed. */
+int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
+				   struct casbox_recovery_mailbox *rec_r,
+				   const char **error_r);
+
 void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
 				   buffer_t *dest);
 /* Strings and arrays from pool. Returns 1 ok, -1 malformed. */

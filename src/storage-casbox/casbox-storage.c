@@ -458,6 +458,40 @@ static void casbox_mailbox_record_update(struct casbox_mailbox *mbox)
 	mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 }
 
+/* The mailbox's recovery record in the packs, for rebuild --from-packs.
+   A failure is logged, not fatal: the mailbox works, only a rebuild from
+   the packs would miss this change. */
+static void casbox_mailbox_recovery(struct casbox_mailbox *mbox,
+				    const guid_128_t mailbox_guid,
+				    bool deleted)
+{
+	struct casbox_mailbox_record rec;
+	struct casbox_store *store;
+	struct mail_index_view *view;
+	const char *error;
+
+	if (guid_128_is_empty(mailbox_guid) ||
+	    casbox_storage_get_store(mbox->storage, &store) < 0)
+		return;
+	i_zero(&rec);
+	rec.name = mailbox_get_vname(&mbox->box);
+	if (!deleted) {
+		(void)mail_index_refresh(mbox->box.index);
+		view = mail_index_view_open(mbox->box.index);
+		rec.uid_validity = mail_index_get_header(view)->uid_validity;
+		mail_index_view_close(&view);
+		if (rec.uid_validity == 0)
+			return;
+	}
+	if (casbox_store_mailbox_recovery(store, mailbox_guid,
+					  mbox->public_guid, &rec, deleted,
+					  &error) < 0) {
+		e_error(mbox->box.event, CASBOX_LOG_PREFIX
+			"Writing the mailbox recovery record failed: %s",
+			error);
+	}
+}
+
 struct casbox_storage_id_context {
 	const unsigned char *guid;
 	const char *name;
@@ -575,6 +609,7 @@ casbox_mailbox_create(struct mailbox *box,
 		casbox_mailbox_set_guids(mbox, &hdr);
 	}
 	casbox_mailbox_record_update(mbox);
+	casbox_mailbox_recovery(mbox, mbox->mailbox_guid, FALSE);
 	/* a lost mailbox recreated from its record: its messages back */
 	if (casbox_sync_rebuild_needed(mbox) > 0)
 		(void)casbox_sync(mbox, CASBOX_SYNC_FLAG_FORCE);
@@ -612,6 +647,9 @@ casbox_mailbox_update(struct mailbox *box,
 	if (index_storage_mailbox_update_common(box, update) < 0)
 		return -1;
 	casbox_mailbox_record_update(mbox);
+	if (!guid_128_is_empty(update->mailbox_guid) ||
+	    update->uid_validity != 0)
+		casbox_mailbox_recovery(mbox, mbox->mailbox_guid, FALSE);
 	return 0;
 }
 
@@ -634,6 +672,10 @@ static int casbox_mailbox_delete(struct mailbox *box)
 	if (casbox_store_mailbox_delete(store, guid, &error) < 0) {
 		e_error(box->event, CASBOX_LOG_PREFIX
 			"Failed to delete mailbox records: %s", error);
+	} else {
+		/* its messages' recovery records stay in the packs until
+		   gc: this tells a rebuild not to bring them back */
+		casbox_mailbox_recovery(mbox, guid, TRUE);
 	}
 	return 0;
 }
@@ -644,8 +686,11 @@ static int casbox_mailbox_rename(struct mailbox *src, struct mailbox *dest)
 
 	if (index_storage_mailbox_rename(src, dest) < 0)
 		return -1;
-	if (mailbox_open(dest) == 0)
+	if (mailbox_open(dest) == 0) {
 		casbox_mailbox_record_update(dest_mbox);
+		casbox_mailbox_recovery(dest_mbox, dest_mbox->mailbox_guid,
+					FALSE);
+	}
 	return 0;
 }
 

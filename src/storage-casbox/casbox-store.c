@@ -375,6 +375,42 @@ int casbox_store_mailbox_delete(struct casbox_store *store,
 	return casbox_store_txn_commit(&txn, error_r);
 }
 
+int casbox_store_mailbox_recovery(struct casbox_store *store,
+				  const guid_128_t mailbox_guid,
+				  const guid_128_t public_guid,
+				  const struct casbox_mailbox_record *rec,
+				  bool deleted, const char **error_r)
+{
+	struct casbox_recovery_mailbox mrec;
+	struct casbox_pack_txn *txn = NULL;
+	const char *error;
+	buffer_t *plain;
+
+	if (casbox_store_open_keys(store, error_r) < 0)
+		return -1;
+	i_zero(&mrec);
+	mrec.written_usecs = casbox_meta_now_usecs();
+	guid_128_copy(mrec.mailbox_guid, mailbox_guid);
+	if (public_guid != NULL && !guid_128_equals(public_guid,
+						    mailbox_guid))
+		guid_128_copy(mrec.public_guid, public_guid);
+	mrec.uid_validity = rec->uid_validity;
+	mrec.deleted = deleted;
+	mrec.name = rec->name;
+	plain = t_buffer_create(128);
+	casbox_recovery_mailbox_export(&mrec, plain);
+	if (casbox_pack_txn_begin(store->packs, &txn, &error) < 0 ||
+	    casbox_pack_txn_add_meta(txn, CASBOX_META_KIND_MAILBOX,
+				     plain->data, plain->used, &error) < 0 ||
+	    casbox_pack_txn_commit(&txn, &error) < 0) {
+		if (txn != NULL)
+			casbox_pack_txn_rollback(&txn);
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
 int casbox_store_mailbox_find(struct casbox_store *store, const char *name,
 			      pool_t pool, guid_128_t mailbox_guid_r,
 			      struct casbox_mailbox_record *rec_r,

@@ -53,6 +53,16 @@ int casbox_store_mailbox_delete(struct casbox_store *store,
 				const guid_128_t mailbox_guid,
 				const char **error_r);
 
+/* Seal a mailbox recovery record into the packs (its own pack
+   transaction, fsynced) after a mailbox was created, renamed, or got
+   another public GUID or UIDVALIDITY (rec = its record now), or was
+   deleted (deleted = TRUE; rec's name is kept for the log). Only the
+   pack append lock is taken. Returns 0 ok, -1 error. */
+int casbox_store_mailbox_recovery(struct casbox_store *store,
+				  const guid_128_t mailbox_guid,
+				  const guid_128_t public_guid,
+				  const struct casbox_mailbox_record *rec,
+				  bool deleted, const char **error_r);
 /* Find the mailbox record of a mailbox name (used when its index is
    gone). Returns 1 found, 0 not found, -1 error. */
 int casbox_store_mailbox_find(struct casbox_store *store, const char *name,

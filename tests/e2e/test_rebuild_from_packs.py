@@ -74,6 +74,22 @@ def from_packs(dc, check=True):
     return r, (rows[0] if rows else None)
 
 
+def recovery_records(root):
+    """Meta frames of messages: a mailbox record (kind 3) is ~110
+    bytes, a message's recovery record at least ~380 (the kind byte is
+    at offset 5 of the frame header, in the clear)."""
+    out = []
+    for path, off, magic, size in pack_frames(root):
+        if magic != b"CBMF":
+            continue
+        with open(path, "rb") as f:
+            f.seek(off + 5)
+            kind = f.read(1)[0]
+        if kind == 1:
+            out.append((path, off, magic, size))
+    return out
+
+
 def pack_frames(root):
     """(path, offset, magic, size) of every frame, walking the packs."""
     frames = []
@@ -239,8 +255,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         """A flipped byte in one blob frame loses only the messages that
         use that blob; every other message comes back unchanged."""
         frames = [f for f in pack_frames(self.root) if f[2] == b"CBFR"]
-        metas = [f for f in pack_frames(self.root) if f[2] == b"CBMF"]
-        self.assertEqual(len(metas), 40 + 20 + 8)
+        self.assertEqual(len(recovery_records(self.root)), 40 + 20 + 8)
         path, off, _, size = frames[len(frames) // 2]
         with open(path, "r+b") as f:
             f.seek(off + 68 + 5)
@@ -273,8 +288,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         that one message and nothing else (its copy in Work has its own
         record with the DEKs; the blob is not an orphan, the copy uses
         it)."""
-        metas = [f for f in pack_frames(self.root) if f[2] == b"CBMF"]
-        path, off, _, size = metas[0]
+        path, off, _, size = recovery_records(self.root)[0]
         with open(path, "r+b") as f:
             f.seek(off + 40)
             b = f.read(1)
@@ -301,6 +315,56 @@ class RebuildFromPacksTest(unittest.TestCase):
                     continue
                 self.assertEqual(after.durable(box)[uid],
                                  self.before.durable(box)[uid], (box, uid))
+
+    def fetch(self, box):
+        out = self.dc.doveadm("-f", "tab", "fetch", "-u", USER,
+                              test_rebuild.FETCH, "mailbox", box,
+                              "all").stdout
+        return {int(m["uid"]): unchanged_fields(m) for m in parse_tab(out)}
+
+    def status(self, box):
+        return parse_tab(self.dc.doveadm(
+            "-f", "tab", "mailbox", "status", "-u", USER,
+            "guid uidvalidity messages", box).stdout)[0]
+
+    def test_mailbox_changes(self):
+        """Mailbox records: an empty mailbox comes back, a renamed one
+        under its new name, a deleted one's mail does not."""
+        dc = self.dc
+        dc.doveadm("mailbox", "create", "-u", USER, "Empty", "Gone")
+        imap = dc.imap_login(USER)
+        try:
+            for i in range(2):
+                typ, resp = imap.append("Gone", None, None,
+                                        b"Subject: gone %d\r\n\r\nx\r\n" % i)
+                assert typ == "OK", resp
+        finally:
+            imap.logout()
+        dc.doveadm("mailbox", "delete", "-u", USER, "Gone")
+        dc.doveadm("mailbox", "rename", "-u", USER, "Work", "Done")
+        before = {box: (self.status(box), self.fetch(box))
+                  for box in ("INBOX", "Done", "Empty")}
+        self.assertEqual(before["Done"][1].keys(),
+                         self.before.msgs["Work"].keys())
+
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(dc)
+        self.assertEqual(int(row["mailboxes"]), 3, row)
+        self.assertEqual(int(row["deleted_mailboxes"]), 1, row)
+        self.assertEqual(int(row["messages"]), 68, row)
+        self.assertEqual(
+            sorted(dc.doveadm("mailbox", "list", "-u", USER).stdout.split()),
+            ["Done", "Empty", "INBOX"])
+        for box, (status, msgs) in before.items():
+            after = self.status(box)
+            for key in ("guid", "uidvalidity"):
+                self.assertEqual(after[key], status[key], (box, key))
+            got = self.fetch(box)
+            for uid, m in msgs.items():
+                self.assertEqual(got[uid], m, (box, uid))
+        self.assertEqual(self.status("Empty")["messages"], "0")
 
     def test_wrong_key_changes_nothing(self):
         """With another key no record opens: refused, LSM untouched."""

@@ -75,8 +75,10 @@ enum casbox_meta_kind {
 	CASBOX_META_KIND_RECOVERY = 1,
 	/* blob id -> a newer wrapped DEK (gc, key rotation) */
 	CASBOX_META_KIND_DEK_UPDATE = 2,
+	/* a mailbox created, renamed, its GUID changed, or deleted */
+	CASBOX_META_KIND_MAILBOX = 3,
 };
-#define CASBOX_META_KIND_MAX CASBOX_META_KIND_DEK_UPDATE
+#define CASBOX_META_KIND_MAX CASBOX_META_KIND_MAILBOX
 
 struct casbox_meta_header {
 	enum casbox_meta_kind kind;
