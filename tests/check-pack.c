@@ -1361,6 +1361,7 @@ START_TEST(test_dek_update)
 	enum casbox_meta_kind kind;
 	unsigned char dek[CAS_DEK_SIZE];
 	const char *error;
+	unsigned char *p;
 	unsigned int i;
 
 	/* codec: round trip, every truncation, version and DEK kind */
@@ -1382,13 +1383,14 @@ START_TEST(test_dek_update)
 	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
 						  &upd2, &error), -1);
 	buffer_set_used_size(plain, CASBOX_DEK_UPDATE_SIZE);
-	((unsigned char *)buffer_get_modifiable_data(plain, NULL))[0] = 2;
+	p = buffer_get_modifiable_data(plain, NULL);
+	p[0] = 2;
 	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
 						  &upd2, &error), -1);
 	ck_assert_str_eq(error, "DEK update: unsupported version 2");
-	((unsigned char *)buffer_get_modifiable_data(plain, NULL))[0] = 1;
-	((unsigned char *)buffer_get_modifiable_data(plain,
-						   NULL))[9 + CAS_BLOB_ID_SIZE] = 2;
+	p[0] = 1;
+	p = buffer_get_modifiable_data(plain, NULL);
+	p[9 + CAS_BLOB_ID_SIZE] = 2;
 	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
 						  &upd2, &error), -1);
 	ck_assert_str_eq(error, "DEK update: unknown DEK kind 2");

@@ -35,7 +35,8 @@ static void frompacks_reset_storage(struct mail_user *user)
    hold their blobs and records for ever. Returns 0 ok, -1 error. */
 static int frompacks_release_expunged(struct casbox_frompacks *fp,
 				      struct mailbox *box,
-				      const struct casbox_frompacks_mailbox *fmbox,
+				      const struct casbox_frompacks_mailbox
+				      *fmbox,
 				      const char **error_r)
 {
 	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
@@ -79,7 +80,8 @@ static int frompacks_release_expunged(struct casbox_frompacks *fp,
 	return 0;
 }
 
-static int frompacks_resync_one(struct casbox_frompacks *fp, struct mail_user *user,
+static int frompacks_resync_one(struct casbox_frompacks *fp,
+				struct mail_user *user,
 				const char *vname,
 				const struct casbox_frompacks_mailbox *fmbox)
 {

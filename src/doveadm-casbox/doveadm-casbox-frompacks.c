@@ -274,7 +274,8 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 
 /* Returns NULL if every part resolves, else why not. */
 static const char *
-frompacks_msg_resolve(struct casbox_frompacks *fp, struct casbox_frompacks_msg *msg)
+frompacks_msg_resolve(struct casbox_frompacks *fp,
+		      struct casbox_frompacks_msg *msg)
 {
 	const struct casbox_msg_part *part;
 	struct casbox_frompacks_blob *blob;

@@ -705,7 +705,7 @@ uint64_t casbox_meta_now_usecs(void)
 
 int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
 				   const struct cas_blob_id *id,
-				   const unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE],
+				   const unsigned char *wrapped_dek,
 				   const char **error_r)
 {
 	struct casbox_dek_update upd;

@@ -178,7 +178,7 @@ int casbox_dek_update_import(const void *data, size_t size,
    in the pack transaction of its LSM batch. Returns 1 ok, -1 error. */
 int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
 				   const struct cas_blob_id *id,
-				   const unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE],
+				   const unsigned char *wrapped_dek,
 				   const char **error_r);
 /* Microseconds since the epoch (the "written" stamp of meta records). */
 uint64_t casbox_meta_now_usecs(void);
