@@ -22,6 +22,7 @@
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
+#include "hex-binary.h"
 #include "istream.h"
 #include "mail-user.h"
 #include "doveadm-print.h"
@@ -72,10 +73,22 @@ struct casbox_gc {
 	struct casbox_pack_txn *txn;
 	uint64_t txn_bytes;
 
+	/* --all: "<mailbox guid hex>:<uid>" of the live messages whose
+	   recovery record was copied */
+	HASH_TABLE(char *, char *) covered;
+
 	uint64_t bytes_before, bytes_written;
 	unsigned int records_dropped, packs_deleted;
 	unsigned int recovery_kept, recovery_dropped, dek_updates;
+	unsigned int recovery_written;
 };
+
+static const char *casbox_gc_msg_key(const guid_128_t mailbox_guid,
+				     uint32_t uid)
+{
+	return t_strdup_printf("%s:%u", binary_to_hex(mailbox_guid,
+						       GUID_128_SIZE), uid);
+}
 
 static struct casbox_gc_pack *
 casbox_gc_candidate(struct casbox_gc *gc, uint32_t pack_id)
@@ -281,6 +294,12 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 			return -1;
 		}
 		gc->recovery_kept++;
+		if (gc->all) {
+			char *key = p_strdup(gc->census->pool,
+				casbox_gc_msg_key(rrec.mailbox_guid,
+						  rrec.uid));
+			hash_table_update(gc->covered, key, key);
+		}
 		return 1;
 	}
 	drop = array_append_space(&gc->dropped);
@@ -414,6 +433,113 @@ static int casbox_gc_copy_metas(struct casbox_gc *gc, const char **error_r)
 	return 0;
 }
 
+/* A recovery record for a live message that has none (saved before
+   recovery records, or its record was damaged), from its LSM records.
+   Returns 1 written, 0 not possible (a blob record is missing: scrub
+   names it), -1 error. */
+static int casbox_gc_backfill_msg(struct casbox_gc *gc,
+				  const guid_128_t mailbox_guid, uint32_t uid,
+				  const unsigned char *value, size_t value_size,
+				  const char **error_r)
+{
+	struct casbox_recovery_record rrec;
+	struct casbox_mailbox_record mrec;
+	struct casbox_recovery_blob *rblob;
+	const struct casbox_msg_part *part;
+	const struct casbox_recovery_blob *seen;
+	struct casbox_census_blob *blob;
+	buffer_t *key, *mvalue, *plain;
+	const char *error;
+	bool dup;
+	int ret;
+
+	i_zero(&rrec);
+	if (casbox_msg_record_import(value, value_size,
+				     pool_datastack_create(), &rrec.msg,
+				     error_r) < 0)
+		return 0;
+	key = t_buffer_create(32);
+	casbox_key_mailbox(key, mailbox_guid);
+	mvalue = t_buffer_create(128);
+	ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used, mvalue,
+			     error_r);
+	if (ret <= 0)
+		return ret;
+	if (casbox_mailbox_record_import(mvalue->data, mvalue->used,
+					 pool_datastack_create(), &mrec,
+					 error_r) < 0)
+		return 0;
+	t_array_init(&rrec.blobs, array_count(&rrec.msg.parts) + 1);
+	array_foreach(&rrec.msg.parts, part) {
+		blob = hash_table_lookup(gc->census->blobs, &part->id);
+		if (blob == NULL || !blob->have_record || blob->record_bad)
+			return 0;
+		dup = FALSE;
+		array_foreach(&rrec.blobs, seen)
+			dup = dup || memcmp(seen->id.id, part->id.id,
+					    CAS_BLOB_ID_SIZE) == 0;
+		if (dup)
+			continue;
+		rblob = array_append_space(&rrec.blobs);
+		rblob->id = part->id;
+		rblob->dict_id = blob->rec.dict_id;
+		rblob->plain_size = blob->rec.plain_size;
+		memcpy(rblob->wrapped_dek, blob->rec.wrapped_dek,
+		       CAS_WRAPPED_DEK_SIZE);
+	}
+	rrec.written_usecs = casbox_meta_now_usecs();
+	guid_128_copy(rrec.mailbox_guid, mailbox_guid);
+	guid_128_copy(rrec.public_guid, mrec.guid);
+	rrec.uid_validity = mrec.uid_validity;
+	rrec.uid = uid;
+	rrec.next_uid = I_MAX(mrec.next_uid, uid + 1);
+	rrec.highest_modseq = mrec.highest_modseq;
+	rrec.mailbox_name = mrec.name;
+	plain = t_buffer_create(512);
+	casbox_recovery_record_export(&rrec, plain);
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	ret = casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_RECOVERY,
+				       plain->data, plain->used, &error);
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	gc->recovery_written++;
+	return 1;
+}
+
+/* --all saw every recovery record: give each live message that has none
+   a new one, so a rebuild from the packs finds all of them. */
+static int casbox_gc_backfill(struct casbox_gc *gc, const char **error_r)
+{
+	unsigned char prefix = CASBOX_KEY_MESSAGE;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	const char *error;
+	guid_128_t guid;
+	uint32_t uid;
+	int ret = 0;
+
+	iter = casbox_lsm_iter_init(gc->adm->lsm, &prefix, 1);
+	while (ret >= 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) T_BEGIN {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
+		    hash_table_lookup(gc->covered,
+				      casbox_gc_msg_key(guid, uid)) == NULL) {
+			ret = casbox_gc_backfill_msg(gc, guid, uid, value,
+						     value_size, error_r);
+		}
+	} T_END_PASS_STR_IF(ret < 0, error_r);
+	if (casbox_lsm_iter_deinit(&iter, &error) < 0 && ret >= 0) {
+		*error_r = error;
+		ret = -1;
+	}
+	return ret < 0 ? -1 : 0;
+}
+
 static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 {
 	struct casbox_census_blob *blob;
@@ -438,6 +564,8 @@ static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 	casbox_admin_progress_end();
 	if (ret == 0)
 		ret = casbox_gc_copy_metas(gc, error_r);
+	if (ret == 0 && gc->all)
+		ret = casbox_gc_backfill(gc, error_r);
 	if (ret == 0)
 		ret = casbox_gc_txn_commit(gc, error_r);
 	if (gc->txn != NULL)
@@ -614,6 +742,8 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	p_array_init(&gc->candidates, gc->census->pool, 8);
 	p_array_init(&gc->moves, gc->census->pool, 64);
 	p_array_init(&gc->dropped, gc->census->pool, 64);
+	hash_table_create(&gc->covered, gc->census->pool, 0, str_hash,
+			  strcmp);
 	casbox_gc_pick(gc);
 	if (array_count(&gc->candidates) == 0)
 		return 0;
@@ -649,6 +779,7 @@ static void casbox_gc_print(struct casbox_gc *gc)
 	doveadm_print_num(gc->recovery_kept);
 	doveadm_print_num(gc->recovery_dropped);
 	doveadm_print_num(gc->dek_updates);
+	doveadm_print_num(gc->recovery_written);
 }
 
 static int
@@ -677,6 +808,8 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	} else {
 		casbox_gc_print(&gc);
 	}
+	if (hash_table_is_created(gc.covered))
+		hash_table_destroy(&gc.covered);
 	if (gc.census != NULL)
 		casbox_census_free(&gc.census);
 	casbox_admin_close(&gc.adm);
@@ -691,7 +824,7 @@ static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
 		"packs_selected", "packs_deleted", "blobs_moved",
 		"records_dropped", "bytes_selected", "bytes_written",
 		"bytes_reclaimed", "recovery_kept", "recovery_dropped",
-		"dek_updates",
+		"dek_updates", "recovery_written",
 	};
 	unsigned int i;
 
