@@ -458,6 +458,9 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 				     pool_datastack_create(), &rrec.msg,
 				     error_r) < 0)
 		return 0;
+	/* as casbox_store_txn_add_recovery(): derived data left out */
+	rrec.msg.sealed_meta = NULL;
+	rrec.msg.sealed_meta_size = 0;
 	key = t_buffer_create(32);
 	casbox_key_mailbox(key, mailbox_guid);
 	mvalue = t_buffer_create(128);

@@ -15,7 +15,9 @@
      u32 UIDVALIDITY | u32 UID | u32 mailbox next_uid at the save
      u64 mailbox highest-modseq bound at the save
      u16 len | mailbox name
-     u32 len | casbox_msg_record_export() (flags/keywords as saved)
+     u32 len | casbox_msg_record_export() (flags/keywords as saved;
+               without the sealed BODYSTRUCTURE metadata, which is
+               derived from the bytes)
      u16 n | n x (blob id (32) | u32 dict_id | u64 plain_size |
                   u8 DEK kind (1) | wrapped DEK (76))
    The blobs are every distinct blob of the message, with the wrapped

@@ -879,6 +879,10 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	rrec.highest_modseq = mrec->highest_modseq;
 	rrec.mailbox_name = mrec->name;
 	rrec.msg = *rec;
+	/* derived from the bytes, and most of a record's size: a rebuilt
+	   message parses its bytes instead, as one saved before it */
+	rrec.msg.sealed_meta = NULL;
+	rrec.msg.sealed_meta_size = 0;
 	t_array_init(&rrec.blobs, array_count(&rec->parts) + 1);
 	if (casbox_store_txn_recovery_blobs(txn, rec, &rrec.blobs,
 					    error_r) < 0)
