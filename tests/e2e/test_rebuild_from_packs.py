@@ -209,6 +209,10 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assert_counts(row, 40 + 20 + 8, expunged=NEXPUNGED)
         self.assertRegex(row["old_lsm"], r"/lsm\.broken-\d+")
         for name, data in damaged.items():
+            if name == "LOCK":
+                # not data: its shared lock page is reset by the first
+                # process that opens the store alone (the rebuild did)
+                continue
             with open(os.path.join(row["old_lsm"], name), "rb") as f:
                 self.assertEqual(f.read(), data, name)
         test_rebuild.RebuildTest.assert_recovered(self, self.before,
