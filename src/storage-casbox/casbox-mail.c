@@ -284,8 +284,9 @@ static const struct casbox_msg_meta *casbox_mail_get_meta(struct mail *_mail)
 	return mail->have_meta ? &mail->meta : NULL;
 }
 
-static int casbox_mail_get_parts(struct mail *_mail,
-				 struct message_part **parts_r)
+/* The MIME part tree from the sealed metadata, unless the mail has one
+   already or the record has none. */
+static void casbox_mail_set_meta_parts(struct mail *_mail)
 {
 	struct index_mail *imail = INDEX_MAIL(_mail);
 	const struct casbox_msg_meta *meta;
@@ -298,6 +299,12 @@ static int casbox_mail_get_parts(struct mail *_mail,
 			imail->mail.data_pool, &error);
 		i_assert(imail->data.parts != NULL);
 	}
+}
+
+static int casbox_mail_get_parts(struct mail *_mail,
+				 struct message_part **parts_r)
+{
+	casbox_mail_set_meta_parts(_mail);
 	return index_mail_get_parts(_mail, parts_r);
 }
 
@@ -443,6 +450,10 @@ casbox_mail_get_stream(struct mail *_mail, bool get_body ATTR_UNUSED,
 			mail->stream_opened = TRUE;
 		}
 	}
+	/* index_mail takes header and body sizes from a known part tree;
+	   without one it parses the whole message for them (BODY[TEXT]) */
+	if (hdr_size != NULL || body_size != NULL)
+		casbox_mail_set_meta_parts(_mail);
 	return index_mail_init_stream(imail, hdr_size, body_size, stream_r);
 }
 
