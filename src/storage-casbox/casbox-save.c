@@ -134,16 +134,24 @@ int casbox_save_begin(struct mail_save_context *_ctx, struct istream *input)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct mail_user *user = _ctx->transaction->box->storage->user;
-	struct istream *lf_input;
+	struct istream *eol_input;
 	string_t *prefix;
 
 	ctx->seq = casbox_save_add_to_index(_ctx);
 	mail_set_seq_saving(_ctx->dest_mail, ctx->seq);
 
-	/* like sdbox, store LF line endings; IMAP gives back CRLF */
-	lf_input = i_stream_create_lf(input);
-	ctx->input = index_mail_cache_parse_init(_ctx->dest_mail, lf_input);
-	i_stream_unref(&lf_input);
+	/* mail_save_crlf as maildir and mbox honour it (sdbox and mdbox
+	   always store LF). A CRLF-stored mail has physical size =
+	   virtual size, which lets imap-msgpart skip straight to the
+	   offset of a BODY[]<o.l> instead of counting LFs from the
+	   start. The record keeps each mail's sizes, so mails saved
+	   under either setting can share a mailbox. */
+	if (_ctx->transaction->box->storage->set->mail_save_crlf)
+		eol_input = i_stream_create_crlf(input);
+	else
+		eol_input = i_stream_create_lf(input);
+	ctx->input = index_mail_cache_parse_init(_ctx->dest_mail, eol_input);
+	i_stream_unref(&eol_input);
 
 	prefix = t_str_new(128);
 	mail_user_set_get_temp_prefix(prefix, user->set);
