@@ -8,11 +8,13 @@ lock) is never mistaken for one.
 The kill lands at a chosen syscall with strace's fault injection: the
 second fdatasync() of a delivery is the LSM WAL's (the first is the
 pack's), after which the index log is written. strace only places the
-SIGKILL; what is checked is the state casbox leaves."""
+SIGKILL (or the SIGSTOP that holds a save in the window); what is
+checked is the state casbox leaves."""
 
 import os
 import re
 import shutil
+import signal
 import smtplib
 import subprocess
 import sys
@@ -55,11 +57,31 @@ def ok(typ_data):
     return data
 
 
+def proc_state(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def waits_for_lock(pid, inode):
+    """Whether pid is blocked waiting for a lock on the file with this
+    inode: /proc/locks shows a waiter as "N: -> POSIX ADVISORY WRITE
+    <pid> <maj>:<min>:<inode> ..."."""
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "->" and \
+               int(fields[5]) == pid and \
+               int(fields[6].rsplit(":", 1)[1]) == inode:
+                return True
+    return False
+
+
 class LmtpSession:
     """An LMTP connection whose serving process runs under strace with
-    one injected action on the nth fdatasync()."""
+    one injected action on the nth fdatasync(). With trace, strace's
+    output is readable from self.strace.stdout."""
 
-    def __init__(self, dc, inject):
+    def __init__(self, dc, inject, trace=False):
         self.dc = dc
         self.lmtp = smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=60)
         self.lmtp.ehlo()
@@ -70,9 +92,19 @@ class LmtpSession:
         # -o: strace's own output; "attached" on stderr says it is in
         self.strace = subprocess.Popen(
             [STRACE, "-qq", "-p", str(self.pid), "-e", "trace=fdatasync",
-             "-e", "inject=fdatasync:%s" % inject, "-o", os.devnull],
+             "-e", "inject=fdatasync:%s" % inject,
+             "-o", "/dev/stdout" if trace else os.devnull],
+            stdout=subprocess.PIPE if trace else None,
             stderr=subprocess.PIPE)
         self.wait_attached()
+
+    def wait_trace_line(self, text):
+        """Block until strace reports text (it has seen it happen)."""
+        for line in self.strace.stdout:
+            if text in line:
+                return
+        raise AssertionError("strace ended before %r: %s"
+                             % (text, self.strace.stderr.read()))
 
     def wait_attached(self):
         # a traced process shows the tracer in /proc/PID/status
@@ -143,11 +175,15 @@ class OrphanRecordTest(unittest.TestCase):
         with Dovecot(plugin_settings=KEYS, extra_conf=CONF,
                      mail_debug=True) as dc:
             dc.lmtp_deliver("user1", msg(1))
-            # logged in beforehand: only SELECT has to fit in the window
             imap = dc.imap_login("user1")
-            # the delivery stops 5 s after its LSM commit, holding the
-            # index sync lock; meanwhile IMAP opens the mailbox
-            sess = LmtpSession(dc, "delay_exit=5000000:when=2")
+            imap_pids = dc.pids("imap")
+            self.assertEqual(len(imap_pids), 1)
+            index_log = os.stat(os.path.join(
+                dc.home("user1"), "casbox", "mailboxes", "INBOX",
+                "casbox-Mails", "dovecot.index.log")).st_ino
+            # the delivery stops (SIGSTOP) right after its LSM commit,
+            # holding the index sync lock, until the test continues it
+            sess = LmtpSession(dc, "signal=SIGSTOP:when=2", trace=True)
             result = {}
 
             def deliver():
@@ -156,18 +192,39 @@ class OrphanRecordTest(unittest.TestCase):
                         "s@example.com", ["user1"], msg(2))
                 except Exception as e:  # noqa: BLE001
                     result["error"] = e
+                finally:
+                    # a delivery that never stopped must not leave
+                    # wait_trace_line() reading forever
+                    sess.strace.terminate()
             t = threading.Thread(target=deliver)
             t.start()
-            # wait for the state, not for a time: the record is in the
-            # LSM while the index does not have it yet
-            while record_uids(storage_dump(dc).stdout) != [1, 2]:
-                self.assertTrue(t.is_alive(), result)
-            exists = int(ok(imap.select("INBOX"))[0])
+            # the state, not a time: stopped, the record in the LSM,
+            # the index without it
+            sess.wait_trace_line(b"--- stopped by SIGSTOP ---")
+            self.assertIn(proc_state(sess.pid), ("t", "T"))
+            self.assertEqual(record_uids(storage_dump(dc).stdout), [1, 2])
+
+            selected = {}
+
+            def select():
+                try:
+                    selected["exists"] = int(ok(imap.select("INBOX"))[0])
+                except Exception as e:  # noqa: BLE001
+                    selected["error"] = e
+            s = threading.Thread(target=select)
+            s.start()
+            # SELECT sees the record above next UID and waits for the
+            # index lock the stopped delivery holds
+            while not waits_for_lock(imap_pids[0], index_log):
+                self.assertTrue(s.is_alive(), selected)
+            self.assertTrue(t.is_alive(), result)
+            os.kill(sess.pid, signal.SIGCONT)
             t.join()
+            s.join()
             sess.close()
             self.assertEqual(result, {"refused": {}})
             # SELECT waited for the lock, so it saw the save committed
-            self.assertEqual(exists, 2)
+            self.assertEqual(selected, {"exists": 2})
             self.assertIn("Records at or above next UID 2: syncing under "
                           "the index lock", dc.log_text())
             self.assertNotIn("Released", dc.log_text())
