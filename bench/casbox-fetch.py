@@ -3,7 +3,8 @@
 
 Each round starts a fresh Dovecot per peer with the e2e harness
 (tests/e2e/dovecot_harness.py), LMTP-delivers the same N corpus messages
-(msg/s), then on one IMAP connection times
+(msg/s, and the lmtp process's CPU ms per message), then on one
+IMAP connection times
   - UID FETCH 1:* (UID BODY.PEEK[])                  (MB/s, --reps times,
                                                    and the imap process's
                                                    CPU ms per MB)
@@ -11,8 +12,12 @@ Each round starts a fresh Dovecot per peer with the e2e harness
                                                    (ms per partial fetch)
   - FETCH 1:* BODYSTRUCTURE on a fresh connection  (seconds; the first
     one, before Dovecot's cache could have learned it)
-Peers run in alternating order per round; medians and casbox/sdbox
-ratios are printed at the end. Speed is reported, never asserted.
+and the bytes of the user's home after delivery (store_mb: index, LSM
+and packs, or sdbox's files). Peer casbox-crlf is casbox with
+mail_save_crlf = yes (CRLF stored, so BODY[]<o.l> skips to its offset;
+sdbox stores LF whatever the setting). Peers run in alternating order
+per round; medians and each peer's ratio to sdbox are printed at the
+end. Speed is reported, never asserted.
 
   make -C /work/build-perf && \
   CASBOX_TOP_BUILDDIR=/work/build-perf python3 bench/casbox-fetch.py \
@@ -35,14 +40,29 @@ from imapraw import RawIMAP  # noqa: E402
 USER = "fetchbench"
 CONF = "mail_fsync = optimized\n"
 
+CASBOX_KEYS = {"casbox_key_file": "%h/casbox.key",
+               "casbox_key_autocreate": "yes"}
 PEERS = {
     "sdbox": dict(mail_location="sdbox:~/sdbox", mail_plugins=[],
                   extra_conf=CONF),
     "casbox": dict(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
-                   extra_conf=CONF,
-                   plugin_settings={"casbox_key_file": "%h/casbox.key",
-                                    "casbox_key_autocreate": "yes"}),
+                   extra_conf=CONF, plugin_settings=CASBOX_KEYS),
+    "casbox-crlf": dict(mail_location="casbox:~/casbox",
+                        mail_plugins=["casbox"],
+                        extra_conf=CONF + "mail_save_crlf = yes\n",
+                        plugin_settings=CASBOX_KEYS),
 }
+
+
+def tree_bytes(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def load(folder, n):
@@ -54,10 +74,11 @@ def load(folder, n):
     return msgs
 
 
-def imap_cpu_s(dc):
-    """utime + stime of the instance's imap processes, in seconds."""
+def service_cpu_s(dc, service):
+    """utime + stime of the instance's processes of one service, in
+    seconds."""
     total = 0
-    for pid in dc.pids("imap"):
+    for pid in dc.pids(service):
         try:
             with open("/proc/%d/stat" % pid) as f:
                 stat = f.read()
@@ -74,13 +95,16 @@ def one_round(name, msgs, args):
         t0 = time.perf_counter()
         dc.lmtp_deliver_many(USER, msgs)
         res["lmtp_msg_s"] = len(msgs) / (time.perf_counter() - t0)
+        res["lmtp_cpu_ms_msg"] = (service_cpu_s(dc, "lmtp") * 1000
+                                  / len(msgs))
+        res["store_mb"] = tree_bytes(dc.home(USER)) / 1e6
 
         with RawIMAP(dc.imap_port) as c:
             c.login(USER, PASSWORD)
             n = c.select("INBOX")
             assert n == len(msgs), (name, n)
             rates = []
-            cpu0 = imap_cpu_s(dc)
+            cpu0 = service_cpu_s(dc, "imap")
             fetched = 0
             for _ in range(args.reps):
                 t0 = time.perf_counter()
@@ -90,7 +114,7 @@ def one_round(name, msgs, args):
             res["fetch_mb_s"] = max(rates)
             # CPU of the imap process per MB: what the server spends,
             # unlike MB/s hardly moved by other jobs on the machine
-            res["fetch_cpu_ms_mb"] = ((imap_cpu_s(dc) - cpu0) * 1000
+            res["fetch_cpu_ms_mb"] = ((service_cpu_s(dc, "imap") - cpu0) * 1000
                                       / (fetched / 1e6))
 
             # partial fetches from the middle of the largest messages
@@ -122,7 +146,8 @@ def main():
                     help="FETCH BODY.PEEK[] repetitions per round (best)")
     ap.add_argument("--large", type=int, default=20,
                     help="largest messages for the partial fetch")
-    ap.add_argument("--peers", default="sdbox,casbox")
+    ap.add_argument("--peers", default="sdbox,casbox",
+                    help="comma-separated: " + ", ".join(PEERS))
     args = ap.parse_args()
 
     msgs = load(args.folder, args.n)
@@ -139,18 +164,19 @@ def main():
                 "%s=%.2f" % kv for kv in sorted(res.items()))),
                 flush=True)
 
-    keys = ["lmtp_msg_s", "fetch_mb_s", "fetch_cpu_ms_mb", "partial_ms",
-            "bodystructure_s"]
+    keys = ["lmtp_msg_s", "lmtp_cpu_ms_msg", "store_mb", "fetch_mb_s",
+            "fetch_cpu_ms_mb", "partial_ms", "bodystructure_s"]
     med = {p: {k: statistics.median(x[k] for x in results[p])
                for k in keys} for p in peers}
+    ratios = [p for p in peers if p != "sdbox"] if "sdbox" in peers else []
     print("\nmedian of %d rounds" % args.rounds)
     print("%-16s" % "" + "".join("%12s" % p for p in peers)
-          + ("%14s" % "casbox/sdbox"
-             if {"sdbox", "casbox"} <= set(peers) else ""))
+          + "".join("%18s" % (p + "/sdbox") for p in ratios))
     for k in keys:
         line = "%-16s" % k + "".join("%12.2f" % med[p][k] for p in peers)
-        if {"sdbox", "casbox"} <= set(peers) and med["sdbox"][k]:
-            line += "%14.2f" % (med["casbox"][k] / med["sdbox"][k])
+        for p in ratios:
+            line += ("%18.2f" % (med[p][k] / med["sdbox"][k])
+                     if med["sdbox"][k] else "%18s" % "-")
         print(line)
 
 
