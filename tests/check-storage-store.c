@@ -475,6 +475,66 @@ static uint32_t blob_key_id(struct casbox_lsm *lsm,
 	return cas_dek_wrapped_key_id(rec.wrapped_dek);
 }
 
+static struct casbox_pack_store *packs_open(struct cas_keyring *kr)
+{
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_store *packs;
+	const char *error = NULL;
+
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(root, "/packs", NULL);
+	pack_set.fsync = TRUE;
+	ck_assert_int_eq(casbox_pack_store_open(&pack_set, kr, &packs,
+						&error), 1);
+	return packs;
+}
+
+/* Every DEK update in the packs that names new_id must carry exactly the
+   wrap the LSM blob record holds now, and unwrap with kr. Returns how
+   many there are. */
+static unsigned int dek_updates_check(struct cas_keyring *kr,
+				      struct casbox_lsm *lsm, uint32_t new_id)
+{
+	struct casbox_pack_store *packs = packs_open(kr);
+	struct casbox_pack_scan *scan;
+	struct casbox_pack_frame_info info;
+	struct casbox_dek_update upd;
+	struct casbox_blob_value val;
+	struct casbox_blob_record rec;
+	enum casbox_meta_kind kind;
+	unsigned char dek[CAS_DEK_SIZE];
+	buffer_t *sealed = t_buffer_create(256), *plain = t_buffer_create(256);
+	const char *error = NULL;
+	unsigned int count = 0;
+
+	scan = casbox_pack_scan_init(packs);
+	while (casbox_pack_scan_next(scan, &info)) {
+		ck_assert_ptr_null(info.damage);
+		if (info.meta_kind != CASBOX_META_KIND_DEK_UPDATE)
+			continue;
+		buffer_set_used_size(sealed, 0);
+		buffer_set_used_size(plain, 0);
+		ck_assert_int_eq(casbox_pack_meta_read(packs, info.pack_id,
+			info.offset, &kind, sealed, &error), 1);
+		ck_assert_int_eq(casbox_pack_meta_open(packs, kind,
+			sealed->data, sealed->used, plain, &error), 1);
+		ck_assert_int_eq(casbox_dek_update_import(plain->data,
+			plain->used, &upd, &error), 1);
+		if (cas_dek_wrapped_key_id(upd.wrapped_dek) != new_id)
+			continue;
+		blob_record(lsm, &upd.id, &val, &rec);
+		ck_assert_mem_eq(upd.wrapped_dek, rec.wrapped_dek,
+				 CAS_WRAPPED_DEK_SIZE);
+		ck_assert_int_eq(cas_dek_unwrap(kr, &upd.id, upd.wrapped_dek,
+						dek, &error), 1);
+		sodium_memzero(dek, sizeof(dek));
+		count++;
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+	casbox_pack_store_close(&packs);
+	return count;
+}
+
 struct rekey_seen {
 	struct casbox_lsm *lsm;
 	uint32_t old_id, new_id;
@@ -513,6 +573,7 @@ START_TEST(test_rekey_walk)
 	struct casbox_blob_value val;
 	struct casbox_blob_record brec;
 	struct casbox_rekey_stats stats;
+	struct casbox_pack_store *packs;
 	struct rekey_seen seen;
 	const struct casbox_msg_part *part;
 	pool_t pool = pool_alloconly_create("test", 8192);
@@ -542,6 +603,7 @@ START_TEST(test_rekey_walk)
 	cas_keyring_rotate_add(kr);
 	new_id = cas_keyring_wrap_key_id(kr);
 	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+	packs = packs_open(kr);
 
 	/* store's key ring was loaded before: its next new blob must still
 	   be wrapped with the new slot */
@@ -598,7 +660,7 @@ START_TEST(test_rekey_walk)
 	do {
 		uint64_t before = stats.rewrapped;
 
-		ret = casbox_rekey_step(lsm, kr, old_id, 2, pos,
+		ret = casbox_rekey_step(lsm, packs, kr, old_id, 2, pos,
 					rekey_callback, &seen, &stats,
 					&error);
 		ck_assert_int_ge(ret, 0);
@@ -614,13 +676,18 @@ START_TEST(test_rekey_walk)
 	/* a second walk finds only the damaged record */
 	buffer_set_used_size(pos, 0);
 	i_zero(&stats);
-	ck_assert_int_eq(casbox_rekey_step(lsm, kr, old_id, 100, pos, NULL,
-					   NULL, &stats, &error), 0);
+	ck_assert_int_eq(casbox_rekey_step(lsm, packs, kr, old_id, 100, pos,
+					   NULL, NULL, &stats, &error), 0);
 	ck_assert_uint_eq(stats.rewrapped, 0);
 	ck_assert_uint_eq(stats.failed, 1);
 	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left, &foreign,
 					    &error), 0);
 	ck_assert_uint_eq(left, 1);
+	/* the packs carry each new wrap (rebuild --from-packs once the old
+	   slot is gone): one DEK update per rewrapped record, none for the
+	   damaged one, none from the step that had nothing to do */
+	ck_assert_uint_eq(dek_updates_check(kr, lsm, new_id), 7);
+	casbox_pack_store_close(&packs);
 
 	/* refcounts kept; every undamaged message reads back through a
 	   store that only knows the new slot */
@@ -772,14 +839,19 @@ START_TEST(test_rekey_waits_for_save)
 	ck_assert_int_ge(rotator, 0);
 	if (rotator == 0) {
 		struct casbox_rekey_stats stats;
+		struct casbox_pack_store *packs;
 		buffer_t *pos = t_buffer_create(64);
 		int ret;
 
+		/* the pack lock after the LSM lock, as the saver holds
+		   them: no deadlock */
 		lsm = lsm_open();
+		packs = packs_open(kr);
 		i_zero(&stats);
 		do {
-			ret = casbox_rekey_step(lsm, kr, old_id, 1, pos, NULL,
-						NULL, &stats, &error);
+			ret = casbox_rekey_step(lsm, packs, kr, old_id, 1,
+						pos, NULL, NULL, &stats,
+						&error);
 		} while (ret > 0);
 		_exit(ret == 0 && stats.rewrapped == 2 ? 0 : 1);
 	}
@@ -795,6 +867,8 @@ START_TEST(test_rekey_waits_for_save)
 	lsm = lsm_open();
 	ck_assert_uint_eq(blob_refcount(&a->id), 2);
 	ck_assert_uint_eq(blob_key_id(lsm, &a->id), new_id);
+	/* one DEK update per rewrapped record, matching the LSM */
+	ck_assert_uint_eq(dek_updates_check(kr, lsm, new_id), 2);
 	casbox_lsm_close(&lsm);
 	cas_keyring_rotate_finish(kr);
 	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);

@@ -295,7 +295,8 @@ static int casbox_rotate_walk(struct casbox_rotate *rot,
 
 	do {
 		before = rot->stats.rewrapped;
-		ret = casbox_rekey_step(rot->adm->lsm, rot->adm->keyring,
+		ret = casbox_rekey_step(rot->adm->lsm, rot->adm->packs,
+					rot->adm->keyring,
 					rot->old_key_id, rot->batch, pos,
 					NULL, NULL, &rot->stats, error_r);
 		if (ret < 0)

@@ -48,14 +48,51 @@ casbox_rekey_put(struct casbox_lsm_batch *batch, const unsigned char *key,
 	casbox_lsm_batch_put(batch, key, key_size, value->data, value->used);
 }
 
-/* Rewrap one blob record if it names old_key_id. */
-static void
-casbox_rekey_one(struct casbox_lsm_batch *batch,
-		 const struct cas_keyring *keyring, uint32_t old_key_id,
+struct casbox_rekey_ctx {
+	struct casbox_lsm_batch *batch;
+	/* NULL: no packs to keep in step (unit tests of the LSM walk) */
+	struct casbox_pack_store *packs;
+	/* begun at the first rewrap: a step over an already rewrapped
+	   range takes no pack lock and costs no fsync */
+	struct casbox_pack_txn *pack_txn;
+	const struct cas_keyring *keyring;
+	uint32_t old_key_id;
+	casbox_rekey_callback_t *callback;
+	void *context;
+	struct casbox_rekey_stats step;
+};
+
+/* The DEK update that lets rebuild --from-packs open the blob once the
+   old slot is gone. Returns 0 ok, -1 error. */
+static int
+casbox_rekey_dek_update(struct casbox_rekey_ctx *ctx,
+			const struct cas_blob_id *id,
+			const unsigned char *new_wrapped, const char **error_r)
+{
+	const char *error;
+
+	if (ctx->packs == NULL)
+		return 0;
+	if (ctx->pack_txn == NULL &&
+	    casbox_pack_txn_begin(ctx->packs, &ctx->pack_txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	if (casbox_pack_txn_add_dek_update(ctx->pack_txn, id, new_wrapped,
+					   &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+/* Rewrap one blob record if it names old_key_id. Returns 0 ok (record
+   rewrapped, left or counted as bad), -1 pack error. */
+static int
+casbox_rekey_one(struct casbox_rekey_ctx *ctx,
 		 const unsigned char *key, size_t key_size,
 		 const unsigned char *value, size_t value_size,
-		 casbox_rekey_callback_t *callback, void *context,
-		 struct casbox_rekey_stats *step)
+		 const char **error_r)
 {
 	struct casbox_blob_value bval;
 	struct casbox_blob_record brec;
@@ -65,29 +102,64 @@ casbox_rekey_one(struct casbox_lsm_batch *batch,
 
 	if (key_size != 1 + CAS_BLOB_ID_SIZE ||
 	    casbox_rekey_decode(value, value_size, &bval, &brec) < 0) {
-		step->bad_records++;
-		return;
+		ctx->step.bad_records++;
+		return 0;
 	}
-	if (cas_dek_wrapped_key_id(brec.wrapped_dek) != old_key_id) {
+	if (cas_dek_wrapped_key_id(brec.wrapped_dek) != ctx->old_key_id) {
 		/* already rewrapped, or written since the rotation began */
-		return;
+		return 0;
 	}
 	memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
-	if (cas_dek_rewrap(keyring, keyring, &id, brec.wrapped_dek,
+	if (cas_dek_rewrap(ctx->keyring, ctx->keyring, &id, brec.wrapped_dek,
 			   new_wrapped, &error) < 0) {
 		i_error("casbox key rotate: blob %s: %s (left as it is)",
 			cas_blob_id_to_hex(&id), error);
-		step->failed++;
-		return;
+		ctx->step.failed++;
+		return 0;
 	}
-	if (callback != NULL)
-		callback(context, batch, &id, brec.wrapped_dek, new_wrapped);
+	if (casbox_rekey_dek_update(ctx, &id, new_wrapped, error_r) < 0)
+		return -1;
+	if (ctx->callback != NULL) {
+		ctx->callback(ctx->context, ctx->batch, &id,
+			      brec.wrapped_dek, new_wrapped);
+	}
 	memcpy(brec.wrapped_dek, new_wrapped, sizeof(new_wrapped));
-	casbox_rekey_put(batch, key, key_size, bval.refcount, &brec);
-	step->rewrapped++;
+	casbox_rekey_put(ctx->batch, key, key_size, bval.refcount, &brec);
+	ctx->step.rewrapped++;
+	return 0;
+}
+
+/* Packs first, then the LSM: whatever blob record the LSM holds, some
+   DEK update or recovery record in the packs carries the same wrap.
+   Returns 0 ok, -1 error (nothing of the LSM batch applied). */
+static int casbox_rekey_commit(struct casbox_rekey_ctx *ctx,
+			       const char **error_r)
+{
+	const char *error;
+
+	if (ctx->step.rewrapped == 0) {
+		i_assert(ctx->pack_txn == NULL);
+		casbox_lsm_batch_rollback(&ctx->batch);
+		return 0;
+	}
+	if (ctx->pack_txn != NULL &&
+	    casbox_pack_txn_commit(&ctx->pack_txn, &error) < 0) {
+		*error_r = t_strdup_printf("pack commit: %s", error);
+		casbox_lsm_batch_rollback(&ctx->batch);
+		return -1;
+	}
+	return casbox_lsm_batch_commit(&ctx->batch, error_r) < 0 ? -1 : 0;
+}
+
+static void casbox_rekey_abort(struct casbox_rekey_ctx *ctx)
+{
+	if (ctx->pack_txn != NULL)
+		casbox_pack_txn_rollback(&ctx->pack_txn);
+	casbox_lsm_batch_rollback(&ctx->batch);
 }
 
 int casbox_rekey_step(struct casbox_lsm *lsm,
+		      struct casbox_pack_store *packs,
 		      const struct cas_keyring *keyring,
 		      uint32_t old_key_id, unsigned int max_records,
 		      buffer_t *pos, casbox_rekey_callback_t *callback,
@@ -95,59 +167,69 @@ int casbox_rekey_step(struct casbox_lsm *lsm,
 		      const char **error_r)
 {
 	const unsigned char prefix = CASBOX_KEY_BLOB;
-	struct casbox_lsm_batch *batch;
+	struct casbox_rekey_ctx ctx;
 	struct casbox_lsm_iter *iter;
 	const unsigned char *key, *value;
+	const char *iter_error;
 	size_t key_size, value_size;
-	struct casbox_rekey_stats step;
 	uint64_t max_examined;
 	bool more = FALSE;
+	int ret = 0;
 
 	i_assert(max_records > 0);
 	i_assert(old_key_id != cas_keyring_wrap_key_id(keyring));
 	max_examined = (uint64_t)max_records * CASBOX_REKEY_EXAMINE_FACTOR;
-	i_zero(&step);
+	i_zero(&ctx);
+	ctx.packs = packs;
+	ctx.keyring = keyring;
+	ctx.old_key_id = old_key_id;
+	ctx.callback = callback;
+	ctx.context = context;
 	/* the lock makes the records read below the latest ones, and no
-	   other writer commits before this batch does */
-	if (casbox_lsm_batch_begin(lsm, &batch, error_r) < 0)
+	   other writer commits before this batch does. Lock order: the
+	   LSM write lock, then the pack append lock (taken at the first
+	   rewrap), as saves take them; gc takes the pack lock alone, or
+	   after the LSM lock */
+	if (casbox_lsm_batch_begin(lsm, &ctx.batch, error_r) < 0)
 		return -1;
 	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
 	if (pos->used > 0)
 		casbox_lsm_iter_seek(iter, pos->data, pos->used);
-	while (casbox_lsm_iter_next(iter, &key, &key_size,
-				    &value, &value_size)) {
+	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) {
 		if (pos->used == key_size &&
 		    memcmp(pos->data, key, key_size) == 0) {
 			/* examined by the previous step */
 			continue;
 		}
-		if (step.rewrapped >= max_records ||
-		    step.examined >= max_examined) {
+		if (ctx.step.rewrapped >= max_records ||
+		    ctx.step.examined >= max_examined) {
 			more = TRUE;
 			break;
 		}
-		step.examined++;
+		ctx.step.examined++;
 		/* outside the data stack frame below: pos may grow */
 		buffer_set_used_size(pos, 0);
 		buffer_append(pos, key, key_size);
 		T_BEGIN {
-			casbox_rekey_one(batch, keyring, old_key_id,
-					 key, key_size, value, value_size,
-					 callback, context, &step);
-		} T_END;
+			ret = casbox_rekey_one(&ctx, key, key_size,
+					       value, value_size, error_r);
+		} T_END_PASS_STR_IF(ret < 0, error_r);
 	}
-	if (casbox_lsm_iter_deinit(&iter, error_r) < 0) {
-		casbox_lsm_batch_rollback(&batch);
+	if (casbox_lsm_iter_deinit(&iter, &iter_error) < 0 && ret == 0) {
+		*error_r = iter_error;
+		ret = -1;
+	}
+	if (ret < 0) {
+		casbox_rekey_abort(&ctx);
 		return -1;
 	}
-	if (step.rewrapped == 0)
-		casbox_lsm_batch_rollback(&batch);
-	else if (casbox_lsm_batch_commit(&batch, error_r) < 0)
+	if (casbox_rekey_commit(&ctx, error_r) < 0)
 		return -1;
-	stats->examined += step.examined;
-	stats->rewrapped += step.rewrapped;
-	stats->failed += step.failed;
-	stats->bad_records += step.bad_records;
+	stats->examined += ctx.step.examined;
+	stats->rewrapped += ctx.step.rewrapped;
+	stats->failed += ctx.step.failed;
+	stats->bad_records += ctx.step.bad_records;
 	return more ? 1 : 0;
 }
 

@@ -7,12 +7,26 @@
    read a blob record before a step commits only after it (the lock is
    held from its read to its commit), and one that reads after sees the
    rewrapped record. Only the 76-byte wrapped DEK of a blob record
-   changes; refcount, location and packs stay as they are. */
+   changes; refcount, location and blob frames stay as they are.
+
+   rebuild --from-packs must still open every blob once the old slot is
+   dropped, so each step also appends a DEK update meta frame per
+   rewrapped record to the packs and commits them (fdatasync) before
+   the LSM batch: whatever wrap the LSM holds, the packs hold too. A
+   crash in between leaves a DEK update under the new slot while the LSM
+   keeps the old wrap; both open the same DEK, the key file still has
+   both slots (the rotation did not finish), and the resumed walk
+   rewraps the record and writes the update again.
+
+   Lock order: LSM write lock, then pack append lock, as a save takes
+   them (casbox_store_txn_*); gc takes the pack lock without the LSM
+   lock or after it, never the other way round. */
 
 #include "cas-key.h"
 
 struct casbox_lsm;
 struct casbox_lsm_batch;
+struct casbox_pack_store;
 
 struct casbox_rekey_stats {
 	/* blob records looked at */
@@ -27,8 +41,8 @@ struct casbox_rekey_stats {
 };
 
 /* Called for every rewrapped record, inside the LSM batch that rewrites
-   it: a hook for writers that keep wrapped DEKs elsewhere too (e.g. a
-   "DEK update" record appended to a pack for rebuilds from packs). */
+   it, after its DEK update was appended: a hook for writers that keep
+   wrapped DEKs elsewhere too. */
 typedef void casbox_rekey_callback_t(void *context,
 				     struct casbox_lsm_batch *batch,
 				     const struct cas_blob_id *id,
@@ -38,14 +52,19 @@ typedef void casbox_rekey_callback_t(void *context,
 /* One step of the walk: take the write lock, continue after pos (a blob
    record key; empty = from the first one), rewrap up to max_records
    blob records whose wrapped DEK names old_key_id with keyring's
-   current slot, and commit them as one LSM batch (fsynced unless the
-   store runs with fsync off). pos becomes the last key examined, so the
+   current slot, append a DEK update per rewrapped record to packs and
+   commit the pack transaction, then commit the records as one LSM batch
+   (both fsynced unless the store runs with fsync off). packs must use
+   keyring (its index key seals the updates); NULL only in tests of the
+   LSM walk alone. pos becomes the last key examined, so the
    next call goes on from there (keys may be of any length: give a
    buffer that can grow in the caller's data stack frame or a heap
    one). callback may be NULL. Returns 1 the
    walk has more, 0 it reached the last blob record, -1 error (nothing
-   of this step applied). */
+   of this step applied to the LSM; DEK updates already committed to the
+   packs are harmless, see above). */
 int casbox_rekey_step(struct casbox_lsm *lsm,
+		      struct casbox_pack_store *packs,
 		      const struct cas_keyring *keyring,
 		      uint32_t old_key_id, unsigned int max_records,
 		      buffer_t *pos, casbox_rekey_callback_t *callback,
