@@ -7,7 +7,8 @@
       encoded again under a fresh DEK), commit the pack appends (fsync).
    2. Under the LSM write lock: switch each blob record that still points
       to the frame copied, drop records nothing references, commit the
-      batch (fsync).
+      batch (fsync). Copies wrapped before a key rotation began get the
+      new wrap and a DEK update for it, committed to the packs first.
    3. Unlink the old packs that no record points into any more.
 
    Meta frames (doc/casbox-format.md) in a picked pack: a recovery record
@@ -17,7 +18,11 @@
    mailbox record while its mailbox exists, a deletion marker always.
    Every moved blob gets a DEK update for its fresh DEK. Every recovery
    record carries the DEKs of all its message's blobs, so dropping a
-   dead one loses no DEK a live message needs. */
+   dead one loses no DEK a live message needs.
+
+   Lock order: step 1 holds the pack append lock alone; step 2 takes the
+   pack lock only inside the LSM write lock, as saves and key rotation
+   do, so none of them can deadlock with another. */
 
 #include "lib.h"
 #include "array.h"
@@ -653,14 +658,21 @@ static void casbox_gc_switch(struct casbox_gc *gc,
 /* Under the write lock: the copies were wrapped with the key ring as it
    was when gc started. If key rotation began since, wrap them with its
    new slot, so its last step (which drops the old slot once no record
-   uses it, under this lock) never strands them. */
+   uses it, under this lock) never strands them. The DEK updates step 1
+   wrote carry the old wrap, so each rewrapped copy gets another one,
+   committed to the packs before the LSM batch (as key rotation does):
+   after the rotation drops the old slot, rebuild --from-packs still
+   opens the copy. The pack lock is taken after the LSM lock here, the
+   order saves and key rotation use. */
 static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
 {
 	struct casbox_gc_move *move;
 	unsigned char wrapped[CAS_WRAPPED_DEK_SIZE];
 	uint32_t current;
 	const char *error;
+	int ret = 0;
 
+	i_assert(gc->txn == NULL);
 	if (casbox_admin_refresh_keys(gc->adm, error_r) < 0)
 		return -1;
 	current = cas_keyring_wrap_key_id(gc->adm->keyring);
@@ -673,11 +685,21 @@ static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
 				   wrapped, &error) < 0) {
 			*error_r = t_strdup_printf("blob %s: %s",
 				cas_blob_id_to_hex(&move->blob->id), error);
-			return -1;
+			ret = -1;
+			break;
+		}
+		if (casbox_gc_dek_update(gc, &move->blob->id, wrapped,
+					 error_r) < 0) {
+			ret = -1;
+			break;
 		}
 		memcpy(move->new_rec.wrapped_dek, wrapped, sizeof(wrapped));
 	}
-	return 0;
+	if (ret == 0)
+		ret = casbox_gc_txn_commit(gc, error_r);
+	if (gc->txn != NULL)
+		casbox_pack_txn_rollback(&gc->txn);
+	return ret;
 }
 
 static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
