@@ -4,7 +4,11 @@
    byte for byte, and mailbox records that hand out no UID again. DEK
    choice: a blob re-encoded under a fresh DEK (as gc does) opens through
    its DEK update; a DEK update wrapped by another key is ignored;
-   without an opening DEK the message is reported lost. */
+   without an opening DEK the message is reported lost. Key rotation: a
+   crash between a step's pack commit and its LSM commit leaves DEK
+   updates under the new slot for records the LSM keeps under the old
+   one; the resumed rotation and rebuilds before and after it all open
+   every message. */
 
 #include "lib.h"
 #include "array.h"
@@ -15,6 +19,7 @@
 #include "unlink-directory.h"
 #include "casbox-lsm.h"
 #include "casbox-store.h"
+#include "casbox-store-rekey.h"
 #include "doveadm-casbox-frompacks.h"
 
 #include <check.h>
@@ -457,6 +462,223 @@ START_TEST(test_refused_without_records)
 }
 END_TEST
 
+/* The message's bytes, read through a store that loads the key file as
+   it is now. */
+static const char *read_msg(const guid_128_t box, uint32_t uid)
+{
+	struct casbox_store *store = store_open();
+	struct casbox_msg_record rec;
+	struct istream *input;
+	const unsigned char *data;
+	size_t size;
+	string_t *str = t_str_new(256);
+	const char *error = NULL;
+	int ret;
+
+	ck_assert_int_eq(casbox_store_msg_lookup(store, box, uid,
+		pool_datastack_create(), &rec, &error), 1);
+	ck_assert_int_eq(casbox_store_msg_open(store, &rec, &input, &error),
+			 0);
+	while ((ret = i_stream_read_more(input, &data, &size)) > 0) {
+		str_append_data(str, data, size);
+		i_stream_skip(input, size);
+	}
+	ck_assert_int_eq(input->stream_errno, 0);
+	i_stream_unref(&input);
+	casbox_store_close(&store);
+	return str_c(str);
+}
+
+static void rot_populate(void)
+{
+	const char *m1[] = { part_a, part_b, NULL };
+	const char *m2[] = { part_a, part_c, NULL };
+	const char *m3[] = { part_d, NULL };
+	struct casbox_store *store = store_open();
+
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	add_msg(store, inbox_guid, "INBOX", 2, "guid-2", m2, FALSE);
+	add_msg(store, work_guid, "Work", 1, "guid-3", m3, FALSE);
+	casbox_store_close(&store);
+}
+
+static void rot_check_msgs(void)
+{
+	ck_assert_str_eq(read_msg(inbox_guid, 1),
+			 t_strconcat(part_a, part_b, NULL));
+	ck_assert_str_eq(read_msg(inbox_guid, 2),
+			 t_strconcat(part_a, part_c, NULL));
+	ck_assert_str_eq(read_msg(work_guid, 1), part_d);
+}
+
+/* What doveadm casbox key rotate does first: a new current slot. */
+static struct cas_keyring *rot_begin(uint32_t *old_id_r)
+{
+	struct cas_keyring *kr;
+	const char *error = NULL;
+
+	ck_assert_int_eq(cas_keyring_load(set.key_file, &kr, &error), 1);
+	*old_id_r = cas_keyring_wrap_key_id(kr);
+	cas_keyring_rotate_add(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, set.key_file, &error), 1);
+	return kr;
+}
+
+/* The walk to its end, with the store's packs. Returns records
+   rewrapped. */
+static uint64_t rot_walk(struct cas_keyring *kr, uint32_t old_id)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_pack_settings pack_set;
+	struct casbox_lsm *lsm;
+	struct casbox_pack_store *packs;
+	struct casbox_rekey_stats stats;
+	buffer_t *pos = t_buffer_create(64);
+	const char *error = NULL;
+	int ret;
+
+	i_zero(&lsm_set);
+	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+	lsm_set.fsync = TRUE;
+	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(root, "/packs", NULL);
+	pack_set.fsync = TRUE;
+	ck_assert_int_eq(casbox_pack_store_open(&pack_set, kr, &packs,
+						&error), 1);
+	i_zero(&stats);
+	do {
+		ret = casbox_rekey_step(lsm, packs, kr, old_id, 2, pos, NULL,
+					NULL, &stats, &error);
+		if (ret < 0)
+			ck_abort_msg("rekey step: %s", error);
+	} while (ret > 0);
+	ck_assert_uint_eq(stats.failed, 0);
+	casbox_pack_store_close(&packs);
+	casbox_lsm_close(&lsm);
+	return stats.rewrapped;
+}
+
+/* The last step of a rotation: no record left under the old slot, so
+   the key file loses it. */
+static void rot_finish(struct cas_keyring *kr, uint32_t old_id)
+{
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_lsm *lsm;
+	uint64_t left, foreign;
+	const char *error = NULL;
+
+	i_zero(&lsm_set);
+	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left,
+					    &foreign, &error), 0);
+	ck_assert_uint_eq(left, 0);
+	ck_assert_uint_eq(foreign, 0);
+	casbox_lsm_close(&lsm);
+	cas_keyring_rotate_finish(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, set.key_file, &error), 1);
+	ck_assert(!cas_keyring_has_key_id(kr, old_id));
+}
+
+/* A crash after the packs committed a whole walk's DEK updates but
+   before its LSM batches did: the walk runs for real, then the LSM
+   directory is put back as it was before it. */
+static void rot_crash_before_lsm_commit(struct cas_keyring *kr,
+					uint32_t old_id)
+{
+	const char *lsm = t_strconcat(root, "/lsm", NULL);
+
+	ck_assert_int_eq(system(t_strdup_printf("cp -a '%s' '%s.saved'",
+						lsm, lsm)), 0);
+	ck_assert_uint_eq(rot_walk(kr, old_id), 4);
+	ck_assert_int_eq(system(t_strdup_printf(
+		"rm -rf '%s' && mv '%s.saved' '%s'", lsm, lsm, lsm)), 0);
+}
+
+static void rot_rebuild(void)
+{
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+
+	lsm_lose();
+	fp = rebuild(&adm);
+	ck_assert_uint_eq(fp->messages, 3);
+	ck_assert_uint_eq(fp->lost_messages, 0);
+	ck_assert_uint_eq(fp->meta_unreadable, 0);
+	ck_assert_uint_eq(fp->damaged_frames, 0);
+	ck_assert_uint_eq(fp->orphans, 0);
+	ck_assert_uint_eq(array_count(&fp->blob_list), 4);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+}
+
+/* Crash state, then the rotation resumes on the LSM it left: every
+   record is rewrapped again (a second DEK update each), the old slot
+   goes, and a rebuild from the packs opens every message. */
+START_TEST(test_rotation_crash_then_resume)
+{
+	struct cas_keyring *kr;
+	uint32_t old_id;
+
+	rot_populate();
+	kr = rot_begin(&old_id);
+	rot_crash_before_lsm_commit(kr, old_id);
+	/* the LSM still says old slot, the packs new: both read */
+	rot_check_msgs();
+	ck_assert_uint_eq(rot_walk(kr, old_id), 4);
+	rot_finish(kr, old_id);
+	rot_check_msgs();
+	rot_rebuild();
+	rot_check_msgs();
+	cas_keyring_free(&kr);
+}
+END_TEST
+
+/* Crash state, then the LSM is lost before the rotation resumes: the
+   rebuild (key file with both slots) opens every message, the resumed
+   rotation finishes on the rebuilt LSM, and a second rebuild after the
+   old slot is gone still opens every message. */
+START_TEST(test_rotation_crash_then_rebuild)
+{
+	struct cas_keyring *kr;
+	uint32_t old_id;
+
+	rot_populate();
+	kr = rot_begin(&old_id);
+	rot_crash_before_lsm_commit(kr, old_id);
+	rot_rebuild();
+	rot_check_msgs();
+	(void)rot_walk(kr, old_id);
+	rot_finish(kr, old_id);
+	rot_check_msgs();
+	rot_rebuild();
+	rot_check_msgs();
+	cas_keyring_free(&kr);
+}
+END_TEST
+
+/* Without a crash: a finished rotation, then the LSM lost. The packs
+   alone (recovery records under the old slot, DEK updates under the
+   new) open every message with the key file that has only the new
+   slot. */
+START_TEST(test_rotation_finished_then_rebuild)
+{
+	struct cas_keyring *kr;
+	uint32_t old_id;
+
+	rot_populate();
+	kr = rot_begin(&old_id);
+	ck_assert_uint_eq(rot_walk(kr, old_id), 4);
+	rot_finish(kr, old_id);
+	rot_rebuild();
+	rot_check_msgs();
+	cas_keyring_free(&kr);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("doveadm-frompacks");
@@ -472,6 +694,9 @@ int main(void)
 	tcase_add_test(tc, test_dek_update_opens_new_frame);
 	tcase_add_test(tc, test_no_opening_dek_is_lost);
 	tcase_add_test(tc, test_refused_without_records);
+	tcase_add_test(tc, test_rotation_crash_then_resume);
+	tcase_add_test(tc, test_rotation_crash_then_rebuild);
+	tcase_add_test(tc, test_rotation_finished_then_rebuild);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
