@@ -9,6 +9,7 @@ every message back byte-identical from the packs alone.
 Synchronisation is on doveadm's own per-batch progress lines (doveadm -v),
 never on sleeps."""
 
+import fcntl
 import hashlib
 import imaplib
 import os
@@ -19,6 +20,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -116,6 +118,30 @@ def fetch_all(imap):
 def tab_row(out):
     lines = out.strip().split("\n")
     return dict(zip(lines[0].split("\t"), lines[1].split("\t")))
+
+
+def lock_waiters(path):
+    """How many processes wait for a POSIX lock on path ("->" lines of
+    /proc/locks naming its inode)."""
+    st = os.stat(path)
+    dev = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev),
+                            st.st_ino)
+    with open("/proc/locks") as f:
+        return sum(1 for line in f
+                   if "->" in line and line.split()[6] == dev)
+
+
+def wait_for(cond, what, proc):
+    """Poll an observed condition (never a timed guess); fail if proc
+    ended first."""
+    deadline = time.monotonic() + 120
+    while not cond():
+        if proc.poll() is not None:
+            raise AssertionError("%s: process ended (rc %s) first"
+                                 % (what, proc.returncode))
+        if time.monotonic() > deadline:
+            raise AssertionError("%s: not after 120 s" % what)
+        time.sleep(0.01)
 
 
 class KeyRotateTest(unittest.TestCase):
@@ -411,6 +437,67 @@ class KeyRotateTest(unittest.TestCase):
             self.assertGreater(int(tab_row(res.stdout)["blobs_moved"]), 0)
             self.rotate_to_end(dc)
             self.lose_lsm_and_rebuild(dc, key_path, expected, messages)
+
+    def test_gc_spans_rotation_then_rebuild(self):
+        """gc loads the key ring, then a rotation begins before gc
+        copies: its copies are wrapped under the old slot, and step 2
+        (under the LSM lock) rewraps them under the new one and writes a
+        DEK update for each. The rotation finishes, the LSM is lost, and
+        rebuild --from-packs still opens every message. The test holds
+        the pack append lock to order the two (observed in /proc/locks,
+        not timed)."""
+        msgs = load(corpus_files("usrp-users-3000", limit=120, step=19))
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            key_path = os.path.join(dc.home("user1"), "casbox.key")
+            lock_path = os.path.join(dc.home("user1"), "casbox", "packs",
+                                     "pack.lock")
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.create("Copies"))
+            expected = fetch_all(imap)
+            imap.logout()
+            old_slots = read_key_file(key_path)[1]
+
+            fd = os.open(lock_path, os.O_RDWR)
+            procs = []
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                # gc: key ring loaded, census done, waits to append
+                procs.append(subprocess.Popen(
+                    dc.doveadm_command("-f", "tab", "casbox", "gc", "-u",
+                                       "user1", "--all"),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True))
+                wait_for(lambda: lock_waiters(lock_path) == 1,
+                         "gc waits for the pack lock", procs[0])
+                # the rotation writes its new slot, then its first
+                # batch waits for the pack lock (holding the LSM lock)
+                procs.append(subprocess.Popen(
+                    dc.doveadm_command("-f", "tab", "casbox", "key",
+                                       "rotate", "-u", "user1", "--batch",
+                                       str(BATCH)),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True))
+                wait_for(lambda: lock_waiters(lock_path) == 2,
+                         "rotation waits for the pack lock", procs[1])
+                self.assertEqual(len(read_key_file(key_path)[1]), 2)
+            finally:
+                os.close(fd)
+            outs = [p.communicate(timeout=300) for p in procs]
+            for p, (out, err) in zip(procs, outs):
+                self.assertEqual(p.returncode, 0, err)
+            gc = tab_row(outs[0][0])
+            moved = int(gc["blobs_moved"])
+            self.assertGreater(moved, 0)
+            # one update per copy, and one more per copy rewrapped
+            # for the rotation
+            self.assertEqual(int(gc["dek_updates"]), 2 * moved, gc)
+            self.assertEqual(tab_row(outs[1][0])["result"], "rotated")
+            slots = read_key_file(key_path)[1]
+            self.assertEqual(len(slots), 1)
+            self.assertNotIn(old_slots[0], slots)
+            self.lose_lsm_and_rebuild(dc, key_path, expected, len(msgs))
 
     def test_concurrent_rotates(self):
         """Two runs at once: each either joins the rotation in progress
