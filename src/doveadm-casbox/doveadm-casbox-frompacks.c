@@ -642,9 +642,12 @@ static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 	return 0;
 }
 
-/* Serialise with saves and gc: the pack append lock (no frame can be
-   added while we scan) and, if the old LSM still opens, its write
-   lock. Returns 0 ok, -1 error. */
+/* Serialise with saves, gc and key rotation: if the old LSM still
+   opens, its write lock, then the pack append lock (no frame can be
+   added while we scan). The order is the one saves, key rotation and
+   gc's switch take them in, so none of them can hold the LSM lock while
+   waiting for a pack lock held here. Returns 0 ok, -1 error (the caller
+   unlocks). */
 static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 {
 	struct casbox_lsm_settings set;
@@ -652,25 +655,26 @@ static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 	const char *error;
 	struct stat st;
 
+	if (stat(lsm_dir, &st) == 0) {
+		i_zero(&set);
+		set.dir = lsm_dir;
+		set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
+		set.lock_method = fp->adm->lock_method;
+		if (casbox_lsm_open(&set, &fp->old_lsm, &error) < 0 ||
+		    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
+					   &error) < 0) {
+			/* damaged: nothing can write through it either */
+			i_warning("casbox rebuild --from-packs: old LSM %s: "
+				  "%s (moving it aside anyway)", lsm_dir,
+				  error);
+			if (fp->old_lsm != NULL)
+				casbox_lsm_close(&fp->old_lsm);
+		}
+	}
 	if (casbox_pack_txn_begin(fp->adm->packs, &fp->pack_txn,
 				  &error) < 0) {
 		*error_r = t_strdup_printf("pack lock: %s", error);
 		return -1;
-	}
-	if (stat(lsm_dir, &st) < 0)
-		return 0;
-	i_zero(&set);
-	set.dir = lsm_dir;
-	set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
-	set.lock_method = fp->adm->lock_method;
-	if (casbox_lsm_open(&set, &fp->old_lsm, &error) < 0 ||
-	    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
-				   &error) < 0) {
-		/* damaged: nothing can write through it either */
-		i_warning("casbox rebuild --from-packs: old LSM %s: %s "
-			  "(moving it aside anyway)", lsm_dir, error);
-		if (fp->old_lsm != NULL)
-			casbox_lsm_close(&fp->old_lsm);
 	}
 	return 0;
 }
