@@ -8,6 +8,7 @@
 #include "lib.h"
 #include "buffer.h"
 #include "cas-userkey.h"
+#include "cas-keymode.h"
 #include "cas-userkey-golden.h"
 
 #include <sodium.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define UKEY_FILE_SIZE 212
 #define UKEY_OFF_OPS 12
@@ -512,7 +514,7 @@ START_TEST(test_password_change)
 		ck_assert_int_eq(cas_dek_seal_to_public(key, &ids[i], deks[i],
 							sealed[i]), 1);
 	}
-	ck_assert_int_eq(chmod(path, 0640), 0);
+	ck_assert_int_eq(chmod(path, 0400), 0);
 	ck_assert_uint_eq(read_file(path, before, sizeof(before)),
 			  UKEY_FILE_SIZE);
 
@@ -536,7 +538,7 @@ START_TEST(test_password_change)
 		"new pw", 6, NULL, &error), 1);
 	ck_assert_uint_eq(dir_entries(), 1);
 	ck_assert_int_eq(stat(path, &st), 0);
-	ck_assert_uint_eq(st.st_mode & 0777, 0640);
+	ck_assert_uint_eq(st.st_mode & 0777, 0400);
 	ck_assert_uint_eq(read_file(path, after, sizeof(after)),
 			  UKEY_FILE_SIZE);
 	/* the public part is kept, salt and wrapped secret are new */
@@ -701,6 +703,200 @@ START_TEST(test_unreadable)
 }
 END_TEST
 
+/* cas-keymode: one key ring for both modes. A password-mode ring loaded
+   without the password computes the same blob ids and key id as the
+   unlocked one and seals DEKs, but opens neither DEKs nor index records;
+   kinds of the other mode are refused by name. */
+START_TEST(test_keyring_dispatch)
+{
+	struct cas_userkey *created = create_key("d.ukey", "pw");
+	struct cas_key_settings set;
+	struct cas_keyring *pub, *unl, *server;
+	unsigned char kek[CAS_KEK_SIZE], dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char stored[CAS_STORED_DEK_MAX_SIZE];
+	unsigned char wrapped[CAS_STORED_DEK_MAX_SIZE];
+	struct cas_blob_id id1, id2, id3;
+	buffer_t *sealed, *plain;
+	const char *error;
+	uint8_t kind, wkind;
+
+	i_zero(&set);
+	set.mode = CAS_KEY_MODE_PASSWORD;
+	set.path = tmp_path("d.ukey");
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &pub, &error), 1);
+	ck_assert(!cas_keyring_can_decrypt(pub));
+	ck_assert_ptr_nonnull(cas_keyring_get_userkey(pub));
+	set.password = "";
+	cas_keyring_free(&pub);
+	/* an empty password is no password */
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &pub, &error), 1);
+	ck_assert(!cas_keyring_can_decrypt(pub));
+	set.password = "pw";
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &unl, &error), 1);
+	ck_assert(cas_keyring_can_decrypt(unl));
+	memset(kek, 7, sizeof(kek));
+	server = cas_keyring_create_from_kek(kek);
+	ck_assert(cas_keyring_can_decrypt(server));
+	ck_assert_ptr_null(cas_keyring_get_userkey(server));
+
+	ck_assert_uint_eq(cas_keyring_key_id(pub),
+			  cas_userkey_key_id(created));
+	ck_assert_uint_eq(cas_keyring_key_id(unl), cas_keyring_key_id(pub));
+	cas_blob_id_compute(pub, "hello", 5, &id1);
+	cas_blob_id_compute(unl, "hello", 5, &id2);
+	cas_blob_id_compute(server, "hello", 5, &id3);
+	ck_assert_mem_eq(id1.id, id2.id, sizeof(id1.id));
+	ck_assert_mem_ne(id1.id, id3.id, sizeof(id1.id));
+	cas_userkey_blob_id_compute(created, "hello", 5, &id3);
+	ck_assert_mem_eq(id1.id, id3.id, sizeof(id1.id));
+
+	/* DEKs: sealed without the password, opened only with it */
+	cas_dek_generate(dek);
+	ck_assert_int_eq(cas_keyring_dek_protect(pub, &id1, dek, &kind,
+						 stored, &error), 1);
+	ck_assert_uint_eq(kind, CAS_DEK_KIND_SEALED);
+	ck_assert_uint_eq(stored[0], CAS_DEK_KIND_SEALED);
+	ck_assert_uint_eq(cas_dek_kind_size(kind), CAS_SEALED_DEK_SIZE);
+	ck_assert_int_eq(cas_keyring_dek_verify(pub, &id1, kind, stored,
+						&error), 1);
+	ck_assert_int_eq(cas_keyring_dek_open(pub, &id1, kind, stored, out,
+					      &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	ck_assert_int_eq(cas_keyring_dek_open(unl, &id1, kind, stored, out,
+					      &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(out));
+	ck_assert_int_eq(cas_keyring_dek_open(unl, &id2, kind, stored, out,
+					      &error), 1);
+	ck_assert_int_eq(cas_keyring_dek_open(server, &id1, kind, stored,
+					      out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "password"));
+	stored[CAS_SEALED_DEK_SIZE - 1] ^= 1;
+	ck_assert_int_eq(cas_keyring_dek_verify(pub, &id1, kind, stored,
+						&error), -1);
+	ck_assert_int_eq(cas_keyring_dek_open(unl, &id1, kind, stored, out,
+					      &error), -1);
+
+	/* server kind */
+	ck_assert_int_eq(cas_keyring_dek_protect(server, &id1, dek, &wkind,
+						 wrapped, &error), 1);
+	ck_assert_uint_eq(wkind, CAS_DEK_KIND_SERVER_WRAP);
+	ck_assert_int_eq(cas_keyring_dek_verify(server, &id1, wkind, wrapped,
+						&error), 0);
+	ck_assert_int_eq(cas_keyring_dek_open(server, &id1, wkind, wrapped,
+					      out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(out));
+	ck_assert_int_eq(cas_keyring_dek_open(unl, &id1, wkind, wrapped, out,
+					      &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "server key"));
+	ck_assert_int_eq(cas_keyring_dek_verify(pub, &id1, wkind, wrapped,
+						&error), -1);
+	ck_assert_int_eq(cas_keyring_dek_open(server, &id1, 0x33, wrapped,
+					      out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "unknown DEK kind"));
+	ck_assert_uint_eq(cas_dek_kind_size(0x33), 0);
+
+	/* index records: the index key needs the password */
+	sealed = buffer_create_dynamic(default_pool, 128);
+	plain = buffer_create_dynamic(default_pool, 128);
+	cas_record_seal(unl, "aad", 3, "words", 5, sealed);
+	ck_assert_int_eq(cas_record_open(pub, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	ck_assert_int_eq(cas_record_open(server, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), -1);
+	ck_assert_int_eq(cas_record_open(unl, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), 1);
+	ck_assert_uint_eq(plain->used, 5);
+	ck_assert_mem_eq(plain->data, "words", 5);
+	buffer_free(&sealed);
+	buffer_free(&plain);
+
+	sodium_memzero(dek, sizeof(dek));
+	cas_keyring_free(&pub);
+	cas_keyring_free(&unl);
+	cas_keyring_free(&server);
+	cas_userkey_free(&created);
+}
+END_TEST
+
+/* Loading by mode: a wrong password, a missing file and creating
+   without a password are clear errors. */
+START_TEST(test_keyring_load_mode)
+{
+	struct cas_userkey *created = create_key("m.ukey", "right");
+	struct cas_key_settings set;
+	struct cas_keyring *k;
+	const char *error;
+
+	i_zero(&set);
+	set.mode = CAS_KEY_MODE_PASSWORD;
+	set.path = tmp_path("m.ukey");
+	set.password = "wrong";
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &k, &error), -1);
+	ck_assert_ptr_null(k);
+	ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+	ck_assert_ptr_nonnull(strstr(error, set.path));
+
+	set.path = tmp_path("missing.ukey");
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &k, &error), 0);
+	set.password = NULL;
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &k, &error), 0);
+	ck_assert_int_eq(cas_keyring_create_mode(&set, &k, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "password"));
+	ck_assert_ptr_nonnull(strstr(error, set.path));
+	ck_assert_int_eq(access(set.path, F_OK), -1);
+
+	/* a server-mode ring cannot read a user key file */
+	set.mode = CAS_KEY_MODE_SERVER;
+	set.path = tmp_path("m.ukey");
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &k, &error), -1);
+
+	ck_assert_int_eq(cas_key_mode_parse("server", &set.mode), 0);
+	ck_assert_int_eq(set.mode, CAS_KEY_MODE_SERVER);
+	ck_assert_int_eq(cas_key_mode_parse("password", &set.mode), 0);
+	ck_assert_int_eq(set.mode, CAS_KEY_MODE_PASSWORD);
+	ck_assert_int_eq(cas_key_mode_parse("Password", &set.mode), -1);
+	ck_assert_int_eq(cas_key_mode_parse("", &set.mode), -1);
+	ck_assert_str_eq(cas_key_mode_name(CAS_KEY_MODE_PASSWORD),
+			 "password");
+	cas_userkey_free(&created);
+}
+END_TEST
+
+/* A key file its group or others can access is refused, naming the
+   file and the mode; the owner-only modes load. */
+START_TEST(test_key_file_mode)
+{
+	static const unsigned int bad[] = { 0640, 0604, 0644, 0660, 0602,
+					    0610, 0601 };
+	struct cas_userkey *created = create_key("p.ukey", "pw"), *k;
+	const char *path = tmp_path("p.ukey"), *error;
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(bad); i++) {
+		ck_assert_int_eq(chmod(path, bad[i]), 0);
+		ck_assert_int_eq(cas_userkey_load_public(path, &k, &error),
+				 -1);
+		ck_assert_ptr_null(k);
+		ck_assert_ptr_nonnull(strstr(error, path));
+		ck_assert_ptr_nonnull(strstr(error, t_strdup_printf(
+			"mode %04o", bad[i])));
+		ck_assert_int_eq(cas_userkey_unlock(path, "pw", 2, &k,
+						    &error), -1);
+		ck_assert_ptr_nonnull(strstr(error, "group or others"));
+		ck_assert_int_eq(cas_userkey_change_password(path, "pw", 2,
+			"new", 3, &min_limits, &error), -1);
+	}
+	ck_assert_int_eq(chmod(path, 0400), 0);
+	ck_assert_int_eq(cas_userkey_load_public(path, &k, &error), 1);
+	cas_userkey_free(&k);
+	ck_assert_int_eq(chmod(path, 0600), 0);
+	ck_assert_int_eq(cas_userkey_unlock(path, "pw", 2, &k, &error), 1);
+	cas_userkey_free(&k);
+	cas_userkey_free(&created);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("userkey");
@@ -722,6 +918,9 @@ int main(void)
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_golden);
 	tcase_add_test(tc, test_unreadable);
+	tcase_add_test(tc, test_keyring_dispatch);
+	tcase_add_test(tc, test_keyring_load_mode);
+	tcase_add_test(tc, test_key_file_mode);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -28,6 +28,7 @@
 #include "hex-binary.h"
 #include "cas-keyfile.h"
 #include "cas-key.h"
+#include "cas-userkey.h"
 
 #include <sodium.h>
 #include <fcntl.h>
@@ -85,6 +86,8 @@ struct cas_keyring {
 	/* the loaded file, to notice a replacement (cas_keyring_refresh) */
 	bool have_stat;
 	struct stat st;
+	/* password mode: the user key does everything, secrets is NULL */
+	struct cas_userkey *userkey;
 };
 
 static void cas_sodium_init(void)
@@ -420,8 +423,11 @@ void cas_keyring_free(struct cas_keyring **_keyring)
 	if (keyring == NULL)
 		return;
 	*_keyring = NULL;
+	if (keyring->userkey != NULL)
+		cas_userkey_free(&keyring->userkey);
 	/* sodium_free() wipes the memory */
-	sodium_free(keyring->secrets);
+	if (keyring->secrets != NULL)
+		sodium_free(keyring->secrets);
 	i_free(keyring);
 }
 
@@ -432,6 +438,8 @@ uint32_t cas_keyring_key_id(const struct cas_keyring *keyring)
 
 uint32_t cas_keyring_wrap_key_id(const struct cas_keyring *keyring)
 {
+	if (keyring->userkey != NULL)
+		return keyring->key_id;
 	return keyring->slot_key_ids[keyring->current];
 }
 
@@ -460,6 +468,8 @@ bool cas_keyring_has_key_id(const struct cas_keyring *keyring,
 	unsigned int i;
 	bool found = FALSE;
 
+	if (keyring->userkey != NULL)
+		return key_id == keyring->key_id;
 	for (i = 0; i < keyring->slot_count; i++)
 		found = found || keyring->slot_key_ids[i] == key_id;
 	return found;
@@ -623,6 +633,11 @@ int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 	int ret;
 
 	*changed_r = FALSE;
+	if (keyring->userkey != NULL) {
+		/* a user key file changes only by a password change,
+		   which keeps the key pair and the delivery key */
+		return 1;
+	}
 	if (stat(path, &st) < 0) {
 		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
 		return -1;
@@ -673,6 +688,10 @@ int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 void cas_blob_id_init(const struct cas_keyring *keyring,
 		      struct cas_blob_id_ctx *ctx)
 {
+	if (keyring->userkey != NULL) {
+		cas_userkey_blob_id_init(keyring->userkey, ctx);
+		return;
+	}
 	i_assert(crypto_generichash_statebytes() <= sizeof(ctx->state));
 	crypto_generichash_init((crypto_generichash_state *)ctx->state,
 				keyring->secrets->blob_id, CAS_KEK_SIZE,
@@ -768,6 +787,8 @@ void cas_dek_wrap(const struct cas_keyring *keyring,
 	unsigned char aad[CAS_DEK_AAD_SIZE];
 	unsigned char *nonce = wrapped_r + 4;
 
+	/* password mode seals instead: cas_keyring_dek_protect() */
+	i_assert(keyring->userkey == NULL);
 	/* new wraps always use the current slot */
 	cas_dek_aad(cas_keyring_wrap_key_id(keyring), id, aad);
 	memcpy(wrapped_r, aad + 7, 4);
@@ -793,6 +814,11 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 	uint32_t key_id;
 
 	sodium_memzero(dek_r, CAS_DEK_SIZE);
+	if (keyring->userkey != NULL) {
+		*error_r = "DEK wrapped by a server key, "
+			"but this key ring is in password mode";
+		return -1;
+	}
 	/* the key id is public (stored in the clear): picking the slot by
 	   it leaks nothing; the tag check below is constant-time */
 	key_id = cas_be32(wrapped);
@@ -888,6 +914,12 @@ void cas_record_seal(const struct cas_keyring *keyring,
 		     const void *aad, size_t aad_size,
 		     const void *data, size_t size, buffer_t *sealed)
 {
+	if (keyring->userkey != NULL) {
+		/* asserts the key is unlocked: see cas_keyring_can_decrypt() */
+		cas_userkey_record_seal(keyring->userkey, aad, aad_size,
+					data, size, sealed);
+		return;
+	}
 	cas_record_seal_key(keyring->secrets->index, aad, aad_size,
 			    data, size, sealed);
 }
@@ -897,6 +929,11 @@ int cas_record_open(const struct cas_keyring *keyring,
 		    const void *sealed, size_t sealed_size,
 		    buffer_t *plain, const char **error_r)
 {
+	if (keyring->userkey != NULL) {
+		return cas_userkey_record_open(keyring->userkey, aad,
+					       aad_size, sealed, sealed_size,
+					       plain, error_r);
+	}
 	return cas_record_open_key(keyring->secrets->index, aad, aad_size,
 				   sealed, sealed_size, plain, error_r);
 }
@@ -925,4 +962,30 @@ int cas_aead_decrypt(const unsigned char key[CAS_DEK_SIZE],
 		return -1;
 	}
 	return 0;
+}
+
+struct cas_keyring *
+cas_keyring_create_from_userkey(struct cas_userkey **userkey)
+{
+	struct cas_keyring *keyring;
+
+	i_assert(*userkey != NULL);
+	keyring = i_new(struct cas_keyring, 1);
+	keyring->userkey = *userkey;
+	/* cas_keyring_key_id() then names the key pair */
+	keyring->key_id = cas_userkey_key_id(*userkey);
+	*userkey = NULL;
+	return keyring;
+}
+
+const struct cas_userkey *
+cas_keyring_get_userkey(const struct cas_keyring *keyring)
+{
+	return keyring->userkey;
+}
+
+bool cas_keyring_can_decrypt(const struct cas_keyring *keyring)
+{
+	return keyring->userkey == NULL ||
+		cas_userkey_is_unlocked(keyring->userkey);
 }

@@ -167,4 +167,21 @@ int cas_aead_decrypt(const unsigned char key[CAS_DEK_SIZE],
 		     const void *cipher, size_t cipher_size,
 		     unsigned char *dest);
 
+/* Password key mode (cas-userkey.h; selected by casbox_key_mode, see
+   cas-keymode.h): a key ring can carry a user key instead of a KEK.
+   cas_keyring_key_id(), the blob-id functions and cas_record_seal()/
+   open() then use the user key (server-held blob-id key; index key only
+   when unlocked). cas_dek_wrap()/unwrap() stay server mode only: code
+   that serves both modes uses cas_keyring_dek_protect()/open(). */
+struct cas_userkey;
+/* Key ring over a user key, public or unlocked; takes ownership. */
+struct cas_keyring *
+cas_keyring_create_from_userkey(struct cas_userkey **userkey);
+/* The user key of a password-mode ring, NULL for a server-mode ring. */
+const struct cas_userkey *
+cas_keyring_get_userkey(const struct cas_keyring *keyring);
+/* TRUE if the ring can open DEKs and seal/open index records: a
+   server-mode ring always, a password-mode ring only when unlocked. */
+bool cas_keyring_can_decrypt(const struct cas_keyring *keyring);
+
 #endif

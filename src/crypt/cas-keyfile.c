@@ -215,3 +215,22 @@ int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
 		ret = cas_keyfile_fsync_dir(path, error_r);
 	return ret;
 }
+
+int cas_keyfile_check_mode(int fd, const char *path, const char **error_r)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		return -1;
+	}
+	if ((st.st_mode & 0077) != 0) {
+		*error_r = t_strdup_printf(
+			"Key file %s has mode %04o: it must not be "
+			"accessible by group or others (the key may have "
+			"leaked; check, then chmod 0600 %s)",
+			path, (unsigned int)(st.st_mode & 07777), path);
+		return -1;
+	}
+	return 0;
+}

@@ -37,4 +37,12 @@ int cas_keyfile_shred_unlinked(int fd, const char *path,
 int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
 				 const char **error_r);
 
+/* Refuse a key file that its group or others may read, write or
+   execute (any of mode 077), as ssh does for private keys: such a file
+   may already have leaked, and loading it silently would hide that.
+   fd is the open file, path only names it in the error. Returns 0 ok,
+   -1 refused or fstat() failed (error_r names the file, its mode and
+   the fix). */
+int cas_keyfile_check_mode(int fd, const char *path, const char **error_r);
+
 #endif

@@ -397,6 +397,10 @@ cas_userkey_read(const char *path, unsigned char **data_r, size_t *size_r,
 		i_close_fd(&fd);
 		return -1;
 	}
+	if (cas_keyfile_check_mode(fd, path, error_r) < 0) {
+		i_close_fd(&fd);
+		return -1;
+	}
 	data = cas_secure_alloc(UKEY_FILE_SIZE + 1);
 	ret = pread(fd, data, UKEY_FILE_SIZE + 1, 0);
 	if (ret < 0) {
