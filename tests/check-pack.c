@@ -490,6 +490,7 @@ START_TEST(test_record_export_import)
 	rec.plain_size = 100000;
 	rec.frame_size = CASBOX_FRAME_HEADER_SIZE + 2 * (8 + 1000);
 	rec.dict_id = 3;
+	rec.dek_kind = CAS_DEK_KIND_SERVER_WRAP;
 	for (i = 0; i < CAS_WRAPPED_DEK_SIZE; i++)
 		rec.wrapped_dek[i] = i;
 	casbox_blob_record_export(&rec, buf);
@@ -505,7 +506,7 @@ START_TEST(test_record_export_import)
 	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
 						   &rec2, &error), -1);
 	buffer_set_used_size(buf, buf->used - 1);
-	((unsigned char *)buffer_get_modifiable_data(buf, NULL))[0] = 2;
+	((unsigned char *)buffer_get_modifiable_data(buf, NULL))[0] = 3;
 	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
 						   &rec2, &error), -1);
 	/* impossible frame size for the plain size */
@@ -1093,17 +1094,21 @@ static void golden_check(const char *name, const buffer_t *expected)
 	seed = read_path(t_strdup_printf("%s/tests/fuzz/corpus/pack/%s",
 					 top == NULL ? CASBOX_SRCDIR : top,
 					 name));
-	ck_assert_uint_gt(seed->used, CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	/* the seeds hold version 1 records (before the DEK kind byte):
+	   they must still decode, as a server-wrapped DEK */
+	ck_assert_uint_gt(seed->used, CASBOX_BLOB_RECORD_V1_SIZE);
+	ck_assert_uint_eq(((const unsigned char *)seed->data)[0], 1);
 	ck_assert_int_eq(casbox_blob_record_import(seed->data,
-		CASBOX_BLOB_RECORD_EXPORT_SIZE, &rec, &error), 1);
+		CASBOX_BLOB_RECORD_V1_SIZE, &rec, &error), 1);
+	ck_assert_uint_eq(rec.dek_kind, CAS_DEK_KIND_SERVER_WRAP);
 	store = store_open_with(k, 0);
 	f = fopen(t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,
 				  rec.pack_id), "w");
 	ck_assert_ptr_nonnull(f);
 	ck_assert_uint_eq(fwrite(CONST_PTR_OFFSET(seed->data,
-			CASBOX_BLOB_RECORD_EXPORT_SIZE), 1,
-			seed->used - CASBOX_BLOB_RECORD_EXPORT_SIZE, f),
-		seed->used - CASBOX_BLOB_RECORD_EXPORT_SIZE);
+			CASBOX_BLOB_RECORD_V1_SIZE), 1,
+			seed->used - CASBOX_BLOB_RECORD_V1_SIZE, f),
+		seed->used - CASBOX_BLOB_RECORD_V1_SIZE);
 	ck_assert_int_eq(fclose(f), 0);
 	cas_blob_id_compute(k, expected->data, expected->used, &id);
 	out = buffer_create_dynamic(default_pool, 1024);

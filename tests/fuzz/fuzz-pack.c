@@ -153,17 +153,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct casbox_blob_record rec;
 	struct cas_blob_id id;
 	const char *error;
+	size_t rec_size;
 	bool have_rec;
 
 	fuzz_pack_init();
 	T_BEGIN {
-		have_rec = size >= CASBOX_BLOB_RECORD_EXPORT_SIZE &&
-			casbox_blob_record_import(data,
-				CASBOX_BLOB_RECORD_EXPORT_SIZE,
-				&rec, &error) > 0;
-		if (size >= CASBOX_BLOB_RECORD_EXPORT_SIZE) {
-			data += CASBOX_BLOB_RECORD_EXPORT_SIZE;
-			size -= CASBOX_BLOB_RECORD_EXPORT_SIZE;
+		/* a version 1 record (the seeds) or a server-mode
+		   version 2 record, then the pack image */
+		rec_size = size > 0 && data[0] == 1 ?
+			CASBOX_BLOB_RECORD_V1_SIZE :
+			CASBOX_BLOB_RECORD_EXPORT_SIZE;
+		have_rec = size >= rec_size &&
+			casbox_blob_record_import(data, rec_size,
+						  &rec, &error) > 0;
+		if (size >= rec_size) {
+			data += rec_size;
+			size -= rec_size;
 		}
 		fuzz_write_pack(data, size);
 		fuzz_scan();

@@ -289,11 +289,23 @@ void casbox_frame_chunk_nonce(uint32_t idx,
 	cpu32_to_le_unaligned(idx, nonce_r);
 }
 
+size_t casbox_blob_record_export_size(const struct casbox_blob_record *rec)
+{
+	switch (rec->dek_kind) {
+	case CAS_DEK_KIND_SERVER_WRAP:
+		return CASBOX_BLOB_RECORD_FIXED_SIZE + 1 + CAS_WRAPPED_DEK_SIZE;
+	case CAS_DEK_KIND_SEALED:
+		/* the sealed DEK starts with its kind byte */
+		return CASBOX_BLOB_RECORD_FIXED_SIZE + CAS_SEALED_DEK_SIZE;
+	}
+	i_panic("blob record with invalid DEK kind %u", rec->dek_kind);
+}
+
 void casbox_blob_record_export(const struct casbox_blob_record *rec,
 			       buffer_t *dest)
 {
-	unsigned char *p = buffer_append_space_unsafe(dest,
-		CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	size_t size = casbox_blob_record_export_size(rec);
+	unsigned char *p = buffer_append_space_unsafe(dest, size);
 
 	p[0] = CASBOX_BLOB_RECORD_VERSION;
 	cpu32_to_le_unaligned(rec->pack_id, p + 1);
@@ -301,7 +313,69 @@ void casbox_blob_record_export(const struct casbox_blob_record *rec,
 	cpu32_to_le_unaligned(rec->frame_size, p + 13);
 	cpu64_to_le_unaligned(rec->plain_size, p + 17);
 	cpu32_to_le_unaligned(rec->dict_id, p + 25);
-	memcpy(p + 29, rec->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	p += CASBOX_BLOB_RECORD_FIXED_SIZE;
+	if (rec->dek_kind == CAS_DEK_KIND_SERVER_WRAP) {
+		*p++ = CAS_DEK_KIND_SERVER_WRAP;
+		memcpy(p, rec->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	} else {
+		i_assert(rec->sealed_dek[0] == CAS_DEK_KIND_SEALED);
+		memcpy(p, rec->sealed_dek, CAS_SEALED_DEK_SIZE);
+	}
+}
+
+static int
+casbox_blob_record_import_dek(const unsigned char *p, size_t size,
+			      struct casbox_blob_record *rec_r,
+			      const char **error_r)
+{
+	if (p[0] == CASBOX_BLOB_RECORD_VERSION_V1) {
+		/* before password mode: always a server-wrapped DEK */
+		if (size != CASBOX_BLOB_RECORD_V1_SIZE) {
+			*error_r = t_strdup_printf(
+				"blob record: version 1 size %zu, "
+				"expected %u", size,
+				CASBOX_BLOB_RECORD_V1_SIZE);
+			return -1;
+		}
+		rec_r->dek_kind = CAS_DEK_KIND_SERVER_WRAP;
+		memcpy(rec_r->wrapped_dek, p + CASBOX_BLOB_RECORD_FIXED_SIZE,
+		       CAS_WRAPPED_DEK_SIZE);
+		return 0;
+	}
+	if (p[0] != CASBOX_BLOB_RECORD_VERSION) {
+		*error_r = t_strdup_printf(
+			"blob record: unsupported version %u", p[0]);
+		return -1;
+	}
+	if (size <= CASBOX_BLOB_RECORD_FIXED_SIZE) {
+		*error_r = t_strdup_printf("blob record: size %zu, "
+					   "no DEK", size);
+		return -1;
+	}
+	p += CASBOX_BLOB_RECORD_FIXED_SIZE;
+	size -= CASBOX_BLOB_RECORD_FIXED_SIZE;
+	rec_r->dek_kind = p[0];
+	switch (p[0]) {
+	case CAS_DEK_KIND_SERVER_WRAP:
+		if (size != 1 + CAS_WRAPPED_DEK_SIZE)
+			break;
+		memcpy(rec_r->wrapped_dek, p + 1, CAS_WRAPPED_DEK_SIZE);
+		return 0;
+	case CAS_DEK_KIND_SEALED:
+		if (size != CAS_SEALED_DEK_SIZE)
+			break;
+		memcpy(rec_r->sealed_dek, p, CAS_SEALED_DEK_SIZE);
+		return 0;
+	default:
+		*error_r = t_strdup_printf(
+			"blob record: unknown DEK kind 0x%02x", p[0]);
+		return -1;
+	}
+	*error_r = t_strdup_printf("blob record: DEK of kind %u has %zu "
+				   "bytes, expected %zu", p[0],
+				   size - (p[0] == CAS_DEK_KIND_SEALED ? 0 : 1),
+				   cas_dek_kind_size(p[0]));
+	return -1;
 }
 
 int casbox_blob_record_import(const void *data, size_t size,
@@ -313,15 +387,14 @@ int casbox_blob_record_import(const void *data, size_t size,
 	const char *error;
 
 	i_zero(rec_r);
-	if (size != CASBOX_BLOB_RECORD_EXPORT_SIZE) {
+	if (size < CASBOX_BLOB_RECORD_FIXED_SIZE) {
 		*error_r = t_strdup_printf(
-			"blob record: size %zu, expected %u", size,
-			CASBOX_BLOB_RECORD_EXPORT_SIZE);
+			"blob record: size %zu, expected at least %u", size,
+			CASBOX_BLOB_RECORD_FIXED_SIZE);
 		return -1;
 	}
-	if (p[0] != CASBOX_BLOB_RECORD_VERSION) {
-		*error_r = t_strdup_printf(
-			"blob record: unsupported version %u", p[0]);
+	if (casbox_blob_record_import_dek(p, size, rec_r, error_r) < 0) {
+		i_zero(rec_r);
 		return -1;
 	}
 	rec_r->pack_id = le32_to_cpu_unaligned(p + 1);
@@ -329,7 +402,6 @@ int casbox_blob_record_import(const void *data, size_t size,
 	rec_r->frame_size = le32_to_cpu_unaligned(p + 13);
 	rec_r->plain_size = le64_to_cpu_unaligned(p + 17);
 	rec_r->dict_id = le32_to_cpu_unaligned(p + 25);
-	memcpy(rec_r->wrapped_dek, p + 29, CAS_WRAPPED_DEK_SIZE);
 
 	if (rec_r->offset < CASBOX_PACK_HEADER_SIZE) {
 		*error_r = "blob record: offset inside the pack header";

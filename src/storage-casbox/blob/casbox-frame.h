@@ -45,7 +45,9 @@
 /* a zstd frame is at least a few bytes, the tag 16 */
 #define CASBOX_CHUNK_MIN_STORED (CAS_AEAD_TAG_SIZE + 1)
 #define CASBOX_CHUNK_AAD_SIZE (4 + 1 + CAS_BLOB_ID_SIZE + 4 + 4 + 1)
-#define CASBOX_BLOB_RECORD_VERSION 1
+/* 2 added the DEK kind (password mode); 1 is still read */
+#define CASBOX_BLOB_RECORD_VERSION 2
+#define CASBOX_BLOB_RECORD_VERSION_V1 1
 
 /* Meta frame: a sealed record that is not a blob (recovery record, DEK
    update; doc/casbox-format.md "Meta frames"). Its own magic, so no

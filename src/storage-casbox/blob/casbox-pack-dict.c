@@ -109,7 +109,17 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 
 	sealed = buffer_create_dynamic(default_pool, 1024);
 	plain = buffer_create_dynamic(default_pool, 1024);
-	if (casbox_pack_dict_read(store, id, sealed, &error) < 0 ||
+	if (!cas_keyring_can_decrypt(store->keyring)) {
+		/* password mode without the password (LMTP): new blobs are
+		   compressed without a dictionary, reading needs the
+		   password anyway */
+		dict = array_append_space(&store->dicts);
+		dict->id = id;
+		dict->error = p_strdup_printf(store->pool,
+			"%s: user key is locked (casbox_key_mode=password "
+			"needs the user's password)",
+			casbox_dict_path(store, id));
+	} else if (casbox_pack_dict_read(store, id, sealed, &error) < 0 ||
 	    cas_record_open(store->keyring, aad, strlen(aad), sealed->data,
 			    sealed->used, plain, &error) < 0) {
 		/* frames using it fail with this reason; the rest works */
@@ -227,6 +237,13 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 	int ret = -1;
 
 	*dict_id_r = 0;
+	if (!cas_keyring_can_decrypt(store->keyring)) {
+		/* dictionaries are trained on user text, so password mode
+		   seals them with the index key, which needs the password */
+		*error_r = "user key is locked: training a dictionary in "
+			"casbox_key_mode=password needs the user's password";
+		return -1;
+	}
 	all = buffer_create_dynamic(default_pool, 64 * 1024);
 	for (i = 0; i < count; i++)
 		buffer_append(all, samples[i], sizes[i]);

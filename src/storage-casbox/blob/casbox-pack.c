@@ -504,6 +504,13 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 		*error_r = "blob too large for one frame";
 		return -1;
 	}
+	i_zero(rec_r);
+	/* before the header is written: a frame whose DEK could not be
+	   stored must not become valid */
+	if (cas_keyring_dek_protect(txn->store->keyring, ctx->id, ctx->dek,
+				    &rec_r->dek_kind, rec_r->stored_dek,
+				    error_r) < 0)
+		return -1;
 	i_zero(&hdr);
 	hdr.frame_size = frame_size;
 	hdr.dict_id = ctx->dict_id;
@@ -521,14 +528,11 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 			casbox_pack_path(txn->store, txn->pack_id));
 		return -1;
 	}
-	i_zero(rec_r);
 	rec_r->pack_id = txn->pack_id;
 	rec_r->offset = frame_off;
 	rec_r->frame_size = frame_size;
 	rec_r->plain_size = ctx->plain_size;
 	rec_r->dict_id = ctx->dict_id;
-	cas_dek_wrap(txn->store->keyring, ctx->id, ctx->dek,
-		     rec_r->wrapped_dek);
 	txn->offset = frame_off + frame_size;
 	return 0;
 }

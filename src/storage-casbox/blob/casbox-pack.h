@@ -11,7 +11,7 @@
    LSM, not here: this layer only writes and reads bytes, and can scan
    packs without any key (scrub, rebuild --from-packs). */
 
-#include "cas-key.h"
+#include "cas-keymode.h"
 #include "casbox-frame.h"
 
 struct istream;
@@ -21,14 +21,23 @@ struct casbox_pack_scan;
 
 /* Where a blob is and how to open it. Stored in the LSM blob record
    (casbox_blob_record_export/import), so the format is fixed and
-   versioned. Key rotation rewrites only wrapped_dek. */
+   versioned. Key rotation rewrites only the DEK. */
 struct casbox_blob_record {
 	uint32_t pack_id;
 	uint64_t offset;	/* of the frame in the pack */
 	uint32_t frame_size;	/* whole frame, header included */
 	uint64_t plain_size;	/* bytes of plaintext */
 	uint32_t dict_id;	/* 0 = no dictionary */
-	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+	/* enum cas_dek_kind: which member of the union holds the DEK
+	   (server mode: wrapped_dek, password mode: sealed_dek, whose
+	   byte 0 is the kind again). Open it with cas_keyring_dek_open(
+	   keyring, id, dek_kind, stored_dek, ...). */
+	uint8_t dek_kind;
+	union {
+		unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+		unsigned char sealed_dek[CAS_SEALED_DEK_SIZE];
+		unsigned char stored_dek[CAS_STORED_DEK_MAX_SIZE];
+	};
 };
 
 struct casbox_pack_settings {
@@ -144,11 +153,24 @@ casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,
 		      const struct casbox_blob_record *rec);
 
-/* Fixed-size serialisation of a blob record for the LSM. */
-#define CASBOX_BLOB_RECORD_EXPORT_SIZE (1 + 4 + 8 + 4 + 8 + 4 + \
-					CAS_WRAPPED_DEK_SIZE)
+/* Serialisation of a blob record for the LSM (doc/casbox-format.md,
+   "Blob record"): version 2 = the fixed fields, the DEK kind and the
+   DEK of that kind (106 bytes server-wrapped, 162 sealed). Version 1
+   (105 bytes, always a server-wrapped DEK without kind byte) is still
+   read. */
+#define CASBOX_BLOB_RECORD_FIXED_SIZE (1 + 4 + 8 + 4 + 8 + 4)
+#define CASBOX_BLOB_RECORD_V1_SIZE (CASBOX_BLOB_RECORD_FIXED_SIZE + \
+				    CAS_WRAPPED_DEK_SIZE)
+/* the largest export (a sealed DEK; its kind byte is its byte 0) */
+#define CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE \
+	(CASBOX_BLOB_RECORD_FIXED_SIZE + CAS_STORED_DEK_MAX_SIZE)
+/* the export of a server-mode record */
+#define CASBOX_BLOB_RECORD_EXPORT_SIZE \
+	(CASBOX_BLOB_RECORD_FIXED_SIZE + 1 + CAS_WRAPPED_DEK_SIZE)
 void casbox_blob_record_export(const struct casbox_blob_record *rec,
 			       buffer_t *dest);
+/* Size of casbox_blob_record_export()'s output for rec. */
+size_t casbox_blob_record_export_size(const struct casbox_blob_record *rec);
 /* Returns 1 ok, -1 malformed. */
 int casbox_blob_record_import(const void *data, size_t size,
 			      struct casbox_blob_record *rec_r,

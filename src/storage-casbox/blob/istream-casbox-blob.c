@@ -199,9 +199,10 @@ static int casbox_blob_acquire(struct casbox_blob_istream *bstream)
 	if (bstream->scratch != NULL)
 		return 0;
 	bstream->scratch = casbox_blob_scratch_get(bstream->store);
-	if (cas_dek_unwrap(bstream->store->keyring, &bstream->id,
-			   bstream->rec.wrapped_dek, bstream->scratch->dek,
-			   &error) < 0)
+	if (cas_keyring_dek_open(bstream->store->keyring, &bstream->id,
+				 bstream->rec.dek_kind,
+				 bstream->rec.stored_dek,
+				 bstream->scratch->dek, &error) < 0)
 		return casbox_blob_error(bstream, "%s", error);
 	return 0;
 }
