@@ -1565,6 +1565,214 @@ START_TEST(test_meta_header_codec)
 }
 END_TEST
 
+/* Literal version 1 bytes (before the DEK kind) decode as a server
+   wrap and are re-exported as version 2; a sealed DEK round-trips;
+   wrong kinds and sizes are refused. */
+START_TEST(test_record_versions)
+{
+	unsigned char v1[CASBOX_BLOB_RECORD_V1_SIZE];
+	struct casbox_blob_record rec, rec2;
+	buffer_t *buf = buffer_create_dynamic(default_pool, 256);
+	unsigned char *p;
+	const char *error;
+	unsigned int i;
+
+	ck_assert_uint_eq(CASBOX_BLOB_RECORD_V1_SIZE, 105);
+	ck_assert_uint_eq(CASBOX_BLOB_RECORD_EXPORT_SIZE, 106);
+	ck_assert_uint_eq(CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE, 162);
+	memset(v1, 0, sizeof(v1));
+	v1[0] = 1;
+	v1[1] = 5;			/* pack id 5 */
+	v1[5] = 0x20;			/* offset 32 */
+	v1[13] = CASBOX_FRAME_HEADER_SIZE + 8 + 17;	/* frame size */
+	v1[17] = 10;			/* plain size 10 */
+	v1[25] = 2;			/* dict id 2 */
+	for (i = 0; i < CAS_WRAPPED_DEK_SIZE; i++)
+		v1[29 + i] = 0x80 + i;
+	ck_assert_int_eq(casbox_blob_record_import(v1, sizeof(v1), &rec,
+						   &error), 1);
+	ck_assert_uint_eq(rec.pack_id, 5);
+	ck_assert_uint_eq(rec.offset, 32);
+	ck_assert_uint_eq(rec.plain_size, 10);
+	ck_assert_uint_eq(rec.dict_id, 2);
+	ck_assert_uint_eq(rec.dek_kind, CAS_DEK_KIND_SERVER_WRAP);
+	ck_assert_mem_eq(rec.wrapped_dek, v1 + 29, CAS_WRAPPED_DEK_SIZE);
+	/* a version 1 record is exactly 105 bytes */
+	ck_assert_int_eq(casbox_blob_record_import(v1, sizeof(v1) - 1, &rec2,
+						   &error), -1);
+	casbox_blob_record_export(&rec, buf);
+	ck_assert_uint_eq(buf->used, CASBOX_BLOB_RECORD_EXPORT_SIZE);
+	p = buffer_get_modifiable_data(buf, NULL);
+	ck_assert_uint_eq(p[0], 2);
+	ck_assert_mem_eq(p + 1, v1 + 1, 28);
+	ck_assert_uint_eq(p[29], CAS_DEK_KIND_SERVER_WRAP);
+	ck_assert_mem_eq(p + 30, v1 + 29, CAS_WRAPPED_DEK_SIZE);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), 1);
+	ck_assert_mem_eq(&rec, &rec2, sizeof(rec));
+	/* kind byte of another kind or unknown */
+	p[29] = CAS_DEK_KIND_SEALED;
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "expected"));
+	p[29] = 0;
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "unknown DEK kind"));
+
+	/* a sealed DEK: 162 bytes, its own byte 0 is the kind */
+	rec.dek_kind = CAS_DEK_KIND_SEALED;
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++)
+		rec.sealed_dek[i] = i * 7;
+	rec.sealed_dek[0] = CAS_DEK_KIND_SEALED;
+	buffer_set_used_size(buf, 0);
+	casbox_blob_record_export(&rec, buf);
+	ck_assert_uint_eq(buf->used, CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE);
+	ck_assert_uint_eq(casbox_blob_record_export_size(&rec), buf->used);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), 1);
+	ck_assert_mem_eq(&rec, &rec2, sizeof(rec));
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_blob_record_import(buf->data, i,
+							   &rec2, &error), -1);
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_blob_record_import(buf->data, buf->used,
+						   &rec2, &error), -1);
+	buffer_free(&buf);
+}
+END_TEST
+
+static struct cas_keyring *
+password_keyring(const char *password)
+{
+	static const struct cas_userkey_limits limits = { 1, 8192 };
+	const char *path = t_strdup_printf("%s/user.ukey", tmpdir);
+	struct cas_key_settings set;
+	struct cas_keyring *k;
+	const char *error;
+
+	if (access(path, F_OK) < 0) {
+		ck_assert_int_eq(cas_userkey_create(path, "pw", 2, &limits,
+						    NULL, &error), 1);
+	}
+	i_zero(&set);
+	set.mode = CAS_KEY_MODE_PASSWORD;
+	set.path = path;
+	set.password = password;
+	ck_assert_int_eq(cas_keyring_load_mode(&set, &k, &error), 1);
+	return k;
+}
+
+static void
+add_blob_with(struct casbox_pack_store *store, const struct cas_keyring *k,
+	      const buffer_t *blob, struct cas_blob_id *id_r,
+	      struct casbox_blob_record *rec_r)
+{
+	struct casbox_pack_txn *txn;
+	struct istream *input;
+	const char *error;
+
+	cas_blob_id_compute(k, blob->data, blob->used, id_r);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	input = i_stream_create_from_data(blob->data, blob->used);
+	if (casbox_pack_txn_add(txn, id_r, input, rec_r, &error) < 0)
+		ck_abort_msg("add: %s", error);
+	i_stream_unref(&input);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+}
+
+/* Password mode through the pack store: a public (LMTP) ring writes
+   sealed DEKs and no dictionary; only the unlocked ring reads; a server
+   ring refuses sealed DEKs and vice versa, with errors that say so. */
+START_TEST(test_password_mode)
+{
+	struct cas_keyring *pub = password_keyring(NULL);
+	struct cas_keyring *unl = password_keyring("pw");
+	struct casbox_pack_store *store;
+	struct casbox_blob_record rec, rec_small, srec;
+	struct cas_blob_id id, id_small, sid;
+	buffer_t *big = pattern_blob(150000, 3), *small, *out, *exp;
+	const void *samples[64];
+	size_t sizes[64];
+	struct istream *input;
+	const char *error;
+	uint32_t dict_id;
+	unsigned int i;
+
+	out = buffer_create_dynamic(default_pool, 1024);
+	store = store_open_with(pub, 0);
+	add_blob_with(store, pub, big, &id, &rec);
+	ck_assert_uint_eq(rec.dek_kind, CAS_DEK_KIND_SEALED);
+	ck_assert_uint_eq(casbox_blob_record_export_size(&rec),
+			  CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE);
+	/* without the password: no read, no dictionary training */
+	input = casbox_pack_blob_open(store, &id, &rec);
+	ck_assert_int_eq(i_stream_read(input), -1);
+	ck_assert_int_eq(input->stream_errno, EIO);
+	ck_assert_ptr_nonnull(strstr(i_stream_get_error(input), "locked"));
+	i_stream_unref(&input);
+	for (i = 0; i < N_ELEMENTS(samples); i++) {
+		samples[i] = CONST_PTR_OFFSET(big->data, i * 1000);
+		sizes[i] = 1000;
+	}
+	ck_assert_int_eq(casbox_pack_dict_train(store, samples, sizes,
+		N_ELEMENTS(samples), &dict_id, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	casbox_pack_store_close(&store);
+
+	/* with the password: reads; a dictionary can be trained */
+	store = store_open_with(unl, 0);
+	assert_blob(store, &id, &rec, big);
+	if (casbox_pack_dict_train(store, samples, sizes,
+				   N_ELEMENTS(samples), &dict_id,
+				   &error) < 0)
+		ck_abort_msg("train: %s", error);
+	casbox_pack_store_close(&store);
+
+	/* LMTP again: the sealed dictionary is unusable, so small blobs
+	   are stored without one, and still read back with the password */
+	store = store_open_with(pub, 0);
+	ck_assert_uint_eq(casbox_pack_dict_current(store), 0);
+	small = buffer_create_dynamic(default_pool, 2000);
+	buffer_append(small, big->data, 2000);
+	add_blob_with(store, pub, small, &id_small, &rec_small);
+	ck_assert_uint_eq(rec_small.dict_id, 0);
+	casbox_pack_store_close(&store);
+	store = store_open_with(unl, 0);
+	ck_assert_uint_eq(casbox_pack_dict_current(store), dict_id);
+	assert_blob(store, &id_small, &rec_small, small);
+	/* a server-wrapped record in a password-mode store */
+	casbox_pack_store_close(&store);
+
+	store = store_open_with(keyring, 0);
+	exp = pattern_blob(5000, 9);
+	add_blob_with(store, keyring, exp, &sid, &srec);
+	ck_assert_uint_eq(srec.dek_kind, CAS_DEK_KIND_SERVER_WRAP);
+	/* the sealed one with the server ring */
+	ck_assert_int_eq(read_blob(store, &id, &rec, out), -1);
+	casbox_pack_store_close(&store);
+	store = store_open_with(unl, 0);
+	input = casbox_pack_blob_open(store, &sid, &srec);
+	ck_assert_int_eq(i_stream_read(input), -1);
+	ck_assert_ptr_nonnull(strstr(i_stream_get_error(input),
+				     "server key"));
+	i_stream_unref(&input);
+	/* a sealed DEK moved to another blob's record */
+	srec.dek_kind = rec.dek_kind;
+	memcpy(srec.sealed_dek, rec.sealed_dek, CAS_SEALED_DEK_SIZE);
+	ck_assert_int_eq(read_blob(store, &sid, &srec, out), -1);
+	casbox_pack_store_close(&store);
+
+	buffer_free(&exp);
+	buffer_free(&small);
+	buffer_free(&big);
+	buffer_free(&out);
+	cas_keyring_free(&pub);
+	cas_keyring_free(&unl);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pack");
@@ -1589,6 +1797,8 @@ int main(void)
 	tcase_add_test(tc, test_wrong_key);
 	tcase_add_test(tc, test_add_rejects);
 	tcase_add_test(tc, test_record_export_import);
+	tcase_add_test(tc, test_record_versions);
+	tcase_add_test(tc, test_password_mode);
 	tcase_add_test(tc, test_rotation);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);
