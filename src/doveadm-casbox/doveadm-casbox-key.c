@@ -1,8 +1,9 @@
-/* doveadm casbox key init|destroy|rotate: the user's key file. */
+/* doveadm casbox key init|destroy|rotate|export-public: the user's key file. */
 
 #include "lib.h"
 #include "mkdir-parents.h"
 #include "write-full.h"
+#include "hex-binary.h"
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
@@ -11,6 +12,7 @@
 #include "casbox-lsm.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox.h"
+#include "cas-userkey.h"
 
 #include <fcntl.h>
 #include <sysexits.h>
@@ -86,6 +88,7 @@ static int casbox_key_init(struct mail_user *user, const char **path_r,
 			   const char **error_r)
 {
 	struct casbox_settings set;
+	struct cas_key_settings key_set;
 	struct cas_keyring *keyring;
 	struct casbox_admin *adm;
 	const char *dir, *p, *error;
@@ -135,7 +138,10 @@ static int casbox_key_init(struct mail_user *user, const char **path_r,
 			return -1;
 		}
 	}
-	if (cas_keyring_create(set.key_file, &keyring, &error) < 0) {
+	casbox_settings_key(&set, &key_set);
+	/* password mode: refused here, the user key file needs the
+	   user's password (made at the first IMAP/POP3 login) */
+	if (cas_keyring_create_mode(&key_set, &keyring, &error) < 0) {
 		*error_r = t_strdup_printf("key file %s: %s", set.key_file,
 					   error);
 		return -1;
@@ -423,6 +429,16 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
 		return -1;
 	}
+	if (rot.adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
+		/* nothing to rewrap: DEKs are sealed to the user's key
+		   pair, and replacing the pair needs the password */
+		i_error("casbox key rotate: casbox_key_mode is password: "
+			"rotation rewraps server-mode DEKs; a user key "
+			"pair is not rotated (doc/threat-model.md)");
+		_ctx->exit_code = EX_CONFIG;
+		casbox_admin_close(&rot.adm);
+		return -1;
+	}
 	ret = casbox_rotate_run(&rot, &data_error, &error);
 	if (ret < 0) {
 		i_error("casbox key rotate: %s: %s", rot.adm->root_dir, error);
@@ -520,5 +536,75 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void)
 	ctx = cmd_casbox_key_alloc(cmd_casbox_key_rotate_run);
 	ctx->getopt_args = "b:";
 	ctx->v.init = cmd_casbox_key_rotate_init;
+	return ctx;
+}
+
+/* doveadm casbox key export-public: the password-mode user key's
+   public half (what LMTP seals DEKs to), e.g. to check which key pair a
+   key file holds without the password. Server mode has no public key. */
+static int
+cmd_casbox_key_export_public_run(struct doveadm_mail_cmd_context *ctx,
+				 struct mail_user *user)
+{
+	unsigned char pk[CAS_USERKEY_PUBLIC_KEY_SIZE];
+	struct casbox_settings set;
+	struct cas_userkey *key;
+	const char *error;
+	int ret;
+
+	if (casbox_settings_read(user, pool_datastack_create(), &set,
+				 &error) < 0) {
+		i_error("casbox key export-public: %s", error);
+		ctx->exit_code = EX_CONFIG;
+		return -1;
+	}
+	if (set.key_mode != CAS_KEY_MODE_PASSWORD) {
+		i_error("casbox key export-public: casbox_key_mode is %s: "
+			"only a password-mode user key has a public key",
+			cas_key_mode_name(set.key_mode));
+		ctx->exit_code = EX_CONFIG;
+		return -1;
+	}
+	if (set.key_file == NULL) {
+		i_error("casbox key export-public: "
+			"casbox_key_file setting is not set");
+		ctx->exit_code = EX_CONFIG;
+		return -1;
+	}
+	ret = cas_userkey_load_public(set.key_file, &key, &error);
+	if (ret <= 0) {
+		i_error("casbox key export-public: %s", ret < 0 ? error :
+			t_strdup_printf("key file %s does not exist (it is "
+					"created at the user's first login)",
+					set.key_file));
+		ctx->exit_code = ret < 0 ? EX_DATAERR : EX_NOINPUT;
+		return -1;
+	}
+	cas_userkey_public_key(key, pk);
+	doveadm_print(set.key_file);
+	doveadm_print(t_strdup_printf("%08x", cas_userkey_key_id(key)));
+	doveadm_print(binary_to_hex(pk, sizeof(pk)));
+	cas_userkey_free(&key);
+	return 0;
+}
+
+static void
+cmd_casbox_key_export_public_init(struct doveadm_mail_cmd_context *ctx
+				  ATTR_UNUSED,
+				  const char *const args[] ATTR_UNUSED)
+{
+	doveadm_print_header_simple("key_file");
+	doveadm_print_header_simple("key_id");
+	doveadm_print_header_simple("public_key");
+}
+
+struct doveadm_mail_cmd_context *cmd_casbox_key_export_public_alloc(void)
+{
+	struct doveadm_mail_cmd_context *ctx;
+
+	ctx = doveadm_mail_cmd_alloc(struct doveadm_mail_cmd_context);
+	ctx->v.init = cmd_casbox_key_export_public_init;
+	ctx->v.run = cmd_casbox_key_export_public_run;
+	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return ctx;
 }

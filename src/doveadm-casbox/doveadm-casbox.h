@@ -106,6 +106,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_key_export_public_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void);
 
 /* rebuild --from-packs (doveadm-casbox-frompacks.c). */

@@ -4,6 +4,7 @@
    doc/search-semantics.md. */
 
 #include "lib.h"
+#include "safe-memset.h"
 #include "array.h"
 #include "hash.h"
 #include "str.h"
@@ -16,7 +17,7 @@
 #include "mail-search.h"
 #include "mailbox-list.h"
 #include "fts-api-private.h"
-#include "cas-key.h"
+#include "cas-keymode.h"
 #include "casidx-tokenizer.h"
 #include "casidx-index.h"
 #include "casidx-query.h"
@@ -35,6 +36,10 @@ struct casidx_fts_backend {
 	/* casbox key file whose index key seals the segments, NULL =
 	   segments are plaintext (fts_casidx_encrypt) */
 	char *key_path;
+	/* casbox_key_mode and, in password mode, casbox_key_password
+	   (NULL when this process has none) */
+	enum cas_key_mode key_mode;
+	char *key_password;
 	struct cas_keyring *keyring;
 
 	pool_t pool;
@@ -89,6 +94,25 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 		return -1;
 	}
 	backend->key_path = i_strdup(key_path);
+
+	mode = mail_user_plugin_getenv(user, "casbox_key_mode");
+	if (mode != NULL && mode[0] != '\0' &&
+	    cas_key_mode_parse(mode, &backend->key_mode) < 0) {
+		*error_r = t_strdup_printf("Invalid casbox_key_mode: %s "
+					   "(server or password)", mode);
+		return -1;
+	}
+	if (backend->key_mode == CAS_KEY_MODE_PASSWORD && key_path == NULL) {
+		/* a plaintext index would store the user's words readable
+		   without the password (doc/threat-model.md) */
+		*error_r = "casbox_key_mode=password needs an encrypted "
+			"index: fts_casidx_encrypt=no is not allowed and "
+			"casbox_key_file must be set";
+		return -1;
+	}
+	key_path = mail_user_plugin_getenv(user, "casbox_key_password");
+	if (key_path != NULL && key_path[0] != '\0')
+		backend->key_password = i_strdup(key_path);
 	return 0;
 }
 
@@ -188,6 +212,11 @@ static void fts_backend_casidx_deinit(struct fts_backend *_backend)
 		event_unref(&backend->event);
 	}
 	cas_keyring_free(&backend->keyring);
+	if (backend->key_password != NULL) {
+		safe_memset(backend->key_password, 0,
+			    strlen(backend->key_password));
+		i_free(backend->key_password);
+	}
 	i_free(backend->key_path);
 	i_free(backend->root);
 	i_free(backend);
@@ -198,12 +227,28 @@ static void fts_backend_casidx_deinit(struct fts_backend *_backend)
    never creates keys. */
 static int casidx_backend_load_key(struct casidx_fts_backend *backend)
 {
+	struct cas_key_settings key_set;
 	const char *error;
 	int ret;
 
 	if (backend->key_path == NULL || backend->keyring != NULL)
 		return 0;
-	ret = cas_keyring_load(backend->key_path, &backend->keyring, &error);
+	if (backend->key_mode == CAS_KEY_MODE_PASSWORD &&
+	    backend->key_password == NULL) {
+		/* the index key comes from the user secret: never index
+		   in plaintext instead (doc/threat-model.md, (c)) */
+		e_error(backend->event, "casbox_key_mode=password: the "
+			"index key needs the user's password, which this "
+			"process (indexer-worker, doveadm) does not have; "
+			"index from the user's IMAP session instead "
+			"(fts_autoindex = no)");
+		return -1;
+	}
+	i_zero(&key_set);
+	key_set.mode = backend->key_mode;
+	key_set.path = backend->key_path;
+	key_set.password = backend->key_password;
+	ret = cas_keyring_load_mode(&key_set, &backend->keyring, &error);
 	if (ret == 0) {
 		e_error(backend->event, "casbox_key_file %s does not exist: "
 			"cannot encrypt the index (set fts_casidx_encrypt=no "

@@ -270,7 +270,12 @@ static const struct casbox_msg_meta *casbox_mail_get_meta(struct mail *_mail)
 		return NULL;
 	if (casbox_store_open_keys(store, &error) < 0)
 		ret = -1;
-	else {
+	else if (!cas_keyring_can_decrypt(
+			casbox_store_get_keyring(store))) {
+		/* password mode without the password: the message itself
+		   cannot be read either, so no warning here */
+		return NULL;
+	} else {
 		ret = casbox_meta_open(casbox_store_get_keyring(store), rec,
 				       mail->rec_pool, &mail->meta, &error);
 	}

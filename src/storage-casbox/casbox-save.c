@@ -324,6 +324,13 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 	struct message_part *parts;
 	struct casbox_msg_meta meta;
 
+	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
+		i_unreached(); /* opened by casbox_save_finish_mail() */
+	if (!cas_keyring_can_decrypt(casbox_store_get_keyring(store))) {
+		/* password mode without the password (LMTP): the index
+		   key is not available; reads parse the message instead */
+		return;
+	}
 	i_zero(&meta);
 	if (mail_get_parts(mail, &parts) < 0 ||
 	    mail_get_special(mail, MAIL_FETCH_IMAP_BODYSTRUCTURE,
@@ -336,8 +343,6 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 			mailbox_get_last_internal_error(mail->box, NULL));
 		return;
 	}
-	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
-		i_unreached(); /* opened by casbox_save_finish_mail() */
 	casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
 			 &meta, parts, ctx->pool);
 }

@@ -63,6 +63,17 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	}
 	set_r->key_autocreate =
 		mail_user_plugin_getenv_bool(user, "casbox_key_autocreate");
+	value = mail_user_plugin_getenv(user, "casbox_key_mode");
+	if (value != NULL && *value != '\0' &&
+	    cas_key_mode_parse(value, &set_r->key_mode) < 0) {
+		*error_r = t_strdup_printf("casbox_key_mode: invalid value "
+					   "'%s' (expected server or password)",
+					   value);
+		return -1;
+	}
+	value = mail_user_plugin_getenv(user, "casbox_key_password");
+	if (value != NULL && *value != '\0')
+		set_r->key_password = p_strdup(pool, value);
 	set_r->cache_plaintext =
 		mail_user_plugin_getenv_bool(user, "casbox_cache_plaintext");
 

@@ -3,6 +3,8 @@
 
 /* casbox plugin {} settings; see doc/settings.md. */
 
+#include "cas-keymode.h"
+
 struct mail_user;
 
 #define CASBOX_DEFAULT_PART_SPLIT_SIZE (64 * 1024)
@@ -16,6 +18,11 @@ struct casbox_settings {
 	const char *key_file;
 	/* Create the key file if it is missing and the store is empty. */
 	bool key_autocreate;
+	/* casbox_key_mode: server (default) or password */
+	enum cas_key_mode key_mode;
+	/* casbox_key_password (password mode; userdb field set from %w at
+	   login). NULL when this process has none. Never logged. */
+	const char *key_password;
 	int zstd_level;
 	/* MIME leaf bodies at least this large become their own blob. */
 	uoff_t part_split_size;
@@ -34,5 +41,16 @@ struct casbox_settings {
 int casbox_settings_read(struct mail_user *user, pool_t pool,
 			 struct casbox_settings *set_r,
 			 const char **error_r);
+/* The key settings as cas-keymode.h takes them (inline: the store
+   code uses it without linking lib-storage). */
+static inline void
+casbox_settings_key(const struct casbox_settings *set,
+		    struct cas_key_settings *key_set_r)
+{
+	i_zero(key_set_r);
+	key_set_r->mode = set->key_mode;
+	key_set_r->path = set->key_file;
+	key_set_r->password = set->key_password;
+}
 
 #endif

@@ -3,6 +3,7 @@
    message. */
 
 #include "lib.h"
+#include "safe-memset.h"
 #include "casbox-storage.h"
 #include "ioloop.h"
 #include "mail-index-modseq.h"
@@ -63,6 +64,10 @@ static void casbox_storage_destroy(struct mail_storage *_storage)
 
 	if (storage->store != NULL)
 		casbox_store_close(&storage->store);
+	if (storage->set.key_password != NULL) {
+		safe_memset((char *)storage->set.key_password, 0,
+			    strlen(storage->set.key_password));
+	}
 	index_storage_destroy(_storage);
 }
 
@@ -348,6 +353,30 @@ static int casbox_mailbox_check_existence(struct mailbox *box)
 	return -1;
 }
 
+/* Password mode, in a session that has the password (IMAP/POP3 login):
+   unlock the user key now, and create it for a new store (the only
+   place a user key file can be made, doc/threat-model.md). A failure
+   (e.g. wrong password) is logged here once; reading mail then fails
+   per message with the same reason, while flags, expunges and LMTP-
+   style saves keep working. */
+static void casbox_mailbox_unlock_key(struct casbox_mailbox *mbox)
+{
+	struct casbox_storage *storage = mbox->storage;
+	struct casbox_store *store;
+	const char *error;
+
+	if (storage->set.key_mode != CAS_KEY_MODE_PASSWORD ||
+	    storage->set.key_password == NULL || storage->key_unlock_tried)
+		return;
+	storage->key_unlock_tried = TRUE;
+	if (casbox_storage_get_store(storage, &store) < 0)
+		return;
+	if (casbox_store_open_keys(store, &error) < 0) {
+		e_error(mbox->box.event, CASBOX_LOG_PREFIX
+			"Couldn't unlock the user key: %s", error);
+	}
+}
+
 static int casbox_mailbox_open(struct mailbox *box)
 {
 	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
@@ -369,6 +398,7 @@ static int casbox_mailbox_open(struct mailbox *box)
 				  MAIL_INDEX_FSYNC_MASK_APPENDS |
 				  MAIL_INDEX_FSYNC_MASK_EXPUNGES);
 
+	casbox_mailbox_unlock_key(mbox);
 	if (box->creating) {
 		/* mailbox creation initializes the index */
 		return 0;

@@ -40,6 +40,8 @@ struct casbox_storage {
 	const char *root_dir;
 	/* Opened on first use: see casbox_storage_get_store(). */
 	struct casbox_store *store;
+	/* password mode: the user key was unlocked (or that failed) */
+	bool key_unlock_tried;
 };
 
 struct casbox_mailbox {

@@ -24,6 +24,9 @@ struct casbox_store {
 
 	struct casbox_lsm *lsm;
 	struct cas_keyring *keyring;
+	/* why unlocking the password-mode key failed: not retried, since
+	   every try costs an Argon2id run and gives the same answer */
+	const char *unlock_error;
 	struct casbox_pack_store *packs;
 };
 
@@ -153,6 +156,7 @@ static int casbox_store_has_data(struct casbox_store *store, bool *have_r,
 static int casbox_store_load_keyring(struct casbox_store *store,
 				     const char **error_r)
 {
+	struct cas_key_settings key_set;
 	const char *path = store->set->key_file, *error;
 	bool have_data;
 	int ret;
@@ -161,11 +165,21 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		*error_r = "casbox_key_file setting is not set";
 		return -1;
 	}
-	ret = cas_keyring_load(path, &store->keyring, &error);
+	casbox_settings_key(store->set, &key_set);
+	if (store->unlock_error != NULL) {
+		*error_r = store->unlock_error;
+		return -1;
+	}
+	ret = cas_keyring_load_mode(&key_set, &store->keyring, &error);
 	if (ret > 0)
 		return 0;
 	if (ret < 0) {
 		*error_r = t_strdup_printf("key file %s: %s", path, error);
+		if (key_set.mode == CAS_KEY_MODE_PASSWORD &&
+		    key_set.password != NULL) {
+			store->unlock_error =
+				p_strdup(store->pool, *error_r);
+		}
 		return -1;
 	}
 	if (casbox_store_has_data(store, &have_data, error_r) < 0)
@@ -184,13 +198,16 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 			"for a new store)", path);
 		return -1;
 	}
-	if (cas_keyring_create(path, &store->keyring, &error) < 0) {
+	if (cas_keyring_create_mode(&key_set, &store->keyring, &error) < 0) {
+		/* password mode without the password (LMTP): nothing is
+		   stored unencrypted; the caller fails the delivery
+		   temporarily and the MTA retries after the first login */
 		*error_r = t_strdup_printf("creating key file %s: %s",
 					   path, error);
 		return -1;
 	}
-	i_info("casbox: created key file %s for the new store %s",
-	       path, store->root_dir);
+	i_info("casbox: created %s key file %s for the new store %s",
+	       cas_key_mode_name(key_set.mode), path, store->root_dir);
 	return 0;
 }
 
@@ -626,6 +643,15 @@ int casbox_store_msg_open(struct casbox_store *store,
 
 	if (casbox_store_open_keys(store, error_r) < 0)
 		return -1;
+	if (!cas_keyring_can_decrypt(store->keyring)) {
+		*error_r = t_strdup_printf(
+			"user key is locked: key file %s is in "
+			"casbox_key_mode=password and this process has no "
+			"casbox_key_password (reading mail needs the user's "
+			"password, given at IMAP/POP3 login)",
+			store->set->key_file);
+		return -1;
+	}
 	/* gc may have moved blobs to a new pack and unlinked the old one
 	   since this process last looked: read current locations (cheap
 	   when nothing changed) */
