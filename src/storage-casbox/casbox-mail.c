@@ -408,6 +408,21 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
 	if (casbox_store_msg_open(store, rec, input_r, &error) < 0) {
+		if (casbox_store_key_locked(store)) {
+			/* password mode without a usable password: not
+			   damage, so tell the client why instead of
+			   "Internal error"; INVALIDDATA makes it a tagged NO
+			   for this message and the session goes on (as for
+			   quarantined mail) */
+			e_error(mail_event(_mail), CASBOX_LOG_PREFIX
+				"uid=%u: %s", _mail->uid, error);
+			mail_storage_set_error(_mail->box->storage,
+				MAIL_ERROR_INVALIDDATA,
+				"Message content is encrypted with the user's "
+				"password key, which this session cannot open "
+				"(casbox user key is locked)");
+			return -1;
+		}
 		/* e.g. a blob record missing: quarantined too? */
 		if (casbox_mail_check_quarantine(_mail, store, rec) == 0) {
 			mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",

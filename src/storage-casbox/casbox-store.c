@@ -174,7 +174,9 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 	if (ret > 0)
 		return 0;
 	if (ret < 0) {
-		*error_r = t_strdup_printf("key file %s: %s", path, error);
+		/* the loaders name the file themselves */
+		*error_r = strstr(error, path) != NULL ? error :
+			t_strdup_printf("key file %s: %s", path, error);
 		if (key_set.mode == CAS_KEY_MODE_PASSWORD &&
 		    key_set.password != NULL) {
 			store->unlock_error =
@@ -202,8 +204,9 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		/* password mode without the password (LMTP): nothing is
 		   stored unencrypted; the caller fails the delivery
 		   temporarily and the MTA retries after the first login */
-		*error_r = t_strdup_printf("creating key file %s: %s",
-					   path, error);
+		*error_r = strstr(error, path) != NULL ? error :
+			t_strdup_printf("creating key file %s: %s",
+					path, error);
 		return -1;
 	}
 	i_info("casbox: created %s key file %s for the new store %s",
@@ -296,6 +299,13 @@ int casbox_store_refresh_keys(struct casbox_store *store,
 		return -1;
 	}
 	return 0;
+}
+
+bool casbox_store_key_locked(struct casbox_store *store)
+{
+	return store->unlock_error != NULL ||
+		(store->keyring != NULL &&
+		 !cas_keyring_can_decrypt(store->keyring));
 }
 
 int casbox_store_blob_id(struct casbox_store *store, struct istream *input,

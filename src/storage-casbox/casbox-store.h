@@ -30,6 +30,9 @@ void casbox_store_close(struct casbox_store **store);
    for a store with data, or a key that is not the store's, are errors
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
+/* TRUE if the store is in password key mode and this process cannot
+   open its DEKs: no password, or unlocking with it failed. */
+bool casbox_store_key_locked(struct casbox_store *store);
 
 /* Reload the key ring if key rotation rewrote the key file since it was
    loaded (one stat() otherwise; the key ring pointer stays valid, see

@@ -141,12 +141,15 @@ class Dovecot:
     def __init__(self, mail_location="casbox:~/casbox", mail_plugins=None,
                  plugin_settings=None, extra_conf="", protocols="imap lmtp",
                  users_prefix="", keep_tmp=None, mail_debug=None,
-                 system_doveadm_plugin=False):
+                 system_doveadm_plugin=False, passdb_extra=""):
         self.mail_location = mail_location
         self.mail_plugins = list(mail_plugins if mail_plugins is not None
                                  else ["casbox"])
         self.plugin_settings = dict(plugin_settings or {})
         self.extra_conf = extra_conf
+        # lines inside passdb {}, e.g. override_fields to hand the login
+        # password to the mail process (casbox_key_mode = password)
+        self.passdb_extra = passdb_extra
         self.protocols = protocols
         self.keep_tmp = (os.environ.get("CASBOX_KEEP_TMP") == "1"
                          if keep_tmp is None else keep_tmp)
@@ -337,6 +340,7 @@ mail_location = {self.mail_location}
 passdb {{
   driver = static
   args = password={PASSWORD}
+  {self.passdb_extra}
 }}
 userdb {{
   driver = static

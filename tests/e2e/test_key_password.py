@@ -1,0 +1,360 @@
+"""casbox_key_mode = password on a real Dovecot (doc/threat-model.md,
+"Key mode `password`"). The passdb hands the login password to the mail
+process (override_fields = userdb_casbox_key_password=%w), so only an
+IMAP session has it; LMTP and doveadm do not.
+
+- LMTP before the user key file exists: 4xx, nothing stored; the first
+  IMAP login creates the key (casbox_key_autocreate), then the retried
+  delivery is accepted.
+- LMTP (no password) delivers corpus mail and dedups; IMAP with the
+  password reads every message byte-identical.
+- doveadm fetch of a body fails with "user key is locked"; doveadm
+  casbox key export-public prints the key file's public key and key id
+  (checked against the file and a Python BLAKE2b of it).
+- No subject, body line or marker is found under the casbox root.
+- IMAP on a copy of the store without the password field, or with the
+  wrong password: FETCH of a body fails per message with a clear log
+  line, flags and LMTP keep working, nothing crashes.
+"""
+
+import hashlib
+import imaplib
+import os
+import re
+import shutil
+import smtplib
+import stat
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+
+SETTINGS = {
+    "casbox_key_file": "%h/casbox.ukey",
+    "casbox_key_autocreate": "yes",
+    "casbox_key_mode": "password",
+}
+PASS_PW = "override_fields = userdb_casbox_key_password=%w"
+PASS_WRONG = "override_fields = userdb_casbox_key_password=not-the-password"
+CONF = "lmtp_add_received_header = no\n"
+MARKER_SUBJECT = b"Marmoset zeppelin ledger 5519"
+MARKER_BODY = b"password-mode-canary-V7KQ-body-line"
+MARKER_MSG = (b"From: a@example.com\r\nSubject: " + MARKER_SUBJECT +
+              b"\r\nMessage-ID: <canary@example.com>\r\n\r\n" +
+              MARKER_BODY + b"\r\n")
+
+
+def ok(typ_data):
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+def load(paths):
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def crlf(data):
+    return re.sub(rb"\r?\n", b"\r\n", data)
+
+
+def delivered_tail(msg):
+    """What must come back of an LMTP delivery: everything from the
+    header/body separator on (LMTP only adds Return-Path and
+    Delivered-To, smtplib ends the message with CRLF)."""
+    tail = crlf(msg).rstrip(b"\r\n")
+    return tail[tail.find(b"\r\n\r\n"):]
+
+
+def needles(messages):
+    out = {MARKER_SUBJECT, MARKER_BODY}
+    for msg in messages:
+        m = re.search(rb"^Subject: (.{16,})$", msg, re.M | re.I)
+        if m:
+            out.add(m.group(1).strip()[:40])
+        lines = [ln.strip() for ln in msg.split(b"\n")
+                 if re.fullmatch(rb"[A-Za-z ,.']{30,}", ln.strip())]
+        if lines:
+            out.add(max(lines, key=len)[:60])
+    return out
+
+
+def found_in(root, strings):
+    hits = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                data = f.read()
+            hits.extend((os.path.join(dirpath, name), s)
+                        for s in strings if s in data)
+    return hits
+
+
+def packs_size(root):
+    total = 0
+    for dirpath, _, files in os.walk(os.path.join(root, "packs")):
+        total += sum(os.lstat(os.path.join(dirpath, n)).st_size
+                     for n in files)
+    return total
+
+
+def lmtp_code(dc, user, message):
+    """Deliver one message; return the LMTP reply code for it."""
+    with smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=120) as lmtp:
+        try:
+            refused = lmtp.sendmail("sender@example.com", [user], message)
+        except smtplib.SMTPDataError as e:
+            return e.smtp_code
+        except smtplib.SMTPRecipientsRefused as e:
+            return e.recipients[user][0]
+    return refused[user][0] if refused else 250
+
+
+def fetch_all(imap, count):
+    bodies = []
+    for seq in range(1, count + 1):
+        data = ok(imap.fetch(str(seq), "(BODY.PEEK[])"))
+        bodies.append(data[0][1])
+    return bodies
+
+
+def copy_home(saved, dest_dc, user):
+    """A saved home (store and key file) into another instance, owned
+    by the mail user, modes kept."""
+    dest = dest_dc.home(user)
+    shutil.copytree(os.path.join(saved, user), dest, symlinks=True)
+    for dirpath, dirs, files in os.walk(dest):
+        os.chown(dirpath, dest_dc.uid, dest_dc.gid)
+        for name in files:
+            os.chown(os.path.join(dirpath, name), dest_dc.uid, dest_dc.gid)
+
+
+class KeyPasswordTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.msgs = load(corpus_files("usrp-users-3000", limit=30, step=97))
+        cls.appended = [m for m in load(corpus_files("mime-edge",
+                                                     limit=12)) if m]
+
+    def test_password_mode(self):
+        msgs = self.msgs
+        first = msgs[0]
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
+                     passdb_extra=PASS_PW) as dc:
+            dc.allow_log(r"lmtp\(user1\).*can only be created with the "
+                         r"user's password")
+            home = dc.home("user1")
+            key_path = os.path.join(home, "casbox.ukey")
+            root = os.path.join(home, "casbox")
+
+            # no key yet: LMTP has no password, must not store anything
+            code = lmtp_code(dc, "user1", first)
+            self.assertGreaterEqual(code, 400)
+            self.assertLess(code, 500)
+            self.assertFalse(os.path.exists(key_path))
+            self.assertTrue(any(
+                "can only be created with the user's password" in line
+                and key_path in line for line in dc.log_lines()))
+
+            # the first login creates it
+            imap = dc.imap_login("user1")
+            self.assertEqual(ok(imap.select("INBOX"))[0], b"0")
+            imap.logout()
+            st = os.stat(key_path)
+            self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+            with open(key_path, "rb") as f:
+                keyfile = f.read()
+            self.assertEqual(keyfile[:8], b"CASUKEY1")
+            self.assertEqual(len(keyfile), 212)
+
+            # the retried delivery and the rest, all without a password
+            self.assertEqual(lmtp_code(dc, "user1", first), 250)
+            dc.lmtp_deliver_many("user1", msgs[1:] + [MARKER_MSG])
+            expected = msgs + [MARKER_MSG]
+
+            imap = dc.imap_login("user1")
+            self.assertEqual(ok(imap.select("INBOX"))[0],
+                             b"%d" % len(expected))
+            got = fetch_all(imap, len(expected))
+            for i, msg in enumerate(expected):
+                self.assertTrue(got[i].rstrip(b"\r\n").endswith(
+                    delivered_tail(msg)), "message %d differs" % (i + 1))
+            # IMAP APPEND with the password: byte-identical
+            ok(imap.create("Appended"))
+            for msg in self.appended:
+                ok(imap.append("Appended", None, None, msg))
+            ok(imap.select("Appended"))
+            self.assertEqual(fetch_all(imap, len(self.appended)),
+                             [crlf(m) for m in self.appended])
+            ok(imap.select("INBOX"))
+            imap.logout()
+
+            # a second identical delivery is deduplicated
+            big = max(msgs, key=len)
+            before = packs_size(root)
+            dc.lmtp_deliver("user1", big)
+            growth = packs_size(root) - before
+            self.assertLess(growth, len(big) // 2,
+                            "growth %d for a %d-byte message"
+                            % (growth, len(big)))
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            self.assertTrue(fetch_all(imap, len(expected) + 1)[-1].rstrip(
+                b"\r\n").endswith(delivered_tail(big)))
+            imap.logout()
+
+            # doveadm has no password: a body cannot be read
+            dc.allow_log(r"user key is locked")
+            res = dc.doveadm("fetch", "-u", "user1", "body", "mailbox",
+                             "INBOX", "uid", "1", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("user key is locked", res.stdout + res.stderr)
+
+            # key-free work still works
+            res = dc.doveadm("fetch", "-u", "user1", "uid flags",
+                             "mailbox", "INBOX", "uid", "1")
+            self.assertIn("uid: 1", res.stdout)
+
+            # the public key, checked against the file itself
+            res = dc.doveadm("-f", "flow", "casbox", "key",
+                             "export-public", "-u", "user1")
+            fields = dict(re.findall(r"(\w+)=(\S+)", res.stdout))
+            pk = keyfile[44:76]
+            self.assertEqual(fields["public_key"], pk.hex())
+            kid = hashlib.blake2b(b"CASUKID1" + pk, digest_size=16)
+            self.assertEqual(fields["key_id"], kid.digest()[:4].hex())
+            self.assertEqual(fields["key_file"], key_path)
+
+            # nothing readable on disk
+            strings = needles(expected)
+            self.assertGreater(len(strings), 20)
+            self.assertEqual(found_in(root, strings), [])
+            self.assertEqual(found_in(home, strings), [])
+
+            # scrub without the password: sealed-DEK MACs verify
+            res = dc.doveadm("casbox", "scrub", "-u", "user1")
+            self.assertNotIn("DEK", res.stdout)
+
+            saved = tempfile.mkdtemp(prefix="cbx-pw-")
+            try:
+                shutil.copytree(home, os.path.join(saved, "user1"),
+                                symlinks=True)
+            except BaseException:
+                shutil.rmtree(saved)
+                raise
+        try:
+            self.check_without_password(saved, len(expected) + 1)
+            self.check_wrong_password(saved, keyfile)
+        finally:
+            shutil.rmtree(saved)
+
+    def check_without_password(self, saved, count):
+        """IMAP login on a copy of the store, but the passdb hands no
+        password over: reading fails per message, clearly."""
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF) as dc:
+            dc.allow_log(r"imap\(user1\).*user key is locked")
+            copy_home(saved, dc, "user1")
+            imap = dc.imap_login("user1")
+            self.assertEqual(ok(imap.select("INBOX"))[0], b"%d" % count)
+            # flags and metadata work without the key
+            ok(imap.store("1", "+FLAGS", "\\Flagged"))
+            data = ok(imap.fetch("1:*", "(UID FLAGS RFC822.SIZE)"))
+            self.assertEqual(len(data), count)
+            self.assert_fetch_refused(imap, "1")
+            locked = [line for line in dc.log_lines()
+                      if "user key is locked" in line]
+            self.assertTrue(locked)
+            self.assertIn("casbox_key_password", locked[0])
+            # per message: the next session fails the next one again
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            self.assert_fetch_refused(imap, "2")
+            self.assertGreater(len([line for line in dc.log_lines()
+                                    if "user key is locked" in line]),
+                               len(locked))
+            # delivery still works (sealed to the public key)
+            self.assertEqual(lmtp_code(dc, "user1", MARKER_MSG), 250)
+
+    def assert_fetch_refused(self, imap, seq):
+        """Dovecot answers a failed FETCH with BYE (never a partial
+        NO); the reason must name the locked key, not "Internal
+        error"."""
+        with self.assertRaises(imaplib.IMAP4.abort) as cm:
+            imap.fetch(seq, "(BODY.PEEK[])")
+        self.assertIn("user key is locked", str(cm.exception))
+        try:
+            imap.shutdown()
+        except OSError:
+            pass
+
+    def check_wrong_password(self, saved, keyfile):
+        """The key file does not open with this login's password: one
+        clear log line, then per-message failures, no crash."""
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
+                     passdb_extra=PASS_WRONG) as dc:
+            dc.allow_log(r"imap\(user1\).*wrong password")
+            copy_home(saved, dc, "user1")
+            for seq in ("1", "2"):
+                imap = dc.imap_login("user1")
+                ok(imap.select("INBOX"))
+                self.assert_fetch_refused(imap, seq)
+            key_path = os.path.join(dc.home("user1"), "casbox.ukey")
+            wrong = [line for line in dc.log_lines()
+                     if "wrong password" in line]
+            self.assertTrue(wrong)
+            self.assertIn(key_path, wrong[0])
+            # unlocking is tried once per session (two sessions), not
+            # once per message read
+            self.assertEqual(len([line for line in wrong
+                                  if "Couldn't unlock" in line]), 2)
+            self.assertFalse([line for line in dc.log_lines()
+                              if "not-the-password" in line])
+            with open(key_path, "rb") as f:
+                self.assertEqual(f.read(), keyfile)
+
+    def test_export_public_server_mode(self):
+        with Dovecot(plugin_settings={
+                "casbox_key_file": "%h/casbox.key",
+                "casbox_key_autocreate": "yes"}) as dc:
+            res = dc.doveadm("casbox", "key", "export-public", "-u",
+                             "user1", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("casbox_key_mode is server", res.stderr)
+
+    def test_bad_key_mode(self):
+        with Dovecot(plugin_settings=dict(SETTINGS,
+                                          casbox_key_mode="pasword")) as dc:
+            dc.allow_log(r"casbox_key_mode: invalid value 'pasword'")
+            res = dc.doveadm("mailbox", "list", "-u", "user1", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("casbox_key_mode: invalid value 'pasword'",
+                          res.stdout + res.stderr)
+
+    def test_key_file_mode_refused(self):
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
+                     passdb_extra=PASS_PW) as dc:
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            imap.logout()
+            key_path = os.path.join(dc.home("user1"), "casbox.ukey")
+            os.chmod(key_path, 0o644)
+            dc.allow_log(r"has mode 0644")
+            code = lmtp_code(dc, "user1", MARKER_MSG)
+            self.assertGreaterEqual(code, 400)
+            self.assertLess(code, 500)
+            self.assertTrue(any(key_path in line and "mode 0644" in line
+                                for line in dc.log_lines()))
+            os.chmod(key_path, 0o600)
+            self.assertEqual(lmtp_code(dc, "user1", MARKER_MSG), 250)
+
+
+if __name__ == "__main__":
+    unittest.main()
