@@ -63,6 +63,8 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	}
 	set_r->key_autocreate =
 		mail_user_plugin_getenv_bool(user, "casbox_key_autocreate");
+	set_r->cache_plaintext =
+		mail_user_plugin_getenv_bool(user, "casbox_cache_plaintext");
 	value = mail_user_plugin_getenv(user, "casbox_key_mode");
 	if (value != NULL && *value != '\0' &&
 	    cas_key_mode_parse(value, &set_r->key_mode) < 0) {
@@ -71,11 +73,17 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 					   value);
 		return -1;
 	}
+	if (set_r->key_mode == CAS_KEY_MODE_PASSWORD &&
+	    set_r->cache_plaintext) {
+		/* LMTP would fill the cache with headers in plaintext,
+		   readable without the password */
+		*error_r = "casbox_cache_plaintext=yes cannot be combined "
+			"with casbox_key_mode=password";
+		return -1;
+	}
 	value = mail_user_plugin_getenv(user, "casbox_key_password");
 	if (value != NULL && *value != '\0')
 		set_r->key_password = p_strdup(pool, value);
-	set_r->cache_plaintext =
-		mail_user_plugin_getenv_bool(user, "casbox_cache_plaintext");
 
 	if (casbox_setting_uint(user, "casbox_zstd_level",
 				CASBOX_DEFAULT_ZSTD_LEVEL, 19,
