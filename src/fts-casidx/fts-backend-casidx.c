@@ -239,9 +239,10 @@ static int casidx_backend_load_key(struct casidx_fts_backend *backend)
 		   in plaintext instead (doc/threat-model.md, (c)) */
 		e_error(backend->event, "casbox_key_mode=password: the "
 			"index key needs the user's password, which this "
-			"process (indexer-worker, doveadm) does not have; "
-			"index from the user's IMAP session instead "
-			"(fts_autoindex = no)");
+			"process (indexer-worker, doveadm) does not have: "
+			"password-mode users have no FTS index, IMAP SEARCH "
+			"reads their mail in the session instead (set "
+			"fts_autoindex = no for them)");
 		return -1;
 	}
 	i_zero(&key_set);
@@ -710,12 +711,22 @@ static unsigned int casidx_arg_field_mask(const struct mail_search_arg *arg)
 }
 
 static bool
-fts_backend_casidx_can_lookup(struct fts_backend *backend ATTR_UNUSED,
+fts_backend_casidx_can_lookup(struct fts_backend *_backend,
 			      const struct mail_search_arg *args)
 {
+	struct casidx_fts_backend *backend =
+		(struct casidx_fts_backend *)_backend;
+
+	/* Password mode: Dovecot 2.3 builds the index only in
+	   indexer-worker or doveadm, which never have the password the
+	   index key needs, so there is never an index to ask. Saying so
+	   here makes the core search the (decrypted) mail in the session
+	   instead of queueing indexer work that can only fail. */
+	if (backend->key_mode == CAS_KEY_MODE_PASSWORD)
+		return FALSE;
 	for (; args != NULL; args = args->next) {
 		if (args->type == SEARCH_OR || args->type == SEARCH_SUB) {
-			if (fts_backend_casidx_can_lookup(backend,
+			if (fts_backend_casidx_can_lookup(_backend,
 							  args->value.subargs))
 				return TRUE;
 		} else if (casidx_arg_field_mask(args) != 0 &&

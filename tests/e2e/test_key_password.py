@@ -97,6 +97,12 @@ def found_in(root, strings):
     return hits
 
 
+def files_under(root):
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            yield os.path.join(dirpath, name)
+
+
 def packs_size(root):
     total = 0
     for dirpath, _, files in os.walk(os.path.join(root, "packs")):
@@ -330,6 +336,50 @@ class KeyPasswordTest(unittest.TestCase):
             self.assertFalse([line for line in dc.log_lines()
                               if "not-the-password" in line])
             self.assertEqual(after, keyfile)
+
+    def test_fts_needs_password(self):
+        """casidx in password mode: the index key comes from the user's
+        password, and Dovecot 2.3 indexes only in indexer-worker or
+        doveadm, which never have it. So indexing fails with a clear
+        error and writes nothing, and IMAP SEARCH (even with
+        fts_enforced) answers right by reading the mail in the session,
+        without queueing indexer work."""
+        words = [b"Quaggamorph", b"Zephyrbastion"]
+        marker = (b"From: a@example.com\r\nSubject: " + words[0] +
+                  b" report\r\n\r\nThe " + words[1] + b" stands.\r\n")
+        settings = dict(SETTINGS, fts="casidx", fts_enforced="yes",
+                        fts_autoindex="no", fts_casidx_no_fsync="yes")
+        with Dovecot(mail_plugins=["casbox", "fts", "fts_casidx"],
+                     plugin_settings=settings, extra_conf=CONF,
+                     passdb_extra=PASS_PW) as dc:
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            imap.logout()
+            dc.lmtp_deliver_many("user1", self.msgs[:10] + [marker])
+            res = dc.doveadm("index", "-u", "user1", "INBOX", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("index key needs the user's password",
+                          res.stdout + res.stderr)
+            home = dc.home("user1")
+
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            typ, data = imap.uid("SEARCH", "BODY", "zephyrbastion")
+            self.assertEqual((typ, data[0]), ("OK", b"11"))
+            typ, data = imap.uid("SEARCH", "SUBJECT", "quaggamorph")
+            self.assertEqual((typ, data[0]), ("OK", b"11"))
+            typ, data = imap.uid("SEARCH", "TEXT", "zephyrbastion")
+            self.assertEqual((typ, data[0]), ("OK", b"11"))
+            imap.logout()
+            self.assertEqual([p for p in files_under(home)
+                              if p.endswith(".cxs")], [])
+            needles = set(words) | {w.lower() for w in words}
+            self.assertEqual(found_in(home, needles), [])
+            dc.stop()
+            # no indexer-worker was asked (it would have logged errors);
+            # the Dovecot() exit also fails on any unexpected Error line
+            self.assertFalse([line for line in dc.log_lines()
+                              if "indexer" in line])
 
     def test_export_public_server_mode(self):
         with Dovecot(plugin_settings={
