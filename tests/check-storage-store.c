@@ -885,6 +885,95 @@ START_TEST(test_rekey_waits_for_save)
 }
 END_TEST
 
+/* casbox_key_mode = password at the store: a process without the
+   password cannot create the key; the first one with it does; without
+   it messages are saved (sealed DEKs) and deduplicated but not read;
+   with it they are read; a wrong password is an error that sticks
+   (no Argon2id per message). */
+START_TEST(test_password_mode)
+{
+	const char *const parts1[] = { part_a, part_b, NULL };
+	struct casbox_msg_record rec1, rec;
+	struct istream **in1, *input;
+	struct casbox_store *store;
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *error = NULL, *error2 = NULL;
+	const struct casbox_msg_part *parts;
+	unsigned int count;
+	struct stat st;
+
+	set.key_mode = CAS_KEY_MODE_PASSWORD;
+	set.key_password = NULL;
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, key_path) != NULL);
+	ck_assert(strstr(error, "only be created with the user's password")
+		  != NULL);
+	ck_assert_int_eq(access(key_path, F_OK), -1);
+	casbox_store_close(&store);
+
+	set.key_password = "pw";
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	ck_assert(!casbox_store_key_locked(store));
+	ck_assert_int_eq(stat(key_path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0600);
+	casbox_store_close(&store);
+
+	/* LMTP: saves and dedups, cannot read */
+	set.key_password = NULL;
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	ck_assert(casbox_store_key_locked(store));
+	make_record(store, pool, parts1, &rec1, &in1);
+	add_msg(store, 1, &rec1, in1);
+	free_inputs(in1);
+	make_record(store, pool, parts1, &rec1, &in1);
+	add_msg(store, 2, &rec1, in1);
+	/* the second save wrote no blob: both parts are shared */
+	parts = array_get(&rec1.parts, &count);
+	ck_assert_uint_eq(count, 2);
+	ck_assert_uint_eq(blob_refcount(&parts[0].id), 2);
+	ck_assert_uint_eq(blob_refcount(&parts[1].id), 2);
+	ck_assert_int_eq(casbox_store_msg_lookup(store, box_guid, 1,
+		pool_datastack_create(), &rec, &error), 1);
+	ck_assert_int_eq(casbox_store_msg_open(store, &rec, &input, &error),
+			 -1);
+	ck_assert(strstr(error, "user key is locked") != NULL);
+	ck_assert(strstr(error, key_path) != NULL);
+	casbox_store_close(&store);
+
+	/* IMAP with the password reads both */
+	set.key_password = "pw";
+	store = store_open();
+	ck_assert_str_eq(read_msg(store, 1),
+			 t_strconcat(part_a, part_b, NULL));
+	ck_assert_str_eq(read_msg(store, 2),
+			 t_strconcat(part_a, part_b, NULL));
+	casbox_store_close(&store);
+
+	/* a wrong password: the same clear error every time */
+	set.key_password = "wrong";
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, "wrong password") != NULL);
+	ck_assert(casbox_store_key_locked(store));
+	ck_assert_int_eq(casbox_store_open_keys(store, &error2), -1);
+	ck_assert_str_eq(error, error2);
+	casbox_store_close(&store);
+
+	/* the same file in server mode is not a key of that mode */
+	set.key_mode = CAS_KEY_MODE_SERVER;
+	set.key_password = NULL;
+	store = store_open();
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), -1);
+	ck_assert(strstr(error, key_path) != NULL);
+	casbox_store_close(&store);
+	free_inputs(in1);
+	pool_unref(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-store");
@@ -903,6 +992,7 @@ int main(void)
 	tcase_add_test(tc, test_meta_seal);
 	tcase_add_test(tc, test_rekey_walk);
 	tcase_add_test(tc, test_rekey_waits_for_save);
+	tcase_add_test(tc, test_password_mode);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
