@@ -1773,6 +1773,70 @@ START_TEST(test_password_mode)
 }
 END_TEST
 
+/* casbox_pack_txn_copy_frame: a frame moved to another pack without a
+   key (public password-mode ring) still opens with its old DEK; a
+   damaged chunk or a record of another blob is refused and the partial
+   copy dropped. */
+START_TEST(test_copy_frame)
+{
+	struct cas_keyring *pub = password_keyring(NULL);
+	struct cas_keyring *unl = password_keyring("pw");
+	struct casbox_pack_store *store;
+	struct casbox_pack_txn *txn;
+	struct casbox_blob_record rec, rec2, moved, moved2;
+	struct cas_blob_id id, id2;
+	buffer_t *big = pattern_blob(200000, 5), *small = pattern_blob(900, 6);
+	const char *error;
+	struct stat st;
+	unsigned char old;
+	uint32_t i;
+
+	store = store_open_with(pub, 1);
+	add_blob_with(store, pub, big, &id, &rec);
+	add_blob_with(store, pub, small, &id2, &rec2);
+	ck_assert_uint_ne(rec.pack_id, rec2.pack_id);
+
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	if (casbox_pack_txn_copy_frame(txn, &id, &rec, &moved, &error) < 0)
+		ck_abort_msg("copy: %s", error);
+	ck_assert_uint_ne(moved.pack_id, rec.pack_id);
+	ck_assert_uint_eq(moved.frame_size, rec.frame_size);
+	ck_assert_mem_eq(moved.sealed_dek, rec.sealed_dek,
+			 CAS_SEALED_DEK_SIZE);
+	/* a record of another blob */
+	ck_assert_int_eq(casbox_pack_txn_copy_frame(txn, &id2, &rec, &moved2,
+						    &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "not the one"));
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	ck_assert_int_eq(stat(t_strdup_printf("%s/packs/pack-%08u.cbp",
+		tmpdir, moved.pack_id), &st), 0);
+	ck_assert_uint_eq(st.st_size, moved.offset + moved.frame_size);
+	casbox_pack_store_close(&store);
+
+	store = store_open_with(unl, 1);
+	assert_blob(store, &id, &moved, big);
+	/* damage a chunk of the source: the copy is refused */
+	pack_poke(&rec2, CASBOX_FRAME_HEADER_SIZE + 3, 0x40, &old);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_copy_frame(txn, &id2, &rec2, &moved2,
+						    &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "CRC mismatch"));
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	/* nothing but pack headers was left of the failed copy */
+	for (i = moved.pack_id + 1; i <= moved.pack_id + 3; i++) {
+		if (stat(t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir, i),
+			 &st) == 0)
+			ck_assert_uint_eq(st.st_size, CASBOX_PACK_HEADER_SIZE);
+	}
+	casbox_pack_store_close(&store);
+
+	buffer_free(&big);
+	buffer_free(&small);
+	cas_keyring_free(&pub);
+	cas_keyring_free(&unl);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pack");
@@ -1799,6 +1863,7 @@ int main(void)
 	tcase_add_test(tc, test_record_export_import);
 	tcase_add_test(tc, test_record_versions);
 	tcase_add_test(tc, test_password_mode);
+	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_rotation);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);

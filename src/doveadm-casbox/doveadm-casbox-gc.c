@@ -222,10 +222,19 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		return -1;
 	i_zero(&move);
 	move.blob = blob;
-	input = casbox_pack_blob_open(gc->adm->packs, &blob->id, &blob->rec);
-	ret = casbox_pack_txn_add(gc->txn, &blob->id, input, &move.new_rec,
-				  &error);
-	i_stream_unref(&input);
+	if (!cas_keyring_can_decrypt(gc->adm->keyring)) {
+		/* password mode without the password: move the frame as
+		   it is (CRC-checked, DEK unchanged) */
+		ret = casbox_pack_txn_copy_frame(gc->txn, &blob->id,
+						 &blob->rec, &move.new_rec,
+						 &error);
+	} else {
+		input = casbox_pack_blob_open(gc->adm->packs, &blob->id,
+					      &blob->rec);
+		ret = casbox_pack_txn_add(gc->txn, &blob->id, input,
+					  &move.new_rec, &error);
+		i_stream_unref(&input);
+	}
 	if (ret < 0) {
 		/* damaged or unreadable: leave it where it is */
 		i_warning("casbox gc: %s: keeping pack %u: blob %s: %s",

@@ -9,6 +9,7 @@
 #include "istream.h"
 #include "file-lock.h"
 #include "mkdir-parents.h"
+#include "read-full.h"
 #include "write-full.h"
 #include "byteorder.h"
 #include "cas-crc32c.h"
@@ -796,4 +797,145 @@ void casbox_pack_txn_rollback(struct casbox_pack_txn **_txn)
 			casbox_pack_path(txn->store, txn->pack_id));
 	}
 	casbox_pack_txn_free(txn);
+}
+
+/* Read exactly size bytes at offset. Returns 0 ok, -1 error or EOF. */
+static int
+casbox_pack_pread_exact(int fd, const char *path, void *buf, size_t size,
+			uint64_t offset, const char **error_r)
+{
+	int ret = pread_full(fd, buf, size, offset);
+
+	if (ret < 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %m", path);
+		return -1;
+	}
+	if (ret == 0) {
+		*error_r = t_strdup_printf("read(%s): frame truncated at "
+					   "%"PRIu64, path, offset);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
+			    const char *src_path,
+			    const struct cas_blob_id *id,
+			    const struct casbox_blob_record *src_rec,
+			    uint64_t frame_off, const char **error_r)
+{
+	unsigned char hdr_buf[CASBOX_FRAME_HEADER_SIZE];
+	struct casbox_frame_header hdr;
+	struct casbox_frame_chunk *chunks;
+	unsigned char *table;
+	size_t table_size;
+	const char *error;
+	uint32_t i;
+	int ret = 0;
+
+	if (casbox_pack_pread_exact(src_fd, src_path, hdr_buf,
+				    sizeof(hdr_buf), src_rec->offset,
+				    error_r) < 0)
+		return -1;
+	if (casbox_frame_header_parse(hdr_buf, sizeof(hdr_buf), &hdr,
+				      &error) < 0) {
+		*error_r = t_strdup_printf("%s offset %"PRIu64": %s",
+					   src_path, src_rec->offset, error);
+		return -1;
+	}
+	if (sodium_memcmp(hdr.id.id, id->id, CAS_BLOB_ID_SIZE) != 0 ||
+	    hdr.frame_size != src_rec->frame_size ||
+	    hdr.plain_size != src_rec->plain_size ||
+	    hdr.dict_id != src_rec->dict_id) {
+		*error_r = t_strdup_printf("%s offset %"PRIu64": the frame "
+			"is not the one the blob record describes",
+			src_path, src_rec->offset);
+		return -1;
+	}
+	table_size = (size_t)hdr.chunk_count * CASBOX_FRAME_TABLE_ENTRY_SIZE;
+	table = i_malloc(table_size);
+	chunks = i_new(struct casbox_frame_chunk, hdr.chunk_count);
+	if (casbox_pack_pread_exact(src_fd, src_path, table, table_size,
+			src_rec->offset + hdr.frame_size - table_size,
+			error_r) < 0)
+		ret = -1;
+	else if (casbox_frame_table_parse(&hdr, table, table_size, chunks,
+					  &error) < 0) {
+		*error_r = t_strdup_printf("%s offset %"PRIu64": %s",
+					   src_path, src_rec->offset, error);
+		ret = -1;
+	}
+	for (i = 0; ret == 0 && i < hdr.chunk_count; i++) {
+		/* ciphertext: copied, CRC-checked, never decrypted */
+		txn->stored_used = I_MAX(txn->stored_used,
+					 chunks[i].stored_size);
+		if (casbox_pack_pread_exact(src_fd, src_path, txn->stored,
+				chunks[i].stored_size,
+				src_rec->offset + chunks[i].offset,
+				error_r) < 0)
+			ret = -1;
+		else if (cas_crc32c_mask(cas_crc32c(txn->stored,
+				chunks[i].stored_size)) != chunks[i].crc) {
+			*error_r = t_strdup_printf("%s offset %"PRIu64
+				": chunk %u: CRC mismatch", src_path,
+				src_rec->offset, i);
+			ret = -1;
+		} else if (pwrite_full(txn->fd, txn->stored,
+				       chunks[i].stored_size,
+				       frame_off + chunks[i].offset) < 0) {
+			*error_r = t_strdup_printf("write(%s) failed: %m",
+				casbox_pack_path(txn->store, txn->pack_id));
+			ret = -1;
+		}
+	}
+	if (ret == 0 &&
+	    (pwrite_full(txn->fd, table, table_size,
+			 frame_off + hdr.frame_size - table_size) < 0 ||
+	     pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0)) {
+		*error_r = t_strdup_printf("write(%s) failed: %m",
+			casbox_pack_path(txn->store, txn->pack_id));
+		ret = -1;
+	}
+	i_free(table);
+	i_free(chunks);
+	return ret;
+}
+
+int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
+			       const struct cas_blob_id *id,
+			       const struct casbox_blob_record *src_rec,
+			       struct casbox_blob_record *rec_r,
+			       const char **error_r)
+{
+	const char *src_path;
+	uint64_t frame_off;
+	int src_fd, ret;
+
+	*rec_r = *src_rec;
+	if (txn->offset >= txn->store->set.max_pack_size &&
+	    casbox_pack_rotate(txn, error_r) < 0)
+		return -1;
+	src_path = casbox_pack_path(txn->store, src_rec->pack_id);
+	src_fd = open(src_path, O_RDONLY | O_CLOEXEC);
+	if (src_fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", src_path);
+		return -1;
+	}
+	frame_off = txn->offset;
+	ret = casbox_pack_copy_frame_body(txn, src_fd, src_path, id, src_rec,
+					  frame_off, error_r);
+	i_close_fd(&src_fd);
+	if (ret < 0) {
+		/* drop the partial frame; we hold the lock */
+		if (ftruncate(txn->fd, frame_off) < 0) {
+			i_error("ftruncate(%s) failed: %m",
+				casbox_pack_path(txn->store, txn->pack_id));
+		}
+		return -1;
+	}
+	rec_r->pack_id = txn->pack_id;
+	rec_r->offset = frame_off;
+	txn->offset = frame_off + src_rec->frame_size;
+	return 1;
 }

@@ -106,6 +106,18 @@ int casbox_pack_meta_open(struct casbox_pack_store *store,
 int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
 			  uint64_t offset, enum casbox_meta_kind *kind_r,
 			  buffer_t *sealed_r, const char **error_r);
+/* Append the frame of blob id that src_rec describes (in another pack)
+   unchanged: header and chunk table are parsed and checked against
+   src_rec, every chunk's CRC is verified, nothing is decrypted, so no
+   key is needed (gc without the password in casbox_key_mode=password).
+   The frame's AEAD binds no location, so its DEK stays valid: rec_r is
+   src_rec with the new pack id and offset. Returns 1 ok, -1 error
+   (damage, I/O; the partial copy is dropped). */
+int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
+			       const struct cas_blob_id *id,
+			       const struct casbox_blob_record *src_rec,
+			       struct casbox_blob_record *rec_r,
+			       const char **error_r);
 int casbox_pack_txn_commit(struct casbox_pack_txn **txn,
 			   const char **error_r);
 void casbox_pack_txn_rollback(struct casbox_pack_txn **txn);
