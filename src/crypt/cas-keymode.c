@@ -91,6 +91,20 @@ size_t cas_dek_kind_size(uint8_t kind)
 	return 0;
 }
 
+uint32_t cas_stored_dek_key_id(uint8_t kind, const unsigned char *stored)
+{
+	switch (kind) {
+	case CAS_DEK_KIND_SERVER_WRAP:
+		return cas_dek_wrapped_key_id(stored);
+	case CAS_DEK_KIND_SEALED:
+		/* kind (1) | key id (4, big-endian) | ... */
+		return ((uint32_t)stored[1] << 24) |
+			((uint32_t)stored[2] << 16) |
+			((uint32_t)stored[3] << 8) | stored[4];
+	}
+	return 0;
+}
+
 int cas_keyring_dek_protect(const struct cas_keyring *keyring,
 			    const struct cas_blob_id *id,
 			    const unsigned char dek[CAS_DEK_SIZE],

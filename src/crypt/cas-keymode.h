@@ -65,6 +65,9 @@ int cas_keyring_dek_open(const struct cas_keyring *keyring,
 			 const unsigned char *stored,
 			 unsigned char dek_r[CAS_DEK_SIZE],
 			 const char **error_r);
+/* The key id a stored DEK names: the wrap key's (server kind) or the
+   user key pair's (sealed kind); 0 for an unknown kind. Public. */
+uint32_t cas_stored_dek_key_id(uint8_t kind, const unsigned char *stored);
 /* Check a stored DEK without opening it, where the mode allows it
    (password mode: kind, key id and MAC of a sealed DEK, with or without
    the password). Returns 1 verified, 0 cannot be checked without

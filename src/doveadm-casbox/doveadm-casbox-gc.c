@@ -686,7 +686,9 @@ static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
 		return -1;
 	current = cas_keyring_wrap_key_id(gc->adm->keyring);
 	array_foreach_modifiable(&gc->moves, move) {
-		if (cas_dek_wrapped_key_id(move->new_rec.wrapped_dek) ==
+		/* sealed DEKs (password mode) have no wrap key to follow */
+		if (move->new_rec.dek_kind != CAS_DEK_KIND_SERVER_WRAP ||
+		    cas_dek_wrapped_key_id(move->new_rec.wrapped_dek) ==
 		    current)
 			continue;
 		if (cas_dek_rewrap(gc->adm->keyring, gc->adm->keyring,

@@ -41,7 +41,8 @@ static const char *casbox_stats_wrap_key_ids(struct casbox_census *census)
 	array_foreach_elem(&census->blob_list, blob) {
 		if (!blob->have_record || blob->record_bad)
 			continue;
-		key_id = cas_dek_wrapped_key_id(blob->rec.wrapped_dek);
+		key_id = cas_stored_dek_key_id(blob->rec.dek_kind,
+					       blob->rec.stored_dek);
 		kid = NULL;
 		for (i = 0; i < array_count(&ids) && kid == NULL; i++) {
 			struct casbox_stats_key_id *e =

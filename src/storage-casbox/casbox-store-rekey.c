@@ -105,8 +105,10 @@ casbox_rekey_one(struct casbox_rekey_ctx *ctx,
 		ctx->step.bad_records++;
 		return 0;
 	}
-	if (cas_dek_wrapped_key_id(brec.wrapped_dek) != ctx->old_key_id) {
-		/* already rewrapped, or written since the rotation began */
+	if (brec.dek_kind != CAS_DEK_KIND_SERVER_WRAP ||
+	    cas_dek_wrapped_key_id(brec.wrapped_dek) != ctx->old_key_id) {
+		/* already rewrapped, or written since the rotation began
+		   (or sealed to a user key: nothing to rewrap) */
 		return 0;
 	}
 	memcpy(id.id, key + 1, CAS_BLOB_ID_SIZE);
@@ -251,7 +253,8 @@ int casbox_rekey_count(struct casbox_lsm *lsm,
 	while (casbox_lsm_iter_next(iter, &key, &key_size,
 				    &value, &value_size)) {
 		if (key_size != 1 + CAS_BLOB_ID_SIZE ||
-		    casbox_rekey_decode(value, value_size, &bval, &brec) < 0)
+		    casbox_rekey_decode(value, value_size, &bval, &brec) < 0 ||
+		    brec.dek_kind != CAS_DEK_KIND_SERVER_WRAP)
 			continue;
 		wrapped_id = cas_dek_wrapped_key_id(brec.wrapped_dek);
 		if (wrapped_id == key_id)

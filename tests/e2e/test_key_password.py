@@ -256,6 +256,15 @@ class KeyPasswordTest(unittest.TestCase):
             kid = hashlib.blake2b(b"CASUKID1" + pk, digest_size=16)
             self.assertEqual(fields["key_id"], kid.digest()[:4].hex())
             self.assertEqual(fields["key_file"], key_path)
+            # stats counts the sealed DEKs under the key pair's id
+            res = dc.doveadm("-f", "flow", "casbox", "stats", "-u", "user1")
+            ids = dict(re.findall(r"wrap_key_ids=(\w+):(\d+)", res.stdout))
+            self.assertEqual(list(ids), [fields["key_id"]])
+            # key rotation is a server-mode operation: refused clearly
+            res = dc.doveadm("casbox", "key", "rotate", "-u", "user1",
+                             check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("casbox_key_mode is password", res.stderr)
 
             # nothing readable on disk
             strings = needles(delivered)
