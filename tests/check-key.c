@@ -48,6 +48,8 @@ static void write_file(const char *path, const void *data, size_t size)
 	ck_assert_ptr_nonnull(f);
 	ck_assert_uint_eq(fwrite(data, 1, size, f), size);
 	ck_assert_int_eq(fclose(f), 0);
+	/* key files others can read are refused (test_key_file_mode) */
+	ck_assert_int_eq(chmod(path, 0600), 0);
 }
 
 static size_t read_file(const char *path, unsigned char *buf, size_t max)
@@ -808,6 +810,31 @@ START_TEST(test_keyfile_shred_and_stale_tmp)
 }
 END_TEST
 
+/* A server key file that group or others can access is refused, naming
+   the file and its mode, before anything is parsed. */
+START_TEST(test_key_file_mode)
+{
+	static const unsigned int bad[] = { 0640, 0604, 0644, 0660, 0602 };
+	const char *path = tmp_path("mode.key"), *error;
+	struct cas_keyring *k;
+	unsigned int i;
+
+	ck_assert_int_eq(cas_keyring_create(path, &k, &error), 1);
+	cas_keyring_free(&k);
+	for (i = 0; i < N_ELEMENTS(bad); i++) {
+		ck_assert_int_eq(chmod(path, bad[i]), 0);
+		ck_assert_int_eq(cas_keyring_load(path, &k, &error), -1);
+		ck_assert_ptr_null(k);
+		ck_assert_ptr_nonnull(strstr(error, path));
+		ck_assert_ptr_nonnull(strstr(error, t_strdup_printf(
+			"mode %04o", bad[i])));
+	}
+	ck_assert_int_eq(chmod(path, 0400), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), 1);
+	cas_keyring_free(&k);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("key");
@@ -818,6 +845,7 @@ int main(void)
 	lib_init();
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_create_load);
+	tcase_add_test(tc, test_key_file_mode);
 	tcase_add_test(tc, test_key_file_damage);
 	tcase_add_test(tc, test_unreadable);
 	tcase_add_test(tc, test_blob_id_known_answers);

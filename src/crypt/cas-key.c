@@ -337,6 +337,10 @@ cas_keyring_load_once(const char *path, struct cas_keyring **keyring_r,
 		i_close_fd(&fd);
 		return -1;
 	}
+	if (cas_keyfile_check_mode(fd, path, error_r) < 0) {
+		i_close_fd(&fd);
+		return -1;
+	}
 	if (!S_ISREG(st.st_mode) || st.st_size > CAS_KEY_FILE_MAX_SIZE) {
 		*error_r = t_strdup_printf(
 			"Key file %s is damaged: size %lld, expected "

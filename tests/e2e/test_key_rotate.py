@@ -553,6 +553,11 @@ class KeyRotateTest(unittest.TestCase):
             os.rename(key_path, other)
             with open(key_path, "wb") as f:
                 f.write(b"CASKEY1\x01" + os.urandom(32))
+            # key files others can read are refused before anything
+            # else: owner-only, owned by the mail user like the real one
+            st = os.stat(other)
+            os.chmod(key_path, 0o600)
+            os.chown(key_path, st.st_uid, st.st_gid)
             with open(key_path, "r+b") as f:
                 data = f.read()
                 f.write(hashlib.blake2b(data, digest_size=32).digest())
