@@ -189,15 +189,18 @@ static int casbox_gc_dek_update(struct casbox_gc *gc,
 				const char **error_r)
 {
 	const char *error;
+	int ret;
 
 	if (casbox_gc_txn_begin(gc, error_r) < 0)
 		return -1;
-	if (casbox_pack_txn_add_dek_update(gc->txn, id, wrapped_dek,
-					   &error) < 0) {
+	ret = casbox_pack_txn_add_dek_update(gc->txn, id, wrapped_dek,
+					     &error);
+	if (ret < 0) {
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
 	}
-	gc->dek_updates++;
+	if (ret > 0)
+		gc->dek_updates++;
 	return 0;
 }
 
@@ -523,6 +526,8 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
 	}
+	if (ret == 0)
+		return 0; /* password mode: no recovery records */
 	gc->recovery_written++;
 	return 1;
 }

@@ -691,6 +691,13 @@ int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
 	buffer_t *sealed;
 	int ret;
 
+	if (cas_keyring_get_userkey(txn->store->keyring) != NULL) {
+		/* password mode: LMTP has no index key to seal with, and
+		   the records carry server-wrapped DEKs only. No recovery
+		   or DEK update records are written (rebuild --from-packs
+		   does not cover password-mode stores; not built). */
+		return 0;
+	}
 	sealed = buffer_create_dynamic(default_pool, size + 64);
 	casbox_pack_meta_seal(txn->store, kind, plain, size, sealed);
 	ret = casbox_pack_txn_add_meta_sealed(txn, kind, sealed->data,

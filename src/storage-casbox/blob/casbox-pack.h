@@ -76,7 +76,8 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 			const char **error_r);
 /* Append a meta frame (casbox-frame.h): plain is sealed with
    casbox_pack_meta_seal() and written after the blobs added so far, so
-   the same commit makes both durable. Returns 1 ok, -1 error. */
+   the same commit makes both durable. Returns 1 ok, 0 not written
+   (password key mode: no meta records), -1 error. */
 int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
 			     enum casbox_meta_kind kind,
 			     const void *plain, size_t size,
