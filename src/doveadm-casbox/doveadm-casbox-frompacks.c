@@ -259,6 +259,8 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 		rec.frame_size = frames[i-1].frame_size;
 		rec.plain_size = frames[i-1].plain_size;
 		rec.dict_id = frames[i-1].dict_id;
+		/* recovery records carry server-wrapped DEKs only */
+		rec.dek_kind = CAS_DEK_KIND_SERVER_WRAP;
 		array_foreach(&blob->deks, dek) {
 			memcpy(rec.wrapped_dek, dek->wrapped,
 			       CAS_WRAPPED_DEK_SIZE);

@@ -448,6 +448,10 @@ class RebuildFromPacksTest(unittest.TestCase):
             # a valid key file of another store
             with open(key, "wb") as f:
                 f.write(other_key_file(real))
+            # owner-only like the real one (others' access is refused)
+            st = os.stat(key + ".real")
+            os.chmod(key, 0o600)
+            os.chown(key, st.st_uid, st.st_gid)
             r, row = from_packs(self.dc, check=False)
         finally:
             os.rename(key + ".real", key)
