@@ -25,14 +25,23 @@ def message(i):
 
 class ConcurrentIndexing(unittest.TestCase):
     def test_deliver_index_search_at_once(self):
+        self.run_race({})
+
+    def test_race_with_merges(self):
+        """The same race with every commit merging (merge_segments=2):
+        the indexer-worker's and doveadm's segments are merged while
+        searches read them; each marker must still hit its one mail."""
+        self.run_race({"fts_casidx_merge_segments": "2"})
+
+    def run_race(self, settings):
+        plugin_settings = {"casbox_key_file": "%h/casbox.key",
+                           "casbox_key_autocreate": "yes",
+                           "fts": "casidx",
+                           "fts_autoindex": "yes"}
+        plugin_settings.update(settings)
         with Dovecot(mail_location="casbox:~/casbox",
                      mail_plugins=["casbox", "fts", "fts_casidx"],
-                     plugin_settings={
-                         "casbox_key_file": "%h/casbox.key",
-                         "casbox_key_autocreate": "yes",
-                         "fts": "casidx",
-                         "fts_autoindex": "yes",
-                     }) as dc:
+                     plugin_settings=plugin_settings) as dc:
             # create the store and key before the races start
             dc.lmtp_deliver("u", message(0))
             delivered = [1]
@@ -53,10 +62,12 @@ class ConcurrentIndexing(unittest.TestCase):
                 try:
                     while not done.is_set():
                         dc.doveadm("index", "-u", "u", "INBOX")
+                        index_runs[0] += 1
                 except Exception as e:
                     errors.append("index: %r" % e)
 
             seen = []
+            index_runs = [0]
 
             def search():
                 try:
@@ -91,16 +102,31 @@ class ConcurrentIndexing(unittest.TestCase):
             self.assertFalse(any(t.is_alive() for t in threads))
             self.assertEqual(errors, [])
             self.assertGreater(len(seen), 0)
+            # a race needs both writers: doveadm index ran while
+            # deliveries (and their autoindexing) went on
+            self.assertGreater(index_runs[0], 1)
+            print("index runs %d, searches %d" % (index_runs[0], len(seen)),
+                  file=sys.stderr)
 
             dc.doveadm("index", "-u", "u", "INBOX")
+            if "fts_casidx_merge_segments" in settings:
+                segs = [f for root, _, files in os.walk(dc.home("u"))
+                        for f in files if f.endswith(".cxs")]
+                self.assertTrue(0 < len(segs) <= 2, segs)
             imap = dc.imap_login("u")
             imap.select("INBOX", readonly=True)
             typ, data = imap.uid("SEARCH", "BODY", COMMON)
             self.assertEqual(len(data[0].split()), COUNT)
-            for i in (0, 1, COUNT // 2, COUNT - 1):
+            # every one: a doc id mapped to the wrong UID across
+            # segments shows up as a marker hitting another mail
+            for i in range(COUNT):
                 typ, data = imap.uid("SEARCH", "BODY", "w%05dq" % i)
+                typ, subj = imap.uid("FETCH", data[0].decode() or "0",
+                                     "BODY.PEEK[HEADER.FIELDS (SUBJECT)]")
                 self.assertEqual(len(data[0].split()), 1,
-                                 "marker w%05dq" % i)
+                                 "marker w%05dq: %r" % (i, data))
+                self.assertIn(b"concurrent %d\r" % i, subj[0][1],
+                              "marker w%05dq" % i)
             imap.logout()
 
 

@@ -20,6 +20,14 @@ B64_RUN_RE = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
 IDENT_RUN_RE = re.compile(r"[A-Za-z]+[0-9]*(?:[-_][A-Za-z]+[0-9]*)*")
 N_CORPUS = int(os.environ.get("CASIDX_E2E_MESSAGES", "300"))
 USER = "user1"
+# The oracle and the FTS runs are different Dovecot instances. LMTP's
+# Received header carries the instance's session id (random, the same
+# for every message of one connection) and the delivery time, and TEXT
+# searches headers: a 3-letter TEXT query that happens to occur in one
+# instance's id (TEXT "Sam" in "...SaMx...") matches every message there
+# and none in the other. So the oracle runs deliver without it.
+NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
+LMTP_ID_RE = re.compile(r"with LMTP\s+id ([A-Za-z0-9+/]+)")
 
 EXTRA = [
     "From: Jürgen Müller <juergen@example.de>\r\n"
@@ -191,13 +199,38 @@ def casidx_dirs(dc):
     return found
 
 
+def index_state(dc):
+    """What a failed comparison needs to be explained: the index files
+    (segments, manifest) and the LMTP ids the mails carry."""
+    lines = []
+    for d in casidx_dirs(dc):
+        for f in sorted(os.listdir(d)):
+            st = os.stat(os.path.join(d, f))
+            lines.append("  %s/%s %d bytes" % (d, f, st.st_size))
+        # plaintext (doc/casidx-format.md "Manifest"): segment ids,
+        # UID ranges, generation
+        with open(os.path.join(d, "manifest"), "rb") as f:
+            lines.append("  manifest: %s" % f.read().hex())
+    imap = dc.imap_login(USER)
+    try:
+        imap.select("INBOX", readonly=True)
+        typ, data = imap.uid("FETCH", "1:*",
+                             "BODY.PEEK[HEADER.FIELDS (RECEIVED)]")
+        ids = {m.group(1) for item in data if isinstance(item, tuple)
+               for m in LMTP_ID_RE.finditer(item[1].decode("latin-1"))}
+    finally:
+        imap.logout()
+    lines.append("  LMTP ids in INBOX headers: %r" % sorted(ids))
+    return "index state:\n" + "\n".join(lines)
+
+
 class FtsCasidxSearch(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         cls.messages = corpus_messages()
         with Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=[]) as dc:
+                     mail_plugins=[], extra_conf=NO_LMTP_RECEIVED) as dc:
             dc.lmtp_deliver_many(USER, cls.messages)
             cls.oracle = run_queries(dc)
             imap = dc.imap_login(USER)
@@ -213,7 +246,8 @@ class FtsCasidxSearch(unittest.TestCase):
                        mail_plugins=["fts", "fts_casidx"],
                        plugin_settings={"fts": "casidx",
                                         "fts_autoindex": "yes",
-                                        "fts_enforced": "yes"})
+                                        "fts_enforced": "yes"},
+                       extra_conf=NO_LMTP_RECEIVED)
 
     def invisible_to_fts(self, uid, criteria):
         """True if criteria's value occurs in message uid only where
@@ -259,7 +293,7 @@ class FtsCasidxSearch(unittest.TestCase):
                         return False
         return True
 
-    def assert_same(self, got, expected, what):
+    def assert_same(self, got, expected, what, dc=None):
         diffs = []
         for q, uids in expected.items():
             only_fts = sorted(set(got[q]) - set(uids))
@@ -276,6 +310,8 @@ class FtsCasidxSearch(unittest.TestCase):
                              "only oracle %r"
                              % (what, q, len(got[q]), len(uids),
                                 only_fts[:10], only_oracle[:10]))
+        if diffs and dc is not None:
+            diffs.append(index_state(dc))
         self.assertEqual(diffs, [], "\n".join(diffs))
 
     def test_search_equals_oracle(self):
@@ -304,7 +340,7 @@ class FtsCasidxSearch(unittest.TestCase):
                              self.oracle[("BODY", "usrp")])
             imap.logout()
 
-            self.assert_same(run_queries(dc), self.oracle, "indexed")
+            self.assert_same(run_queries(dc), self.oracle, "indexed", dc)
 
             imap = dc.imap_login(USER)
             imap.select("INBOX")
@@ -335,7 +371,8 @@ class FtsCasidxSearch(unittest.TestCase):
                      plugin_settings={"fts": "casidx",
                                       "fts_enforced": "yes",
                                       "fts_casidx_memory_budget": "1M",
-                                      "fts_casidx_merge_segments": "2"})
+                                      "fts_casidx_merge_segments": "2"},
+                     extra_conf=NO_LMTP_RECEIVED)
         with dc:
             dc.lmtp_deliver_many(USER, self.messages)
             r = dc.doveadm("-D", "index", "-u", USER, "INBOX")
@@ -349,7 +386,50 @@ class FtsCasidxSearch(unittest.TestCase):
             segs = [f for d in casidx_dirs(dc) for f in os.listdir(d)
                     if f.endswith(".cxs")]
             self.assertLessEqual(len(segs), 2, segs)
-            self.assert_same(run_queries(dc), self.oracle, "budget")
+            self.assert_same(run_queries(dc), self.oracle, "budget", dc)
+
+    def test_lmtp_id_matches_every_mail_of_its_instance(self):
+        """Why the oracle runs deliver without LMTP's Received header: a
+        TEXT query for a piece of the instance's LMTP session id matches
+        every message delivered over that connection, in casidx and in
+        Dovecot without FTS alike (the answer is right), and the id
+        differs between instances. Also checks that NO_LMTP_RECEIVED
+        takes effect, so the other tests' comparisons are sound."""
+        n = 40
+        with Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx",
+                                      "fts_enforced": "yes"}) as dc:
+            dc.lmtp_deliver_many(USER, self.messages[:n])
+            dc.doveadm("index", "-u", USER, "INBOX")
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            typ, data = imap.uid("FETCH", "1",
+                                 "BODY.PEEK[HEADER.FIELDS (RECEIVED)]")
+            m = LMTP_ID_RE.search(data[0][1].decode("latin-1"))
+            self.assertIsNotNone(m, data)
+            lmtp_id = m.group(1)
+            piece = next(lmtp_id[i:i + 3] for i in range(len(lmtp_id) - 2)
+                         if lmtp_id[i:i + 3].isalnum()).lower()
+            fts = uid_search(imap, ["TEXT", piece])
+            imap.logout()
+            self.assertEqual(fts, list(range(1, n + 1)), (lmtp_id, piece))
+            # the same mails searched by Dovecot itself, without FTS
+            r = dc.doveadm("-o", "mail_plugins=", "search", "-u", USER,
+                           "mailbox", "INBOX", "text", piece)
+            plain = sorted(int(line.split()[1])
+                           for line in r.stdout.splitlines())
+            self.assertEqual(plain, fts, (lmtp_id, piece))
+        with self.fts_dovecot() as dc:
+            dc.lmtp_deliver_many(USER, self.messages[:1])
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            typ, data = imap.uid("FETCH", "1",
+                                 "BODY.PEEK[HEADER.FIELDS (RECEIVED)]")
+            imap.logout()
+            hdr = data[0][1].decode("latin-1")
+            self.assertIsNone(LMTP_ID_RE.search(hdr), hdr)
+            self.assertNotIn(lmtp_id, hdr)
 
     def test_virtual_mailbox(self):
         """A virtual mailbox over INBOX is searched through the backend
@@ -361,7 +441,7 @@ class FtsCasidxSearch(unittest.TestCase):
                      mail_plugins=["fts", "fts_casidx", "virtual"],
                      plugin_settings={"fts": "casidx",
                                       "fts_enforced": "yes"},
-                     extra_conf=extra) as dc:
+                     extra_conf=extra + NO_LMTP_RECEIVED) as dc:
             dc.lmtp_deliver_many(USER, self.messages)
             dc.doveadm("index", "-u", USER, "INBOX")
             vdir = os.path.join(dc.home(USER), "virtual", "All")
