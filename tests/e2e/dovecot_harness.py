@@ -35,6 +35,7 @@ import smtplib
 import socket
 import subprocess
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP_SRCDIR = os.environ.get("CASBOX_TOP_SRCDIR",
@@ -471,6 +472,19 @@ plugin {{
 
     def log_lines(self):
         return self.log_text().splitlines()
+
+    def wait_log(self, regex, timeout=60):
+        """The first match of regex in the log, waiting for it: mail
+        processes hand their lines to Dovecot's log process, which
+        writes them a moment after the IMAP reply the test has already
+        read. Returns None if the line never comes within timeout."""
+        pattern = re.compile(regex)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = pattern.search(self.log_text())
+            if m is not None or time.monotonic() > deadline:
+                return m
+            time.sleep(0.02)
 
     def log_problems(self):
         return [line for line in self.log_lines()

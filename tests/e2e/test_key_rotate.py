@@ -312,7 +312,7 @@ class KeyRotateTest(unittest.TestCase):
             # cannot be read: the log below says why
             pass
         pattern = r"wrapped by another key \(key id %08x" % new_id
-        self.assertIsNotNone(re.search(pattern, dc.log_text()),
+        self.assertIsNotNone(dc.wait_log(pattern),
                              "no clear error for the old key file")
         os.rename(saved, key_path)
         imap = dc.imap_login("user1")
