@@ -398,6 +398,63 @@ START_TEST(test_unreferenced_damage_and_tail)
 }
 END_TEST
 
+/* A writer killed between writing a frame's body and its header leaves
+   a frame with an all-zero header; the next writer appends after it. The
+   census counts it as dead bytes, not damage, wherever it is; the same
+   bytes with a header that was written and then damaged are damage. */
+START_TEST(test_unfinished_append_mid_pack)
+{
+	static const unsigned char body[150] = { 0x51, 0x52, 0x53 };
+	const char *m4[] = { "part E, appended after the torn frame\r\n", NULL };
+	struct damage_log log = { 0, "" };
+	struct casbox_census *census;
+	struct casbox_store *store;
+	struct casbox_admin *adm;
+	const char *error = NULL;
+	uint64_t dead;
+	off_t end;
+	int fd;
+
+	build_store(FALSE);
+	adm = adm_open();
+	census = census_full(adm, &log);
+	dead = census_dead(census);
+	casbox_census_free(&census);
+	/* the torn frame: a hole where the header goes, then its body */
+	fd = open(casbox_admin_pack_path(adm, 1), O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	end = lseek(fd, 0, SEEK_END);
+	ck_assert_int_gt(end, 0);
+	ck_assert_int_eq(pwrite(fd, body, sizeof(body), end + 68),
+			 (ssize_t)sizeof(body));
+	casbox_admin_close(&adm);
+
+	if (casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
+			      FILE_LOCK_METHOD_FCNTL, &store, &error) < 0 ||
+	    casbox_store_open_keys(store, &error) < 0)
+		ck_abort_msg("store open: %s", error);
+	add_msg(store, 4, m4);
+	casbox_store_close(&store);
+
+	adm = adm_open();
+	census = census_full(adm, &log);
+	ck_assert_msg(log.count == 0, "%s", log.last_cause);
+	ck_assert_uint_eq(census->messages, 4);
+	ck_assert_uint_eq(census_dead(census), dead + 68 + sizeof(body));
+	casbox_census_free(&census);
+
+	/* a header byte that is not zero: damage, reported */
+	ck_assert_int_eq(pwrite(fd, "\x01", 1, end + 10), 1);
+	i_close_fd(&fd);
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 1);
+	ck_assert_ptr_nonnull(strstr(log.last_cause,
+				     "no blob record points to"));
+	casbox_census_free(&census);
+	casbox_admin_close(&adm);
+}
+END_TEST
+
 /* A quarantine record round-trips, the census sees it on its blob, the
    store finds it for exactly the messages using that blob, the frame
    copy holds the frame's bytes, and a malformed record is refused. */
@@ -511,6 +568,7 @@ int main(void)
 	tcase_add_test(tc, test_flipped_byte_hits_one_blob);
 	tcase_add_test(tc, test_malformed_and_drift);
 	tcase_add_test(tc, test_unreferenced_damage_and_tail);
+	tcase_add_test(tc, test_unfinished_append_mid_pack);
 	tcase_add_test(tc, test_quarantine);
 	tcase_add_test(tc, test_no_store);
 	suite_add_tcase(s, tc);

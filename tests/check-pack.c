@@ -542,7 +542,8 @@ START_TEST(test_rotation)
 END_TEST
 
 struct scan_result {
-	unsigned int intact, damaged;
+	/* unfinished: damaged ones a crashed append left (zero header) */
+	unsigned int intact, damaged, unfinished;
 	bool found[8];
 };
 
@@ -559,8 +560,11 @@ scan_all(struct casbox_pack_store *store, const struct cas_blob_id *ids,
 	while (casbox_pack_scan_next(scan, &info)) {
 		if (info.damage != NULL) {
 			res_r->damaged++;
+			if (info.unfinished)
+				res_r->unfinished++;
 			continue;
 		}
+		ck_assert(!info.unfinished);
 		res_r->intact++;
 		for (i = 0; i < count; i++) {
 			if (memcmp(info.id.id, ids[i].id,
@@ -594,6 +598,8 @@ START_TEST(test_scan_resync)
 	scan_all(store, ids, 5, &res);
 	ck_assert_uint_eq(res.intact, 4);
 	ck_assert_uint_eq(res.damaged, 1);
+	/* a damaged header is damage, not a crashed append */
+	ck_assert_uint_eq(res.unfinished, 0);
 	ck_assert(res.found[0] && !res.found[1] && res.found[2] &&
 		  res.found[3] && res.found[4]);
 	pack_poke(&recs[1], 10, 0xff, &old);
@@ -873,9 +879,12 @@ START_TEST(test_crash_without_commit)
 	scan_all(store, ids, 2, &res);
 	ck_assert(res.found[0] && res.found[1]);
 	/* the uncommitted but complete frame is intact garbage for gc; the
-	   torn bytes are reported as damage */
+	   torn bytes are reported as damage, marked as an append that was
+	   never finished (its header was never written) even though a later
+	   append follows it */
 	ck_assert_uint_eq(res.intact, 3);
 	ck_assert_uint_eq(res.damaged, 1);
+	ck_assert_uint_eq(res.unfinished, 1);
 	buffer_free(&blobs[0]);
 	buffer_free(&blobs[1]);
 	casbox_pack_store_close(&store);

@@ -177,6 +177,10 @@ static void frompacks_frame(struct casbox_frompacks *fp,
 	struct casbox_frompacks_blob *blob;
 	struct casbox_frompacks_frame *frame;
 
+	if (info->damage != NULL && info->unfinished) {
+		/* a crashed writer's append: never acknowledged */
+		return;
+	}
 	if (info->damage != NULL) {
 		i_warning("casbox rebuild --from-packs: pack %u offset %"
 			  PRIu64": damaged frame (%u bytes): %s",

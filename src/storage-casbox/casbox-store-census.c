@@ -329,9 +329,11 @@ casbox_census_frame(struct casbox_store *store, struct casbox_census *census,
 			info->offset, info->damage);
 		return;
 	}
-	if (pack == NULL || info->offset + info->frame_size >= pack->size) {
-		/* the tail of a pack that no record points to: an append
-		   in progress (or a crashed one); nothing is lost */
+	if (pack == NULL || info->offset + info->frame_size >= pack->size ||
+	    info->unfinished) {
+		/* the tail of a pack that no record points to (an append in
+		   progress), or an append a crashed writer never finished:
+		   nothing is lost, gc reclaims it */
 		return;
 	}
 	casbox_census_damage(damage, context, "-", 0,

@@ -200,6 +200,17 @@ casbox_pack_scan_meta(struct casbox_pack_scan *scan,
 	return TRUE;
 }
 
+static bool casbox_pack_scan_is_zero(const unsigned char *p, size_t size)
+{
+	size_t i;
+
+	for (i = 0; i < size; i++) {
+		if (p[i] != 0)
+			return FALSE;
+	}
+	return TRUE;
+}
+
 static void
 casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 		       struct casbox_pack_frame_info *info_r)
@@ -242,6 +253,9 @@ casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 			return;
 		}
 	}
+	/* the smaller (meta) header: a torn blob frame is zero there too */
+	info_r->unfinished = ret >= CASBOX_META_HEADER_SIZE &&
+		casbox_pack_scan_is_zero(buf, CASBOX_META_HEADER_SIZE);
 	next = casbox_pack_scan_resync(scan, scan->offset + 1);
 	info_r->frame_size = I_MIN(next - scan->offset, UINT32_MAX);
 	scan->damage = i_strdup(damage);

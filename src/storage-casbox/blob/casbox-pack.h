@@ -233,6 +233,11 @@ struct casbox_pack_frame_info {
 	uint32_t dict_id;
 	/* NULL if the frame is intact, else why not */
 	const char *damage;
+	/* damaged because it was never finished: its header is all zero,
+	   and writers write every header last, so this is what a writer
+	   killed during an append leaves (never acknowledged data). Later
+	   appends go after it, so it need not be a pack's tail. */
+	bool unfinished;
 };
 struct casbox_pack_scan *casbox_pack_scan_init(struct casbox_pack_store *store);
 bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
