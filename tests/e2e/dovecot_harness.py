@@ -88,6 +88,28 @@ def corpus_files(folder, limit=None, step=1):
     return paths if limit is None else paths[:limit]
 
 
+def ok(typ_data):
+    """The data of an imaplib reply, failing the test unless it is OK."""
+    typ, data = typ_data
+    if typ != "OK":
+        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
+    return data
+
+
+def crlf(data):
+    """What IMAP gives back for saved bytes: every line ends in CRLF."""
+    return re.sub(rb"\r?\n", b"\r\n", data)
+
+
+def load(paths):
+    """The bytes of each file in paths (corpus messages), in order."""
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
@@ -26,13 +26,6 @@ def packs_size(root):
     d = os.path.join(root, "packs")
     return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)
                if n.startswith("pack-"))
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def digest(data):

@@ -28,7 +28,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok, load, crlf  # noqa: E402
 
 SETTINGS = {
     "casbox_key_file": "%h/casbox.ukey",
@@ -43,25 +43,6 @@ MARKER_BODY = b"password-mode-canary-V7KQ-body-line"
 MARKER_MSG = (b"From: a@example.com\r\nSubject: " + MARKER_SUBJECT +
               b"\r\nMessage-ID: <canary@example.com>\r\n\r\n" +
               MARKER_BODY + b"\r\n")
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
-
-
-def load(paths):
-    out = []
-    for path in paths:
-        with open(path, "rb") as f:
-            out.append(f.read())
-    return out
-
-
-def crlf(data):
-    return re.sub(rb"\r?\n", b"\r\n", data)
 
 
 def delivered_tail(msg):

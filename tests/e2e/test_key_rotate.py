@@ -24,28 +24,13 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok, load  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
 BATCH = 8
 BATCH_RE = re.compile(r"casbox key rotate: user1: batch (\d+): (\d+) "
                       r"rewrapped, (\d+) in total")
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
-
-
-def load(paths):
-    out = []
-    for path in paths:
-        with open(path, "rb") as f:
-            out.append(f.read())
-    return out
 
 
 def kdf_key_id(root):

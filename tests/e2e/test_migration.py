@@ -28,7 +28,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok, load  # noqa: E402
 import mailbox_dump  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
@@ -103,21 +103,6 @@ class Instance(Dovecot):
 
     def dsync_url(self):
         return "tcp:127.0.0.1:%d" % self.doveadm_port
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
-
-
-def load(paths):
-    out = []
-    for path in paths:
-        with open(path, "rb") as f:
-            out.append(f.read())
-    return out
 
 
 def fill(dc, user=USER):

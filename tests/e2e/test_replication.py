@@ -28,7 +28,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (DOVECOT, Dovecot, corpus_files,  # noqa: E402
-                             ensure_test_user)
+                             ensure_test_user, ok)
 import mailbox_dump  # noqa: E402
 from test_migration import (DSYNC_PW, FORMATS, KEYS,  # noqa: E402
                             Instance, next_second, quiet_port,
@@ -56,13 +56,6 @@ class Server(Instance):
         if res.returncode != 0:
             raise AssertionError("restart failed: %s" % text)
         self.master_pid = self._find_master()
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 _corpus = None

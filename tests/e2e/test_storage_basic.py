@@ -10,7 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot  # noqa: E402
+from dovecot_harness import Dovecot, ok, crlf  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 
@@ -23,18 +23,6 @@ def storage_dump(dc):
     root = os.path.join(dc.home("user1"), "casbox")
     return subprocess.run([exe, root], user=dc.uid, group=dc.gid,
                           capture_output=True, text=True)
-
-
-def crlf(data):
-    """What IMAP gives back for saved bytes: every line ends in CRLF."""
-    return re.sub(rb"\r?\n", b"\r\n", data)
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def mailbox_names(imap):

@@ -10,7 +10,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok, load, crlf  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 # LMTP's Received header carries a session id and time: leave it out so
@@ -18,25 +18,6 @@ KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
 DATE = '"14-Nov-2023 22:13:20 +0100"'
 ITEMS = "(RFC822.SIZE INTERNALDATE BODYSTRUCTURE BODY.PEEK[])"
-
-
-def crlf(data):
-    return re.sub(rb"\r?\n", b"\r\n", data)
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
-
-
-def load(paths):
-    out = []
-    for path in paths:
-        with open(path, "rb") as f:
-            out.append(f.read())
-    return out
 
 
 def fill(dc, lmtp_msgs, append_msgs):

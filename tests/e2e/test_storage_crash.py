@@ -15,7 +15,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok, crlf  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
@@ -39,17 +39,6 @@ def storage_dump(dc):
     root = os.path.join(dc.home("user1"), "casbox")
     return subprocess.run([exe, root], user=dc.uid, group=dc.gid,
                           capture_output=True, text=True)
-
-
-def crlf(data):
-    return re.sub(rb"\r?\n", b"\r\n", data)
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def check_mailbox(test, imap, box, msgs):

@@ -17,7 +17,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot  # noqa: E402
+from dovecot_harness import Dovecot, ok  # noqa: E402
 import test_storage_orphans as orphans  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
@@ -48,13 +48,6 @@ def msg(n, size=3000):
     return (b"From: a@example.com\r\nTo: user1@example.com\r\n"
             b"Subject: enospc %d\r\nMessage-ID: <%d@enospc>\r\n\r\n"
             % (n, n) + body.replace(b"\n", b"\r\n"))
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def storage_dump(dc):

@@ -22,7 +22,7 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot  # noqa: E402
+from dovecot_harness import Dovecot, ok  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 # one LMTP process, so the traced one is the one serving the session
@@ -48,13 +48,6 @@ def storage_dump(dc):
 def record_uids(dump):
     return sorted(int(m.group(1)) for m in
                   re.finditer(r"^m \S+ (\d+) ", dump, re.M))
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def proc_state(pid):

@@ -21,18 +21,11 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CHUNK = 65536
 DECODED_RE = re.compile(r"casbox: uid=(\d+): decoded (\d+) chunks")
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def big_message(att_size):

@@ -21,7 +21,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 META_CONF = ("imap_metadata = yes\n"
@@ -30,13 +30,6 @@ CONF = ("lmtp_add_received_header = no\n"
         "protocol imap {\n  mail_plugins = $mail_plugins imap_quota\n}\n"
         + META_CONF)
 LIMIT_KB = 600
-
-
-def ok(typ_data):
-    typ, data = typ_data
-    if typ != "OK":
-        raise AssertionError("IMAP command failed: %r %r" % (typ, data))
-    return data
 
 
 def quota_settings(backend):
