@@ -1030,6 +1030,11 @@ static int index_commit(struct casidx_index *index,
 			manifest_reset_uids(&m);
 		m.uid_validity = uid_validity;
 	}
+	/* Another process (indexer-worker vs. doveadm index) may have
+	   indexed the same mails while we built ours: a UID is indexed
+	   once, or its terms would count twice in BM25 and in merges. */
+	if (builder != NULL)
+		casidx_builder_drop_upto(builder, m.last_uid);
 	if (builder != NULL && casidx_builder_doc_count(builder) > 0) {
 		id = m.next_seg_id++;
 		ret = index_seg_write(index, id, builder, error_r);

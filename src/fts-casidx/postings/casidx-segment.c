@@ -327,6 +327,42 @@ uint32_t casidx_builder_max_uid(const struct casidx_builder *builder)
 	return builder->max_uid;
 }
 
+void casidx_builder_drop_upto(struct casidx_builder *builder, uint32_t uid)
+{
+	struct hash_iterate_context *iter;
+	struct builder_term *term;
+	struct builder_doc *docs;
+	unsigned int i, n, count;
+	char *key;
+
+	docs = array_get_modifiable(&builder->docs, &count);
+	for (i = n = 0; i < count; i++) {
+		if (docs[i].uid > uid)
+			docs[n++] = docs[i];
+	}
+	if (n == count)
+		return;
+	array_delete(&builder->docs, n, count - n);
+	builder->max_uid = 0;
+	for (i = 0; i < n; i++)
+		builder->max_uid = I_MAX(builder->max_uid, docs[i].uid);
+
+	/* emptied terms stay in the table (their key lives in the pool);
+	   the dictionary writer skips them */
+	iter = hash_table_iterate_init(builder->terms);
+	while (hash_table_iterate(iter, builder->terms, &key, &term)) {
+		for (i = n = 0; i < term->count; i++) {
+			if (term->pairs[i * 2] <= uid)
+				continue;
+			term->pairs[n * 2] = term->pairs[i * 2];
+			term->pairs[n * 2 + 1] = term->pairs[i * 2 + 1];
+			n++;
+		}
+		term->count = n;
+	}
+	hash_table_iterate_deinit(&iter);
+}
+
 static int pair_cmp(const uint32_t *a, const uint32_t *b)
 {
 	return a[0] < b[0] ? -1 : (a[0] > b[0] ? 1 : 0);
@@ -535,7 +571,8 @@ builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
 	iter = hash_table_iterate_init(builder->terms);
 	while (hash_table_iterate(iter, builder->terms, &key, &term)) {
 		builder_term_normalize(term);
-		array_push_back(&sorted, &term);
+		if (term->count > 0)
+			array_push_back(&sorted, &term);
 	}
 	hash_table_iterate_deinit(&iter);
 	array_sort(&sorted, term_ptr_cmp);

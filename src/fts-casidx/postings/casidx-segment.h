@@ -75,6 +75,9 @@ size_t casidx_builder_memory_used(const struct casidx_builder *builder);
 unsigned int casidx_builder_doc_count(const struct casidx_builder *builder);
 /* Highest UID added, 0 if none. */
 uint32_t casidx_builder_max_uid(const struct casidx_builder *builder);
+/* Forget every document with UID <= uid and its postings (a concurrent
+   writer indexed them first). */
+void casidx_builder_drop_upto(struct casidx_builder *builder, uint32_t uid);
 /* Serialize the segment into output. */
 void casidx_builder_serialize(struct casidx_builder *builder,
 			      buffer_t *output);
