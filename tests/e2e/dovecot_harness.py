@@ -34,6 +34,7 @@ import signal
 import smtplib
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -199,6 +200,13 @@ class Dovecot:
         try:
             self.stop()
             problems = self.log_problems()
+            if exc_type is not None:
+                # the test failed: its log is all CI keeps of Dovecot
+                lines = self.log_lines()[-40:]
+                sys.stderr.write("---- Dovecot log (last %d lines) ----\n"
+                                 % len(lines))
+                sys.stderr.write("".join("  %s\n" % line.rstrip("\n")
+                                         for line in lines))
         finally:
             if not self.keep_tmp and self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
