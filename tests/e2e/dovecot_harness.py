@@ -516,6 +516,17 @@ plugin {{
                 return m
             time.sleep(0.02)
 
+    def wait_log_count(self, regex, count, timeout=60):
+        """Wait until regex matches at least count log lines; returns
+        how many match (fewer only when timeout passed)."""
+        pattern = re.compile(regex)
+        deadline = time.monotonic() + timeout
+        while True:
+            n = sum(1 for line in self.log_lines() if pattern.search(line))
+            if n >= count or time.monotonic() > deadline:
+                return n
+            time.sleep(0.02)
+
     def log_problems(self):
         return [line for line in self.log_lines()
                 if LOG_PROBLEM_RE.search(line)

@@ -189,8 +189,7 @@ class FtsEncryptTest(unittest.TestCase):
             self.assertEqual(uid_search(imap, ["BODY", "plumbiferous"]),
                              [self.marker_uid])
             imap.logout()
-            self.assertTrue(any("authentication failed" in line
-                                for line in dc.log_lines()))
+            self.assertIsNotNone(dc.wait_log(r"authentication failed"))
             dc.doveadm("index", "-u", USER, "INBOX")
             r = dc.doveadm("fts", "lookup", "-u", USER, "mailbox", "INBOX",
                            "from", "zabriskie")

@@ -483,8 +483,7 @@ class FtsCasidxSearch(unittest.TestCase):
                 f.seek(-1, os.SEEK_CUR)
                 f.write(bytes([b[0] ^ 0x10]))
             self.assert_same(run_queries(dc), self.oracle, "corrupted")
-            self.assertTrue(any("rebuilding the index" in line
-                                for line in dc.log_lines()))
+            self.assertIsNotNone(dc.wait_log(r"rebuilding the index"))
             dc.doveadm("index", "-u", USER, "INBOX")
             r = dc.doveadm("fts", "lookup", "-u", USER,
                            "mailbox", "INBOX", "body", "firmware")
@@ -506,8 +505,7 @@ class FtsCasidxSearch(unittest.TestCase):
                                  [u for u in self.oracle[tuple(q)]
                                   if u <= 40], q)
             imap.logout()
-            self.assertTrue(any("UIDVALIDITY changed" in line
-                                for line in dc.log_lines()))
+            self.assertIsNotNone(dc.wait_log(r"UIDVALIDITY changed"))
 
     def test_new_mail_is_searchable(self):
         with self.fts_dovecot() as dc:

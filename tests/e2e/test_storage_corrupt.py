@@ -83,9 +83,9 @@ class StorageCorruptTest(unittest.TestCase):
             self.assertTrue(fetch_body(dc, 1).endswith(msg(1)[-40:]))
             self.assertTrue(fetch_body(dc, 3).endswith(msg(3)[-40:]))
             self.assertIsNone(fetch_body(dc, 2))
-            errors = [ln for ln in dc.log_lines() if ": Error: " in ln]
-            self.assertTrue(any("uid=2" in ln or "UID=2" in ln
-                                for ln in errors), errors)
+            self.assertIsNotNone(
+                dc.wait_log(r": Error: .*(uid|UID)=2\b"),
+                [ln for ln in dc.log_lines() if ": Error: " in ln])
 
 
 if __name__ == "__main__":

@@ -147,8 +147,7 @@ class EnospcTest(unittest.TestCase):
                 lmtp.sendmail("s@example.com", ["user1"], msg(101, 1 << 21))
             # quota_full_tempfail = no (default): 552 5.2.2
             self.assertEqual(cm.exception.smtp_code, 552, cm.exception)
-        self.assertTrue(any("No space left on device" in line
-                            for line in dc.log_lines()))
+        self.assertIsNotNone(dc.wait_log(r"No space left on device"))
 
         # nothing of the failed saves is visible, earlier mail intact
         ok(imap.noop())

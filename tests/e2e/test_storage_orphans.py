@@ -143,9 +143,10 @@ class OrphanRecordTest(unittest.TestCase):
             res = storage_dump(dc)
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
             self.assertEqual(record_uids(res.stdout), [1, 2])
-            self.assertEqual(len(re.findall(
-                r"Released 1 message records at or above next UID 3 "
-                r"\(UIDs 3\.\.3\)", dc.log_text())), 1)
+            released = (r"Released 1 message records at or above next "
+                        r"UID 3 \(UIDs 3\.\.3\)")
+            self.assertIsNotNone(dc.wait_log(released))
+            self.assertEqual(len(re.findall(released, dc.log_text())), 1)
 
             # the UID was never shown to anyone: the next save takes it
             dc.lmtp_deliver("user1", msg(4))
@@ -218,8 +219,9 @@ class OrphanRecordTest(unittest.TestCase):
             self.assertEqual(result, {"refused": {}})
             # SELECT waited for the lock, so it saw the save committed
             self.assertEqual(selected, {"exists": 2})
-            self.assertIn("Records at or above next UID 2: syncing under "
-                          "the index lock", dc.log_text())
+            self.assertIsNotNone(dc.wait_log(
+                r"Records at or above next UID 2: syncing under "
+                r"the index lock"))
             self.assertNotIn("Released", dc.log_text())
             data = ok(imap.uid("FETCH", "2", "BODY.PEEK[]"))
             self.assertTrue(data[0][1].endswith(msg(2)[-200:]))

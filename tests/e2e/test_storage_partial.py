@@ -119,11 +119,20 @@ class DecodeCounter:
     def __init__(self, dc, imap):
         self.dc, self.imap = dc, imap
 
+    # logged by the SELECT after the fetch, behind the decode line: the
+    # log service writes one process's lines in order, so once this one
+    # is in the file the fetch's decode line is too
+    OPENED_RE = r"imap\(user1\).*: Mailbox INBOX: Mailbox opened"
+
     def fetch(self, uid, items):
         before = len(self.dc.log_lines())
+        opened = self.dc.wait_log_count(self.OPENED_RE, 0)
         data = ok(self.imap.uid("FETCH", str(uid), items))
         # the mail is closed when the next command selects again
         ok(self.imap.select("INBOX"))
+        if self.dc.wait_log_count(self.OPENED_RE, opened + 1) <= opened:
+            raise AssertionError("SELECT after FETCH %s never logged"
+                                 % items)
         lines = self.dc.log_lines()[before:]
         counts = [int(m.group(2)) for m in map(DECODED_RE.search, lines)
                   if m and int(m.group(1)) == uid]
