@@ -23,10 +23,14 @@
 #include "doveadm-casbox-frompacks.h"
 
 #include <check.h>
+#include <dirent.h>
+#include <signal.h>
+#include <string.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sodium.h>
 
 static char test_dir[] = "/tmp/check-doveadm-frompacks.XXXXXX";
@@ -336,6 +340,84 @@ static void damage_first_frame(void)
 	ck_assert_int_eq(pwrite(fd, &c, 1, 20 + 68 + 3), 1);
 	ck_assert_int_eq(close(fd), 0);
 }
+
+/* lsm.broken-* directories in the store root */
+static unsigned int broken_lsm_count(void)
+{
+	struct dirent *d;
+	unsigned int n = 0;
+	DIR *dir = opendir(root);
+
+	ck_assert_ptr_nonnull(dir);
+	while ((d = readdir(dir)) != NULL) {
+		if (strncmp(d->d_name, "lsm.broken", 10) == 0)
+			n++;
+	}
+	(void)closedir(dir);
+	return n;
+}
+
+/* Another process holds the old LSM's write lock (a save in progress):
+   the rebuild gives up and leaves everything in place instead of moving
+   the LSM aside under the writer's feet. */
+START_TEST(test_busy_lsm_is_left_alone)
+{
+	const char *m1[] = { part_a, NULL };
+	struct casbox_store *store = store_open();
+	struct casbox_lsm_settings lsm_set;
+	struct casbox_lsm_batch *batch;
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+	struct casbox_lsm *lsm;
+	const char *error, *msgs;
+	int fds[2], status;
+	char c;
+	pid_t pid;
+
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	casbox_store_close(&store);
+	msgs = lsm_dump(CASBOX_KEY_MESSAGE);
+
+	ck_assert_int_eq(pipe(fds), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		i_zero(&lsm_set);
+		lsm_set.dir = t_strconcat(root, "/lsm", NULL);
+		lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
+		if (casbox_lsm_open(&lsm_set, &lsm, &error) < 0 ||
+		    casbox_lsm_batch_begin(lsm, &batch, &error) < 0)
+			_exit(1);
+		/* locked: tell the parent, then hold it until killed */
+		if (write(fds[1], "L", 1) != 1)
+			_exit(2);
+		for (;;)
+			pause();
+	}
+	ck_assert_int_eq(read(fds[0], &c, 1), 1);
+
+	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
+					FILE_LOCK_METHOD_FCNTL, FALSE,
+					&adm, &error) <= 0 ||
+	    casbox_admin_open_keys(adm, &error) < 0)
+		ck_abort_msg("admin open: %s", error);
+	fp = casbox_frompacks_init(adm);
+	fp->lsm_lock_timeout_secs = 1;
+	ck_assert_int_eq(casbox_frompacks_rebuild_lsm(fp, &error), -1);
+	ck_assert_msg(strstr(error, "is in use") != NULL, "%s", error);
+	ck_assert_ptr_null(fp->moved_to);
+	casbox_frompacks_deinit(&fp);
+	casbox_admin_close(&adm);
+
+	ck_assert_int_eq(kill(pid, SIGKILL), 0);
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	i_close_fd(&fds[0]);
+	i_close_fd(&fds[1]);
+	/* the LSM is where it was, with everything in it */
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
+	ck_assert_uint_eq(broken_lsm_count(), 0);
+}
+END_TEST
 
 START_TEST(test_dek_update_opens_new_frame)
 {
@@ -691,6 +773,7 @@ int main(void)
 		i_fatal("sodium_init() failed");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_records_come_back);
+	tcase_add_test(tc, test_busy_lsm_is_left_alone);
 	tcase_add_test(tc, test_dek_update_opens_new_frame);
 	tcase_add_test(tc, test_no_opening_dek_is_lost);
 	tcase_add_test(tc, test_refused_without_records);

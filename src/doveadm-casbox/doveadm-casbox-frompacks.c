@@ -666,9 +666,19 @@ static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 		set.dir = lsm_dir;
 		set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
 		set.lock_method = fp->adm->lock_method;
-		if (casbox_lsm_open(&set, &fp->old_lsm, &error) < 0 ||
+		set.lock_timeout_secs = fp->lsm_lock_timeout_secs;
+		if (casbox_lsm_open(&set, &fp->old_lsm, &error) > 0 &&
 		    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
-					   &error) < 0) {
+					   &error) < 0 &&
+		    casbox_lsm_lock_timed_out(fp->old_lsm)) {
+			/* busy, not damaged: moving it aside now would
+			   lose what its lock holder is committing */
+			*error_r = t_strdup_printf("old LSM %s is in use: "
+				"%s; nothing changed, try again when the "
+				"store is idle", lsm_dir, error);
+			return -1;
+		}
+		if (fp->old_batch == NULL) {
 			/* damaged: nothing can write through it either */
 			i_warning("casbox rebuild --from-packs: old LSM %s: "
 				  "%s (moving it aside anyway)", lsm_dir,

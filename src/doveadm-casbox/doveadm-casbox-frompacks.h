@@ -65,6 +65,8 @@ struct casbox_frompacks {
 	HASH_TABLE(char *, struct casbox_frompacks_mailbox *) mailboxes;
 	ARRAY(struct casbox_frompacks_mailbox *) mailbox_list;
 
+	/* waiting for the old LSM's write lock (0 = the LSM default) */
+	unsigned int lsm_lock_timeout_secs;
 	struct casbox_lsm *old_lsm;
 	struct casbox_lsm_batch *old_batch;
 	struct casbox_pack_txn *pack_txn;
@@ -83,7 +85,9 @@ struct casbox_frompacks {
    not used (adm->lsm may be NULL). */
 struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm);
 /* Lock, scan, resolve, write the new LSM and move the old one aside.
-   Returns 0 ok, -1 error (then nothing was moved). */
+   Returns 0 ok, -1 error (then nothing was moved), also when another
+   process holds the old LSM's write lock past the timeout: a busy LSM
+   is not a damaged one. */
 int casbox_frompacks_rebuild_lsm(struct casbox_frompacks *fp,
 				 const char **error_r);
 void casbox_frompacks_deinit(struct casbox_frompacks **fp);

@@ -278,6 +278,7 @@ int casbox_lsm_shm_lock(struct casbox_lsm *lsm, const char **error_r)
 		*error_r = t_strdup_printf(
 			"Timeout (%us) while waiting for lock %s",
 			lsm->lock_timeout_secs, lsm->lock_path);
+		lsm->lock_timed_out = TRUE;
 		return -1;
 	}
 	if (ret != 0) {

@@ -36,6 +36,9 @@ struct casbox_lsm {
 	/* at lock time the stamp matched our state: no refresh needed */
 	bool shm_current;
 	bool locked;
+	/* the last lock attempt failed because another process held the
+	   lock past the timeout (not because something is broken) */
+	bool lock_timed_out;
 	/* identity of dir, and the next handle of this process holding
 	   a write lock (see casbox_lsm_lock()) */
 	dev_t dir_dev;

@@ -116,6 +116,7 @@ static int lsm_file_lock(struct casbox_lsm *lsm, const char **error_r)
 		*error_r = t_strdup_printf(
 			"Timeout (%us) while waiting for lock %s",
 			lsm->lock_timeout_secs, lsm->lock_path);
+		lsm->lock_timed_out = TRUE;
 		return -1;
 	}
 	if (ret < 0) {
@@ -130,6 +131,7 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 	int ret;
 
 	i_assert(!lsm->locked);
+	lsm->lock_timed_out = FALSE;
 	if (lsm_lock_check_process(lsm, error_r) < 0)
 		return -1;
 #ifdef LSM_HAVE_SHM
@@ -144,6 +146,11 @@ int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r)
 	lsm->lock_next = lsm_locked_list;
 	lsm_locked_list = lsm;
 	return 0;
+}
+
+bool casbox_lsm_lock_timed_out(const struct casbox_lsm *lsm)
+{
+	return lsm->lock_timed_out;
 }
 
 void casbox_lsm_unlock_state(struct casbox_lsm *lsm, bool current)

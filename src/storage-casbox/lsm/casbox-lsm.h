@@ -72,6 +72,10 @@ int casbox_lsm_get(struct casbox_lsm *lsm, const void *key, size_t key_size,
 int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
 			   struct casbox_lsm_batch **batch_r,
 			   const char **error_r);
+/* After a failed batch_begin(): TRUE if it failed only because another
+   process held the write lock past lock_timeout_secs, i.e. the store is
+   busy, not damaged. */
+bool casbox_lsm_lock_timed_out(const struct casbox_lsm *lsm);
 void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
 			  const void *key, size_t key_size,
 			  const void *value, size_t value_size);
