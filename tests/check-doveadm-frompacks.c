@@ -168,9 +168,9 @@ static void lsm_lose(void)
 		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
 }
 
-static struct casbox_frompacks *rebuild(struct casbox_admin **adm_r)
+/* the store opened as doveadm opens it, ready to rebuild */
+static struct casbox_frompacks *frompacks_open(struct casbox_admin **adm_r)
 {
-	struct casbox_frompacks *fp;
 	const char *error = NULL;
 
 	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
@@ -178,7 +178,14 @@ static struct casbox_frompacks *rebuild(struct casbox_admin **adm_r)
 					adm_r, &error) <= 0 ||
 	    casbox_admin_open_keys(*adm_r, &error) < 0)
 		ck_abort_msg("admin open: %s", error);
-	fp = casbox_frompacks_init(*adm_r);
+	return casbox_frompacks_init(*adm_r);
+}
+
+static struct casbox_frompacks *rebuild(struct casbox_admin **adm_r)
+{
+	struct casbox_frompacks *fp = frompacks_open(adm_r);
+	const char *error = NULL;
+
 	if (casbox_frompacks_rebuild_lsm(fp, &error) < 0)
 		ck_abort_msg("rebuild: %s", error);
 	return fp;
@@ -396,12 +403,7 @@ START_TEST(test_busy_lsm_is_left_alone)
 	}
 	ck_assert_int_eq(read(fds[0], &c, 1), 1);
 
-	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
-					FILE_LOCK_METHOD_FCNTL, FALSE,
-					&adm, &error) <= 0 ||
-	    casbox_admin_open_keys(adm, &error) < 0)
-		ck_abort_msg("admin open: %s", error);
-	fp = casbox_frompacks_init(adm);
+	fp = frompacks_open(&adm);
 	fp->lsm_lock_timeout_secs = 1;
 	ck_assert_int_eq(casbox_frompacks_rebuild_lsm(fp, &error), -1);
 	ck_assert_msg(strstr(error, "is in use") != NULL, "%s", error);
@@ -529,12 +531,7 @@ START_TEST(test_refused_without_records)
 	casbox_store_close(&store);
 	before = lsm_dump(CASBOX_KEY_MESSAGE);
 
-	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
-					FILE_LOCK_METHOD_FCNTL, FALSE,
-					&adm, &error) <= 0 ||
-	    casbox_admin_open_keys(adm, &error) < 0)
-		ck_abort_msg("admin open: %s", error);
-	fp = casbox_frompacks_init(adm);
+	fp = frompacks_open(&adm);
 	ck_assert_int_eq(casbox_frompacks_rebuild_lsm(fp, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "no recovery records"));
 	ck_assert_ptr_null(fp->moved_to);
