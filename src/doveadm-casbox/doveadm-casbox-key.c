@@ -1,4 +1,5 @@
-/* doveadm casbox key init|destroy|rotate|export-public: the user's key file. */
+/* doveadm casbox key init|destroy|rotate|export-public: the user's key
+   file (key password and password-mode init: doveadm-casbox-keypw.c). */
 
 #include "lib.h"
 #include "mkdir-parents.h"
@@ -84,8 +85,10 @@ static int casbox_key_store_has_data(struct casbox_admin *adm, bool *have_r,
 	return 0;
 }
 
-static int casbox_key_init(struct mail_user *user, const char **path_r,
-			   const char **error_r)
+/* Returns 0 ok, -1 error (*exit_code_r set). */
+static int casbox_key_init(struct doveadm_mail_cmd_context *ctx,
+			   struct mail_user *user, const char **path_r,
+			   int *exit_code_r, const char **error_r)
 {
 	struct casbox_settings set;
 	struct cas_key_settings key_set;
@@ -96,6 +99,7 @@ static int casbox_key_init(struct mail_user *user, const char **path_r,
 	struct stat st;
 	int ret;
 
+	*exit_code_r = EX_DATAERR;
 	ret = casbox_admin_open(user, &adm, &error);
 	if (ret < 0) {
 		*error_r = error;
@@ -138,9 +142,12 @@ static int casbox_key_init(struct mail_user *user, const char **path_r,
 			return -1;
 		}
 	}
+	if (set.key_mode == CAS_KEY_MODE_PASSWORD) {
+		/* made with the password, which only stdin can give */
+		return casbox_key_init_userkey(ctx, set.key_file,
+					       exit_code_r, error_r);
+	}
 	casbox_settings_key(&set, &key_set);
-	/* password mode: refused here, the user key file needs the
-	   user's password (made at the first IMAP/POP3 login) */
 	if (cas_keyring_create_mode(&key_set, &keyring, &error) < 0) {
 		*error_r = t_strdup_printf("key file %s: %s", set.key_file,
 					   error);
@@ -155,10 +162,11 @@ cmd_casbox_key_init_run(struct doveadm_mail_cmd_context *ctx,
 			struct mail_user *user)
 {
 	const char *path = "", *error;
+	int exit_code;
 
-	if (casbox_key_init(user, &path, &error) < 0) {
+	if (casbox_key_init(ctx, user, &path, &exit_code, &error) < 0) {
 		i_error("casbox key init: %s", error);
-		ctx->exit_code = EX_DATAERR;
+		ctx->exit_code = exit_code;
 		return -1;
 	}
 	doveadm_print(path);

@@ -87,6 +87,14 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox key password",
+		.mail_cmd = cmd_casbox_key_password_alloc,
+		.usage = "[-u <user>] [-S <socket_path>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox key export-public",
 		.mail_cmd = cmd_casbox_key_export_public_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>]",

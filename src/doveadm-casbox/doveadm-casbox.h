@@ -17,6 +17,8 @@
 struct mail_user;
 struct mailbox_list;
 struct casbox_lsm;
+struct istream;
+struct doveadm_mail_cmd_context;
 
 struct casbox_admin {
 	pool_t pool;
@@ -107,6 +109,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_export_public_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_key_password_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void);
 
 /* rebuild --from-packs (doveadm-casbox-frompacks.c). */
@@ -118,5 +121,45 @@ void casbox_frompacks_init_header(void);
 int casbox_rebuild_mailbox(struct mailbox_list *list, const char *vname,
 			   const char **error_r);
 struct doveadm_mail_cmd_context *cmd_casbox_dict_train_alloc(void);
+
+/* key init in password mode (doveadm-casbox-keypw.c): read the initial
+   password (one line) from stdin and create the user key file at path.
+   Only a local command for one user: with -A, -F, a wildcard or over a
+   doveadm server it fails. Returns 0 ok, -1 error (*exit_code_r set). */
+int casbox_key_init_userkey(struct doveadm_mail_cmd_context *ctx,
+			    const char *path, int *exit_code_r,
+			    const char **error_r);
+
+/* Passwords on a command's input (doveadm-casbox-keyinput.c): the
+   bytes live in sodium_malloc()ed memory, wiped when freed, and are
+   never logged; error strings never quote them. */
+#define CASBOX_KEY_INPUT_MAX 4096
+struct casbox_key_input {
+	unsigned char *data;
+	size_t size;
+};
+/* One line of input, pointing into the input's data: without its
+   "\n" or "\r\n", not NUL-terminated. */
+struct casbox_key_line {
+	const unsigned char *data;
+	size_t size;
+};
+/* Read fd (or stream) to EOF, at most CASBOX_KEY_INPUT_MAX bytes.
+   Returns 0 ok, -1 error (I/O, too long). */
+int casbox_key_input_read_fd(int fd, struct casbox_key_input **input_r,
+			     const char **error_r);
+int casbox_key_input_read_stream(struct istream *stream,
+				 struct casbox_key_input **input_r,
+				 const char **error_r);
+void casbox_key_input_free(struct casbox_key_input **input);
+/* Split the input into exactly count lines (names[i] says what line i
+   is, for errors; NULL-terminated). Each line ends at "\n" (the last
+   one also at the end of input) and loses one trailing "\r". Returns 0
+   ok, -1 no input, fewer or more lines, an empty line or one with a
+   NUL byte. */
+int casbox_key_input_lines(const struct casbox_key_input *input,
+			   const char *const *names,
+			   struct casbox_key_line *lines_r,
+			   unsigned int count, const char **error_r);
 
 #endif
