@@ -7,6 +7,7 @@
 #include "array.h"
 #include "buffer.h"
 #include "istream.h"
+#include "test-common.h"
 #include "str.h"
 #include "unlink-directory.h"
 #include "casbox-lsm.h"
@@ -552,6 +553,134 @@ START_TEST(test_no_store)
 }
 END_TEST
 
+/* key init / key password input (doveadm-casbox-keyinput.c) */
+static struct casbox_key_input *key_input_pipe(const void *data, size_t size,
+					       int expect_ret)
+{
+	struct casbox_key_input *input = NULL;
+	const char *error = NULL;
+	int fds[2];
+
+	ck_assert_int_eq(pipe(fds), 0);
+	ck_assert_int_eq(write(fds[1], data, size), (ssize_t)size);
+	i_close_fd(&fds[1]);
+	ck_assert_int_eq(casbox_key_input_read_fd(fds[0], &input, &error),
+			 expect_ret);
+	i_close_fd(&fds[0]);
+	if (expect_ret < 0) {
+		ck_assert_ptr_null(input);
+		ck_assert_ptr_nonnull(strstr(error, "longer than"));
+	}
+	return input;
+}
+
+static const char *const key_input_names[] = { "old", "new", NULL };
+
+static const struct {
+	const char *data;
+	/* NULL: error expected, which contains error */
+	const char *line1, *line2, *error;
+} key_input_cases[] = {
+	{ "a\nb\n", "a", "b", NULL },
+	{ "a\nb", "a", "b", NULL },
+	{ "a\r\nb\r\n", "a", "b", NULL },
+	/* one "\r" only, and only at the end */
+	{ "a\r\r\nb\rc\n", "a\r", "b\rc", NULL },
+	{ " a \n\tb\n", " a ", "\tb", NULL },
+	{ "", NULL, NULL, "no input" },
+	{ "a\n", NULL, NULL, "1 line(s) of input, expected 2 (old, new)" },
+	{ "a", NULL, NULL, "1 line(s) of input, expected 2" },
+	{ "a\n\n", NULL, NULL, "line 2 (new) is empty" },
+	{ "a\n\r\n", NULL, NULL, "line 2 (new) is empty" },
+	{ "\nb\n", NULL, NULL, "line 1 (old) is empty" },
+	{ "\r\n", NULL, NULL, "line 1 (old) is empty" },
+	{ "a\nb\nc", NULL, NULL, "more than 2 line(s)" },
+	{ "a\nb\n\n", NULL, NULL, "more than 2 line(s)" },
+};
+
+START_TEST(test_key_input_lines)
+{
+	const char *data = key_input_cases[_i].data;
+	struct casbox_key_input *input;
+	struct casbox_key_line lines[2];
+	const char *error = NULL;
+	int ret;
+
+	input = key_input_pipe(data, strlen(data), 0);
+	ck_assert_uint_eq(input->size, strlen(data));
+	ret = casbox_key_input_lines(input, key_input_names, lines, 2,
+				     &error);
+	if (key_input_cases[_i].error != NULL) {
+		ck_assert_int_eq(ret, -1);
+		ck_assert_msg(strstr(error, key_input_cases[_i].error) != NULL,
+			      "case %d: %s", _i, error);
+	} else {
+		ck_assert_int_eq(ret, 0);
+		ck_assert_uint_eq(lines[0].size,
+				  strlen(key_input_cases[_i].line1));
+		ck_assert(memcmp(lines[0].data, key_input_cases[_i].line1,
+				 lines[0].size) == 0);
+		ck_assert_uint_eq(lines[1].size,
+				  strlen(key_input_cases[_i].line2));
+		ck_assert(memcmp(lines[1].data, key_input_cases[_i].line2,
+				 lines[1].size) == 0);
+	}
+	casbox_key_input_free(&input);
+	ck_assert_ptr_null(input);
+}
+END_TEST
+
+START_TEST(test_key_input_limits)
+{
+	static const unsigned char nul_line[] = { 'a', 0, 'b', '\n' };
+	static const char *const one[] = { "password", NULL };
+	unsigned char *big = i_malloc(CASBOX_KEY_INPUT_MAX + 1);
+	struct casbox_key_input *input;
+	struct casbox_key_line line;
+	const char *error = NULL;
+
+	memset(big, 'x', CASBOX_KEY_INPUT_MAX + 1);
+	input = key_input_pipe(big, CASBOX_KEY_INPUT_MAX, 0);
+	ck_assert_int_eq(casbox_key_input_lines(input, one, &line, 1,
+						&error), 0);
+	ck_assert_uint_eq(line.size, CASBOX_KEY_INPUT_MAX);
+	casbox_key_input_free(&input);
+	ck_assert_ptr_null(key_input_pipe(big, CASBOX_KEY_INPUT_MAX + 1, -1));
+	i_free(big);
+
+	/* a passdb password cannot hold a NUL byte */
+	input = key_input_pipe(nul_line, sizeof(nul_line), 0);
+	ck_assert_int_eq(casbox_key_input_lines(input, one, &line, 1,
+						&error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "NUL byte"));
+	casbox_key_input_free(&input);
+}
+END_TEST
+
+START_TEST(test_key_input_stream)
+{
+	static const char data[] = "old-pw\r\nnew-pw\r\n";
+	struct casbox_key_input *input;
+	struct casbox_key_line lines[2];
+	struct istream *stream;
+	const char *error = NULL;
+
+	/* one byte per read, as a forwarded (dot) stream may give them */
+	stream = test_istream_create_data(data, sizeof(data) - 1);
+	test_istream_set_max_buffer_size(stream, 1);
+	ck_assert_int_eq(casbox_key_input_read_stream(stream, &input,
+						      &error), 0);
+	i_stream_unref(&stream);
+	ck_assert_int_eq(casbox_key_input_lines(input, key_input_names,
+						lines, 2, &error), 0);
+	ck_assert(lines[0].size == 6 &&
+		  memcmp(lines[0].data, "old-pw", 6) == 0);
+	ck_assert(lines[1].size == 6 &&
+		  memcmp(lines[1].data, "new-pw", 6) == 0);
+	casbox_key_input_free(&input);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("doveadm-census");
@@ -571,6 +700,12 @@ int main(void)
 	tcase_add_test(tc, test_unfinished_append_mid_pack);
 	tcase_add_test(tc, test_quarantine);
 	tcase_add_test(tc, test_no_store);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("key input");
+	tcase_add_loop_test(tc, test_key_input_lines, 0,
+			    N_ELEMENTS(key_input_cases));
+	tcase_add_test(tc, test_key_input_limits);
+	tcase_add_test(tc, test_key_input_stream);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -15,6 +15,11 @@ IMAP session has it; LMTP and doveadm do not.
 - IMAP on a copy of the store without the password field, or with the
   wrong password: FETCH of a body fails per message with a clear log
   line, flags and LMTP keep working, nothing crashes.
+- doveadm casbox key init with the password on stdin, then key password
+  (old and new password on stdin) as a passdb password-change hook runs
+  it: every message reads byte-identical with the new password, the old
+  one no longer unlocks, bad input and a wrong old password leave the
+  file byte-identical, no password reaches the log or doveadm output.
 """
 
 import hashlib
@@ -28,7 +33,8 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, ok, load, crlf  # noqa: E402
+from dovecot_harness import (Dovecot, PASSWORD, corpus_files, ok,  # noqa: E402
+                              load, crlf)
 
 SETTINGS = {
     "casbox_key_file": "%h/casbox.ukey",
@@ -120,6 +126,23 @@ def copy_home(saved, dest_dc, user):
         os.chown(dirpath, dest_dc.uid, dest_dc.gid)
         for name in files:
             os.chown(os.path.join(dirpath, name), dest_dc.uid, dest_dc.gid)
+
+
+# distinct strings, looked for in the log and in doveadm's output
+PW1 = "Kiwi-orbit-7731-first"
+PW2 = "Quartz-lantern-4410-second"
+PW3 = "Umber-falcon-9052-third"
+PW_WRONG = "Not-the-old-one-6613"
+ALL_PW = (PW1, PW2, PW3, PW_WRONG)
+EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_CONFIG = 64, 65, 66, 78
+
+
+# the passdb accepts any password and hands it over as the key password,
+# so each login says which password its session has: that is all a
+# password change changes for casbox (what the passdb checks is
+# Dovecot's business; passwd-file rereads its file at most once a second)
+PASS_ANY = ("args = nopassword=y\n"
+            "  override_fields = userdb_casbox_key_password=%w")
 
 
 class KeyPasswordTest(unittest.TestCase):
@@ -389,6 +412,222 @@ class KeyPasswordTest(unittest.TestCase):
             # the Dovecot() exit also fails on any unexpected Error line
             self.assertFalse([line for line in dc.log_lines()
                               if "indexer" in line])
+
+    def test_doveadm_init_and_password_change(self):
+        msgs = self.msgs[:12] + [MARKER_MSG]
+        settings = dict(SETTINGS, casbox_key_autocreate="no")
+        self.outputs = []
+        with Dovecot(plugin_settings=settings, extra_conf=CONF,
+                     passdb_extra=PASS_ANY) as dc:
+            self.run_password_change(dc, msgs)
+            dc.stop()
+            log = dc.log_text()
+        for pw in ALL_PW:
+            self.assertNotIn(pw, log)
+            for out in self.outputs:
+                self.assertNotIn(pw, out)
+
+    def keycmd(self, dc, *args, input=None):
+        """doveadm casbox key ... -u user1, its output kept to be
+        searched for passwords."""
+        res = dc.doveadm("-f", "flow", "casbox", "key", *args,
+                         input=input, check=False)
+        self.outputs.append(res.stdout + res.stderr)
+        return res
+
+    def read_all(self, dc, password, msgs):
+        imap = dc.imap_connect()
+        imap.login("user1", password)
+        self.assertEqual(ok(imap.select("INBOX"))[0], b"%d" % len(msgs))
+        got = fetch_all(imap, len(msgs))
+        imap.logout()
+        for i, msg in enumerate(msgs):
+            self.assertTrue(got[i].rstrip(b"\r\n").endswith(
+                delivered_tail(msg)), "message %d differs" % (i + 1))
+
+    def run_password_change(self, dc, msgs):
+        key_path = os.path.join(dc.home("user1"), "casbox.ukey")
+
+        # init: the password on stdin, one line
+        res = self.keycmd(dc, "init", "-u", "user1", input=PW1 + "\n")
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(dict(re.findall(r"(\w+)=(\S+)", res.stdout)),
+                         {"key_file": key_path, "result": "created"})
+        st = os.stat(key_path)
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+        self.assertEqual((st.st_uid, st.st_gid), (dc.uid, dc.gid))
+        with open(key_path, "rb") as f:
+            created = f.read()
+        self.assertEqual((created[:8], len(created)), (b"CASUKEY1", 212))
+        # never over an existing key
+        res = self.keycmd(dc, "init", "-u", "user1", input=PW2 + "\n")
+        self.assertEqual(res.returncode, EX_DATAERR)
+        self.assertIn("already exists", res.stderr)
+        self.assert_file(key_path, created)
+
+        # deliveries need no password; the login with it reads them
+        dc.lmtp_deliver_many("user1", msgs)
+        self.read_all(dc, PW1, msgs)
+        res = self.keycmd(dc, "export-public", "-u", "user1")
+        key_id = dict(re.findall(r"(\w+)=(\S+)", res.stdout))["key_id"]
+        # the store has data now: a second key is refused
+        os.rename(key_path, key_path + ".away")
+        res = self.keycmd(dc, "init", "-u", "user1", input=PW2 + "\n")
+        self.assertEqual(res.returncode, EX_DATAERR)
+        self.assertIn("the store already has data", res.stderr)
+        self.assertFalse(os.path.exists(key_path))
+        os.rename(key_path + ".away", key_path)
+
+        # bad input and a wrong old password change nothing
+        dc.allow_log(r"casbox key password: .*wrong password")
+        for data, code, why in (
+                (PW_WRONG + "\n" + PW2 + "\n", EX_DATAERR,
+                 "wrong password"),
+                (PW1 + "\n", EX_USAGE, "1 line(s) of input, expected 2"),
+                (PW1, EX_USAGE, "1 line(s) of input, expected 2"),
+                (PW1 + "\n\n", EX_USAGE,
+                 "line 2 (new password) is empty"),
+                ("\n" + PW2 + "\n", EX_USAGE,
+                 "line 1 (old password) is empty"),
+                ("", EX_USAGE, "no input"),
+                (PW1 + "\n" + PW2 + "\n" + PW3 + "\n", EX_USAGE,
+                 "more than 2 line(s)")):
+            res = self.keycmd(dc, "password", "-u", "user1", input=data)
+            self.assertEqual(res.returncode, code, (data, res.stderr))
+            self.assertIn(why, res.stderr)
+            self.assertEqual(res.stdout.strip(), "")
+            self.assert_file(key_path, created)
+        # stdin holds one user's passwords: no -A or -F
+        users = os.path.join(dc.tmp, "users")
+        with open(users, "w") as f:
+            f.write("user1\n")
+        res = self.keycmd(dc, "password", "-F", users,
+                          input=PW1 + "\n" + PW2 + "\n")
+        self.assertEqual(res.returncode, EX_USAGE)
+        self.assertIn("one user at a time", res.stderr)
+        self.assert_file(key_path, created)
+
+        # the hook: rewrap under the new password (the passdb then
+        # takes it)
+        res = self.keycmd(dc, "password", "-u", "user1",
+                          input="%s\n%s\n" % (PW1, PW2))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertEqual(dict(re.findall(r"(\w+)=(\S+)", res.stdout)),
+                         {"key_file": key_path, "key_id": key_id,
+                          "result": "rewrapped"})
+        with open(key_path, "rb") as f:
+            rewrapped = f.read()
+        self.assertNotEqual(rewrapped, created)
+        # same key pair: the public key and delivery key stay
+        self.assertEqual(rewrapped[44:108], created[44:108])
+        st = os.stat(key_path)
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+        self.assertEqual((st.st_uid, st.st_gid), (dc.uid, dc.gid))
+        self.read_all(dc, PW2, msgs)
+        # delivery goes on (same public key), and reads back
+        dc.lmtp_deliver("user1", msgs[0])
+        msgs = msgs + [msgs[0]]
+        self.read_all(dc, PW2, msgs)
+
+        # the old password no longer unlocks: the login succeeds, each
+        # body read fails, one log line names the file
+        dc.allow_log(r"imap\(user1\).*wrong password")
+        imap = dc.imap_connect()
+        imap.login("user1", PW1)
+        ok(imap.select("INBOX"))
+        self.assert_fetch_refused(imap, "1")
+        self.assert_fetch_refused(imap, "2")
+        imap.logout()
+        self.assertIsNotNone(dc.wait_log(
+            r"imap\(user1\).*Couldn't unlock.*%s.*wrong password"
+            % re.escape(key_path)))
+        self.assert_file(key_path, rewrapped)
+
+        # through a doveadm server (-S): stdin is forwarded with the
+        # command, CRLF line ends as a Windows hook might write them
+        sock = os.path.join(dc.tmp, "run", "doveadm-server")
+        res = self.keycmd(dc, "password", "-S", sock, "-u", "user1",
+                          input="%s\r\n%s\r\n" % (PW_WRONG, PW3))
+        self.assertEqual(res.returncode, EX_DATAERR, res.stderr)
+        self.assertIn("wrong password", res.stderr)
+        self.assert_file(key_path, rewrapped)
+        res = self.keycmd(dc, "password", "-S", sock, "-u", "user1",
+                          input="%s\r\n%s\r\n" % (PW2, PW3))
+        self.assertEqual(res.returncode, 0, res.stderr)
+        self.assertIn("result=rewrapped", res.stdout)
+        st = os.stat(key_path)
+        self.assertEqual((st.st_uid, stat.S_IMODE(st.st_mode)),
+                         (dc.uid, 0o600))
+        self.read_all(dc, PW3, msgs)
+
+    def assert_file(self, path, data):
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), data)
+
+    def test_doveadm_key_password_refusals(self):
+        """Server mode, no key file yet, init without a password or for
+        many users: refused with the documented exit codes."""
+        with Dovecot(plugin_settings={
+                "casbox_key_file": "%h/casbox.key",
+                "casbox_key_autocreate": "yes"}) as dc:
+            dc.allow_log(r"casbox key password: casbox_key_mode is server")
+            dc.lmtp_deliver("user1", MARKER_MSG)
+            key_path = os.path.join(dc.home("user1"), "casbox.key")
+            with open(key_path, "rb") as f:
+                before = f.read()
+            res = dc.doveadm("casbox", "key", "password", "-u", "user1",
+                             input="%s\n%s\n" % (PW1, PW2), check=False)
+            self.assertEqual(res.returncode, EX_CONFIG)
+            self.assertIn("casbox_key_mode is server", res.stderr)
+            self.assert_file(key_path, before)
+            # server-mode init is unchanged: no stdin read, no -A limit
+            res = dc.doveadm("casbox", "key", "init", "-u", "user2",
+                             input="")
+            self.assertIn("created", res.stdout)
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
+                     passdb_extra=PASS_PW) as dc:
+            key_path = os.path.join(dc.home("user1"), "casbox.ukey")
+            res = dc.doveadm("casbox", "key", "password", "-u", "user1",
+                             input="%s\n%s\n" % (PW1, PW2), check=False)
+            self.assertEqual(res.returncode, EX_NOINPUT)
+            self.assertIn("does not exist", res.stderr)
+            for data, why in (("", "no input"),
+                              ("\n", "line 1 (password) is empty"),
+                              (PW1 + "\n" + PW2 + "\n",
+                               "more than 1 line(s)")):
+                res = dc.doveadm("casbox", "key", "init", "-u", "user1",
+                                 input=data, check=False)
+                self.assertEqual(res.returncode, EX_USAGE)
+                self.assertIn(why, res.stderr)
+                self.assertFalse(os.path.exists(key_path))
+            # -F: one password cannot serve several users
+            dc.allow_log(r"Trying to iterate users")
+            users = os.path.join(dc.tmp, "users")
+            with open(users, "w") as f:
+                f.write("user1\n")
+            res = dc.doveadm("casbox", "key", "init", "-F", users,
+                             input=PW1 + "\n", check=False)
+            self.assertEqual(res.returncode, EX_USAGE)
+            self.assertIn("one user's key file", res.stderr)
+            self.assertFalse(os.path.exists(key_path))
+            # over a doveadm server the password would not arrive
+            dc.allow_log(r"key init reads the password from stdin")
+            res = dc.doveadm("casbox", "key", "init", "-S",
+                             os.path.join(dc.tmp, "run", "doveadm-server"),
+                             "-u", "user1", input=PW1 + "\n", check=False)
+            self.assertEqual(res.returncode, EX_USAGE)
+            self.assertIn("does not run on a doveadm server", res.stderr)
+            self.assertFalse(os.path.exists(key_path))
+            # the password an init gave is the login password
+            res = dc.doveadm("casbox", "key", "init", "-u", "user1",
+                             input=PASSWORD + "\n")
+            self.assertIn("created", res.stdout)
+            dc.lmtp_deliver("user1", MARKER_MSG)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            self.assertTrue(fetch_all(imap, 1)[0].rstrip(b"\r\n").endswith(
+                delivered_tail(MARKER_MSG)))
+            imap.logout()
 
     def test_export_public_server_mode(self):
         with Dovecot(plugin_settings={
