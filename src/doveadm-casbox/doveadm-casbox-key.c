@@ -582,9 +582,9 @@ cmd_casbox_key_export_public_run(struct doveadm_mail_cmd_context *ctx,
 	ret = cas_userkey_load_public(set.key_file, &key, &error);
 	if (ret <= 0) {
 		i_error("casbox key export-public: %s", ret < 0 ? error :
-			t_strdup_printf("key file %s does not exist (it is "
-					"created at the user's first login)",
-					set.key_file));
+			t_strdup_printf("key file %s does not exist (key "
+					"init, or the user's first login, "
+					"creates it)", set.key_file));
 		ctx->exit_code = ret < 0 ? EX_DATAERR : EX_NOINPUT;
 		return -1;
 	}
