@@ -103,8 +103,9 @@ cmd_casbox_key_password_init(struct doveadm_mail_cmd_context *_ctx,
 	}
 	if (casbox_keypw_read_input(ctx, &error) == 0)
 		return;
-	casbox_key_input_free(&ctx->input);
+	/* the stream may be a view of input's memory: first */
 	i_stream_unref(&_ctx->cmd_input);
+	casbox_key_input_free(&ctx->input);
 	if (casbox_keypw_cli(_ctx)) {
 		/* before any user is looked up; nothing to forward */
 		i_fatal_status(EX_USAGE, "casbox key password: %s", error);
