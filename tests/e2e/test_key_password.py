@@ -567,6 +567,8 @@ class KeyPasswordTest(unittest.TestCase):
     def test_doveadm_key_password_refusals(self):
         """Server mode, no key file yet, init without a password or for
         many users: refused with the documented exit codes."""
+        self.outputs = []
+        logs = []
         with Dovecot(plugin_settings={
                 "casbox_key_file": "%h/casbox.key",
                 "casbox_key_autocreate": "yes"}) as dc:
@@ -575,28 +577,28 @@ class KeyPasswordTest(unittest.TestCase):
             key_path = os.path.join(dc.home("user1"), "casbox.key")
             with open(key_path, "rb") as f:
                 before = f.read()
-            res = dc.doveadm("casbox", "key", "password", "-u", "user1",
-                             input="%s\n%s\n" % (PW1, PW2), check=False)
+            res = self.keycmd(dc, "password", "-u", "user1",
+                              input="%s\n%s\n" % (PW1, PW2))
             self.assertEqual(res.returncode, EX_CONFIG)
             self.assertIn("casbox_key_mode is server", res.stderr)
             self.assert_file(key_path, before)
-            # server-mode init is unchanged: no stdin read, no -A limit
-            res = dc.doveadm("casbox", "key", "init", "-u", "user2",
-                             input="")
+            # server-mode init is unchanged: it reads no stdin
+            res = self.keycmd(dc, "init", "-u", "user2", input="")
             self.assertIn("created", res.stdout)
+            dc.stop()
+            logs.append(dc.log_text())
         with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
                      passdb_extra=PASS_PW) as dc:
             key_path = os.path.join(dc.home("user1"), "casbox.ukey")
-            res = dc.doveadm("casbox", "key", "password", "-u", "user1",
-                             input="%s\n%s\n" % (PW1, PW2), check=False)
+            res = self.keycmd(dc, "password", "-u", "user1",
+                              input="%s\n%s\n" % (PW1, PW2))
             self.assertEqual(res.returncode, EX_NOINPUT)
             self.assertIn("does not exist", res.stderr)
             for data, why in (("", "no input"),
                               ("\n", "line 1 (password) is empty"),
                               (PW1 + "\n" + PW2 + "\n",
                                "more than 1 line(s)")):
-                res = dc.doveadm("casbox", "key", "init", "-u", "user1",
-                                 input=data, check=False)
+                res = self.keycmd(dc, "init", "-u", "user1", input=data)
                 self.assertEqual(res.returncode, EX_USAGE)
                 self.assertIn(why, res.stderr)
                 self.assertFalse(os.path.exists(key_path))
@@ -605,22 +607,21 @@ class KeyPasswordTest(unittest.TestCase):
             users = os.path.join(dc.tmp, "users")
             with open(users, "w") as f:
                 f.write("user1\n")
-            res = dc.doveadm("casbox", "key", "init", "-F", users,
-                             input=PW1 + "\n", check=False)
+            res = self.keycmd(dc, "init", "-F", users, input=PW1 + "\n")
             self.assertEqual(res.returncode, EX_USAGE)
             self.assertIn("one user's key file", res.stderr)
             self.assertFalse(os.path.exists(key_path))
             # over a doveadm server the password would not arrive
             dc.allow_log(r"key init reads the password from stdin")
-            res = dc.doveadm("casbox", "key", "init", "-S",
-                             os.path.join(dc.tmp, "run", "doveadm-server"),
-                             "-u", "user1", input=PW1 + "\n", check=False)
+            res = self.keycmd(dc, "init", "-S",
+                              os.path.join(dc.tmp, "run", "doveadm-server"),
+                              "-u", "user1", input=PW1 + "\n")
             self.assertEqual(res.returncode, EX_USAGE)
             self.assertIn("does not run on a doveadm server", res.stderr)
             self.assertFalse(os.path.exists(key_path))
             # the password an init gave is the login password
-            res = dc.doveadm("casbox", "key", "init", "-u", "user1",
-                             input=PASSWORD + "\n")
+            res = self.keycmd(dc, "init", "-u", "user1",
+                              input=PASSWORD + "\n")
             self.assertIn("created", res.stdout)
             dc.lmtp_deliver("user1", MARKER_MSG)
             imap = dc.imap_login("user1")
@@ -628,6 +629,11 @@ class KeyPasswordTest(unittest.TestCase):
             self.assertTrue(fetch_all(imap, 1)[0].rstrip(b"\r\n").endswith(
                 delivered_tail(MARKER_MSG)))
             imap.logout()
+            dc.stop()
+            logs.append(dc.log_text())
+        for pw in ALL_PW + (PASSWORD,):
+            for text in logs + self.outputs:
+                self.assertNotIn(pw, text)
 
     def test_export_public_server_mode(self):
         with Dovecot(plugin_settings={
