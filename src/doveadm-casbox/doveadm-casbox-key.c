@@ -85,6 +85,42 @@ static int casbox_key_store_has_data(struct casbox_admin *adm, bool *have_r,
 	return 0;
 }
 
+static int casbox_key_mkdir_parent(const char *path, const char **error_r)
+{
+	const char *p = strrchr(path, '/'), *dir;
+
+	if (p == NULL || p == path)
+		return 0;
+	dir = t_strdup_until(path, p);
+	if (mkdir_parents(dir, 0700) < 0 && errno != EEXIST) {
+		*error_r = t_strdup_printf("mkdir(%s) failed: %m", dir);
+		return -1;
+	}
+	return 0;
+}
+
+/* Password mode: the user key file, made with the password that only
+   stdin can give (read before anything is created). */
+static int casbox_key_init_userkey(struct doveadm_mail_cmd_context *ctx,
+				   const char *path, int *exit_code_r,
+				   const char **error_r)
+{
+	struct casbox_key_input *input;
+	struct casbox_key_line line;
+	int ret;
+
+	if (casbox_key_init_read_password(ctx, &input, &line, error_r) < 0) {
+		*exit_code_r = EX_USAGE;
+		return -1;
+	}
+	ret = casbox_key_mkdir_parent(path, error_r);
+	if (ret == 0 && cas_userkey_create(path, line.data, line.size, NULL,
+					   NULL, error_r) < 0)
+		ret = -1;
+	casbox_key_input_free(&input);
+	return ret;
+}
+
 /* Returns 0 ok, -1 error (*exit_code_r set). */
 static int casbox_key_init(struct doveadm_mail_cmd_context *ctx,
 			   struct mail_user *user, const char **path_r,
@@ -94,7 +130,7 @@ static int casbox_key_init(struct doveadm_mail_cmd_context *ctx,
 	struct cas_key_settings key_set;
 	struct cas_keyring *keyring;
 	struct casbox_admin *adm;
-	const char *dir, *p, *error;
+	const char *error;
 	bool have_data = FALSE;
 	struct stat st;
 	int ret;
@@ -133,20 +169,11 @@ static int casbox_key_init(struct doveadm_mail_cmd_context *ctx,
 			"a key that cannot read it";
 		return -1;
 	}
-	p = strrchr(set.key_file, '/');
-	if (p != NULL && p != set.key_file) {
-		dir = t_strdup_until(set.key_file, p);
-		if (mkdir_parents(dir, 0700) < 0 && errno != EEXIST) {
-			*error_r = t_strdup_printf("mkdir(%s) failed: %m",
-						   dir);
-			return -1;
-		}
-	}
-	if (set.key_mode == CAS_KEY_MODE_PASSWORD) {
-		/* made with the password, which only stdin can give */
-		return casbox_key_init_userkey(ctx, set.key_file,
-					       exit_code_r, error_r);
-	}
+	if (set.key_mode == CAS_KEY_MODE_PASSWORD)
+		return casbox_key_init_userkey(ctx, set.key_file, exit_code_r,
+					       error_r);
+	if (casbox_key_mkdir_parent(set.key_file, error_r) < 0)
+		return -1;
 	casbox_settings_key(&set, &key_set);
 	if (cas_keyring_create_mode(&key_set, &keyring, &error) < 0) {
 		*error_r = t_strdup_printf("key file %s: %s", set.key_file,

@@ -233,15 +233,12 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_password_alloc(void)
 	return &ctx->ctx;
 }
 
-int casbox_key_init_userkey(struct doveadm_mail_cmd_context *ctx,
-			    const char *path, int *exit_code_r,
-			    const char **error_r)
+int casbox_key_init_read_password(struct doveadm_mail_cmd_context *ctx,
+				  struct casbox_key_input **input_r,
+				  struct casbox_key_line *line_r,
+				  const char **error_r)
 {
-	struct casbox_key_input *input;
-	struct casbox_key_line line;
-	int ret = -1;
-
-	*exit_code_r = EX_USAGE;
+	*input_r = NULL;
 	if (!ctx->iterate_single_user) {
 		*error_r = "casbox_key_mode is password: key init creates "
 			"one user's key file (-u user, no wildcard, no -A or "
@@ -256,14 +253,12 @@ int casbox_key_init_userkey(struct doveadm_mail_cmd_context *ctx,
 			"doveadm server (-S)";
 		return -1;
 	}
-	if (casbox_keypw_read_stdin(&input, error_r) < 0)
+	if (casbox_keypw_read_stdin(input_r, error_r) < 0)
 		return -1;
-	if (casbox_key_input_lines(input, casbox_keyinit_names, &line, 1,
-				   error_r) == 0) {
-		*exit_code_r = EX_DATAERR;
-		ret = cas_userkey_create(path, line.data, line.size, NULL,
-					 NULL, error_r) < 0 ? -1 : 0;
+	if (casbox_key_input_lines(*input_r, casbox_keyinit_names, line_r, 1,
+				   error_r) < 0) {
+		casbox_key_input_free(input_r);
+		return -1;
 	}
-	casbox_key_input_free(&input);
-	return ret;
+	return 0;
 }

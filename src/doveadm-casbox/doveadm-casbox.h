@@ -122,14 +122,6 @@ int casbox_rebuild_mailbox(struct mailbox_list *list, const char *vname,
 			   const char **error_r);
 struct doveadm_mail_cmd_context *cmd_casbox_dict_train_alloc(void);
 
-/* key init in password mode (doveadm-casbox-keypw.c): read the initial
-   password (one line) from stdin and create the user key file at path.
-   Only a local command for one user: with -A, -F, a wildcard or over a
-   doveadm server it fails. Returns 0 ok, -1 error (*exit_code_r set). */
-int casbox_key_init_userkey(struct doveadm_mail_cmd_context *ctx,
-			    const char *path, int *exit_code_r,
-			    const char **error_r);
-
 /* Passwords on a command's input (doveadm-casbox-keyinput.c): the
    bytes live in sodium_malloc()ed memory, wiped when freed, and are
    never logged; error strings never quote them. */
@@ -161,5 +153,15 @@ int casbox_key_input_lines(const struct casbox_key_input *input,
 			   const char *const *names,
 			   struct casbox_key_line *lines_r,
 			   unsigned int count, const char **error_r);
+
+/* key init in password mode (doveadm-casbox-keypw.c): read the initial
+   password (one line) from stdin; line_r points into *input_r, which
+   the caller frees. Only a local command for one user: with -A, -F, a
+   wildcard or over a doveadm server it fails. Returns 0 ok, -1 error
+   (a usage error: nothing was read or nothing usable). */
+int casbox_key_init_read_password(struct doveadm_mail_cmd_context *ctx,
+				  struct casbox_key_input **input_r,
+				  struct casbox_key_line *line_r,
+				  const char **error_r);
 
 #endif

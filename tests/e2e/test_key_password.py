@@ -587,9 +587,12 @@ class KeyPasswordTest(unittest.TestCase):
             self.assertIn("created", res.stdout)
             dc.stop()
             logs.append(dc.log_text())
-        with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
+        # in a directory of its own, which bad input must not create
+        settings = dict(SETTINGS, casbox_key_file="%h/keys/casbox.ukey")
+        with Dovecot(plugin_settings=settings, extra_conf=CONF,
                      passdb_extra=PASS_PW) as dc:
-            key_path = os.path.join(dc.home("user1"), "casbox.ukey")
+            key_dir = os.path.join(dc.home("user1"), "keys")
+            key_path = os.path.join(key_dir, "casbox.ukey")
             res = self.keycmd(dc, "password", "-u", "user1",
                               input="%s\n%s\n" % (PW1, PW2))
             self.assertEqual(res.returncode, EX_NOINPUT)
@@ -601,7 +604,7 @@ class KeyPasswordTest(unittest.TestCase):
                 res = self.keycmd(dc, "init", "-u", "user1", input=data)
                 self.assertEqual(res.returncode, EX_USAGE)
                 self.assertIn(why, res.stderr)
-                self.assertFalse(os.path.exists(key_path))
+                self.assertFalse(os.path.exists(key_dir))
             # -F: one password cannot serve several users
             dc.allow_log(r"Trying to iterate users")
             users = os.path.join(dc.tmp, "users")
@@ -623,6 +626,7 @@ class KeyPasswordTest(unittest.TestCase):
             res = self.keycmd(dc, "init", "-u", "user1",
                               input=PASSWORD + "\n")
             self.assertIn("created", res.stdout)
+            self.assertEqual(stat.S_IMODE(os.stat(key_dir).st_mode), 0o700)
             dc.lmtp_deliver("user1", MARKER_MSG)
             imap = dc.imap_login("user1")
             ok(imap.select("INBOX"))
