@@ -99,6 +99,10 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 				CASBOX_DEFAULT_PACK_SIZE, 1024 * 1024,
 				&set_r->pack_size, error_r) < 0)
 		return -1;
+	if (casbox_setting_size(user, "casbox_lsm_wal_size",
+				CASBOX_DEFAULT_LSM_WAL_SIZE, 64 * 1024,
+				&set_r->lsm_wal_size, error_r) < 0)
+		return -1;
 	if (casbox_setting_uint(user, "casbox_gc_dead_ratio",
 				CASBOX_DEFAULT_GC_DEAD_RATIO, 100,
 				&set_r->gc_dead_ratio, error_r) < 0)

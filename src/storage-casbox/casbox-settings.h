@@ -11,6 +11,10 @@ struct mail_user;
 #define CASBOX_DEFAULT_PACK_SIZE (64 * 1024 * 1024)
 #define CASBOX_DEFAULT_ZSTD_LEVEL 3
 #define CASBOX_DEFAULT_GC_DEAD_RATIO 30
+/* Every LMTP delivery opens the store and replays the whole WAL, so the
+   WAL flushes into a table much sooner than the LSM's own default (4 MiB,
+   LevelDB's write buffer), which suits one long-lived handle. */
+#define CASBOX_DEFAULT_LSM_WAL_SIZE (256 * 1024)
 
 struct casbox_settings {
 	/* Path of the user's key file (%-variables already expanded by
@@ -30,6 +34,9 @@ struct casbox_settings {
 	uoff_t pack_size;
 	/* gc rewrites a pack when this percentage of it is dead. */
 	unsigned int gc_dead_ratio;
+	/* The LSM's WAL is flushed to a sorted table past this size
+	   (0 = the LSM library's default). */
+	uoff_t lsm_wal_size;
 	/* Let Dovecot's dovecot.index.cache keep headers, envelopes and
 	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
 	   are then parsed from the (encrypted) blobs when asked for. */

@@ -92,6 +92,7 @@ int casbox_store_open(const char *root_dir,
 	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
 	lsm_set.fsync = store->fsync;
 	lsm_set.lock_method = lock_method;
+	lsm_set.wal_flush_bytes = set->lsm_wal_size;
 	if (casbox_lsm_open(&lsm_set, &store->lsm, &error) < 0) {
 		*error_r = t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
 		pool_unref(&pool);

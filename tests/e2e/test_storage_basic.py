@@ -188,6 +188,40 @@ class StorageBasicTest(unittest.TestCase):
             self.assertTrue(body.endswith(crlf(MSG1)))
             imap.logout()
 
+    def test_lsm_wal_size(self):
+        """casbox_lsm_wal_size bounds the WAL every new session replays:
+        past it the WAL becomes a table, and every message stays."""
+        limit = 64 * 1024
+        settings = dict(KEYS, casbox_lsm_wal_size="64k")
+        msgs = [MSG1.replace(b"casbox basic one", b"wal %d" % i) +
+                b"x" * 2000 + b"\r\n" for i in range(150)]
+        with Dovecot(plugin_settings=settings) as dc:
+            lsm = os.path.join(dc.home("user1"), "casbox", "lsm")
+            biggest = 0
+            for i in range(0, len(msgs), 10):
+                dc.lmtp_deliver_many("user1", msgs[i:i + 10])
+                wal = sum(os.path.getsize(os.path.join(lsm, n))
+                          for n in os.listdir(lsm) if n.endswith(".wal"))
+                biggest = max(biggest, wal)
+            tables = [n for n in os.listdir(lsm) if n.endswith(".sst")]
+            self.assertTrue(tables, os.listdir(lsm))
+            # one delivery's batch may pass the limit before the flush
+            self.assertLess(biggest, limit + 16 * 1024)
+            imap = dc.imap_login("user1")
+            self.assertEqual(int(ok(imap.select("INBOX"))[0]), len(msgs))
+            for uid in (1, 75, 150):
+                _, body = fetch_one(imap, uid, "BODY.PEEK[]")
+                # LMTP adds Return-Path and Delivered-To on top
+                self.assertTrue(body.endswith(crlf(msgs[uid - 1])), uid)
+            imap.logout()
+
+        with Dovecot(plugin_settings=dict(KEYS,
+                                          casbox_lsm_wal_size="8k")) as dc:
+            dc.allow_log(r"casbox_lsm_wal_size")
+            res = dc.doveadm("mailbox", "list", "-u", "user1", check=False)
+            self.assertNotEqual(res.returncode, 0)
+            self.assertIn("casbox_lsm_wal_size", res.stdout + res.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
