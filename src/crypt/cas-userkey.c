@@ -61,6 +61,7 @@ enum cas_userkey_subkey {
 enum cas_userkey_delivery_subkey {
 	UKEY_DLV_BLOB_ID = 1,
 	UKEY_DLV_SEAL_MAC = 2,
+	UKEY_DLV_BOX_MAC = 3,
 };
 #define UKEY_SEAL_MAC_SIZE 16
 #define UKEY_SEAL_BOX_OFF 5
@@ -74,6 +75,7 @@ const struct cas_userkey_limits cas_userkey_limits_default = {
 struct cas_userkey_secrets {
 	unsigned char blob_id_key[32];
 	unsigned char seal_mac_key[32];
+	unsigned char box_mac_key[32];
 	unsigned char sk[crypto_box_SECRETKEYBYTES];
 	unsigned char index_key[32];
 };
@@ -223,6 +225,10 @@ cas_userkey_alloc(const unsigned char *pk, const unsigned char *delivery_key)
 	crypto_kdf_derive_from_key(key->secrets->seal_mac_key,
 				   sizeof(key->secrets->seal_mac_key),
 				   UKEY_DLV_SEAL_MAC, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
+	crypto_kdf_derive_from_key(key->secrets->box_mac_key,
+				   sizeof(key->secrets->box_mac_key),
+				   UKEY_DLV_BOX_MAC, UKEY_DELIVERY_CONTEXT,
 				   delivery_key);
 	memcpy(key->pk, pk, sizeof(key->pk));
 
@@ -794,4 +800,177 @@ int cas_userkey_record_open(const struct cas_userkey *key,
 	}
 	return cas_record_open_key(key->secrets->index_key, aad, aad_size,
 				   sealed, sealed_size, plain, error_r);
+}
+
+/* Sealed box (doc/casbox-format.md, "Meta frame sealed to the user
+   key"):
+     0  4  key id (BE)
+     4 32  ephemeral X25519 public key (epk)
+    36  n  XChaCha20-Poly1305(k, data, AAD = caller's), nonce all zero
+  36+n 16  tag
+  52+n 16  BLAKE2b-128(key = box-MAC key, aad | bytes 0..51+n)
+   k = BLAKE2b-256(key = X25519(esk, pk), "CASUBOX1" | epk | pk)
+   The ephemeral key pair is fresh for every box, so k is too, and one
+   fixed nonce is safe. */
+#define UKEY_BOX_PERSONAL "CASUBOX1"
+#define UKEY_BOX_OFF_EPK 4
+#define UKEY_BOX_OFF_CIPHER (UKEY_BOX_OFF_EPK + crypto_box_PUBLICKEYBYTES)
+#define UKEY_BOX_MAC_SIZE 16
+#define UKEY_BOX_KEY_SIZE crypto_aead_xchacha20poly1305_ietf_KEYBYTES
+
+static void
+cas_userkey_box_key(const unsigned char shared[crypto_scalarmult_BYTES],
+		    const unsigned char *epk, const unsigned char *pk,
+		    unsigned char key_r[UKEY_BOX_KEY_SIZE])
+{
+	crypto_generichash_state state;
+
+	crypto_generichash_init(&state, shared, crypto_scalarmult_BYTES,
+				UKEY_BOX_KEY_SIZE);
+	crypto_generichash_update(&state, (const void *)UKEY_BOX_PERSONAL,
+				  strlen(UKEY_BOX_PERSONAL));
+	crypto_generichash_update(&state, epk, crypto_box_PUBLICKEYBYTES);
+	crypto_generichash_update(&state, pk, crypto_box_PUBLICKEYBYTES);
+	crypto_generichash_final(&state, key_r, UKEY_BOX_KEY_SIZE);
+	sodium_memzero(&state, sizeof(state));
+}
+
+static void
+cas_userkey_box_mac(const struct cas_userkey *key, const void *aad,
+		    size_t aad_size, const unsigned char *box, size_t size,
+		    unsigned char mac_r[UKEY_BOX_MAC_SIZE])
+{
+	crypto_generichash_state state;
+	unsigned char len[8];
+
+	crypto_generichash_init(&state, key->secrets->box_mac_key,
+				sizeof(key->secrets->box_mac_key),
+				UKEY_BOX_MAC_SIZE);
+	/* the AAD's length first: AAD and box cannot trade bytes */
+	le64_put(len, aad_size);
+	crypto_generichash_update(&state, len, sizeof(len));
+	crypto_generichash_update(&state, aad, aad_size);
+	crypto_generichash_update(&state, box, size);
+	crypto_generichash_final(&state, mac_r, UKEY_BOX_MAC_SIZE);
+	sodium_memzero(&state, sizeof(state));
+}
+
+int cas_userkey_box_seal(const struct cas_userkey *key,
+			 const void *aad, size_t aad_size,
+			 const void *data, size_t size, buffer_t *sealed)
+{
+	static const unsigned char nonce[CAS_AEAD_NONCE_SIZE] = { 0 };
+	unsigned char esk[crypto_box_SECRETKEYBYTES];
+	unsigned char shared[crypto_scalarmult_BYTES];
+	unsigned char box_key[UKEY_BOX_KEY_SIZE];
+	unsigned char *out;
+	size_t start = sealed->used, box_size;
+	int ret;
+
+	cas_sodium_init();
+	box_size = UKEY_BOX_OFF_CIPHER + size + CAS_AEAD_TAG_SIZE;
+	out = buffer_append_space_unsafe(sealed, box_size + UKEY_BOX_MAC_SIZE);
+	out[0] = key->key_id >> 24;
+	out[1] = key->key_id >> 16;
+	out[2] = key->key_id >> 8;
+	out[3] = key->key_id;
+	crypto_box_keypair(out + UKEY_BOX_OFF_EPK, esk);
+	ret = crypto_scalarmult(shared, esk, key->pk);
+	sodium_memzero(esk, sizeof(esk));
+	if (ret != 0) {
+		/* a low order public key: nothing secret would result */
+		sodium_memzero(shared, sizeof(shared));
+		buffer_set_used_size(sealed, start);
+		return -1;
+	}
+	cas_userkey_box_key(shared, out + UKEY_BOX_OFF_EPK, key->pk, box_key);
+	sodium_memzero(shared, sizeof(shared));
+	crypto_aead_xchacha20poly1305_ietf_encrypt(out + UKEY_BOX_OFF_CIPHER,
+		NULL, data, size, aad, aad_size, NULL, nonce, box_key);
+	sodium_memzero(box_key, sizeof(box_key));
+	cas_userkey_box_mac(key, aad, aad_size, out, box_size,
+			    out + box_size);
+	return 1;
+}
+
+int cas_userkey_box_verify(const struct cas_userkey *key,
+			   const void *aad, size_t aad_size,
+			   const void *sealed, size_t sealed_size,
+			   const char **error_r)
+{
+	const unsigned char *p = sealed;
+	unsigned char mac[UKEY_BOX_MAC_SIZE];
+	size_t box_size;
+	uint32_t key_id;
+	int ret;
+
+	if (sealed_size < CAS_USERKEY_BOX_OVERHEAD) {
+		*error_r = t_strdup_printf("sealed box: %zu bytes, less than "
+					   "the %u of an empty one",
+					   sealed_size,
+					   CAS_USERKEY_BOX_OVERHEAD);
+		return -1;
+	}
+	key_id = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+		((uint32_t)p[2] << 8) | p[3];
+	if (key_id != key->key_id) {
+		*error_r = t_strdup_printf(
+			"sealed box: sealed to another key (key id %08x, "
+			"ours %08x)", key_id, key->key_id);
+		return -1;
+	}
+	box_size = sealed_size - UKEY_BOX_MAC_SIZE;
+	cas_userkey_box_mac(key, aad, aad_size, p, box_size, mac);
+	ret = sodium_memcmp(mac, p + box_size, sizeof(mac));
+	sodium_memzero(mac, sizeof(mac));
+	if (ret != 0) {
+		*error_r = "sealed box: authentication failed";
+		return -1;
+	}
+	return 1;
+}
+
+int cas_userkey_box_open(const struct cas_userkey *key,
+			 const void *aad, size_t aad_size,
+			 const void *sealed, size_t sealed_size,
+			 buffer_t *plain, const char **error_r)
+{
+	static const unsigned char nonce[CAS_AEAD_NONCE_SIZE] = { 0 };
+	const unsigned char *p = sealed;
+	unsigned char shared[crypto_scalarmult_BYTES];
+	unsigned char box_key[UKEY_BOX_KEY_SIZE];
+	size_t cipher_size, start = plain->used;
+	unsigned char *out;
+	int ret;
+
+	if (!key->unlocked) {
+		*error_r = "sealed box: user key is locked "
+			"(no password in this process)";
+		return -1;
+	}
+	if (cas_userkey_box_verify(key, aad, aad_size, sealed, sealed_size,
+				   error_r) < 0)
+		return -1;
+	cipher_size = sealed_size - UKEY_BOX_MAC_SIZE - UKEY_BOX_OFF_CIPHER;
+	if (crypto_scalarmult(shared, key->secrets->sk,
+			      p + UKEY_BOX_OFF_EPK) != 0) {
+		sodium_memzero(shared, sizeof(shared));
+		*error_r = "sealed box: authentication failed";
+		return -1;
+	}
+	cas_userkey_box_key(shared, p + UKEY_BOX_OFF_EPK, key->pk, box_key);
+	sodium_memzero(shared, sizeof(shared));
+	out = buffer_append_space_unsafe(plain,
+					 cipher_size - CAS_AEAD_TAG_SIZE);
+	ret = crypto_aead_xchacha20poly1305_ietf_decrypt(out, NULL, NULL,
+		p + UKEY_BOX_OFF_CIPHER, cipher_size, aad, aad_size, nonce,
+		box_key);
+	sodium_memzero(box_key, sizeof(box_key));
+	if (ret != 0) {
+		sodium_memzero(out, cipher_size - CAS_AEAD_TAG_SIZE);
+		buffer_set_used_size(plain, start);
+		*error_r = "sealed box: authentication failed";
+		return -1;
+	}
+	return 1;
 }

@@ -142,4 +142,27 @@ int cas_userkey_record_open(const struct cas_userkey *key,
 			    const void *sealed, size_t sealed_size,
 			    buffer_t *plain, const char **error_r);
 
+/* Seal small records to the user's public key (password mode's pack
+   meta frames, which LMTP writes without the password): an X25519 box
+   with an ephemeral key, XChaCha20-Poly1305 under AAD, and a MAC with
+   the server-held box-MAC key over AAD and box, so only holders of the
+   key file can make one (doc/casbox-format.md, "Meta frame sealed to
+   the user key"). seal works on a public key and returns 1 ok, -1 the
+   public key is unusable (low order point; nothing appended). verify
+   checks size, key id and MAC without opening (works on a public key).
+   open needs an unlocked key, verifies first (constant time), and
+   appends the plaintext. Both return 1 ok, -1 error. */
+#define CAS_USERKEY_BOX_OVERHEAD (4 + 32 + 16 + 16)
+int cas_userkey_box_seal(const struct cas_userkey *key,
+			 const void *aad, size_t aad_size,
+			 const void *data, size_t size, buffer_t *sealed);
+int cas_userkey_box_verify(const struct cas_userkey *key,
+			   const void *aad, size_t aad_size,
+			   const void *sealed, size_t sealed_size,
+			   const char **error_r);
+int cas_userkey_box_open(const struct cas_userkey *key,
+			 const void *aad, size_t aad_size,
+			 const void *sealed, size_t sealed_size,
+			 buffer_t *plain, const char **error_r);
+
 #endif
