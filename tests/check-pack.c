@@ -1786,6 +1786,155 @@ END_TEST
    key (public password-mode ring) still opens with its old DEK; a
    damaged chunk or a record of another blob is refused and the partial
    copy dropped. */
+/* A server-mode meta frame appended on its own; meta_r is the last
+   meta frame of the scan. */
+static void
+add_blob_and_meta_nocheck(struct casbox_pack_store *store,
+			  const buffer_t *plain,
+			  struct casbox_pack_frame_info *meta_r)
+{
+	struct casbox_pack_txn *txn;
+	struct casbox_pack_scan *scan;
+	struct casbox_pack_frame_info info;
+	const char *error;
+
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add_meta(txn,
+			 CASBOX_META_KIND_MAILBOX, plain->data, plain->used,
+			 &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	scan = casbox_pack_scan_init(store);
+	while (casbox_pack_scan_next(scan, &info)) {
+		if (info.meta_kind != CASBOX_META_KIND_NONE)
+			*meta_r = info;
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+}
+
+/* Password mode: LMTP (public key only) writes meta frames sealed to
+   the user key (header version 2); only the unlocked key opens them,
+   verify works without the password, a server-mode store refuses them
+   with a clear error and the other way round, and the plaintext is not
+   in the pack. Server mode still writes version 1. */
+START_TEST(test_meta_password_mode)
+{
+	struct cas_keyring *pub = password_keyring(NULL);
+	struct cas_keyring *unl = password_keyring("pw");
+	struct casbox_pack_store *store;
+	struct casbox_pack_txn *txn;
+	struct casbox_pack_scan *scan;
+	struct casbox_pack_frame_info info, meta;
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	buffer_t *plain = buffer_create_dynamic(default_pool, 64);
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 256);
+	buffer_t *out = buffer_create_dynamic(default_pool, 256);
+	buffer_t *blob = pattern_blob(4000, 5), *pack;
+	enum casbox_meta_kind kind;
+	const char *error, *path;
+	unsigned int n = 0;
+	size_t i;
+
+	buffer_append(plain, "Subject: pwmode secret", 22);
+	store = store_open_with(pub, 0);
+	add_blob_with(store, pub, blob, &id, &rec);
+	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add_meta(txn,
+			 CASBOX_META_KIND_RECOVERY, plain->data, plain->used,
+			 &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	scan = casbox_pack_scan_init(store);
+	i_zero(&meta);
+	while (casbox_pack_scan_next(scan, &info)) {
+		ck_assert_ptr_null(info.damage);
+		if (info.meta_kind != CASBOX_META_KIND_NONE) {
+			meta = info;
+			n++;
+		}
+	}
+	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
+	ck_assert_uint_eq(n, 1);
+	ck_assert_uint_eq(meta.frame_size, CASBOX_META_HEADER_SIZE +
+			  plain->used + CAS_USERKEY_BOX_OVERHEAD);
+
+	path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir, meta.pack_id);
+	pack = read_path(path);
+	ck_assert_uint_eq(((const unsigned char *)pack->data)[meta.offset + 4],
+			  CASBOX_META_VERSION_USERKEY);
+	for (i = 0; i + 6 <= pack->used; i++) {
+		ck_assert(memcmp(CONST_PTR_OFFSET(pack->data, i), "secret",
+				 6) != 0);
+	}
+	/* without the password: read and verify, not open */
+	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
+			 meta.offset, &kind, sealed, &error), 1);
+	ck_assert_int_eq(kind, CASBOX_META_KIND_RECOVERY);
+	ck_assert_int_eq(casbox_pack_meta_verify(store, kind, sealed->data,
+			 sealed->used, &error), 1);
+	ck_assert_int_eq(casbox_pack_meta_verify(store,
+			 CASBOX_META_KIND_MAILBOX, sealed->data,
+			 sealed->used, &error), -1);
+	ck_assert_int_eq(casbox_pack_meta_open(store, kind, sealed->data,
+			 sealed->used, out, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "locked"));
+	ck_assert_uint_eq(out->used, 0);
+	casbox_pack_store_close(&store);
+
+	/* with the password */
+	store = store_open_with(unl, 0);
+	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 1);
+	/* the kind is authenticated */
+	ck_assert_int_eq(casbox_pack_meta_open(store,
+			 CASBOX_META_KIND_DEK_UPDATE, sealed->data,
+			 sealed->used, out, &error), -1);
+	/* so is every byte */
+	for (i = 0; i < sealed->used; i++) {
+		unsigned char *p = buffer_get_modifiable_data(sealed, NULL);
+
+		p[i] ^= 0x01;
+		ck_assert_int_eq(casbox_pack_meta_open(store, kind,
+				 sealed->data, sealed->used, out, &error), -1);
+		p[i] ^= 0x01;
+	}
+	ck_assert_uint_eq(out->used, 0);
+	casbox_pack_store_close(&store);
+
+	/* a server-mode reader names the mismatch */
+	store = store_open_with(keyring, 0);
+	buffer_set_used_size(sealed, 0);
+	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
+			 meta.offset, &kind, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "sealed to a user key"));
+	ck_assert_int_eq(casbox_pack_meta_verify(store, kind, sealed->data,
+			 sealed->used, &error), 0);
+	/* server mode still writes version 1 */
+	add_blob_and_meta_nocheck(store, plain, &meta);
+	pack = read_path(t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,
+					 meta.pack_id));
+	ck_assert_uint_eq(((const unsigned char *)pack->data)[meta.offset + 4],
+			  CASBOX_META_VERSION);
+	ck_assert_uint_eq(meta.frame_size, CASBOX_META_HEADER_SIZE +
+			  plain->used + CAS_AEAD_NONCE_SIZE +
+			  CAS_AEAD_TAG_SIZE);
+	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 1);
+	casbox_pack_store_close(&store);
+	/* ... which a password-mode reader refuses, naming it */
+	store = store_open_with(unl, 0);
+	buffer_set_used_size(sealed, 0);
+	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
+			 meta.offset, &kind, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "sealed with a server key"));
+	casbox_pack_store_close(&store);
+
+	buffer_free(&plain);
+	buffer_free(&sealed);
+	buffer_free(&out);
+	buffer_free(&blob);
+	cas_keyring_free(&pub);
+	cas_keyring_free(&unl);
+}
+END_TEST
+
 START_TEST(test_copy_frame)
 {
 	struct cas_keyring *pub = password_keyring(NULL);
@@ -1872,6 +2021,7 @@ int main(void)
 	tcase_add_test(tc, test_record_export_import);
 	tcase_add_test(tc, test_record_versions);
 	tcase_add_test(tc, test_password_mode);
+	tcase_add_test(tc, test_meta_password_mode);
 	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_rotation);
 	tcase_add_test(tc, test_scan_resync);

@@ -288,6 +288,7 @@ static void fill_recovery(pool_t pool, struct casbox_recovery_record *rec)
 	blob->id = part->id;
 	blob->dict_id = 3;
 	blob->plain_size = 200;
+	blob->dek_kind = CAS_DEK_KIND_SERVER_WRAP;
 	memset(blob->wrapped_dek, 0x77, sizeof(blob->wrapped_dek));
 }
 
@@ -338,15 +339,25 @@ START_TEST(test_recovery_record)
 
 	/* version, DEK kind, a zero UID */
 	p = buffer_get_modifiable_data(buf, NULL);
-	p[0] = 2;
+	ck_assert_uint_eq(p[0], CASBOX_RECOVERY_VERSION);
+	p[0] = 3;
 	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
 			 pool, &rec2, &error), -1);
-	ck_assert_str_eq(error, "recovery record: unsupported version");
+	ck_assert_str_eq(error, "recovery record: unsupported version 3");
+	p[0] = 0;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
 	p[0] = CASBOX_RECOVERY_VERSION;
-	p[buf->used - CAS_WRAPPED_DEK_SIZE - 1] = 2;
+	/* a version 1 record holds server-wrapped DEKs only */
+	p[buf->used - CAS_WRAPPED_DEK_SIZE - 1] = CAS_DEK_KIND_SEALED;
 	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
 			 pool, &rec2, &error), -1);
-	ck_assert_str_eq(error, "recovery record: unknown DEK kind");
+	ck_assert_str_eq(error, "recovery record: unknown DEK kind 2 in a "
+			 "version 1 record");
+	p[buf->used - CAS_WRAPPED_DEK_SIZE - 1] = 9;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	p[buf->used - CAS_WRAPPED_DEK_SIZE - 1] = CAS_DEK_KIND_SERVER_WRAP;
 
 	rec.uid = 0;
 	buffer_set_used_size(buf, 0);
@@ -364,6 +375,88 @@ START_TEST(test_recovery_record)
 	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
 			 pool, &rec2, &error), 1);
 	ck_assert_uint_eq(array_count(&rec2.blobs), 0);
+	pool_unref(&pool);
+}
+END_TEST
+
+/* Version 2 (password mode): sealed DEKs of 133 bytes, mixed with
+   wrapped ones; a record with only wrapped DEKs is still version 1,
+   byte for byte as before version 2. */
+START_TEST(test_recovery_record_v2)
+{
+	pool_t pool = pool_alloconly_create("test", 8192);
+	struct casbox_recovery_record rec, rec2;
+	struct casbox_recovery_blob *blob;
+	const struct casbox_recovery_blob *b1, *b2;
+	buffer_t *buf = buffer_create_dynamic(pool, 512);
+	buffer_t *v1 = buffer_create_dynamic(pool, 512);
+	const char *error = NULL;
+	unsigned char *p;
+	size_t i, v1_size;
+	unsigned int n;
+
+	fill_recovery(pool, &rec);
+	casbox_recovery_record_export(&rec, v1);
+	ck_assert_uint_eq(((const unsigned char *)v1->data)[0], 1);
+	v1_size = v1->used;
+	/* the wrapped entry at the end is the documented v1 layout */
+	p = buffer_get_modifiable_data(v1, NULL);
+	ck_assert_uint_eq(p[v1_size - CAS_WRAPPED_DEK_SIZE - 1],
+			  CASBOX_DEK_KIND_WRAPPED);
+
+	blob = array_append_space(&rec.blobs);
+	memset(blob->id.id, 0x5a, CAS_BLOB_ID_SIZE);
+	blob->dict_id = 0;
+	blob->plain_size = 12345;
+	blob->dek_kind = CAS_DEK_KIND_SEALED;
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++)
+		blob->sealed_dek[i] = i;
+	blob->sealed_dek[0] = CAS_DEK_KIND_SEALED;
+	casbox_recovery_record_export(&rec, buf);
+	p = buffer_get_modifiable_data(buf, NULL);
+	ck_assert_uint_eq(p[0], CASBOX_RECOVERY_VERSION_DEK_KIND);
+	ck_assert_uint_eq(buf->used, v1_size + CAS_BLOB_ID_SIZE + 4 + 8 +
+			  CAS_SEALED_DEK_SIZE);
+	/* same bytes as the v1 record but version and count */
+	ck_assert(memcmp(p + 1, CONST_PTR_OFFSET(v1->data, 1),
+			 v1_size - 1 - 2 - (CAS_BLOB_ID_SIZE + 4 + 8 + 1 +
+					    CAS_WRAPPED_DEK_SIZE)) == 0);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), 1);
+	ck_assert_uint_eq(array_count(&rec2.blobs), 2);
+	for (n = 0; n < 2; n++) {
+		b1 = array_idx(&rec.blobs, n);
+		b2 = array_idx(&rec2.blobs, n);
+		ck_assert(memcmp(b1->id.id, b2->id.id, CAS_BLOB_ID_SIZE) == 0);
+		ck_assert_uint_eq(b1->dict_id, b2->dict_id);
+		ck_assert(b1->plain_size == b2->plain_size);
+		ck_assert_uint_eq(b1->dek_kind, b2->dek_kind);
+		ck_assert(memcmp(b1->stored_dek, b2->stored_dek,
+				 b1->dek_kind == CAS_DEK_KIND_SEALED ?
+				 CAS_SEALED_DEK_SIZE :
+				 CAS_WRAPPED_DEK_SIZE) == 0);
+	}
+
+	/* every truncation, a trailing byte, an unknown kind */
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_recovery_record_import(buf->data, i,
+				 pool, &rec2, &error), -1);
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	buffer_set_used_size(buf, buf->used - 1);
+	p[buf->used - CAS_SEALED_DEK_SIZE] = 3;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
+	ck_assert_str_eq(error, "recovery record: unknown DEK kind 3 in a "
+			 "version 2 record");
+	p[buf->used - CAS_SEALED_DEK_SIZE] = CAS_DEK_KIND_SEALED;
+	/* a blob count larger than the bytes */
+	p[buf->used - 2 * CAS_BLOB_ID_SIZE - 2 * 12 - CAS_SEALED_DEK_SIZE -
+	  1 - CAS_WRAPPED_DEK_SIZE - 1] = 3;
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec2, &error), -1);
 	pool_unref(&pool);
 }
 END_TEST
@@ -441,6 +534,7 @@ int main(void)
 	tcase_add_test(tc, test_blob_and_mailbox_values);
 	tcase_add_test(tc, test_mailbox_record_tail);
 	tcase_add_test(tc, test_recovery_record);
+	tcase_add_test(tc, test_recovery_record_v2);
 	tcase_add_test(tc, test_recovery_mailbox);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

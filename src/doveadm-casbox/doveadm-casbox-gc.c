@@ -504,8 +504,9 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 		rblob->id = part->id;
 		rblob->dict_id = blob->rec.dict_id;
 		rblob->plain_size = blob->rec.plain_size;
-		memcpy(rblob->wrapped_dek, blob->rec.wrapped_dek,
-		       CAS_WRAPPED_DEK_SIZE);
+		rblob->dek_kind = blob->rec.dek_kind;
+		memcpy(rblob->stored_dek, blob->rec.stored_dek,
+		       cas_dek_kind_size(blob->rec.dek_kind));
 	}
 	rrec.written_usecs = casbox_meta_now_usecs();
 	guid_128_copy(rrec.mailbox_guid, mailbox_guid);
@@ -526,8 +527,6 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
 	}
-	if (ret == 0)
-		return 0; /* password mode: no recovery records */
 	gc->recovery_written++;
 	return 1;
 }

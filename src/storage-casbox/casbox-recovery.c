@@ -8,39 +8,60 @@
 #include "casbox-recovery.h"
 #include "casbox-record-io.h"
 
-#define RECOVERY_BLOB_SIZE (CAS_BLOB_ID_SIZE + 4 + 8 + 1 + \
-			    CAS_WRAPPED_DEK_SIZE)
+/* a blob entry before its DEK */
+#define RECOVERY_BLOB_FIXED_SIZE (CAS_BLOB_ID_SIZE + 4 + 8)
 
 /* The fields every recovery record starts with: version, write time,
    mailbox storage GUID, public GUID, UIDVALIDITY. */
 static void
-write_head(buffer_t *dest, uint64_t written_usecs,
+write_head(buffer_t *dest, uint8_t version, uint64_t written_usecs,
 	   const guid_128_t mailbox_guid, const guid_128_t public_guid,
 	   uint32_t uid_validity)
 {
-	wr_u8(dest, CASBOX_RECOVERY_VERSION);
+	wr_u8(dest, version);
 	wr_u64(dest, written_usecs);
 	buffer_append(dest, mailbox_guid, GUID_128_SIZE);
 	buffer_append(dest, public_guid, GUID_128_SIZE);
 	wr_u32(dest, uid_validity);
 }
 
-static void
-read_head(struct rec_reader *rd, uint64_t *written_usecs_r,
+/* Returns the version (1..max_version; 0 with rd->error set else). */
+static uint8_t
+read_head(struct rec_reader *rd, uint8_t max_version,
+	  uint64_t *written_usecs_r,
 	  guid_128_t mailbox_guid_r, guid_128_t public_guid_r,
 	  uint32_t *uid_validity_r)
 {
 	const unsigned char *p;
+	uint8_t version;
 
-	if (rd_u8(rd, "version") != CASBOX_RECOVERY_VERSION &&
-	    rd->error == NULL)
-		rd->error = "unsupported version";
+	version = rd_u8(rd, "version");
+	if ((version < CASBOX_RECOVERY_VERSION || version > max_version) &&
+	    rd->error == NULL) {
+		rd->error = t_strdup_printf("unsupported version %u",
+					    version);
+	}
 	*written_usecs_r = rd_u64(rd, "written");
 	if ((p = rd_take(rd, GUID_128_SIZE, "mailbox guid")) != NULL)
 		memcpy(mailbox_guid_r, p, GUID_128_SIZE);
 	if ((p = rd_take(rd, GUID_128_SIZE, "public guid")) != NULL)
 		memcpy(public_guid_r, p, GUID_128_SIZE);
 	*uid_validity_r = rd_u32(rd, "uidvalidity");
+	return rd->error == NULL ? version : 0;
+}
+
+/* Version 1 unless a DEK needs version 2: server-mode records stay as
+   they were. */
+static uint8_t
+casbox_recovery_record_version(const struct casbox_recovery_record *rec)
+{
+	const struct casbox_recovery_blob *blob;
+
+	array_foreach(&rec->blobs, blob) {
+		if (blob->dek_kind != CAS_DEK_KIND_SERVER_WRAP)
+			return CASBOX_RECOVERY_VERSION_DEK_KIND;
+	}
+	return CASBOX_RECOVERY_VERSION;
 }
 
 void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
@@ -50,8 +71,9 @@ void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
 	size_t len_pos;
 
 	i_assert(array_count(&rec->blobs) <= UINT16_MAX);
-	write_head(dest, rec->written_usecs, rec->mailbox_guid,
-		   rec->public_guid, rec->uid_validity);
+	write_head(dest, casbox_recovery_record_version(rec),
+		   rec->written_usecs, rec->mailbox_guid, rec->public_guid,
+		   rec->uid_validity);
 	wr_u32(dest, rec->uid);
 	wr_u32(dest, rec->next_uid);
 	wr_u64(dest, rec->highest_modseq);
@@ -66,23 +88,71 @@ void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
 		buffer_append(dest, blob->id.id, CAS_BLOB_ID_SIZE);
 		wr_u32(dest, blob->dict_id);
 		wr_u64(dest, blob->plain_size);
-		wr_u8(dest, CASBOX_DEK_KIND_WRAPPED);
-		buffer_append(dest, blob->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+		if (blob->dek_kind == CAS_DEK_KIND_SERVER_WRAP) {
+			wr_u8(dest, CASBOX_DEK_KIND_WRAPPED);
+			buffer_append(dest, blob->wrapped_dek,
+				      CAS_WRAPPED_DEK_SIZE);
+		} else {
+			/* the sealed DEK starts with its kind */
+			i_assert(blob->dek_kind == CAS_DEK_KIND_SEALED &&
+				 blob->sealed_dek[0] == CAS_DEK_KIND_SEALED);
+			buffer_append(dest, blob->sealed_dek,
+				      CAS_SEALED_DEK_SIZE);
+		}
 	}
 }
 
 static int
-casbox_recovery_read_blobs(struct rec_reader *rd, pool_t pool,
-			   struct casbox_recovery_record *rec_r)
+casbox_recovery_read_dek(struct rec_reader *rd, uint8_t version,
+			 struct casbox_recovery_blob *blob)
+{
+	const unsigned char *p;
+	uint8_t kind;
+
+	kind = rd_u8(rd, "DEK kind");
+	if (rd->error != NULL)
+		return -1;
+	if (kind == CASBOX_DEK_KIND_WRAPPED) {
+		p = rd_take(rd, CAS_WRAPPED_DEK_SIZE, "wrapped DEK");
+		if (p == NULL)
+			return -1;
+		blob->dek_kind = CAS_DEK_KIND_SERVER_WRAP;
+		memcpy(blob->wrapped_dek, p, CAS_WRAPPED_DEK_SIZE);
+		return 0;
+	}
+	if (kind != CAS_DEK_KIND_SEALED ||
+	    version < CASBOX_RECOVERY_VERSION_DEK_KIND) {
+		rd->error = t_strdup_printf("unknown DEK kind %u in a "
+					    "version %u record", kind,
+					    version);
+		return -1;
+	}
+	/* the kind byte is the sealed DEK's byte 0 */
+	p = rd_take(rd, CAS_SEALED_DEK_SIZE - 1, "sealed DEK");
+	if (p == NULL)
+		return -1;
+	blob->dek_kind = CAS_DEK_KIND_SEALED;
+	blob->sealed_dek[0] = kind;
+	memcpy(blob->sealed_dek + 1, p, CAS_SEALED_DEK_SIZE - 1);
+	return 0;
+}
+
+static int
+casbox_recovery_read_blobs(struct rec_reader *rd, uint8_t version,
+			   pool_t pool, struct casbox_recovery_record *rec_r)
 {
 	struct casbox_recovery_blob *blob;
 	const unsigned char *p;
 	unsigned int i, count;
 
 	count = rd_u16(rd, "blob count");
-	if (rd->error == NULL && (size_t)(rd->end - rd->p) !=
-	    (size_t)count * RECOVERY_BLOB_SIZE) {
-		rd->error = t_strdup_printf("%u blobs do not fill the "
+	/* each entry has at least the fixed part, a kind byte and the
+	   smallest DEK: a count the bytes cannot hold is rejected before
+	   any allocation */
+	if (rd->error == NULL && count > 0 &&
+	    (size_t)(rd->end - rd->p) / count <
+	    RECOVERY_BLOB_FIXED_SIZE + 1 + CAS_WRAPPED_DEK_SIZE) {
+		rd->error = t_strdup_printf("%u blobs do not fit in the "
 					    "record", count);
 	}
 	if (rd->error != NULL)
@@ -91,15 +161,18 @@ casbox_recovery_read_blobs(struct rec_reader *rd, pool_t pool,
 	for (i = 0; i < count; i++) {
 		blob = array_append_space(&rec_r->blobs);
 		p = rd_take(rd, CAS_BLOB_ID_SIZE, "blob id");
+		if (p == NULL)
+			return -1;
 		memcpy(blob->id.id, p, CAS_BLOB_ID_SIZE);
 		blob->dict_id = rd_u32(rd, "dict id");
 		blob->plain_size = rd_u64(rd, "plain size");
-		if (rd_u8(rd, "DEK kind") != CASBOX_DEK_KIND_WRAPPED) {
-			rd->error = "unknown DEK kind";
+		if (casbox_recovery_read_dek(rd, version, blob) < 0)
 			return -1;
-		}
-		p = rd_take(rd, CAS_WRAPPED_DEK_SIZE, "wrapped DEK");
-		memcpy(blob->wrapped_dek, p, CAS_WRAPPED_DEK_SIZE);
+	}
+	if (rd->p != rd->end) {
+		rd->error = t_strdup_printf("%u blobs do not fill the "
+					    "record", count);
+		return -1;
 	}
 	return 0;
 }
@@ -113,11 +186,13 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 	};
 	const unsigned char *p;
 	const char *error;
+	uint8_t version;
 	size_t len;
 
 	i_zero(rec_r);
-	read_head(&rd, &rec_r->written_usecs, rec_r->mailbox_guid,
-		  rec_r->public_guid, &rec_r->uid_validity);
+	version = read_head(&rd, CASBOX_RECOVERY_VERSION_DEK_KIND,
+			    &rec_r->written_usecs, rec_r->mailbox_guid,
+			    rec_r->public_guid, &rec_r->uid_validity);
 	rec_r->uid = rd_u32(&rd, "uid");
 	rec_r->next_uid = rd_u32(&rd, "next uid");
 	rec_r->highest_modseq = rd_u64(&rd, "highest modseq");
@@ -132,7 +207,7 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 				 guid_128_is_empty(rec_r->mailbox_guid)))
 		rd.error = "zero UID, UIDVALIDITY or mailbox GUID";
 	if (rd.error != NULL ||
-	    casbox_recovery_read_blobs(&rd, pool, rec_r) < 0) {
+	    casbox_recovery_read_blobs(&rd, version, pool, rec_r) < 0) {
 		*error_r = t_strconcat("recovery record: ", rd.error, NULL);
 		return -1;
 	}
@@ -142,8 +217,9 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 void casbox_recovery_mailbox_export(const struct casbox_recovery_mailbox *rec,
 				    buffer_t *dest)
 {
-	write_head(dest, rec->written_usecs, rec->mailbox_guid,
-		   rec->public_guid, rec->uid_validity);
+	/* mailbox records hold no DEK: version 1 in both key modes */
+	write_head(dest, CASBOX_RECOVERY_VERSION, rec->written_usecs,
+		   rec->mailbox_guid, rec->public_guid, rec->uid_validity);
 	wr_u8(dest, rec->deleted ? CASBOX_RECOVERY_MAILBOX_DELETED : 0);
 	wr_str16(dest, rec->name);
 }
@@ -158,8 +234,9 @@ int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
 	unsigned int flags;
 
 	i_zero(rec_r);
-	read_head(&rd, &rec_r->written_usecs, rec_r->mailbox_guid,
-		  rec_r->public_guid, &rec_r->uid_validity);
+	(void)read_head(&rd, CASBOX_RECOVERY_VERSION, &rec_r->written_usecs,
+			rec_r->mailbox_guid, rec_r->public_guid,
+			&rec_r->uid_validity);
 	flags = rd_u8(&rd, "flags");
 	if (rd.error == NULL &&
 	    (flags & ENUM_NEGATE(CASBOX_RECOVERY_MAILBOX_DELETED)) != 0)

@@ -8,7 +8,8 @@
    message is acknowledged (doc/casbox-format.md, "Recovery record").
 
    Plaintext (big-endian, as the LSM records it embeds):
-     u8  version (1)
+     u8  version (1: server-wrapped DEKs only; 2: DEKs of any kind, as
+         password mode writes them)
      u64 written: microseconds since the epoch (newest record wins)
      16  mailbox storage id (the key of the 'M'/'m' records)
      16  public mailbox GUID (all zero = the storage id)
@@ -19,7 +20,12 @@
                without the sealed BODYSTRUCTURE metadata, which is
                derived from the bytes)
      u16 n | n x (blob id (32) | u32 dict_id | u64 plain_size |
-                  u8 DEK kind (1) | wrapped DEK (76))
+                  stored DEK)
+   where a stored DEK is, as in the blob record: version 1: u8 kind (1)
+   | wrapped DEK (76); version 2: kind 1 as in version 1, or the 133-byte
+   sealed DEK (kind 2, its byte 0). A record whose DEKs are all of kind
+   1 (every server-mode record) is written as version 1, byte for byte
+   as before version 2 existed.
    The blobs are every distinct blob of the message, with the wrapped
    DEK the store had for it at the save (new or deduplicated alike), so
    each record opens its message on its own: a damaged record loses only
@@ -28,14 +34,24 @@
    in a DEK update frame. */
 
 #include "casbox-records.h"
+#include "casbox-pack.h"
 
 #define CASBOX_RECOVERY_VERSION 1
+/* DEKs of any kind (password mode's sealed DEKs); readers before it
+   reject it with "unsupported version". */
+#define CASBOX_RECOVERY_VERSION_DEK_KIND 2
 
 struct casbox_recovery_blob {
 	struct cas_blob_id id;
 	uint32_t dict_id;
 	uint64_t plain_size;
-	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+	/* enum cas_dek_kind, as in struct casbox_blob_record */
+	uint8_t dek_kind;
+	union {
+		unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+		unsigned char sealed_dek[CAS_SEALED_DEK_SIZE];
+		unsigned char stored_dek[CAS_STORED_DEK_MAX_SIZE];
+	};
 };
 ARRAY_DEFINE_TYPE(casbox_recovery_blob, struct casbox_recovery_blob);
 

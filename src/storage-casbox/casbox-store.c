@@ -847,7 +847,8 @@ void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
 	txn->recovery_mailbox.name = p_strdup(txn->pool, rec->name);
 }
 
-/* Every distinct blob of rec with its wrapped DEK as the transaction
+/* Every distinct blob of rec with its stored DEK (wrapped or sealed, by
+   key mode) as the transaction
    sees it (just written, or deduplicated: the stored record's), so one
    recovery record is enough to open its message. */
 static int
@@ -885,8 +886,9 @@ casbox_store_txn_recovery_blobs(struct casbox_store_txn *txn,
 		rblob->id = part->id;
 		rblob->dict_id = brec.dict_id;
 		rblob->plain_size = brec.plain_size;
-		memcpy(rblob->wrapped_dek, brec.wrapped_dek,
-		       CAS_WRAPPED_DEK_SIZE);
+		rblob->dek_kind = brec.dek_kind;
+		memcpy(rblob->stored_dek, brec.stored_dek,
+		       cas_dek_kind_size(brec.dek_kind));
 	}
 	return 0;
 }

@@ -192,7 +192,7 @@ void casbox_meta_header_write(const struct casbox_meta_header *hdr,
 			      unsigned char dest[CASBOX_META_HEADER_SIZE])
 {
 	memcpy(dest, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
-	dest[4] = CASBOX_META_VERSION;
+	dest[4] = hdr->version != 0 ? hdr->version : CASBOX_META_VERSION;
 	dest[5] = hdr->kind;
 	dest[6] = 0;
 	dest[7] = 0;
@@ -218,7 +218,8 @@ int casbox_meta_header_parse(const unsigned char *data, size_t size,
 		*error_r = "meta frame: header CRC mismatch";
 		return -1;
 	}
-	if (data[4] != CASBOX_META_VERSION) {
+	if (data[4] != CASBOX_META_VERSION &&
+	    data[4] != CASBOX_META_VERSION_USERKEY) {
 		*error_r = t_strdup_printf(
 			"meta frame: unsupported version %u", data[4]);
 		return -1;
@@ -232,6 +233,7 @@ int casbox_meta_header_parse(const unsigned char *data, size_t size,
 		*error_r = "meta frame: reserved bytes set";
 		return -1;
 	}
+	hdr_r->version = data[4];
 	hdr_r->kind = data[5];
 	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
 	hdr_r->body_crc = le32_to_cpu_unaligned(data + 12);
@@ -262,11 +264,11 @@ int casbox_meta_body_check(const struct casbox_meta_header *hdr,
 	return 0;
 }
 
-void casbox_meta_aad(enum casbox_meta_kind kind,
+void casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
 		     unsigned char aad_r[CASBOX_META_AAD_SIZE])
 {
 	memcpy(aad_r, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
-	aad_r[4] = CASBOX_META_VERSION;
+	aad_r[4] = version;
 	aad_r[5] = kind;
 }
 

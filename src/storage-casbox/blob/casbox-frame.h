@@ -54,16 +54,23 @@
    blob reader can take it for a blob and the keyless scanner can tell
    the kinds apart.
      0  4  magic "CBMF"
-     4  1  version (1)
+     4  1  version: how the body is sealed (1 = index key, server key
+           mode; 2 = to the user's public key, password key mode)
      5  1  kind (enum casbox_meta_kind)
      6  2  reserved (0)
      8  4  frame_size (whole frame)
     12  4  masked CRC32C of the body (bytes 20..frame_size)
     16  4  masked CRC32C of header bytes 0..15
-    20     body: sealed record (nonce | ciphertext | tag) */
+    20     body: version 1: sealed record (nonce | ciphertext | tag);
+           version 2: cas_userkey_box_seal() (key id | ephemeral public
+           key | ciphertext | tag | MAC) */
 #define CASBOX_META_MAGIC "CBMF"
 #define CASBOX_META_HEADER_SIZE 20
 #define CASBOX_META_VERSION 1
+/* sealed to the user's public key (casbox_key_mode=password): LMTP
+   writes these without the password. Readers before it reject the
+   frame ("unsupported version 2"). */
+#define CASBOX_META_VERSION_USERKEY 2
 /* a sealed record of at least one byte */
 #define CASBOX_META_MIN_BODY (CAS_AEAD_NONCE_SIZE + 1 + CAS_AEAD_TAG_SIZE)
 #define CASBOX_META_MAX_BODY (16 * 1024 * 1024)
@@ -83,6 +90,8 @@ enum casbox_meta_kind {
 #define CASBOX_META_KIND_MAX CASBOX_META_KIND_MAILBOX
 
 struct casbox_meta_header {
+	/* CASBOX_META_VERSION or _USERKEY; 0 writes CASBOX_META_VERSION */
+	uint8_t version;
 	enum casbox_meta_kind kind;
 	uint32_t frame_size;
 	uint32_t body_crc;
@@ -136,7 +145,7 @@ int casbox_meta_header_parse(const unsigned char *data, size_t size,
 int casbox_meta_body_check(const struct casbox_meta_header *hdr,
 			   const unsigned char *body, size_t size,
 			   const char **error_r);
-void casbox_meta_aad(enum casbox_meta_kind kind,
+void casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
 		     unsigned char aad_r[CASBOX_META_AAD_SIZE]);
 
 /* Plaintext size of chunk idx of a blob of plain_size bytes. */

@@ -617,15 +617,36 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 	return ret;
 }
 
-void casbox_pack_meta_seal(struct casbox_pack_store *store,
-			   enum casbox_meta_kind kind,
-			   const void *plain, size_t size, buffer_t *sealed)
+/* The meta frame version a store writes and reads: its key mode's. */
+static uint8_t casbox_pack_meta_version(struct casbox_pack_store *store)
 {
+	return cas_keyring_get_userkey(store->keyring) != NULL ?
+		CASBOX_META_VERSION_USERKEY : CASBOX_META_VERSION;
+}
+
+int casbox_pack_meta_seal(struct casbox_pack_store *store,
+			  enum casbox_meta_kind kind,
+			  const void *plain, size_t size, buffer_t *sealed,
+			  const char **error_r)
+{
+	const struct cas_userkey *userkey =
+		cas_keyring_get_userkey(store->keyring);
 	unsigned char aad[CASBOX_META_AAD_SIZE];
 
-	casbox_meta_aad(kind, aad);
-	cas_record_seal(store->keyring, aad, sizeof(aad), plain, size,
-			sealed);
+	casbox_meta_aad(casbox_pack_meta_version(store), kind, aad);
+	if (userkey == NULL) {
+		cas_record_seal(store->keyring, aad, sizeof(aad), plain, size,
+				sealed);
+		return 1;
+	}
+	/* password mode: LMTP has only the public key */
+	if (cas_userkey_box_seal(userkey, aad, sizeof(aad), plain, size,
+				 sealed) < 0) {
+		*error_r = "sealing the meta record failed: "
+			"the user key file's public key is unusable";
+		return -1;
+	}
+	return 1;
 }
 
 int casbox_pack_meta_open(struct casbox_pack_store *store,
@@ -633,11 +654,33 @@ int casbox_pack_meta_open(struct casbox_pack_store *store,
 			  const void *sealed, size_t size,
 			  buffer_t *plain_r, const char **error_r)
 {
+	const struct cas_userkey *userkey =
+		cas_keyring_get_userkey(store->keyring);
 	unsigned char aad[CASBOX_META_AAD_SIZE];
 
-	casbox_meta_aad(kind, aad);
-	return cas_record_open(store->keyring, aad, sizeof(aad),
-			       sealed, size, plain_r, error_r);
+	casbox_meta_aad(casbox_pack_meta_version(store), kind, aad);
+	if (userkey == NULL) {
+		return cas_record_open(store->keyring, aad, sizeof(aad),
+				       sealed, size, plain_r, error_r);
+	}
+	return cas_userkey_box_open(userkey, aad, sizeof(aad), sealed, size,
+				    plain_r, error_r);
+}
+
+int casbox_pack_meta_verify(struct casbox_pack_store *store,
+			    enum casbox_meta_kind kind,
+			    const void *sealed, size_t size,
+			    const char **error_r)
+{
+	const struct cas_userkey *userkey =
+		cas_keyring_get_userkey(store->keyring);
+	unsigned char aad[CASBOX_META_AAD_SIZE];
+
+	if (userkey == NULL)
+		return 0;
+	casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, aad);
+	return cas_userkey_box_verify(userkey, aad, sizeof(aad), sealed, size,
+				      error_r);
 }
 
 int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
@@ -662,6 +705,7 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 	     txn->pack_version < 2) && casbox_pack_rotate(txn, error_r) < 0)
 		return -1;
 	i_zero(&hdr);
+	hdr.version = casbox_pack_meta_version(txn->store);
 	hdr.kind = kind;
 	hdr.frame_size = CASBOX_META_HEADER_SIZE + size;
 	hdr.body_crc = cas_crc32c_mask(cas_crc32c(sealed, size));
@@ -691,17 +735,13 @@ int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
 	buffer_t *sealed;
 	int ret;
 
-	if (cas_keyring_get_userkey(txn->store->keyring) != NULL) {
-		/* password mode: LMTP has no index key to seal with, and
-		   the records carry server-wrapped DEKs only. No recovery
-		   or DEK update records are written (rebuild --from-packs
-		   does not cover password-mode stores; not built). */
-		return 0;
+	sealed = buffer_create_dynamic(default_pool, size + 128);
+	ret = casbox_pack_meta_seal(txn->store, kind, plain, size, sealed,
+				    error_r);
+	if (ret > 0) {
+		ret = casbox_pack_txn_add_meta_sealed(txn, kind, sealed->data,
+						      sealed->used, error_r);
 	}
-	sealed = buffer_create_dynamic(default_pool, size + 64);
-	casbox_pack_meta_seal(txn->store, kind, plain, size, sealed);
-	ret = casbox_pack_txn_add_meta_sealed(txn, kind, sealed->data,
-					      sealed->used, error_r);
 	buffer_free(&sealed);
 	return ret;
 }
@@ -757,6 +797,19 @@ int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
 		return -1;
 	}
 	if (casbox_meta_header_parse(hdr_buf, ret, &hdr, error_r) < 0) {
+		i_close_fd(&fd);
+		return -1;
+	}
+	if (hdr.version != casbox_pack_meta_version(store)) {
+		/* a store is in one key mode; say which, not just that
+		   the seal fails */
+		*error_r = hdr.version == CASBOX_META_VERSION_USERKEY ?
+			"meta frame sealed to a user key (version 2, "
+			"casbox_key_mode=password), but the store uses a "
+			"server key" :
+			"meta frame sealed with a server key (version 1, "
+			"casbox_key_mode=server), but the store uses a "
+			"password-mode user key";
 		i_close_fd(&fd);
 		return -1;
 	}

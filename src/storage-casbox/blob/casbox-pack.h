@@ -76,8 +76,7 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 			const char **error_r);
 /* Append a meta frame (casbox-frame.h): plain is sealed with
    casbox_pack_meta_seal() and written after the blobs added so far, so
-   the same commit makes both durable. Returns 1 ok, 0 not written
-   (password key mode: no meta records), -1 error. */
+   the same commit makes both durable. Returns 1 ok, -1 error. */
 int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
 			     enum casbox_meta_kind kind,
 			     const void *plain, size_t size,
@@ -88,21 +87,33 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 				    enum casbox_meta_kind kind,
 				    const void *sealed, size_t size,
 				    const char **error_r);
-/* The one place meta records are sealed and opened: the index key of
-   the store's key ring, AAD = "CBMF" | version | kind (not the frame's
-   location, so that gc can move a sealed record without opening it).
-   A key mode without the index key at write time (password mode's
-   LMTP) hooks in here. open returns 1 ok, -1 failure (plain_r is not
-   filled then). */
-void casbox_pack_meta_seal(struct casbox_pack_store *store,
-			   enum casbox_meta_kind kind,
-			   const void *plain, size_t size, buffer_t *sealed);
+/* The one place meta records are sealed and opened, by the key mode of
+   the store's key ring: server mode with the index key (frame version
+   1, AAD = "CBMF" | 1 | kind), password mode to the user's public key
+   (version 2, cas_userkey_box_seal(), AAD = "CBMF" | 2 | kind), which
+   LMTP can do without the password; opening that needs the unlocked
+   user key. The AAD binds no location, so gc can move a sealed record
+   without opening it. seal returns 1 ok, -1 error (an unusable public
+   key); open returns 1 ok, -1 failure (plain_r is not filled then). */
+int casbox_pack_meta_seal(struct casbox_pack_store *store,
+			  enum casbox_meta_kind kind,
+			  const void *plain, size_t size, buffer_t *sealed,
+			  const char **error_r);
 int casbox_pack_meta_open(struct casbox_pack_store *store,
 			  enum casbox_meta_kind kind,
 			  const void *sealed, size_t size,
 			  buffer_t *plain_r, const char **error_r);
+/* Check a sealed meta record without opening it, where the mode allows
+   (password mode, with or without the password: key id and MAC).
+   Returns 1 verified, 0 cannot be checked without opening (server
+   mode), -1 bad. */
+int casbox_pack_meta_verify(struct casbox_pack_store *store,
+			    enum casbox_meta_kind kind,
+			    const void *sealed, size_t size,
+			    const char **error_r);
 /* Read the meta frame at (pack_id, offset): header and body CRC
-   checked, the sealed body appended to sealed_r (not opened). Returns 1
+   checked, the sealed body appended to sealed_r (not opened). A frame
+   of the other key mode's version is an error that says so. Returns 1
    ok, -1 damaged or I/O error. */
 int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
 			  uint64_t offset, enum casbox_meta_kind *kind_r,
