@@ -12,6 +12,9 @@
 #include "casbox-storage.h"
 #include "casbox-store.h"
 #include "doveadm-casbox-frompacks.h"
+#include "doveadm-casbox-stdin.h"
+
+#include <sysexits.h>
 
 /* The user's casbox storage must open the new LSM, not a handle on the
    old one from before the swap. */
@@ -174,6 +177,44 @@ static void frompacks_print(struct casbox_frompacks *fp)
 	doveadm_print(fp->moved_to != NULL ? fp->moved_to : "-");
 }
 
+/* Password mode: the records and DEKs are sealed to the user key, so
+   the rebuild needs the user's password, one line on stdin. Unlocking
+   writes nothing; a wrong password fails before anything is locked or
+   scanned. Returns 0 ok, -1 error (exit status set). */
+static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
+			       struct casbox_admin *adm)
+{
+	const char *const *lines = NULL;
+	const char *error;
+	int ret;
+
+	if (adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
+		if (casbox_doveadm_read_secret_lines(1, &lines, &error) < 0) {
+			i_error("casbox rebuild --from-packs: %s: "
+				"casbox_key_mode=password needs the user's "
+				"password on stdin (one line): %s",
+				adm->root_dir, error);
+			ctx->exit_code = EX_NOINPUT;
+			return -1;
+		}
+		adm->key_password = lines[0];
+	}
+	ret = casbox_admin_open_keys(adm, &error);
+	adm->key_password = NULL;
+	casbox_doveadm_secret_lines_free(&lines);
+	if (ret < 0) {
+		i_error("casbox rebuild --from-packs: %s: %s",
+			adm->root_dir, error);
+		if (adm->set.key_mode == CAS_KEY_MODE_PASSWORD &&
+		    strstr(error, "wrong password") != NULL)
+			ctx->exit_code = EX_DATAERR;
+		else
+			doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
+		return -1;
+	}
+	return 0;
+}
+
 int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 			 struct mail_user *user)
 {
@@ -189,8 +230,11 @@ int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
 		return -1;
 	}
-	ret = casbox_admin_open_keys(adm, &error) < 0 ? -1 : 0;
-	if (ret == 0) {
+	if (frompacks_open_keys(ctx, adm) < 0) {
+		casbox_admin_close(&adm);
+		return -1;
+	}
+	if (ret > 0) {
 		fp = casbox_frompacks_init(adm);
 		ret = casbox_frompacks_rebuild_lsm(fp, &error);
 	}

@@ -67,19 +67,23 @@ frompacks_blob_get(struct casbox_frompacks *fp, const struct cas_blob_id *id)
 }
 
 static void frompacks_add_dek(struct casbox_frompacks *fp,
-			      const struct cas_blob_id *id,
-			      const unsigned char *wrapped)
+			      const struct cas_blob_id *id, uint8_t kind,
+			      const unsigned char *stored)
 {
 	struct casbox_frompacks_blob *blob = frompacks_blob_get(fp, id);
 	const struct casbox_frompacks_dek *dek;
 	struct casbox_frompacks_dek *new_dek;
+	size_t size = cas_dek_kind_size(kind);
 
+	i_assert(size > 0);
 	array_foreach(&blob->deks, dek) {
-		if (memcmp(dek->wrapped, wrapped, CAS_WRAPPED_DEK_SIZE) == 0)
+		if (dek->kind == kind &&
+		    memcmp(dek->stored, stored, size) == 0)
 			return;
 	}
 	new_dek = array_append_space(&blob->deks);
-	memcpy(new_dek->wrapped, wrapped, CAS_WRAPPED_DEK_SIZE);
+	new_dek->kind = kind;
+	memcpy(new_dek->stored, stored, size);
 }
 
 static void frompacks_add_recovery(struct casbox_frompacks *fp,
@@ -101,7 +105,8 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 	}
 	/* DEKs count even if a newer record of this UID replaces it */
 	array_foreach(&rec.blobs, rblob)
-		frompacks_add_dek(fp, &rblob->id, rblob->wrapped_dek);
+		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
+				  rblob->stored_dek);
 
 	key = t_strdup_printf("%s:%u", binary_to_hex(rec.mailbox_guid,
 				GUID_128_SIZE), rec.uid);
@@ -135,7 +140,8 @@ static void frompacks_add_dek_update(struct casbox_frompacks *fp,
 		fp->meta_unreadable++;
 		return;
 	}
-	frompacks_add_dek(fp, &upd.id, upd.wrapped_dek);
+	frompacks_add_dek(fp, &upd.id, CAS_DEK_KIND_SERVER_WRAP,
+			  upd.wrapped_dek);
 }
 
 static void frompacks_add_mailbox(struct casbox_frompacks *fp,
@@ -219,8 +225,8 @@ static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
 	return 0;
 }
 
-/* TRUE if the blob opens with rec: the DEK unwraps and the first
-   chunk's tag verifies. */
+/* TRUE if the blob opens with rec: the DEK unwraps (or unseals) and
+   the first chunk's tag verifies. */
 static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 				 const struct cas_blob_id *id,
 				 const struct casbox_blob_record *rec)
@@ -231,8 +237,8 @@ static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 	bool ok;
 	int ret;
 
-	if (cas_dek_unwrap(fp->adm->keyring, id, rec->wrapped_dek, dek,
-			   &error) < 0)
+	if (cas_keyring_dek_open(fp->adm->keyring, id, rec->dek_kind,
+				 rec->stored_dek, dek, &error) < 0)
 		return FALSE;
 	safe_memset(dek, 0, sizeof(dek));
 	input = casbox_pack_blob_open(fp->adm->packs, id, rec);
@@ -263,11 +269,10 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 		rec.frame_size = frames[i-1].frame_size;
 		rec.plain_size = frames[i-1].plain_size;
 		rec.dict_id = frames[i-1].dict_id;
-		/* recovery records carry server-wrapped DEKs only */
-		rec.dek_kind = CAS_DEK_KIND_SERVER_WRAP;
 		array_foreach(&blob->deks, dek) {
-			memcpy(rec.wrapped_dek, dek->wrapped,
-			       CAS_WRAPPED_DEK_SIZE);
+			rec.dek_kind = dek->kind;
+			memcpy(rec.stored_dek, dek->stored,
+			       cas_dek_kind_size(dek->kind));
 			if (frompacks_blob_opens(fp, &blob->id, &rec)) {
 				blob->rec = rec;
 				blob->resolved = 1;

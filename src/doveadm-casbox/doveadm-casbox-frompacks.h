@@ -17,8 +17,11 @@ struct casbox_frompacks_frame {
 	uint32_t dict_id;
 };
 
+/* A candidate DEK of a blob: wrapped (server mode) or sealed (password
+   mode), as recovery records and DEK updates carry it. */
 struct casbox_frompacks_dek {
-	unsigned char wrapped[CAS_WRAPPED_DEK_SIZE];
+	uint8_t kind;
+	unsigned char stored[CAS_STORED_DEK_MAX_SIZE];
 };
 
 struct casbox_frompacks_blob {
@@ -81,8 +84,9 @@ struct casbox_frompacks {
 };
 
 
-/* adm must have the keys open (casbox_admin_open_keys()); its LSM is
-   not used (adm->lsm may be NULL). */
+/* adm must have the keys open (casbox_admin_open_keys(); in password
+   mode unlocked, with adm->key_password set first); its LSM is not used
+   (adm->lsm may be NULL). */
 struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm);
 /* Lock, scan, resolve, write the new LSM and move the old one aside.
    Returns 0 ok, -1 error (then nothing was moved), also when another

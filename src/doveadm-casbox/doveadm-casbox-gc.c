@@ -393,6 +393,39 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
 	return 1;
 }
 
+/* Password mode without the password (what doveadm has): the records
+   are sealed to the user key and cannot be opened, so gc cannot tell a
+   dead message's record from a live one's. It checks each one's MAC
+   and carries it forward verbatim: nothing a rebuild needs is lost,
+   and expunged messages' records stay (a rebuild from the packs
+   reports those whose blobs gc reclaimed as lost). */
+static bool casbox_gc_can_open_meta(struct casbox_gc *gc)
+{
+	return cas_keyring_can_decrypt(gc->adm->keyring);
+}
+
+static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
+				      enum casbox_meta_kind kind,
+				      const buffer_t *sealed,
+				      const char **error_r)
+{
+	const char *error;
+
+	if (casbox_pack_meta_verify(gc->adm->packs, kind, sealed->data,
+				    sealed->used, error_r) < 0)
+		return 0;
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_meta_sealed(gc->txn, kind, sealed->data,
+					    sealed->used, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	if (kind == CASBOX_META_KIND_RECOVERY)
+		gc->recovery_kept++;
+	return 1;
+}
+
 /* Returns 1 handled, 0 could not be read (keep the pack), -1 error. */
 static int casbox_gc_meta(struct casbox_gc *gc,
 			  const struct casbox_census_meta *meta,
@@ -407,9 +440,12 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 	sealed = t_buffer_create(512);
 	plain = t_buffer_create(512);
 	if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset, &kind,
-				  sealed, &error) < 0 ||
-	    casbox_pack_meta_open(packs, kind, sealed->data, sealed->used,
-				  plain, &error) < 0)
+				  sealed, &error) < 0)
+		ret = 0;
+	else if (!casbox_gc_can_open_meta(gc))
+		ret = casbox_gc_meta_keep_sealed(gc, kind, sealed, &error);
+	else if (casbox_pack_meta_open(packs, kind, sealed->data,
+				       sealed->used, plain, &error) < 0)
 		ret = 0;
 	else if (kind == CASBOX_META_KIND_RECOVERY)
 		ret = casbox_gc_recovery(gc, cand, sealed, plain, &error);
@@ -585,7 +621,9 @@ static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 	casbox_admin_progress_end();
 	if (ret == 0)
 		ret = casbox_gc_copy_metas(gc, error_r);
-	if (ret == 0 && gc->all)
+	/* which messages have a record is known only if gc could open
+	   them all (not in password mode without the password) */
+	if (ret == 0 && gc->all && casbox_gc_can_open_meta(gc))
 		ret = casbox_gc_backfill(gc, error_r);
 	if (ret == 0)
 		ret = casbox_gc_txn_commit(gc, error_r);

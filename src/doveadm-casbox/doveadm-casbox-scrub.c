@@ -217,7 +217,9 @@ static void casbox_scrub_add_msg(struct casbox_scrub *scrub,
 }
 
 /* With the key: every meta frame the scan found intact must open and
-   parse (it is what rebuild --from-packs would need). */
+   parse (it is what rebuild --from-packs would need). Password mode
+   without the password: its MAC must verify (the most that can be
+   checked without opening it). */
 static void casbox_scrub_metas(struct casbox_scrub *scrub)
 {
 	struct casbox_pack_store *packs = scrub->adm->packs;
@@ -234,9 +236,15 @@ static void casbox_scrub_metas(struct casbox_scrub *scrub)
 		sealed = t_buffer_create(512);
 		plain = t_buffer_create(512);
 		if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset,
-					  &kind, sealed, &error) < 0 ||
-		    casbox_pack_meta_open(packs, kind, sealed->data,
-					  sealed->used, plain, &error) < 0)
+					  &kind, sealed, &error) < 0)
+			ret = -1;
+		else if (!cas_keyring_can_decrypt(scrub->adm->keyring)) {
+			ret = casbox_pack_meta_verify(packs, kind,
+				sealed->data, sealed->used, &error) < 0 ?
+				-1 : 0;
+		} else if (casbox_pack_meta_open(packs, kind, sealed->data,
+						 sealed->used, plain,
+						 &error) < 0)
 			ret = -1;
 		else if (kind == CASBOX_META_KIND_RECOVERY) {
 			ret = casbox_recovery_record_import(plain->data,

@@ -75,6 +75,7 @@ static int casbox_admin_open_keys_nolsm(struct casbox_admin *adm,
 					const char **error_r)
 {
 	struct casbox_pack_settings pack_set;
+	struct cas_key_settings key_set;
 	const char *error;
 	int ret;
 
@@ -84,13 +85,18 @@ static int casbox_admin_open_keys_nolsm(struct casbox_admin *adm,
 		*error_r = "casbox_key_file setting is not set";
 		return -1;
 	}
-	ret = cas_keyring_load(adm->set.key_file, &adm->keyring, &error);
+	casbox_settings_key(&adm->set, &key_set);
+	if (key_set.mode == CAS_KEY_MODE_PASSWORD)
+		key_set.password = adm->key_password;
+	ret = cas_keyring_load_mode(&key_set, &adm->keyring, &error);
 	if (ret <= 0) {
-		*error_r = ret < 0 ?
-			t_strdup_printf("key file %s: %s",
-					adm->set.key_file, error) :
+		/* the loaders name the file themselves */
+		*error_r = ret == 0 ?
 			t_strdup_printf("key file %s does not exist",
-					adm->set.key_file);
+					adm->set.key_file) :
+			strstr(error, adm->set.key_file) != NULL ? error :
+			t_strdup_printf("key file %s: %s",
+					adm->set.key_file, error);
 		return -1;
 	}
 	i_zero(&pack_set);

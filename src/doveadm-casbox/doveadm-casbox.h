@@ -34,6 +34,12 @@ struct casbox_admin {
 	/* the storage layer's handle; the fields below are its parts */
 	struct casbox_store *store;
 	struct casbox_lsm *lsm;
+	/* password mode: the user's password, set before
+	   casbox_admin_open_keys() of an admin opened without its LSM
+	   (rebuild --from-packs), which then unlocks the user key. Not
+	   owned (the caller wipes it); never logged. NULL: the public part
+	   only. */
+	const char *key_password;
 	/* NULL until casbox_admin_open_keys() */
 	struct cas_keyring *keyring;
 	struct casbox_pack_store *packs;
@@ -64,8 +70,9 @@ int casbox_admin_open_root_full(const char *root_dir,
 				enum file_lock_method lock_method,
 				bool open_lsm, struct casbox_admin **adm_r,
 				const char **error_r);
-/* Load the key ring (it must be the store's key) and open the packs.
-   Returns 1 ok, -1 error. */
+/* Load the key ring of the configured key mode (it must be the store's
+   key; see key_password above) and open the packs. Returns 1 ok, -1
+   error (a wrong password says "wrong password"). */
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r);
 /* Reload the key ring if key rotation rewrote the key file (the same
    root only). Needs casbox_admin_open_keys(). Returns 0 ok, -1 error. */
