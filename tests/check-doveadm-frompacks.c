@@ -21,6 +21,7 @@
 #include "casbox-store.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox-frompacks.h"
+#include "doveadm-casbox-stdin.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -568,6 +569,201 @@ static const char *read_msg(const guid_128_t box, uint32_t uid)
 	return str_c(str);
 }
 
+/* Password mode: LMTP-like saves with the public key only write
+   recovery records sealed to the user key (with 133-byte sealed DEKs).
+   Without the password or with a wrong one the rebuild changes nothing;
+   with it the records come back byte for byte, and a blob re-encoded
+   under a fresh sealed DEK opens through its version 2 DEK update. */
+static int frompacks_try(const char *password, const char **error_r)
+{
+	struct casbox_frompacks *fp;
+	struct casbox_admin *adm;
+	int ret;
+
+	if (casbox_admin_open_root_full(root, &set, FSYNC_MODE_ALWAYS,
+					FILE_LOCK_METHOD_FCNTL, FALSE,
+					&adm, error_r) <= 0)
+		ck_abort_msg("admin open: %s", *error_r);
+	adm->key_password = password;
+	ret = casbox_admin_open_keys(adm, error_r);
+	adm->key_password = NULL;
+	if (ret > 0) {
+		fp = casbox_frompacks_init(adm);
+		ret = casbox_frompacks_rebuild_lsm(fp, error_r);
+		if (ret == 0)
+			ck_assert_uint_eq(fp->lost_messages, 0);
+		casbox_frompacks_deinit(&fp);
+	}
+	casbox_admin_close(&adm);
+	return ret < 0 ? -1 : 0;
+}
+
+START_TEST(test_password_mode)
+{
+	static const struct cas_userkey_limits limits = {
+		.opslimit = crypto_pwhash_OPSLIMIT_MIN,
+		.memlimit = crypto_pwhash_MEMLIMIT_MIN,
+	};
+	const char *m1[] = { part_a, part_b, NULL };
+	const char *m2[] = { part_a, part_c, NULL };
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_store *packs;
+	struct casbox_pack_txn *txn;
+	struct casbox_blob_record rec;
+	struct cas_key_settings key_set;
+	struct cas_keyring *kr;
+	struct cas_blob_id id;
+	struct casbox_store *store;
+	struct istream *input;
+	const char *msgs, *blobs, *key, *error = NULL;
+	struct stat st;
+
+	set.key_file = t_strconcat(test_dir, "/user.ukey", NULL);
+	set.key_mode = CAS_KEY_MODE_PASSWORD;
+	ck_assert_int_eq(cas_userkey_create(set.key_file, "pw", 2, &limits,
+					    NULL, &error), 1);
+	/* LMTP: no password */
+	set.key_password = NULL;
+	store = store_open();
+	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
+	add_msg(store, inbox_guid, "INBOX", 2, "guid-2", m2, FALSE);
+	add_msg(store, work_guid, "Work", 7, "guid-1", m1, TRUE);
+	casbox_store_close(&store);
+	msgs = lsm_dump(CASBOX_KEY_MESSAGE);
+	blobs = lsm_dump(CASBOX_KEY_BLOB);
+	key = lsm_dump(CASBOX_KEY_KEYRING);
+
+	lsm_lose();
+	/* no password: nothing opens, nothing is written */
+	ck_assert_int_eq(frompacks_try(NULL, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "no recovery record opens"));
+	ck_assert_int_eq(stat(t_strconcat(root, "/lsm", NULL), &st), -1);
+	ck_assert_int_eq(errno, ENOENT);
+	ck_assert_int_eq(frompacks_try("wrong", &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "wrong password"));
+	ck_assert_int_eq(stat(t_strconcat(root, "/lsm", NULL), &st), -1);
+
+	ck_assert_int_eq(frompacks_try("pw", &error), 0);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_BLOB), blobs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_KEYRING), key);
+	set.key_password = "pw";
+	ck_assert_str_eq(read_msg(work_guid, 7),
+			 t_strconcat(part_a, part_b, NULL));
+
+	/* blob A again under a fresh sealed DEK (gc with the password),
+	   its DEK update the only place that DEK is; the old frame
+	   damaged */
+	casbox_settings_key(&set, &key_set);
+	ck_assert_int_eq(cas_keyring_load_mode(&key_set, &kr, &error), 1);
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(root, "/packs", NULL);
+	ck_assert_int_eq(casbox_pack_store_open(&pack_set, kr, &packs,
+						&error), 1);
+	cas_blob_id_compute(kr, part_a, strlen(part_a), &id);
+	ck_assert_int_eq(casbox_pack_txn_begin(packs, &txn, &error), 1);
+	input = i_stream_create_from_data(part_a, strlen(part_a));
+	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
+			 1);
+	i_stream_unref(&input);
+	ck_assert_uint_eq(rec.dek_kind, CAS_DEK_KIND_SEALED);
+	ck_assert_int_eq(casbox_pack_txn_add_dek_update_kind(txn, &id,
+			 rec.dek_kind, rec.stored_dek, &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
+	casbox_pack_store_close(&packs);
+	cas_keyring_free(&kr);
+	damage_first_frame();
+	lsm_lose();
+	ck_assert_int_eq(frompacks_try("pw", &error), 0);
+	ck_assert_str_eq(read_msg(inbox_guid, 1),
+			 t_strconcat(part_a, part_b, NULL));
+	ck_assert_str_eq(read_msg(inbox_guid, 2),
+			 t_strconcat(part_a, part_c, NULL));
+	set.key_password = NULL;
+	set.key_mode = CAS_KEY_MODE_SERVER;
+}
+END_TEST
+
+/* The stdin secret reader: lines with the newline stripped, the last
+   without one too; end of input, an empty line, a NUL and an overlong
+   line refused; nothing read past the lines asked for. */
+static int secret_lines_from(const void *input, size_t size,
+			     unsigned int count, const char *const **lines_r,
+			     const char **error_r)
+{
+	int fds[2], saved, ret;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	ck_assert_int_eq(write(fds[1], input, size), (ssize_t)size);
+	ck_assert_int_eq(close(fds[1]), 0);
+	saved = dup(STDIN_FILENO);
+	ck_assert_int_ge(saved, 0);
+	ck_assert_int_eq(dup2(fds[0], STDIN_FILENO), STDIN_FILENO);
+	ck_assert_int_eq(close(fds[0]), 0);
+	ret = casbox_doveadm_read_secret_lines(count, lines_r, error_r);
+	if (ret == 0 && count == 1 && strcmp((*lines_r)[0], "one") == 0) {
+		/* the rest is still there */
+		char rest[16];
+
+		ck_assert_int_eq(read(STDIN_FILENO, rest, sizeof(rest)), 4);
+		ck_assert(memcmp(rest, "rest", 4) == 0);
+	}
+	ck_assert_int_eq(dup2(saved, STDIN_FILENO), STDIN_FILENO);
+	ck_assert_int_eq(close(saved), 0);
+	return ret;
+}
+
+START_TEST(test_secret_lines)
+{
+	const char *const *lines;
+	const char *error;
+	char *big;
+
+	ck_assert_int_eq(secret_lines_from("pw word\n", 8, 1, &lines,
+					   &error), 0);
+	ck_assert_str_eq(lines[0], "pw word");
+	casbox_doveadm_secret_lines_free(&lines);
+	ck_assert_ptr_null(lines);
+	ck_assert_int_eq(secret_lines_from("old\nnew", 7, 2, &lines,
+					   &error), 0);
+	ck_assert_str_eq(lines[0], "old");
+	ck_assert_str_eq(lines[1], "new");
+	casbox_doveadm_secret_lines_free(&lines);
+	ck_assert_int_eq(secret_lines_from("one\nrest", 8, 1, &lines,
+					   &error), 0);
+	casbox_doveadm_secret_lines_free(&lines);
+	/* a \r is part of the secret */
+	ck_assert_int_eq(secret_lines_from("a\r\n", 3, 1, &lines, &error),
+			 0);
+	ck_assert_str_eq(lines[0], "a\r");
+	casbox_doveadm_secret_lines_free(&lines);
+
+	ck_assert_int_eq(secret_lines_from("", 0, 1, &lines, &error), -1);
+	ck_assert_str_eq(error, "no line 1 on stdin (end of input)");
+	ck_assert_ptr_null(lines);
+	ck_assert_int_eq(secret_lines_from("only\n", 5, 2, &lines, &error),
+			 -1);
+	ck_assert_str_eq(error, "no line 2 on stdin (end of input)");
+	ck_assert_int_eq(secret_lines_from("\nx\n", 3, 1, &lines, &error),
+			 -1);
+	ck_assert_str_eq(error, "stdin line 1: empty line");
+	ck_assert_int_eq(secret_lines_from("se\0cret\n", 8, 1, &lines,
+					   &error), -1);
+	ck_assert_str_eq(error, "stdin line 1: NUL byte in the line");
+	big = t_malloc0(CASBOX_DOVEADM_SECRET_MAX_LEN + 2);
+	memset(big, 'p', CASBOX_DOVEADM_SECRET_MAX_LEN + 1);
+	ck_assert_int_eq(secret_lines_from(big, strlen(big), 1, &lines,
+					   &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "longer than"));
+	ck_assert_ptr_null(strstr(error, "ppp"));
+	big[CASBOX_DOVEADM_SECRET_MAX_LEN] = '\n';
+	ck_assert_int_eq(secret_lines_from(big, strlen(big), 1, &lines,
+					   &error), 0);
+	ck_assert_uint_eq(strlen(lines[0]), CASBOX_DOVEADM_SECRET_MAX_LEN);
+	casbox_doveadm_secret_lines_free(&lines);
+}
+END_TEST
+
 static void rot_populate(void)
 {
 	const char *m1[] = { part_a, part_b, NULL };
@@ -774,6 +970,8 @@ int main(void)
 	tcase_add_test(tc, test_dek_update_opens_new_frame);
 	tcase_add_test(tc, test_no_opening_dek_is_lost);
 	tcase_add_test(tc, test_refused_without_records);
+	tcase_add_test(tc, test_password_mode);
+	tcase_add_test(tc, test_secret_lines);
 	tcase_add_test(tc, test_rotation_crash_then_resume);
 	tcase_add_test(tc, test_rotation_crash_then_rebuild);
 	tcase_add_test(tc, test_rotation_finished_then_rebuild);

@@ -1382,6 +1382,7 @@ START_TEST(test_dek_update)
 	i_zero(&upd);
 	upd.written_usecs = 1234567890123456ULL;
 	memset(upd.id.id, 0x5a, sizeof(upd.id.id));
+	upd.dek_kind = CAS_DEK_KIND_SERVER_WRAP;
 	memset(upd.wrapped_dek, 0xc3, sizeof(upd.wrapped_dek));
 	plain = buffer_create_dynamic(default_pool, 128);
 	casbox_dek_update_export(&upd, plain);
@@ -1398,16 +1399,58 @@ START_TEST(test_dek_update)
 						  &upd2, &error), -1);
 	buffer_set_used_size(plain, CASBOX_DEK_UPDATE_SIZE);
 	p = buffer_get_modifiable_data(plain, NULL);
+	p[0] = 3;
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	ck_assert_str_eq(error, "DEK update: unsupported version 3");
+	/* version 2 holds sealed DEKs only */
 	p[0] = 2;
 	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
 						  &upd2, &error), -1);
-	ck_assert_str_eq(error, "DEK update: unsupported version 2");
+	ck_assert_str_eq(error, "DEK update: unknown DEK kind 1 in a "
+			 "version 2 update");
 	p[0] = 1;
 	p = buffer_get_modifiable_data(plain, NULL);
 	p[9 + CAS_BLOB_ID_SIZE] = 2;
 	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
 						  &upd2, &error), -1);
-	ck_assert_str_eq(error, "DEK update: unknown DEK kind 2");
+	ck_assert_str_eq(error, "DEK update: unknown DEK kind 2 in a "
+			 "version 1 update");
+	p[9 + CAS_BLOB_ID_SIZE] = 1;
+
+	/* version 2: a sealed DEK, 174 bytes */
+	upd.dek_kind = CAS_DEK_KIND_SEALED;
+	for (i = 0; i < CAS_SEALED_DEK_SIZE; i++)
+		upd.sealed_dek[i] = i * 7;
+	upd.sealed_dek[0] = CAS_DEK_KIND_SEALED;
+	buffer_set_used_size(plain, 0);
+	casbox_dek_update_export(&upd, plain);
+	ck_assert_uint_eq(plain->used, CASBOX_DEK_UPDATE_SEALED_SIZE);
+	ck_assert_uint_eq(plain->used, 174);
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), 1);
+	ck_assert_uint_eq(upd2.dek_kind, CAS_DEK_KIND_SEALED);
+	ck_assert(memcmp(upd2.sealed_dek, upd.sealed_dek,
+			 CAS_SEALED_DEK_SIZE) == 0);
+	ck_assert(memcmp(upd2.id.id, upd.id.id, CAS_BLOB_ID_SIZE) == 0);
+	ck_assert(upd2.written_usecs == upd.written_usecs);
+	for (i = 0; i < plain->used; i++) {
+		ck_assert_int_eq(casbox_dek_update_import(plain->data, i,
+							  &upd2, &error), -1);
+	}
+	buffer_append_c(plain, 0);
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	/* a version 1 update of 174 bytes is refused by its size */
+	p = buffer_get_modifiable_data(plain, NULL);
+	buffer_set_used_size(plain, CASBOX_DEK_UPDATE_SEALED_SIZE);
+	p[0] = 1;
+	p[9 + CAS_BLOB_ID_SIZE] = 1;
+	ck_assert_int_eq(casbox_dek_update_import(plain->data, plain->used,
+						  &upd2, &error), -1);
+	ck_assert_str_eq(error, "DEK update: size 174, expected 118");
+	upd.dek_kind = CAS_DEK_KIND_SERVER_WRAP;
+	memset(upd.wrapped_dek, 0xc3, sizeof(upd.wrapped_dek));
 
 	/* API: a blob's DEK rewrapped, recorded in the packs, found by the
 	   scan and opening the blob */

@@ -140,8 +140,7 @@ static void frompacks_add_dek_update(struct casbox_frompacks *fp,
 		fp->meta_unreadable++;
 		return;
 	}
-	frompacks_add_dek(fp, &upd.id, CAS_DEK_KIND_SERVER_WRAP,
-			  upd.wrapped_dek);
+	frompacks_add_dek(fp, &upd.id, upd.dek_kind, upd.stored_dek);
 }
 
 static void frompacks_add_mailbox(struct casbox_frompacks *fp,

@@ -185,7 +185,8 @@ static int casbox_gc_txn_begin(struct casbox_gc *gc, const char **error_r)
 
 static int casbox_gc_dek_update(struct casbox_gc *gc,
 				const struct cas_blob_id *id,
-				const unsigned char *wrapped_dek,
+				uint8_t dek_kind,
+				const unsigned char *stored_dek,
 				const char **error_r)
 {
 	const char *error;
@@ -193,8 +194,8 @@ static int casbox_gc_dek_update(struct casbox_gc *gc,
 
 	if (casbox_gc_txn_begin(gc, error_r) < 0)
 		return -1;
-	ret = casbox_pack_txn_add_dek_update(gc->txn, id, wrapped_dek,
-					     &error);
+	ret = casbox_pack_txn_add_dek_update_kind(gc->txn, id, dek_kind,
+						  stored_dek, &error);
 	if (ret < 0) {
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
@@ -212,6 +213,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 	struct casbox_gc_move move;
 	struct istream *input;
 	const char *error;
+	bool verbatim;
 	int ret;
 
 	if (blob->damage != NULL) {
@@ -225,7 +227,8 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		return -1;
 	i_zero(&move);
 	move.blob = blob;
-	if (!cas_keyring_can_decrypt(gc->adm->keyring)) {
+	verbatim = !cas_keyring_can_decrypt(gc->adm->keyring);
+	if (verbatim) {
 		/* password mode without the password: move the frame as
 		   it is (CRC-checked, DEK unchanged) */
 		ret = casbox_pack_txn_copy_frame(gc->txn, &blob->id,
@@ -248,9 +251,11 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 	}
 	array_push_back(&gc->moves, &move);
 	blob->gc_moved = TRUE;
-	/* the copy has a fresh DEK that no recovery record carries */
-	if (casbox_gc_dek_update(gc, &blob->id, move.new_rec.wrapped_dek,
-				 error_r) < 0)
+	/* a re-encoded copy has a fresh DEK that no recovery record
+	   carries; a verbatim copy keeps the DEK the records have */
+	if (!verbatim &&
+	    casbox_gc_dek_update(gc, &blob->id, move.new_rec.dek_kind,
+				 move.new_rec.stored_dek, error_r) < 0)
 		return -1;
 	gc->bytes_written += move.new_rec.frame_size;
 	gc->txn_bytes += move.new_rec.frame_size;
@@ -741,7 +746,8 @@ static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
 			ret = -1;
 			break;
 		}
-		if (casbox_gc_dek_update(gc, &move->blob->id, wrapped,
+		if (casbox_gc_dek_update(gc, &move->blob->id,
+					 CAS_DEK_KIND_SERVER_WRAP, wrapped,
 					 error_r) < 0) {
 			ret = -1;
 			break;

@@ -423,12 +423,21 @@ int casbox_blob_record_import(const void *data, size_t size,
 void casbox_dek_update_export(const struct casbox_dek_update *upd,
 			      buffer_t *dest)
 {
-	unsigned char *p = buffer_append_space_unsafe(dest,
-		CASBOX_DEK_UPDATE_SIZE);
+	bool sealed = upd->dek_kind == CAS_DEK_KIND_SEALED;
+	unsigned char *p = buffer_append_space_unsafe(dest, sealed ?
+		CASBOX_DEK_UPDATE_SEALED_SIZE : CASBOX_DEK_UPDATE_SIZE);
 
-	p[0] = CASBOX_DEK_UPDATE_VERSION;
+	p[0] = sealed ? CASBOX_DEK_UPDATE_VERSION_SEALED :
+		CASBOX_DEK_UPDATE_VERSION;
 	cpu64_to_le_unaligned(upd->written_usecs, p + 1);
 	memcpy(p + 9, upd->id.id, CAS_BLOB_ID_SIZE);
+	if (sealed) {
+		/* the sealed DEK starts with its kind */
+		i_assert(upd->sealed_dek[0] == CAS_DEK_KIND_SEALED);
+		memcpy(p + 9 + CAS_BLOB_ID_SIZE, upd->sealed_dek,
+		       CAS_SEALED_DEK_SIZE);
+		return;
+	}
 	p[9 + CAS_BLOB_ID_SIZE] = CASBOX_DEK_KIND_WRAPPED;
 	memcpy(p + 10 + CAS_BLOB_ID_SIZE, upd->wrapped_dek,
 	       CAS_WRAPPED_DEK_SIZE);
@@ -439,6 +448,8 @@ int casbox_dek_update_import(const void *data, size_t size,
 			     const char **error_r)
 {
 	const unsigned char *p = data;
+	uint8_t kind;
+	size_t expected;
 
 	i_zero(upd_r);
 	if (size < 1 + 8 + CAS_BLOB_ID_SIZE + 1) {
@@ -446,24 +457,38 @@ int casbox_dek_update_import(const void *data, size_t size,
 					   size);
 		return -1;
 	}
-	if (p[0] != CASBOX_DEK_UPDATE_VERSION) {
+	if (p[0] != CASBOX_DEK_UPDATE_VERSION &&
+	    p[0] != CASBOX_DEK_UPDATE_VERSION_SEALED) {
 		*error_r = t_strdup_printf("DEK update: unsupported version %u",
 					   p[0]);
 		return -1;
 	}
-	if (p[9 + CAS_BLOB_ID_SIZE] != CASBOX_DEK_KIND_WRAPPED) {
-		*error_r = t_strdup_printf("DEK update: unknown DEK kind %u",
-					   p[9 + CAS_BLOB_ID_SIZE]);
+	/* version 1: server-wrapped DEKs only; 2: sealed DEKs only */
+	kind = p[9 + CAS_BLOB_ID_SIZE];
+	if (kind != (p[0] == CASBOX_DEK_UPDATE_VERSION ?
+		     CASBOX_DEK_KIND_WRAPPED : CAS_DEK_KIND_SEALED)) {
+		*error_r = t_strdup_printf("DEK update: unknown DEK kind %u "
+					   "in a version %u update", kind,
+					   p[0]);
 		return -1;
 	}
-	if (size != CASBOX_DEK_UPDATE_SIZE) {
-		*error_r = t_strdup_printf("DEK update: size %zu, expected %u",
-					   size, CASBOX_DEK_UPDATE_SIZE);
+	expected = p[0] == CASBOX_DEK_UPDATE_VERSION ?
+		CASBOX_DEK_UPDATE_SIZE : CASBOX_DEK_UPDATE_SEALED_SIZE;
+	if (size != expected) {
+		*error_r = t_strdup_printf("DEK update: size %zu, expected %zu",
+					   size, expected);
 		return -1;
 	}
 	upd_r->written_usecs = le64_to_cpu_unaligned(p + 1);
 	memcpy(upd_r->id.id, p + 9, CAS_BLOB_ID_SIZE);
-	memcpy(upd_r->wrapped_dek, p + 10 + CAS_BLOB_ID_SIZE,
-	       CAS_WRAPPED_DEK_SIZE);
+	if (kind == CAS_DEK_KIND_SEALED) {
+		upd_r->dek_kind = CAS_DEK_KIND_SEALED;
+		memcpy(upd_r->sealed_dek, p + 9 + CAS_BLOB_ID_SIZE,
+		       CAS_SEALED_DEK_SIZE);
+	} else {
+		upd_r->dek_kind = CAS_DEK_KIND_SERVER_WRAP;
+		memcpy(upd_r->wrapped_dek, p + 10 + CAS_BLOB_ID_SIZE,
+		       CAS_WRAPPED_DEK_SIZE);
+	}
 	return 1;
 }

@@ -755,22 +755,34 @@ uint64_t casbox_meta_now_usecs(void)
 	return (uint64_t)tv.tv_sec * 1000000 + tv.tv_usec;
 }
 
+int casbox_pack_txn_add_dek_update_kind(struct casbox_pack_txn *txn,
+					const struct cas_blob_id *id,
+					uint8_t dek_kind,
+					const unsigned char *stored_dek,
+					const char **error_r)
+{
+	struct casbox_dek_update upd;
+	buffer_t *plain;
+
+	i_assert(cas_dek_kind_size(dek_kind) > 0);
+	i_zero(&upd);
+	upd.written_usecs = casbox_meta_now_usecs();
+	upd.id = *id;
+	upd.dek_kind = dek_kind;
+	memcpy(upd.stored_dek, stored_dek, cas_dek_kind_size(dek_kind));
+	plain = t_buffer_create(CASBOX_DEK_UPDATE_SEALED_SIZE);
+	casbox_dek_update_export(&upd, plain);
+	return casbox_pack_txn_add_meta(txn, CASBOX_META_KIND_DEK_UPDATE,
+					plain->data, plain->used, error_r);
+}
+
 int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
 				   const struct cas_blob_id *id,
 				   const unsigned char *wrapped_dek,
 				   const char **error_r)
 {
-	struct casbox_dek_update upd;
-	buffer_t *plain;
-
-	i_zero(&upd);
-	upd.written_usecs = casbox_meta_now_usecs();
-	upd.id = *id;
-	memcpy(upd.wrapped_dek, wrapped_dek, CAS_WRAPPED_DEK_SIZE);
-	plain = t_buffer_create(CASBOX_DEK_UPDATE_SIZE);
-	casbox_dek_update_export(&upd, plain);
-	return casbox_pack_txn_add_meta(txn, CASBOX_META_KIND_DEK_UPDATE,
-					plain->data, plain->used, error_r);
+	return casbox_pack_txn_add_dek_update_kind(txn, id,
+		CAS_DEK_KIND_SERVER_WRAP, wrapped_dek, error_r);
 }
 
 int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,

@@ -201,18 +201,30 @@ int casbox_blob_record_import(const void *data, size_t size,
 			      const char **error_r);
 
 /* DEK update meta record (kind CASBOX_META_KIND_DEK_UPDATE): a newer
-   wrapped DEK for a blob id, for rebuild --from-packs after gc (fresh
-   DEKs) or key rotation (rewrapped DEKs). Plaintext (before sealing):
-   u8 version (1) | u64 written (microseconds, LE) | blob id (32) |
-   u8 DEK kind (1 = server wrapped DEK) | wrapped DEK (76). */
+   DEK for a blob id, for rebuild --from-packs after gc (fresh DEKs) or
+   key rotation (rewrapped DEKs). Plaintext (before sealing):
+   version 1: u8 version (1) | u64 written (microseconds, LE) | blob id
+   (32) | u8 DEK kind (1 = server wrapped DEK) | wrapped DEK (76);
+   version 2 (password mode): u8 version (2) | u64 written | blob id |
+   sealed DEK (133, its byte 0 is the kind, 2). */
 #define CASBOX_DEK_UPDATE_VERSION 1
+#define CASBOX_DEK_UPDATE_VERSION_SEALED 2
 #define CASBOX_DEK_KIND_WRAPPED 1
 #define CASBOX_DEK_UPDATE_SIZE (1 + 8 + CAS_BLOB_ID_SIZE + 1 + \
 				CAS_WRAPPED_DEK_SIZE)
+#define CASBOX_DEK_UPDATE_SEALED_SIZE (1 + 8 + CAS_BLOB_ID_SIZE + \
+				       CAS_SEALED_DEK_SIZE)
 struct casbox_dek_update {
 	uint64_t written_usecs;
 	struct cas_blob_id id;
-	unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+	/* enum cas_dek_kind; export writes version 2 for
+	   CAS_DEK_KIND_SEALED, else version 1 with wrapped_dek */
+	uint8_t dek_kind;
+	union {
+		unsigned char wrapped_dek[CAS_WRAPPED_DEK_SIZE];
+		unsigned char sealed_dek[CAS_SEALED_DEK_SIZE];
+		unsigned char stored_dek[CAS_STORED_DEK_MAX_SIZE];
+	};
 };
 void casbox_dek_update_export(const struct casbox_dek_update *upd,
 			      buffer_t *dest);
@@ -220,12 +232,20 @@ void casbox_dek_update_export(const struct casbox_dek_update *upd,
 int casbox_dek_update_import(const void *data, size_t size,
 			     struct casbox_dek_update *upd_r,
 			     const char **error_r);
-/* Seal and append a DEK update (written = now). Key rotation calls this
-   in the pack transaction of its LSM batch. Returns 1 ok, -1 error. */
+/* Seal and append a DEK update (written = now) of a server-wrapped DEK.
+   Key rotation calls this in the pack transaction of its LSM batch.
+   Returns 1 ok, -1 error. */
 int casbox_pack_txn_add_dek_update(struct casbox_pack_txn *txn,
 				   const struct cas_blob_id *id,
 				   const unsigned char *wrapped_dek,
 				   const char **error_r);
+/* The same for a stored DEK of any kind (gc's fresh DEK in either key
+   mode). */
+int casbox_pack_txn_add_dek_update_kind(struct casbox_pack_txn *txn,
+					const struct cas_blob_id *id,
+					uint8_t dek_kind,
+					const unsigned char *stored_dek,
+					const char **error_r);
 /* Microseconds since the epoch (the "written" stamp of meta records). */
 uint64_t casbox_meta_now_usecs(void);
 
