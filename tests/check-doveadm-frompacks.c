@@ -732,11 +732,19 @@ START_TEST(test_secret_lines)
 	ck_assert_int_eq(secret_lines_from("one\nrest", 8, 1, &lines,
 					   &error), 0);
 	casbox_doveadm_secret_lines_free(&lines);
-	/* a \r is part of the secret */
+	/* CRLF line ends, as the key commands read them; a \r inside
+	   is part of the secret */
 	ck_assert_int_eq(secret_lines_from("a\r\n", 3, 1, &lines, &error),
 			 0);
-	ck_assert_str_eq(lines[0], "a\r");
+	ck_assert_str_eq(lines[0], "a");
 	casbox_doveadm_secret_lines_free(&lines);
+	ck_assert_int_eq(secret_lines_from("a\rb\r\r\n", 6, 1, &lines,
+					   &error), 0);
+	ck_assert_str_eq(lines[0], "a\rb\r");
+	casbox_doveadm_secret_lines_free(&lines);
+	ck_assert_int_eq(secret_lines_from("\r\n", 2, 1, &lines, &error),
+			 -1);
+	ck_assert_str_eq(error, "stdin line 1: empty line");
 
 	ck_assert_int_eq(secret_lines_from("", 0, 1, &lines, &error), -1);
 	ck_assert_str_eq(error, "no line 1 on stdin (end of input)");

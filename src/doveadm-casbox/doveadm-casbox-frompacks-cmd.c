@@ -15,6 +15,7 @@
 #include "doveadm-casbox-stdin.h"
 
 #include <sysexits.h>
+#include <unistd.h>
 
 /* The user's casbox storage must open the new LSM, not a handle on the
    old one from before the swap. */
@@ -189,6 +190,23 @@ static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 	int ret;
 
 	if (adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
+		/* one password, one user, from a local doveadm's stdin
+		   (a doveadm server has no stdin; a terminal echoes) */
+		error = !ctx->iterate_single_user ?
+			"one user only (-u user, no wildcard, no -A or -F)" :
+			ctx->cctx->conn_type != DOVEADM_CONNECTION_TYPE_CLI ?
+			"stdin is not forwarded to a doveadm server (-S)" :
+			isatty(STDIN_FILENO) == 1 ?
+			"stdin is a terminal, which would echo the password: "
+			"pipe it in" : NULL;
+		if (error != NULL) {
+			i_error("casbox rebuild --from-packs: %s: "
+				"casbox_key_mode=password reads the user's "
+				"password from stdin: %s", adm->root_dir,
+				error);
+			ctx->exit_code = EX_USAGE;
+			return -1;
+		}
 		if (casbox_doveadm_read_secret_lines(1, &lines, &error) < 0) {
 			i_error("casbox rebuild --from-packs: %s: "
 				"casbox_key_mode=password needs the user's "

@@ -70,6 +70,11 @@ secret_read_line(char *buf, size_t max, const char **error_r)
 		}
 		buf[len++] = c;
 	}
+	/* "\r\n" line ends too, as the key commands' reader
+	   (doveadm-casbox-keyinput.c) takes them: the same password
+	   file must give the same password */
+	if (len > 0 && buf[len - 1] == '\r')
+		len--;
 	buf[len] = '\0';
 	if (len == 0) {
 		*error_r = "empty line";

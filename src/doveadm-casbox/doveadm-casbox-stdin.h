@@ -7,8 +7,9 @@
 /* Longest accepted line, newline excluded. */
 #define CASBOX_DOVEADM_SECRET_MAX_LEN 1024
 
-/* Read exactly count lines from fd 0, each with its trailing "\n"
-   stripped (the last may lack it). Nothing is read past the last line
+/* Read exactly count lines from fd 0, each with its trailing "\n" or
+   "\r\n" stripped (the last may lack it; a lone trailing "\r" is
+   stripped too, as casbox_key_input_lines() does). Nothing is read past the last line
    (a byte at a time), so stdin stays usable. The strings live in
    sodium_malloc()ed memory; free them with
    casbox_doveadm_secret_lines_free(), which wipes them. Returns 0 ok,

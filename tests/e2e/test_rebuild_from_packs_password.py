@@ -9,9 +9,9 @@ changes flags and expunges one message. Every save wrote a recovery
 record sealed to the user's public key (meta frame version 2). Then the
 LSM is removed and the rebuild is run:
 
-- with no password, an empty line or the wrong password on stdin: a
-  clear error, a non-zero exit, and not one byte under the store root
-  changed;
+- with no password, an empty line, the wrong password or a terminal
+  on stdin: a clear error, a non-zero exit (66, 66, 65, 64), and not
+  one byte under the user's home changed;
 - with the password: every message comes back in its mailbox with the
   same UID, GUID, flags, keywords, internal date and bytes (read over
   IMAP with the password), mailbox GUIDs, UIDVALIDITY and UIDNEXT kept.
@@ -23,9 +23,11 @@ and keyless scrub and gc keep working on the rebuilt store.
 
 import hashlib
 import os
+import pty
 import re
 import shutil
 import struct
+import subprocess
 import sys
 import unittest
 
@@ -226,6 +228,19 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
                 self.assertEqual(r.stdout.count("\n"), 1, r.stdout)
                 self.assertEqual(tree_digest(dc.home(USER)), untouched,
                                  stdin)
+            # a terminal would echo the password: refused before a read
+            master, slave = pty.openpty()
+            try:
+                r = subprocess.run(dc.doveadm_command(
+                    "casbox", "rebuild", "--from-packs", "-u", USER),
+                    stdin=slave, capture_output=True, text=True,
+                    timeout=300)
+            finally:
+                os.close(slave)
+                os.close(master)
+            self.assertEqual(r.returncode, 64, r.stderr)
+            self.assertIn("stdin is a terminal", r.stderr)
+            self.assertEqual(tree_digest(dc.home(USER)), untouched)
             # ... and the store is still without an LSM to read from
             self.assertFalse(os.path.exists(os.path.join(root, "lsm")))
 
@@ -267,9 +282,10 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
             data = ok(imap.fetch(b"%d" % len(self.inbox), "(BODY.PEEK[])"))
             self.assertTrue(data[0][1].endswith(b"\r\n\r\nnew\r\n"))
             imap.logout()
-            # a second rebuild after gc still finds everything
+            # a second rebuild after gc still finds everything (and a
+            # CRLF line end is a line end, as for the key commands)
             shutil.rmtree(os.path.join(root, "lsm"))
-            r = self.rebuild(dc, PASSWORD + "\n")
+            r = self.rebuild(dc, PASSWORD + "\r\n")
             self.assertEqual(r.returncode, 0, r.stderr)
             row = parse_tab(r.stdout)[0]
             self.assertEqual(int(row["lost_messages"]), 0, row)
