@@ -1875,16 +1875,23 @@ START_TEST(test_meta_password_mode)
 	buffer_t *blob = pattern_blob(4000, 5), *pack;
 	enum casbox_meta_kind kind;
 	const char *error, *path;
+	static const unsigned char zero_locator[CASBOX_META_LOCATOR_SIZE];
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
+	unsigned char locator2[CASBOX_META_LOCATOR_SIZE];
 	unsigned int n = 0;
 	size_t i;
 
 	buffer_append(plain, "Subject: pwmode secret", 22);
 	store = store_open_with(pub, 0);
 	add_blob_with(store, pub, blob, &id, &rec);
+	/* the locator: keyed by the delivery key, the same with and
+	   without the password, zero in server mode */
+	casbox_pack_meta_locator_make(store, "mbox:7:guid", 11, locator);
+	ck_assert(memcmp(locator, zero_locator, sizeof(locator)) != 0);
 	ck_assert_int_eq(casbox_pack_txn_begin(store, &txn, &error), 1);
-	ck_assert_int_eq(casbox_pack_txn_add_meta(txn,
-			 CASBOX_META_KIND_RECOVERY, plain->data, plain->used,
-			 &error), 1);
+	ck_assert_int_eq(casbox_pack_txn_add_meta_locator(txn,
+			 CASBOX_META_KIND_RECOVERY, locator, plain->data,
+			 plain->used, &error), 1);
 	ck_assert_int_eq(casbox_pack_txn_commit(&txn, &error), 1);
 	scan = casbox_pack_scan_init(store);
 	i_zero(&meta);
@@ -1898,7 +1905,8 @@ START_TEST(test_meta_password_mode)
 	ck_assert_int_eq(casbox_pack_scan_deinit(&scan, &error), 0);
 	ck_assert_uint_eq(n, 1);
 	ck_assert_uint_eq(meta.frame_size, CASBOX_META_HEADER_SIZE +
-			  plain->used + CAS_USERKEY_BOX_OVERHEAD);
+			  CASBOX_META_LOCATOR_SIZE + plain->used +
+			  CAS_USERKEY_BOX_OVERHEAD);
 
 	path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir, meta.pack_id);
 	pack = read_path(path);
@@ -1912,6 +1920,9 @@ START_TEST(test_meta_password_mode)
 	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
 			 meta.offset, &kind, sealed, &error), 1);
 	ck_assert_int_eq(kind, CASBOX_META_KIND_RECOVERY);
+	ck_assert_int_eq(casbox_pack_meta_locator(store, sealed->data,
+			 sealed->used, locator2), 1);
+	ck_assert(memcmp(locator, locator2, sizeof(locator)) == 0);
 	ck_assert_int_eq(casbox_pack_meta_verify(store, kind, sealed->data,
 			 sealed->used, &error), 1);
 	ck_assert_int_eq(casbox_pack_meta_verify(store,
@@ -1925,6 +1936,10 @@ START_TEST(test_meta_password_mode)
 
 	/* with the password */
 	store = store_open_with(unl, 0);
+	casbox_pack_meta_locator_make(store, "mbox:7:guid", 11, locator2);
+	ck_assert(memcmp(locator, locator2, sizeof(locator)) == 0);
+	casbox_pack_meta_locator_make(store, "mbox:8:guid", 11, locator2);
+	ck_assert(memcmp(locator, locator2, sizeof(locator)) != 0);
 	ck_assert_int_eq(meta_reads(store, &meta, plain, &error), 1);
 	/* the kind is authenticated */
 	ck_assert_int_eq(casbox_pack_meta_open(store,
@@ -1950,6 +1965,10 @@ START_TEST(test_meta_password_mode)
 	ck_assert_ptr_nonnull(strstr(error, "sealed to a user key"));
 	ck_assert_int_eq(casbox_pack_meta_verify(store, kind, sealed->data,
 			 sealed->used, &error), 0);
+	ck_assert_int_eq(casbox_pack_meta_locator(store, sealed->data,
+			 sealed->used, locator2), 0);
+	casbox_pack_meta_locator_make(store, "mbox:7:guid", 11, locator2);
+	ck_assert(memcmp(locator2, zero_locator, sizeof(locator2)) == 0);
 	/* server mode still writes version 1 */
 	add_blob_and_meta_nocheck(store, plain, &meta);
 	pack = read_path(t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,

@@ -799,6 +799,60 @@ START_TEST(test_box_seal)
 }
 END_TEST
 
+/* Locators (the clear tag of a password-mode recovery record): keyed
+   BLAKE2b-128 with KDF(D, 4, "CASUDLV1"), recomputed here from the file
+   bytes; the same on the public and the unlocked key, another for
+   another user or other data. The box MAC key is KDF(D, 3): a box whose
+   MAC is recomputed with it verifies (the documented construction). */
+START_TEST(test_locator)
+{
+	struct cas_userkey *key = create_key("u", "pw"), *pub;
+	struct cas_userkey *other = create_key("o", "pw");
+	unsigned char file[UKEY_FILE_SIZE + 1], k_loc[32], k_box[32];
+	unsigned char loc[16], loc2[16], expect[16], len[8];
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 128);
+	crypto_generichash_state st;
+	unsigned char *p;
+	const char *error;
+
+	ck_assert_int_eq(cas_userkey_load_public(tmp_path("u"), &pub,
+						 &error), 1);
+	ck_assert_uint_eq(read_file(tmp_path("u"), file, sizeof(file)),
+			  UKEY_FILE_SIZE);
+	crypto_kdf_derive_from_key(k_loc, 32, 4, "CASUDLV1", file + 76);
+	crypto_kdf_derive_from_key(k_box, 32, 3, "CASUDLV1", file + 76);
+	crypto_generichash(expect, 16, (const void *)"mbox|7|guid", 11,
+			   k_loc, 32);
+	cas_userkey_locator(pub, "mbox|7|guid", 11, loc);
+	ck_assert_mem_eq(loc, expect, 16);
+	cas_userkey_locator(key, "mbox|7|guid", 11, loc2);
+	ck_assert_mem_eq(loc2, expect, 16);
+	cas_userkey_locator(key, "mbox|8|guid", 11, loc2);
+	ck_assert_mem_ne(loc2, expect, 16);
+	cas_userkey_locator(other, "mbox|7|guid", 11, loc2);
+	ck_assert_mem_ne(loc2, expect, 16);
+
+	/* the box MAC: BLAKE2b-128(k_box, u64 LE len(AAD) | AAD | box) */
+	ck_assert_int_eq(cas_userkey_box_seal(pub, "aad", 3, "x", 1, sealed),
+			 1);
+	p = buffer_get_modifiable_data(sealed, NULL);
+	memset(len, 0, sizeof(len));
+	len[0] = 3;
+	crypto_generichash_init(&st, k_box, 32, 16);
+	crypto_generichash_update(&st, len, 8);
+	crypto_generichash_update(&st, (const void *)"aad", 3);
+	crypto_generichash_update(&st, p, sealed->used - 16);
+	crypto_generichash_final(&st, expect, 16);
+	ck_assert_mem_eq(p + sealed->used - 16, expect, 16);
+	sodium_memzero(k_loc, sizeof(k_loc));
+	sodium_memzero(k_box, sizeof(k_box));
+	buffer_free(&sealed);
+	cas_userkey_free(&key);
+	cas_userkey_free(&other);
+	cas_userkey_free(&pub);
+}
+END_TEST
+
 /* Golden: the seed corpus's keyfile-fuzz-pw and sealed-dek (password
    "fuzz", Argon2id minimum limits) must keep opening. Key id, blob id of
    "hello", checksum and sealed-DEK MAC were recomputed independently with
@@ -1072,6 +1126,7 @@ int main(void)
 	tcase_add_test(tc, test_password_change);
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_box_seal);
+	tcase_add_test(tc, test_locator);
 	tcase_add_test(tc, test_golden);
 	tcase_add_test(tc, test_unreadable);
 	tcase_add_test(tc, test_keyring_dispatch);

@@ -62,6 +62,7 @@ enum cas_userkey_delivery_subkey {
 	UKEY_DLV_BLOB_ID = 1,
 	UKEY_DLV_SEAL_MAC = 2,
 	UKEY_DLV_BOX_MAC = 3,
+	UKEY_DLV_LOCATOR = 4,
 };
 #define UKEY_SEAL_MAC_SIZE 16
 #define UKEY_SEAL_BOX_OFF 5
@@ -76,6 +77,7 @@ struct cas_userkey_secrets {
 	unsigned char blob_id_key[32];
 	unsigned char seal_mac_key[32];
 	unsigned char box_mac_key[32];
+	unsigned char locator_key[32];
 	unsigned char sk[crypto_box_SECRETKEYBYTES];
 	unsigned char index_key[32];
 };
@@ -229,6 +231,10 @@ cas_userkey_alloc(const unsigned char *pk, const unsigned char *delivery_key)
 	crypto_kdf_derive_from_key(key->secrets->box_mac_key,
 				   sizeof(key->secrets->box_mac_key),
 				   UKEY_DLV_BOX_MAC, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
+	crypto_kdf_derive_from_key(key->secrets->locator_key,
+				   sizeof(key->secrets->locator_key),
+				   UKEY_DLV_LOCATOR, UKEY_DELIVERY_CONTEXT,
 				   delivery_key);
 	memcpy(key->pk, pk, sizeof(key->pk));
 
@@ -973,4 +979,13 @@ int cas_userkey_box_open(const struct cas_userkey *key,
 		return -1;
 	}
 	return 1;
+}
+
+void cas_userkey_locator(const struct cas_userkey *key,
+			 const void *data, size_t size,
+			 unsigned char locator_r[CAS_USERKEY_LOCATOR_SIZE])
+{
+	crypto_generichash(locator_r, CAS_USERKEY_LOCATOR_SIZE, data, size,
+			   key->secrets->locator_key,
+			   sizeof(key->secrets->locator_key));
 }

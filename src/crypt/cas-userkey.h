@@ -165,4 +165,15 @@ int cas_userkey_box_open(const struct cas_userkey *key,
 			 const void *sealed, size_t sealed_size,
 			 buffer_t *plain, const char **error_r);
 
+/* Keyed BLAKE2b-128 of data with the locator key (from the server-held
+   delivery key; works on a public key): a tag stored in the clear next
+   to a record sealed to the user key, so a process without the password
+   can tell which message a record is about by computing the tag of each
+   candidate (gc without the password), while the tag tells nothing to
+   someone without the key file. */
+#define CAS_USERKEY_LOCATOR_SIZE 16
+void cas_userkey_locator(const struct cas_userkey *key,
+			 const void *data, size_t size,
+			 unsigned char locator_r[CAS_USERKEY_LOCATOR_SIZE]);
+
 #endif

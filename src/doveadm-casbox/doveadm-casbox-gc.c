@@ -54,13 +54,19 @@ struct casbox_gc_move {
 	struct casbox_blob_record new_rec;
 };
 
-/* A recovery record gc did not copy because its message was gone. */
+/* A recovery record gc did not copy because its message was gone.
+   Password mode without the password knows only its locator (guid is
+   NULL then). */
 struct casbox_gc_dropped {
 	guid_128_t mailbox_guid;
 	uint32_t uid;
 	const char *guid;
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
 	struct casbox_gc_pack *cand;
 };
+
+/* locator (hex) -> "<mailbox guid hex>:<uid>" */
+HASH_TABLE_DEFINE_TYPE(casbox_gc_locators, char *, char *);
 
 struct casbox_gc_pack {
 	struct casbox_census_pack *pack;
@@ -81,6 +87,9 @@ struct casbox_gc {
 	/* --all: "<mailbox guid hex>:<uid>" of the live messages whose
 	   recovery record was copied */
 	HASH_TABLE(char *, char *) covered;
+	/* password mode without the password: locator (hex) -> message
+	   key as above, of every live message (built when first needed) */
+	HASH_TABLE_TYPE(casbox_gc_locators) locators;
 
 	uint64_t bytes_before, bytes_written;
 	unsigned int records_dropped, packs_deleted;
@@ -288,6 +297,53 @@ static int casbox_gc_msg_live(struct casbox_gc *gc,
 	return strcmp(mrec.guid, guid) == 0 ? 1 : 0;
 }
 
+static void
+casbox_gc_locator(struct casbox_gc *gc, const guid_128_t mailbox_guid,
+		  uint32_t uid, const char *guid,
+		  unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	buffer_t *data = t_buffer_create(64);
+
+	casbox_recovery_locator_data(mailbox_guid, uid, guid, data);
+	casbox_pack_meta_locator_make(gc->adm->packs, data->data, data->used,
+				      locator_r);
+}
+
+/* The locator of every message record in the LSM as it is now (password
+   mode: what tells gc without the password which records are live). */
+static int
+casbox_gc_locators_build(struct casbox_gc *gc,
+			 HASH_TABLE_TYPE(casbox_gc_locators) *map,
+			 const char **error_r)
+{
+	unsigned char prefix = CASBOX_KEY_MESSAGE;
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
+	struct casbox_lsm_iter *iter;
+	struct casbox_msg_record mrec;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	const char *error;
+	guid_128_t guid;
+	uint32_t uid;
+
+	iter = casbox_lsm_iter_init(gc->adm->lsm, &prefix, 1);
+	while (casbox_lsm_iter_next(iter, &key, &key_size, &value,
+				    &value_size)) T_BEGIN {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
+		    casbox_msg_record_import(value, value_size,
+					     pool_datastack_create(), &mrec,
+					     &error) > 0) {
+			casbox_gc_locator(gc, guid, uid, mrec.guid, locator);
+			hash_table_update(*map,
+				p_strdup(gc->census->pool, binary_to_hex(
+					locator, sizeof(locator))),
+				p_strdup(gc->census->pool,
+					 casbox_gc_msg_key(guid, uid)));
+		}
+	} T_END;
+	return casbox_lsm_iter_deinit(&iter, error_r) < 0 ? -1 : 0;
+}
+
 static int casbox_gc_recovery(struct casbox_gc *gc,
 			      struct casbox_gc_pack *cand,
 			      const buffer_t *sealed, const buffer_t *plain,
@@ -399,26 +455,54 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
 }
 
 /* Password mode without the password (what doveadm has): the records
-   are sealed to the user key and cannot be opened, so gc cannot tell a
-   dead message's record from a live one's. It checks each one's MAC
-   and carries it forward verbatim: nothing a rebuild needs is lost,
-   and expunged messages' records stay (a rebuild from the packs
-   reports those whose blobs gc reclaimed as lost). */
+   are sealed to the user key and cannot be opened. gc checks each one's
+   MAC; a recovery record's locator (authenticated by that MAC) says
+   whether its message is live (casbox_gc_locators_build()): live ones
+   are carried forward verbatim, dead ones dropped. Mailbox records and
+   DEK updates, which have no locator, are all carried forward. */
 static bool casbox_gc_can_open_meta(struct casbox_gc *gc)
 {
 	return cas_keyring_can_decrypt(gc->adm->keyring);
 }
 
 static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
+				      struct casbox_gc_pack *cand,
 				      enum casbox_meta_kind kind,
 				      const buffer_t *sealed,
 				      const char **error_r)
 {
-	const char *error;
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
+	struct casbox_gc_dropped *drop;
+	const char *error, *msg_key;
 
 	if (casbox_pack_meta_verify(gc->adm->packs, kind, sealed->data,
 				    sealed->used, error_r) < 0)
 		return 0;
+	if (kind == CASBOX_META_KIND_RECOVERY &&
+	    casbox_pack_meta_locator(gc->adm->packs, sealed->data,
+				     sealed->used, locator) > 0) {
+		/* the locator is authenticated: it is in the AAD */
+		if (!hash_table_is_created(gc->locators)) {
+			hash_table_create(&gc->locators, gc->census->pool, 0,
+					  str_hash, strcmp);
+			if (casbox_gc_locators_build(gc, &gc->locators,
+						     error_r) < 0)
+				return -1;
+		}
+		msg_key = hash_table_lookup(gc->locators,
+			binary_to_hex(locator, sizeof(locator)));
+		if (msg_key == NULL) {
+			drop = array_append_space(&gc->dropped);
+			memcpy(drop->locator, locator, sizeof(locator));
+			drop->cand = cand;
+			gc->recovery_dropped++;
+			return 1;
+		}
+		if (gc->all) {
+			char *key = p_strdup(gc->census->pool, msg_key);
+			hash_table_update(gc->covered, key, key);
+		}
+	}
 	if (casbox_gc_txn_begin(gc, error_r) < 0)
 		return -1;
 	if (casbox_pack_txn_add_meta_sealed(gc->txn, kind, sealed->data,
@@ -448,7 +532,8 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 				  sealed, &error) < 0)
 		ret = 0;
 	else if (!casbox_gc_can_open_meta(gc))
-		ret = casbox_gc_meta_keep_sealed(gc, kind, sealed, &error);
+		ret = casbox_gc_meta_keep_sealed(gc, cand, kind, sealed,
+						 &error);
 	else if (casbox_pack_meta_open(packs, kind, sealed->data,
 				       sealed->used, plain, &error) < 0)
 		ret = 0;
@@ -503,6 +588,7 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 	struct casbox_recovery_record rrec;
 	struct casbox_mailbox_record mrec;
 	struct casbox_recovery_blob *rblob;
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
 	const struct casbox_msg_part *part;
 	const struct casbox_recovery_blob *seen;
 	struct casbox_census_blob *blob;
@@ -559,10 +645,12 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 	rrec.mailbox_name = mrec.name;
 	plain = t_buffer_create(512);
 	casbox_recovery_record_export(&rrec, plain);
+	casbox_gc_locator(gc, mailbox_guid, uid, rrec.msg.guid, locator);
 	if (casbox_gc_txn_begin(gc, error_r) < 0)
 		return -1;
-	ret = casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_RECOVERY,
-				       plain->data, plain->used, &error);
+	ret = casbox_pack_txn_add_meta_locator(gc->txn,
+		CASBOX_META_KIND_RECOVERY, locator, plain->data, plain->used,
+		&error);
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
 	if (ret < 0) {
 		*error_r = t_strdup_printf("pack append: %s", error);
@@ -626,9 +714,7 @@ static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 	casbox_admin_progress_end();
 	if (ret == 0)
 		ret = casbox_gc_copy_metas(gc, error_r);
-	/* which messages have a record is known only if gc could open
-	   them all (not in password mode without the password) */
-	if (ret == 0 && gc->all && casbox_gc_can_open_meta(gc))
+	if (ret == 0 && gc->all)
 		ret = casbox_gc_backfill(gc, error_r);
 	if (ret == 0)
 		ret = casbox_gc_txn_commit(gc, error_r);
@@ -659,6 +745,32 @@ static void casbox_gc_put_blob(struct casbox_lsm_batch *batch,
 			     value->data, value->used);
 }
 
+/* Under the write lock, password mode without the password: records
+   dropped by their locator are checked against the locators of the
+   messages as they are now (one pass over the message records); on an
+   error every pack with a dropped record is kept. */
+static void casbox_gc_switch_locators(struct casbox_gc *gc)
+{
+	HASH_TABLE_TYPE(casbox_gc_locators) now;
+	const struct casbox_gc_dropped *drop;
+	const char *error;
+	bool any = FALSE, failed;
+
+	array_foreach(&gc->dropped, drop)
+		any = any || drop->guid == NULL;
+	if (!any)
+		return;
+	hash_table_create(&now, gc->census->pool, 0, str_hash, strcmp);
+	failed = casbox_gc_locators_build(gc, &now, &error) < 0;
+	array_foreach(&gc->dropped, drop) {
+		if (drop->guid == NULL && (failed ||
+		    hash_table_lookup(now, binary_to_hex(drop->locator,
+			sizeof(drop->locator))) != NULL))
+			drop->cand->keep = TRUE;
+	}
+	hash_table_destroy(&now);
+}
+
 /* Under the write lock: fresh is the LSM as it is now. */
 static void casbox_gc_switch(struct casbox_gc *gc,
 			     struct casbox_lsm_batch *batch,
@@ -674,11 +786,13 @@ static void casbox_gc_switch(struct casbox_gc *gc,
 	/* a save whose LSM batch was not committed when step 1 looked:
 	   its recovery record stays, with its pack */
 	array_foreach(&gc->dropped, drop) T_BEGIN {
-		if (!drop->cand->keep &&
+		/* (by locator: casbox_gc_switch_locators()) */
+		if (drop->guid != NULL && !drop->cand->keep &&
 		    casbox_gc_msg_live(gc, drop->mailbox_guid, drop->uid,
 				       drop->guid, &error) != 0)
 			drop->cand->keep = TRUE;
 	} T_END;
+	casbox_gc_switch_locators(gc);
 
 	array_foreach(&gc->moves, move) T_BEGIN {
 		blob = hash_table_lookup(fresh->blobs, &move->blob->id);
@@ -894,6 +1008,8 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	}
 	if (hash_table_is_created(gc.covered))
 		hash_table_destroy(&gc.covered);
+	if (hash_table_is_created(gc.locators))
+		hash_table_destroy(&gc.locators);
 	if (gc.census != NULL)
 		casbox_census_free(&gc.census);
 	casbox_admin_close(&gc.adm);

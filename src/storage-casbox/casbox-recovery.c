@@ -214,6 +214,15 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 	return 1;
 }
 
+void casbox_recovery_locator_data(const guid_128_t mailbox_guid, uint32_t uid,
+				  const char *msg_guid, buffer_t *dest)
+{
+	buffer_append(dest, mailbox_guid, GUID_128_SIZE);
+	wr_u32(dest, uid);
+	if (msg_guid != NULL)
+		buffer_append(dest, msg_guid, strlen(msg_guid));
+}
+
 void casbox_recovery_mailbox_export(const struct casbox_recovery_mailbox *rec,
 				    buffer_t *dest)
 {

@@ -94,6 +94,13 @@ int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
 
 void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
 				   buffer_t *dest);
+/* What a recovery record's locator (password mode,
+   casbox_pack_meta_locator_make()) is computed over: mailbox storage id
+   (16) | UID (u32 BE) | message GUID. gc without the password computes
+   it for every live message and so knows, without opening them, which
+   records are live. */
+void casbox_recovery_locator_data(const guid_128_t mailbox_guid, uint32_t uid,
+				  const char *msg_guid, buffer_t *dest);
 /* Strings and arrays from pool. Returns 1 ok, -1 malformed. */
 int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 				  struct casbox_recovery_record *rec_r,

@@ -902,6 +902,7 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 {
 	const struct casbox_mailbox_record *mrec = &txn->recovery_mailbox;
 	struct casbox_recovery_record rrec;
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
 	const char *error;
 	buffer_t *plain;
 	int ret;
@@ -926,11 +927,17 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	if (casbox_store_txn_recovery_blobs(txn, rec, &rrec.blobs,
 					    error_r) < 0)
 		return -1;
+	/* password mode: lets gc without the password find it live */
 	plain = t_buffer_create(512);
+	casbox_recovery_locator_data(rrec.mailbox_guid, uid, rec->guid, plain);
+	casbox_pack_meta_locator_make(txn->store->packs, plain->data,
+				      plain->used, locator);
+	buffer_set_used_size(plain, 0);
 	casbox_recovery_record_export(&rrec, plain);
-	ret = casbox_pack_txn_add_meta(txn->pack_txn,
-				       CASBOX_META_KIND_RECOVERY,
-				       plain->data, plain->used, &error);
+	ret = casbox_pack_txn_add_meta_locator(txn->pack_txn,
+					       CASBOX_META_KIND_RECOVERY,
+					       locator, plain->data,
+					       plain->used, &error);
 	/* message metadata: not left in freed data stack memory */
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
 	if (ret < 0) {

@@ -264,12 +264,18 @@ int casbox_meta_body_check(const struct casbox_meta_header *hdr,
 	return 0;
 }
 
-void casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
-		     unsigned char aad_r[CASBOX_META_AAD_SIZE])
+size_t casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
+		       const unsigned char *locator,
+		       unsigned char aad_r[CASBOX_META_AAD_MAX_SIZE])
 {
 	memcpy(aad_r, CASBOX_META_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
 	aad_r[4] = version;
 	aad_r[5] = kind;
+	if (version == CASBOX_META_VERSION)
+		return CASBOX_META_AAD_SIZE;
+	memcpy(aad_r + CASBOX_META_AAD_SIZE, locator,
+	       CASBOX_META_LOCATOR_SIZE);
+	return CASBOX_META_AAD_MAX_SIZE;
 }
 
 void casbox_frame_chunk_aad(const struct cas_blob_id *id, uint32_t dict_id,

@@ -62,8 +62,9 @@
     12  4  masked CRC32C of the body (bytes 20..frame_size)
     16  4  masked CRC32C of header bytes 0..15
     20     body: version 1: sealed record (nonce | ciphertext | tag);
-           version 2: cas_userkey_box_seal() (key id | ephemeral public
-           key | ciphertext | tag | MAC) */
+           version 2: locator (16, in the clear; all zero but for
+           recovery records) | cas_userkey_box_seal() (key id |
+           ephemeral public key | ciphertext | tag | MAC) */
 #define CASBOX_META_MAGIC "CBMF"
 #define CASBOX_META_HEADER_SIZE 20
 #define CASBOX_META_VERSION 1
@@ -74,8 +75,12 @@
 /* a sealed record of at least one byte */
 #define CASBOX_META_MIN_BODY (CAS_AEAD_NONCE_SIZE + 1 + CAS_AEAD_TAG_SIZE)
 #define CASBOX_META_MAX_BODY (16 * 1024 * 1024)
-/* AAD of the seal: "CBMF" | version | kind */
+/* AAD of the seal: "CBMF" | version | kind, and in version 2 the
+   locator */
 #define CASBOX_META_AAD_SIZE 6
+#define CASBOX_META_LOCATOR_SIZE 16
+#define CASBOX_META_AAD_MAX_SIZE \
+	(CASBOX_META_AAD_SIZE + CASBOX_META_LOCATOR_SIZE)
 
 enum casbox_meta_kind {
 	/* not a meta frame: a blob frame */
@@ -145,8 +150,10 @@ int casbox_meta_header_parse(const unsigned char *data, size_t size,
 int casbox_meta_body_check(const struct casbox_meta_header *hdr,
 			   const unsigned char *body, size_t size,
 			   const char **error_r);
-void casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
-		     unsigned char aad_r[CASBOX_META_AAD_SIZE]);
+/* Returns the AAD's size. locator: version 2 only. */
+size_t casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
+		       const unsigned char *locator,
+		       unsigned char aad_r[CASBOX_META_AAD_MAX_SIZE]);
 
 /* Plaintext size of chunk idx of a blob of plain_size bytes. */
 size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx);

@@ -624,29 +624,81 @@ static uint8_t casbox_pack_meta_version(struct casbox_pack_store *store)
 		CASBOX_META_VERSION_USERKEY : CASBOX_META_VERSION;
 }
 
+static const unsigned char casbox_meta_no_locator[CASBOX_META_LOCATOR_SIZE];
+
 int casbox_pack_meta_seal(struct casbox_pack_store *store,
 			  enum casbox_meta_kind kind,
+			  const unsigned char *locator,
 			  const void *plain, size_t size, buffer_t *sealed,
 			  const char **error_r)
 {
 	const struct cas_userkey *userkey =
 		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_SIZE];
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	size_t aad_size, start = sealed->used;
 
-	casbox_meta_aad(casbox_pack_meta_version(store), kind, aad);
+	if (locator == NULL)
+		locator = casbox_meta_no_locator;
+	aad_size = casbox_meta_aad(casbox_pack_meta_version(store), kind,
+				   locator, aad);
 	if (userkey == NULL) {
-		cas_record_seal(store->keyring, aad, sizeof(aad), plain, size,
+		cas_record_seal(store->keyring, aad, aad_size, plain, size,
 				sealed);
 		return 1;
 	}
 	/* password mode: LMTP has only the public key */
-	if (cas_userkey_box_seal(userkey, aad, sizeof(aad), plain, size,
+	buffer_append(sealed, locator, CASBOX_META_LOCATOR_SIZE);
+	if (cas_userkey_box_seal(userkey, aad, aad_size, plain, size,
 				 sealed) < 0) {
+		buffer_set_used_size(sealed, start);
 		*error_r = "sealing the meta record failed: "
 			"the user key file's public key is unusable";
 		return -1;
 	}
 	return 1;
+}
+
+int casbox_pack_meta_locator(struct casbox_pack_store *store,
+			     const void *sealed, size_t size,
+			     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	if (cas_keyring_get_userkey(store->keyring) == NULL)
+		return 0;
+	if (size < CASBOX_META_LOCATOR_SIZE)
+		return -1;
+	memcpy(locator_r, sealed, CASBOX_META_LOCATOR_SIZE);
+	return 1;
+}
+
+void casbox_pack_meta_locator_make(struct casbox_pack_store *store,
+				   const void *data, size_t size,
+				   unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	const struct cas_userkey *userkey =
+		cas_keyring_get_userkey(store->keyring);
+
+	if (userkey == NULL) {
+		memset(locator_r, 0, CASBOX_META_LOCATOR_SIZE);
+		return;
+	}
+	cas_userkey_locator(userkey, data, size, locator_r);
+}
+
+/* A version 2 body: the locator, then the box. */
+static int
+casbox_pack_meta_split(const void *sealed, size_t size,
+		       const unsigned char **locator_r,
+		       const void **box_r, size_t *box_size_r,
+		       const char **error_r)
+{
+	if (size < CASBOX_META_LOCATOR_SIZE) {
+		*error_r = "meta record: truncated locator";
+		return -1;
+	}
+	*locator_r = sealed;
+	*box_r = CONST_PTR_OFFSET(sealed, CASBOX_META_LOCATOR_SIZE);
+	*box_size_r = size - CASBOX_META_LOCATOR_SIZE;
+	return 0;
 }
 
 int casbox_pack_meta_open(struct casbox_pack_store *store,
@@ -656,14 +708,23 @@ int casbox_pack_meta_open(struct casbox_pack_store *store,
 {
 	const struct cas_userkey *userkey =
 		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_SIZE];
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	const unsigned char *locator;
+	const void *box;
+	size_t aad_size, box_size;
 
-	casbox_meta_aad(casbox_pack_meta_version(store), kind, aad);
 	if (userkey == NULL) {
-		return cas_record_open(store->keyring, aad, sizeof(aad),
+		aad_size = casbox_meta_aad(CASBOX_META_VERSION, kind, NULL,
+					   aad);
+		return cas_record_open(store->keyring, aad, aad_size,
 				       sealed, size, plain_r, error_r);
 	}
-	return cas_userkey_box_open(userkey, aad, sizeof(aad), sealed, size,
+	if (casbox_pack_meta_split(sealed, size, &locator, &box, &box_size,
+				   error_r) < 0)
+		return -1;
+	aad_size = casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, locator,
+				   aad);
+	return cas_userkey_box_open(userkey, aad, aad_size, box, box_size,
 				    plain_r, error_r);
 }
 
@@ -674,12 +735,19 @@ int casbox_pack_meta_verify(struct casbox_pack_store *store,
 {
 	const struct cas_userkey *userkey =
 		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_SIZE];
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	const unsigned char *locator;
+	const void *box;
+	size_t aad_size, box_size;
 
 	if (userkey == NULL)
 		return 0;
-	casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, aad);
-	return cas_userkey_box_verify(userkey, aad, sizeof(aad), sealed, size,
+	if (casbox_pack_meta_split(sealed, size, &locator, &box, &box_size,
+				   error_r) < 0)
+		return -1;
+	aad_size = casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, locator,
+				   aad);
+	return cas_userkey_box_verify(userkey, aad, aad_size, box, box_size,
 				      error_r);
 }
 
@@ -727,23 +795,33 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 	return 1;
 }
 
-int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
-			     enum casbox_meta_kind kind,
-			     const void *plain, size_t size,
-			     const char **error_r)
+int casbox_pack_txn_add_meta_locator(struct casbox_pack_txn *txn,
+				     enum casbox_meta_kind kind,
+				     const unsigned char *locator,
+				     const void *plain, size_t size,
+				     const char **error_r)
 {
 	buffer_t *sealed;
 	int ret;
 
 	sealed = buffer_create_dynamic(default_pool, size + 128);
-	ret = casbox_pack_meta_seal(txn->store, kind, plain, size, sealed,
-				    error_r);
+	ret = casbox_pack_meta_seal(txn->store, kind, locator, plain, size,
+				    sealed, error_r);
 	if (ret > 0) {
 		ret = casbox_pack_txn_add_meta_sealed(txn, kind, sealed->data,
 						      sealed->used, error_r);
 	}
 	buffer_free(&sealed);
 	return ret;
+}
+
+int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
+			     enum casbox_meta_kind kind,
+			     const void *plain, size_t size,
+			     const char **error_r)
+{
+	return casbox_pack_txn_add_meta_locator(txn, kind, NULL, plain, size,
+						error_r);
 }
 
 uint64_t casbox_meta_now_usecs(void)

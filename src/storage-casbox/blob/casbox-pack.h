@@ -81,6 +81,13 @@ int casbox_pack_txn_add_meta(struct casbox_pack_txn *txn,
 			     enum casbox_meta_kind kind,
 			     const void *plain, size_t size,
 			     const char **error_r);
+/* The same with a locator (password mode; ignored in server mode): see
+   casbox_pack_meta_seal(). */
+int casbox_pack_txn_add_meta_locator(struct casbox_pack_txn *txn,
+				     enum casbox_meta_kind kind,
+				     const unsigned char *locator,
+				     const void *plain, size_t size,
+				     const char **error_r);
 /* Append an already sealed meta frame body verbatim (gc carrying a
    record forward: no key needed to move it). Returns 1 ok, -1 error. */
 int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
@@ -90,15 +97,30 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 /* The one place meta records are sealed and opened, by the key mode of
    the store's key ring: server mode with the index key (frame version
    1, AAD = "CBMF" | 1 | kind), password mode to the user's public key
-   (version 2, cas_userkey_box_seal(), AAD = "CBMF" | 2 | kind), which
-   LMTP can do without the password; opening that needs the unlocked
-   user key. The AAD binds no location, so gc can move a sealed record
-   without opening it. seal returns 1 ok, -1 error (an unusable public
-   key); open returns 1 ok, -1 failure (plain_r is not filled then). */
+   (version 2: the locator in the clear, then cas_userkey_box_seal()
+   with AAD = "CBMF" | 2 | kind | locator), which LMTP can do without
+   the password; opening that needs the unlocked user key. The locator
+   (CASBOX_META_LOCATOR_SIZE bytes, NULL = all zero) lets gc without the
+   password tell which message a recovery record is about
+   (casbox_pack_meta_locator_make()). The AAD binds no location, so gc
+   can move a sealed record without opening it. seal returns 1 ok, -1
+   error (an unusable public key); open returns 1 ok, -1 failure
+   (plain_r is not filled then). */
 int casbox_pack_meta_seal(struct casbox_pack_store *store,
 			  enum casbox_meta_kind kind,
+			  const unsigned char *locator,
 			  const void *plain, size_t size, buffer_t *sealed,
 			  const char **error_r);
+/* The locator of a sealed body (not authenticated until it opens or
+   verifies). Returns 1 ok, 0 server mode (none), -1 truncated. */
+int casbox_pack_meta_locator(struct casbox_pack_store *store,
+			     const void *sealed, size_t size,
+			     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE]);
+/* The locator of data (cas_userkey_locator(); all zero in server
+   mode). Works without the password. */
+void casbox_pack_meta_locator_make(struct casbox_pack_store *store,
+				   const void *data, size_t size,
+				   unsigned char locator_r[CASBOX_META_LOCATOR_SIZE]);
 int casbox_pack_meta_open(struct casbox_pack_store *store,
 			  enum casbox_meta_kind kind,
 			  const void *sealed, size_t size,
