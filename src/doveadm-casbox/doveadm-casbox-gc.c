@@ -309,39 +309,62 @@ casbox_gc_locator(struct casbox_gc *gc, const guid_128_t mailbox_guid,
 				      locator_r);
 }
 
+/* Add the locator of one message record to map. Returns 0 ok (also
+   for a key that is no message key), -1 the record does not parse (as
+   casbox_gc_msg_live(): a message gc cannot read must not lose its
+   recovery record). */
+static int
+casbox_gc_locator_add(struct casbox_gc *gc,
+		      HASH_TABLE_TYPE(casbox_gc_locators) *map,
+		      const unsigned char *key, size_t key_size,
+		      const unsigned char *value, size_t value_size,
+		      const char **error_r)
+{
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
+	struct casbox_msg_record mrec;
+	guid_128_t guid;
+	uint32_t uid;
+
+	if (casbox_key_message_parse(key, key_size, guid, &uid) <= 0)
+		return 0;
+	if (casbox_msg_record_import(value, value_size,
+				     pool_datastack_create(), &mrec,
+				     error_r) < 0)
+		return -1;
+	casbox_gc_locator(gc, guid, uid, mrec.guid, locator);
+	hash_table_update(*map,
+		p_strdup(gc->census->pool,
+			 binary_to_hex(locator, sizeof(locator))),
+		p_strdup(gc->census->pool, casbox_gc_msg_key(guid, uid)));
+	return 0;
+}
+
 /* The locator of every message record in the LSM as it is now (password
-   mode: what tells gc without the password which records are live). */
+   mode: what tells gc without the password which records are live).
+   Returns 0 ok, -1 error. */
 static int
 casbox_gc_locators_build(struct casbox_gc *gc,
 			 HASH_TABLE_TYPE(casbox_gc_locators) *map,
 			 const char **error_r)
 {
 	unsigned char prefix = CASBOX_KEY_MESSAGE;
-	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
 	struct casbox_lsm_iter *iter;
-	struct casbox_msg_record mrec;
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
 	const char *error;
-	guid_128_t guid;
-	uint32_t uid;
+	int ret = 0;
 
 	iter = casbox_lsm_iter_init(gc->adm->lsm, &prefix, 1);
-	while (casbox_lsm_iter_next(iter, &key, &key_size, &value,
-				    &value_size)) T_BEGIN {
-		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
-		    casbox_msg_record_import(value, value_size,
-					     pool_datastack_create(), &mrec,
-					     &error) > 0) {
-			casbox_gc_locator(gc, guid, uid, mrec.guid, locator);
-			hash_table_update(*map,
-				p_strdup(gc->census->pool, binary_to_hex(
-					locator, sizeof(locator))),
-				p_strdup(gc->census->pool,
-					 casbox_gc_msg_key(guid, uid)));
-		}
-	} T_END;
-	return casbox_lsm_iter_deinit(&iter, error_r) < 0 ? -1 : 0;
+	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
+						&value, &value_size)) T_BEGIN {
+		ret = casbox_gc_locator_add(gc, map, key, key_size, value,
+					    value_size, error_r);
+	} T_END_PASS_STR_IF(ret < 0, error_r);
+	if (casbox_lsm_iter_deinit(&iter, &error) < 0 && ret == 0) {
+		*error_r = error;
+		ret = -1;
+	}
+	return ret;
 }
 
 static int casbox_gc_recovery(struct casbox_gc *gc,
