@@ -1916,6 +1916,7 @@ START_TEST(test_meta_password_mode)
 		ck_assert(memcmp(CONST_PTR_OFFSET(pack->data, i), "secret",
 				 6) != 0);
 	}
+	buffer_free(&pack);
 	/* without the password: read and verify, not open */
 	ck_assert_int_eq(casbox_pack_meta_read(store, meta.pack_id,
 			 meta.offset, &kind, sealed, &error), 1);
@@ -1975,6 +1976,7 @@ START_TEST(test_meta_password_mode)
 					 meta.pack_id));
 	ck_assert_uint_eq(((const unsigned char *)pack->data)[meta.offset + 4],
 			  CASBOX_META_VERSION);
+	buffer_free(&pack);
 	ck_assert_uint_eq(meta.frame_size, CASBOX_META_HEADER_SIZE +
 			  plain->used + CAS_AEAD_NONCE_SIZE +
 			  CAS_AEAD_TAG_SIZE);

@@ -101,6 +101,10 @@ int casbox_doveadm_read_secret_lines(unsigned int count,
 		i_fatal("sodium_init() failed");
 	size = sizeof(*block) + (count + 1) * sizeof(const char *) +
 		count * line_size;
+	/* sodium_malloc() puts the block against its guard page: only a
+	   size that is a multiple of the alignment gives an aligned
+	   struct */
+	size = (size + 15) & ~(size_t)15;
 	block = sodium_malloc(size);
 	if (block == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
