@@ -657,6 +657,35 @@ START_TEST(test_key_input_limits)
 }
 END_TEST
 
+/* A line as a C string: cut in place at its line end, also for a last
+   line without one that fills the input to the limit. */
+START_TEST(test_key_line_str)
+{
+	static const char *const two[] = { "old", "new", NULL };
+	static const char *const one[] = { "password", NULL };
+	unsigned char *big = i_malloc(CASBOX_KEY_INPUT_MAX);
+	struct casbox_key_input *input;
+	struct casbox_key_line lines[2];
+	const char *error = NULL;
+
+	input = key_input_pipe("pw one\r\npw two", 14, 0);
+	ck_assert_int_eq(casbox_key_input_lines(input, two, lines, 2,
+						&error), 0);
+	ck_assert_str_eq(casbox_key_line_str(input, &lines[0]), "pw one");
+	ck_assert_str_eq(casbox_key_line_str(input, &lines[1]), "pw two");
+	casbox_key_input_free(&input);
+
+	memset(big, 'y', CASBOX_KEY_INPUT_MAX);
+	input = key_input_pipe(big, CASBOX_KEY_INPUT_MAX, 0);
+	ck_assert_int_eq(casbox_key_input_lines(input, one, lines, 1,
+						&error), 0);
+	ck_assert_uint_eq(strlen(casbox_key_line_str(input, &lines[0])),
+			  CASBOX_KEY_INPUT_MAX);
+	casbox_key_input_free(&input);
+	i_free(big);
+}
+END_TEST
+
 START_TEST(test_key_input_stream)
 {
 	static const char data[] = "old-pw\r\nnew-pw\r\n";
@@ -705,6 +734,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_key_input_lines, 0,
 			    N_ELEMENTS(key_input_cases));
 	tcase_add_test(tc, test_key_input_limits);
+	tcase_add_test(tc, test_key_line_str);
 	tcase_add_test(tc, test_key_input_stream);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -21,7 +21,6 @@
 #include "casbox-store.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox-frompacks.h"
-#include "doveadm-casbox-stdin.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -684,94 +683,6 @@ START_TEST(test_password_mode)
 }
 END_TEST
 
-/* The stdin secret reader: lines with the newline stripped, the last
-   without one too; end of input, an empty line, a NUL and an overlong
-   line refused; nothing read past the lines asked for. */
-static int secret_lines_from(const void *input, size_t size,
-			     unsigned int count, const char *const **lines_r,
-			     const char **error_r)
-{
-	int fds[2], saved, ret;
-
-	ck_assert_int_eq(pipe(fds), 0);
-	ck_assert_int_eq(write(fds[1], input, size), (ssize_t)size);
-	ck_assert_int_eq(close(fds[1]), 0);
-	saved = dup(STDIN_FILENO);
-	ck_assert_int_ge(saved, 0);
-	ck_assert_int_eq(dup2(fds[0], STDIN_FILENO), STDIN_FILENO);
-	ck_assert_int_eq(close(fds[0]), 0);
-	ret = casbox_doveadm_read_secret_lines(count, lines_r, error_r);
-	if (ret == 0 && count == 1 && strcmp((*lines_r)[0], "one") == 0) {
-		/* the rest is still there */
-		char rest[16];
-
-		ck_assert_int_eq(read(STDIN_FILENO, rest, sizeof(rest)), 4);
-		ck_assert(memcmp(rest, "rest", 4) == 0);
-	}
-	ck_assert_int_eq(dup2(saved, STDIN_FILENO), STDIN_FILENO);
-	ck_assert_int_eq(close(saved), 0);
-	return ret;
-}
-
-START_TEST(test_secret_lines)
-{
-	const char *const *lines;
-	const char *error;
-	char *big;
-
-	ck_assert_int_eq(secret_lines_from("pw word\n", 8, 1, &lines,
-					   &error), 0);
-	ck_assert_str_eq(lines[0], "pw word");
-	casbox_doveadm_secret_lines_free(&lines);
-	ck_assert_ptr_null(lines);
-	ck_assert_int_eq(secret_lines_from("old\nnew", 7, 2, &lines,
-					   &error), 0);
-	ck_assert_str_eq(lines[0], "old");
-	ck_assert_str_eq(lines[1], "new");
-	casbox_doveadm_secret_lines_free(&lines);
-	ck_assert_int_eq(secret_lines_from("one\nrest", 8, 1, &lines,
-					   &error), 0);
-	casbox_doveadm_secret_lines_free(&lines);
-	/* CRLF line ends, as the key commands read them; a \r inside
-	   is part of the secret */
-	ck_assert_int_eq(secret_lines_from("a\r\n", 3, 1, &lines, &error),
-			 0);
-	ck_assert_str_eq(lines[0], "a");
-	casbox_doveadm_secret_lines_free(&lines);
-	ck_assert_int_eq(secret_lines_from("a\rb\r\r\n", 6, 1, &lines,
-					   &error), 0);
-	ck_assert_str_eq(lines[0], "a\rb\r");
-	casbox_doveadm_secret_lines_free(&lines);
-	ck_assert_int_eq(secret_lines_from("\r\n", 2, 1, &lines, &error),
-			 -1);
-	ck_assert_str_eq(error, "stdin line 1: empty line");
-
-	ck_assert_int_eq(secret_lines_from("", 0, 1, &lines, &error), -1);
-	ck_assert_str_eq(error, "no line 1 on stdin (end of input)");
-	ck_assert_ptr_null(lines);
-	ck_assert_int_eq(secret_lines_from("only\n", 5, 2, &lines, &error),
-			 -1);
-	ck_assert_str_eq(error, "no line 2 on stdin (end of input)");
-	ck_assert_int_eq(secret_lines_from("\nx\n", 3, 1, &lines, &error),
-			 -1);
-	ck_assert_str_eq(error, "stdin line 1: empty line");
-	ck_assert_int_eq(secret_lines_from("se\0cret\n", 8, 1, &lines,
-					   &error), -1);
-	ck_assert_str_eq(error, "stdin line 1: NUL byte in the line");
-	big = t_malloc0(CASBOX_DOVEADM_SECRET_MAX_LEN + 2);
-	memset(big, 'p', CASBOX_DOVEADM_SECRET_MAX_LEN + 1);
-	ck_assert_int_eq(secret_lines_from(big, strlen(big), 1, &lines,
-					   &error), -1);
-	ck_assert_ptr_nonnull(strstr(error, "longer than"));
-	ck_assert_ptr_null(strstr(error, "ppp"));
-	big[CASBOX_DOVEADM_SECRET_MAX_LEN] = '\n';
-	ck_assert_int_eq(secret_lines_from(big, strlen(big), 1, &lines,
-					   &error), 0);
-	ck_assert_uint_eq(strlen(lines[0]), CASBOX_DOVEADM_SECRET_MAX_LEN);
-	casbox_doveadm_secret_lines_free(&lines);
-}
-END_TEST
-
 static void rot_populate(void)
 {
 	const char *m1[] = { part_a, part_b, NULL };
@@ -979,7 +890,6 @@ int main(void)
 	tcase_add_test(tc, test_no_opening_dek_is_lost);
 	tcase_add_test(tc, test_refused_without_records);
 	tcase_add_test(tc, test_password_mode);
-	tcase_add_test(tc, test_secret_lines);
 	tcase_add_test(tc, test_rotation_crash_then_resume);
 	tcase_add_test(tc, test_rotation_crash_then_rebuild);
 	tcase_add_test(tc, test_rotation_finished_then_rebuild);

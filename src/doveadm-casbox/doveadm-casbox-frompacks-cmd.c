@@ -12,7 +12,7 @@
 #include "casbox-storage.h"
 #include "casbox-store.h"
 #include "doveadm-casbox-frompacks.h"
-#include "doveadm-casbox-stdin.h"
+#include "doveadm-casbox.h"
 
 #include <sysexits.h>
 #include <unistd.h>
@@ -185,7 +185,9 @@ static void frompacks_print(struct casbox_frompacks *fp)
 static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 			       struct casbox_admin *adm)
 {
-	const char *const *lines = NULL;
+	static const char *const names[] = { "password", NULL };
+	struct casbox_key_input *input = NULL;
+	struct casbox_key_line line;
 	const char *error;
 	int ret;
 
@@ -207,7 +209,11 @@ static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 			ctx->exit_code = EX_USAGE;
 			return -1;
 		}
-		if (casbox_doveadm_read_secret_lines(1, &lines, &error) < 0) {
+		if (casbox_key_input_read_fd(STDIN_FILENO, &input,
+					     &error) < 0 ||
+		    casbox_key_input_lines(input, names, &line, 1,
+					   &error) < 0) {
+			casbox_key_input_free(&input);
 			i_error("casbox rebuild --from-packs: %s: "
 				"casbox_key_mode=password needs the user's "
 				"password on stdin (one line): %s",
@@ -215,11 +221,11 @@ static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 			ctx->exit_code = EX_NOINPUT;
 			return -1;
 		}
-		adm->key_password = lines[0];
+		adm->key_password = casbox_key_line_str(input, &line);
 	}
 	ret = casbox_admin_open_keys(adm, &error);
 	adm->key_password = NULL;
-	casbox_doveadm_secret_lines_free(&lines);
+	casbox_key_input_free(&input);
 	if (ret < 0) {
 		i_error("casbox rebuild --from-packs: %s: %s",
 			adm->root_dir, error);

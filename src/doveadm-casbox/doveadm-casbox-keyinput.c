@@ -150,3 +150,16 @@ int casbox_key_input_lines(const struct casbox_key_input *input,
 	}
 	return 0;
 }
+
+const char *casbox_key_line_str(struct casbox_key_input *input,
+				const struct casbox_key_line *line)
+{
+	size_t end = line->data + line->size - input->data;
+
+	/* the line's "\r", "\n" or, for a last line without one, the
+	   spare byte after the input (data has CASBOX_KEY_INPUT_MAX + 1) */
+	i_assert(line->data >= input->data && end <= input->size &&
+		 end <= CASBOX_KEY_INPUT_MAX);
+	input->data[end] = '\0';
+	return (const char *)line->data;
+}

@@ -160,6 +160,11 @@ int casbox_key_input_lines(const struct casbox_key_input *input,
 			   const char *const *names,
 			   struct casbox_key_line *lines_r,
 			   unsigned int count, const char **error_r);
+/* line (from casbox_key_input_lines() on input) as a C string, in place:
+   its line end becomes the terminating NUL. Valid until the input is
+   freed, and wiped with it. */
+const char *casbox_key_line_str(struct casbox_key_input *input,
+				const struct casbox_key_line *line);
 
 /* key init in password mode (doveadm-casbox-keypw.c): read the initial
    password (one line) from stdin; line_r points into *input_r, which

@@ -236,8 +236,8 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
             # no password, an empty line, the wrong one: refused, and
             # not a byte changed
             for stdin, code, why in (
-                    ("", 66, "no line 1 on stdin"),
-                    ("\n", 66, "empty line"),
+                    ("", 66, "no input"),
+                    ("\n", 66, "is empty"),
                     ("not-the-password\n", 65, "wrong password")):
                 r = self.rebuild(dc, stdin)
                 self.assertEqual(r.returncode, code, (stdin, r.stderr))
