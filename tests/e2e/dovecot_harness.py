@@ -111,6 +111,41 @@ def load(paths):
     return out
 
 
+def files_under(root):
+    """Every regular file below root."""
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if os.path.isfile(path):
+                yield path
+
+
+def found_in(root, strings):
+    """(path, string) for every byte string of strings that a file below
+    root contains: the plaintext-on-disk check."""
+    hits = []
+    for path in files_under(root):
+        with open(path, "rb") as f:
+            data = f.read()
+        hits.extend((path, s) for s in strings if s in data)
+    return hits
+
+
+def distinctive_strings(messages):
+    """Byte strings that mark each message's plaintext: its Subject (16
+    chars or more) and its longest line of plain words."""
+    out = set()
+    for msg in messages:
+        m = re.search(rb"^Subject: (.{16,})$", msg, re.M | re.I)
+        if m:
+            out.add(m.group(1).strip()[:40])
+        lines = [ln.strip() for ln in msg.split(b"\n")
+                 if re.fullmatch(rb"[A-Za-z ,.']{30,}", ln.strip())]
+        if lines:
+            out.add(max(lines, key=len)[:60])
+    return out
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -14,7 +14,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_files,  # noqa: E402
+                             files_under, found_in)
 
 USER = "user1"
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
@@ -60,23 +61,6 @@ def long_words(messages):
                             rb"(?![A-Za-z0-9=+/_-])", body):
             words.add(w.lower())
     return words
-
-
-def files_under(root):
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            if os.path.isfile(path):
-                yield path
-
-
-def found_in(root, needles):
-    hits = set()
-    for path in files_under(root):
-        with open(path, "rb") as f:
-            data = f.read()
-        hits.update((path, n) for n in needles if n in data)
-    return hits
 
 
 def casidx_segments(home):

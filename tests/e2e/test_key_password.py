@@ -34,7 +34,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (Dovecot, PASSWORD, corpus_files, ok,  # noqa: E402
-                              load, crlf)
+                              load, crlf, distinctive_strings,
+                              files_under, found_in)
 
 SETTINGS = {
     "casbox_key_file": "%h/casbox.ukey",
@@ -60,33 +61,7 @@ def delivered_tail(msg):
 
 
 def needles(messages):
-    out = {MARKER_SUBJECT, MARKER_BODY}
-    for msg in messages:
-        m = re.search(rb"^Subject: (.{16,})$", msg, re.M | re.I)
-        if m:
-            out.add(m.group(1).strip()[:40])
-        lines = [ln.strip() for ln in msg.split(b"\n")
-                 if re.fullmatch(rb"[A-Za-z ,.']{30,}", ln.strip())]
-        if lines:
-            out.add(max(lines, key=len)[:60])
-    return out
-
-
-def found_in(root, strings):
-    hits = []
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            hits.extend((os.path.join(dirpath, name), s)
-                        for s in strings if s in data)
-    return hits
-
-
-def files_under(root):
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            yield os.path.join(dirpath, name)
+    return {MARKER_SUBJECT, MARKER_BODY} | distinctive_strings(messages)
 
 
 def packs_size(root):

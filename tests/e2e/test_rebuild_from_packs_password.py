@@ -33,7 +33,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (Dovecot, PASSWORD, corpus_files,  # noqa: E402
-                             ok, load)
+                             ok, load, found_in)
 from test_rebuild import parse_tab  # noqa: E402
 from test_doveadm_scrub_repair import masked_crc32c  # noqa: E402
 
@@ -51,6 +51,8 @@ MARKER_BODY = b"pwrecover-canary-Z3RT-body-line"
 MARKER_MSG = (b"From: a@example.com\r\nSubject: " + MARKER_SUBJECT +
               b"\r\nMessage-ID: <pwrecover@example.com>\r\n\r\n" +
               MARKER_BODY + b"\r\n")
+# plaintext that must not be in any pack
+MARKERS = [MARKER_SUBJECT, MARKER_BODY, FOLDER.encode()]
 EXPUNGED_INBOX_UID = 4
 
 
@@ -106,16 +108,6 @@ def forge_record(path, off, size):
         struct.pack_into("<I", frame, 16, masked_crc32c(bytes(frame[:16])))
         f.seek(off)
         f.write(frame)
-
-
-def in_packs(root, needles):
-    hits = []
-    for dirpath, _, files in os.walk(os.path.join(root, "packs")):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            hits.extend((name, n) for n in needles if n in data)
-    return hits
 
 
 class Snapshot:
@@ -227,8 +219,7 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
             self.assertTrue(any(k == 3 for v, k in frames), frames)
             self.assertEqual({v for v, k in frames}, {2}, frames)
             # nothing of the marker, nor the mailbox name, in the packs
-            self.assertEqual(in_packs(root, [MARKER_SUBJECT, MARKER_BODY,
-                                             FOLDER.encode()]), [])
+            self.assertEqual(found_in(os.path.join(root, "packs"), MARKERS), [])
 
             shutil.rmtree(os.path.join(root, "lsm"))
             untouched = tree_digest(dc.home(USER))
@@ -354,8 +345,7 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
                 for uid, m in before.msgs[box].items():
                     self.assertEqual(again.msgs[box][uid], m, (box, uid))
 
-            self.assertEqual(in_packs(root, [MARKER_SUBJECT, MARKER_BODY,
-                                             FOLDER.encode()]), [])
+            self.assertEqual(found_in(os.path.join(root, "packs"), MARKERS), [])
             dc.stop()
             self.assertNotIn(PASSWORD, dc.log_text())
 

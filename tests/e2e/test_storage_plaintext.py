@@ -5,12 +5,12 @@ subject, a body line or the markers. As a control, the same search over
 an sdbox root finds them."""
 
 import os
-import re
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_files,  # noqa: E402
+                             distinctive_strings, found_in)
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 MARKER_SUBJECT = b"Zanzibar quokka telemetry 7731"
@@ -21,28 +21,7 @@ MARKER_MSG = (b"From: a@example.com\r\nSubject: " + MARKER_SUBJECT +
 
 def needles(messages):
     """Subjects and the longest plain text line of each message."""
-    out = {MARKER_SUBJECT, MARKER_BODY}
-    for msg in messages:
-        m = re.search(rb"^Subject: (.{16,})$", msg, re.M | re.I)
-        if m:
-            out.add(m.group(1).strip()[:40])
-        lines = [ln.strip() for ln in msg.split(b"\n")
-                 if re.fullmatch(rb"[A-Za-z ,.']{30,}", ln.strip())]
-        if lines:
-            out.add(max(lines, key=len)[:60])
-    return out
-
-
-def found_in(root, strings):
-    hits = []
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                data = f.read()
-            for s in strings:
-                if s in data:
-                    hits.append((os.path.join(dirpath, name), s))
-    return hits
+    return {MARKER_SUBJECT, MARKER_BODY} | distinctive_strings(messages)
 
 
 class StoragePlaintextTest(unittest.TestCase):
