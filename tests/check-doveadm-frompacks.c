@@ -288,33 +288,47 @@ START_TEST(test_records_come_back)
 }
 END_TEST
 
+/* A pack transaction on the store's packs holding blob A in a new
+   frame under a fresh DEK (what gc does); the caller commits. */
+static struct casbox_pack_txn *
+pack_add_part_a(struct cas_keyring *keyring,
+		struct casbox_pack_store **packs_r, struct cas_blob_id *id_r,
+		struct casbox_blob_record *rec_r)
+{
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_txn *txn;
+	struct istream *input;
+	const char *error;
+
+	i_zero(&pack_set);
+	pack_set.dir = t_strconcat(root, "/packs", NULL);
+	ck_assert_int_eq(casbox_pack_store_open(&pack_set, keyring, packs_r,
+						&error), 1);
+	cas_blob_id_compute(keyring, part_a, strlen(part_a), id_r);
+	ck_assert_int_eq(casbox_pack_txn_begin(*packs_r, &txn, &error), 1);
+	input = i_stream_create_from_data(part_a, strlen(part_a));
+	ck_assert_int_eq(casbox_pack_txn_add(txn, id_r, input, rec_r,
+					     &error), 1);
+	i_stream_unref(&input);
+	return txn;
+}
+
 /* Blob A of message 1 encoded again in a new frame under a fresh DEK
    (what gc does), with a DEK update for it if with_update; a DEK
    update wrapped by another key; the old frame damaged. */
 static void reencode_blob_a(bool with_update)
 {
-	struct casbox_pack_settings pack_set;
 	struct casbox_pack_store *packs;
 	struct casbox_pack_txn *txn;
 	struct casbox_blob_record rec;
 	struct cas_keyring *keyring, *other;
 	struct cas_blob_id id;
-	struct istream *input;
 	unsigned char dek[CAS_DEK_SIZE], kek[CAS_KEK_SIZE];
 	unsigned char foreign[CAS_WRAPPED_DEK_SIZE];
 	const char *error;
 
 	ck_assert_int_eq(cas_keyring_load(set.key_file, &keyring, &error), 1);
-	i_zero(&pack_set);
-	pack_set.dir = t_strconcat(root, "/packs", NULL);
-	ck_assert_int_eq(casbox_pack_store_open(&pack_set, keyring, &packs,
-						&error), 1);
-	cas_blob_id_compute(keyring, part_a, strlen(part_a), &id);
-	ck_assert_int_eq(casbox_pack_txn_begin(packs, &txn, &error), 1);
-	input = i_stream_create_from_data(part_a, strlen(part_a));
-	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
-			 1);
-	i_stream_unref(&input);
+	txn = pack_add_part_a(keyring, &packs, &id, &rec);
 	if (with_update) {
 		ck_assert_int_eq(casbox_pack_txn_add_dek_update(txn, &id,
 				 rec.wrapped_dek, &error), 1);
@@ -605,7 +619,6 @@ START_TEST(test_password_mode)
 	};
 	const char *m1[] = { part_a, part_b, NULL };
 	const char *m2[] = { part_a, part_c, NULL };
-	struct casbox_pack_settings pack_set;
 	struct casbox_pack_store *packs;
 	struct casbox_pack_txn *txn;
 	struct casbox_blob_record rec;
@@ -613,7 +626,6 @@ START_TEST(test_password_mode)
 	struct cas_keyring *kr;
 	struct cas_blob_id id;
 	struct casbox_store *store;
-	struct istream *input;
 	const char *msgs, *blobs, *key, *error = NULL;
 	struct stat st;
 
@@ -655,16 +667,7 @@ START_TEST(test_password_mode)
 	   damaged */
 	casbox_settings_key(&set, &key_set);
 	ck_assert_int_eq(cas_keyring_load_mode(&key_set, &kr, &error), 1);
-	i_zero(&pack_set);
-	pack_set.dir = t_strconcat(root, "/packs", NULL);
-	ck_assert_int_eq(casbox_pack_store_open(&pack_set, kr, &packs,
-						&error), 1);
-	cas_blob_id_compute(kr, part_a, strlen(part_a), &id);
-	ck_assert_int_eq(casbox_pack_txn_begin(packs, &txn, &error), 1);
-	input = i_stream_create_from_data(part_a, strlen(part_a));
-	ck_assert_int_eq(casbox_pack_txn_add(txn, &id, input, &rec, &error),
-			 1);
-	i_stream_unref(&input);
+	txn = pack_add_part_a(kr, &packs, &id, &rec);
 	ck_assert_uint_eq(rec.dek_kind, CAS_DEK_KIND_SEALED);
 	ck_assert_int_eq(casbox_pack_txn_add_dek_update_kind(txn, &id,
 			 rec.dek_kind, rec.stored_dek, &error), 1);
