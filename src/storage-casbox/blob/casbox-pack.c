@@ -684,20 +684,23 @@ void casbox_pack_meta_locator_make(struct casbox_pack_store *store,
 	cas_userkey_locator(userkey, data, size, locator_r);
 }
 
-/* A version 2 body: the locator, then the box. */
+/* A version 2 body is the locator, then the box: the box, and the AAD
+   that authenticates it (kind and locator). */
 static int
-casbox_pack_meta_split(const void *sealed, size_t size,
-		       const unsigned char **locator_r,
-		       const void **box_r, size_t *box_size_r,
-		       const char **error_r)
+casbox_pack_meta_userkey_box(enum casbox_meta_kind kind,
+			     const void *sealed, size_t size,
+			     unsigned char aad[CASBOX_META_AAD_MAX_SIZE],
+			     size_t *aad_size_r, const void **box_r,
+			     size_t *box_size_r, const char **error_r)
 {
 	if (size < CASBOX_META_LOCATOR_SIZE) {
 		*error_r = "meta record: truncated locator";
 		return -1;
 	}
-	*locator_r = sealed;
 	*box_r = CONST_PTR_OFFSET(sealed, CASBOX_META_LOCATOR_SIZE);
 	*box_size_r = size - CASBOX_META_LOCATOR_SIZE;
+	*aad_size_r = casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind,
+				      sealed, aad);
 	return 0;
 }
 
@@ -709,7 +712,6 @@ int casbox_pack_meta_open(struct casbox_pack_store *store,
 	const struct cas_userkey *userkey =
 		cas_keyring_get_userkey(store->keyring);
 	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
-	const unsigned char *locator;
 	const void *box;
 	size_t aad_size, box_size;
 
@@ -719,11 +721,9 @@ int casbox_pack_meta_open(struct casbox_pack_store *store,
 		return cas_record_open(store->keyring, aad, aad_size,
 				       sealed, size, plain_r, error_r);
 	}
-	if (casbox_pack_meta_split(sealed, size, &locator, &box, &box_size,
-				   error_r) < 0)
+	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
+					 &box, &box_size, error_r) < 0)
 		return -1;
-	aad_size = casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, locator,
-				   aad);
 	return cas_userkey_box_open(userkey, aad, aad_size, box, box_size,
 				    plain_r, error_r);
 }
@@ -736,17 +736,14 @@ int casbox_pack_meta_verify(struct casbox_pack_store *store,
 	const struct cas_userkey *userkey =
 		cas_keyring_get_userkey(store->keyring);
 	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
-	const unsigned char *locator;
 	const void *box;
 	size_t aad_size, box_size;
 
 	if (userkey == NULL)
 		return 0;
-	if (casbox_pack_meta_split(sealed, size, &locator, &box, &box_size,
-				   error_r) < 0)
+	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
+					 &box, &box_size, error_r) < 0)
 		return -1;
-	aad_size = casbox_meta_aad(CASBOX_META_VERSION_USERKEY, kind, locator,
-				   aad);
 	return cas_userkey_box_verify(userkey, aad, aad_size, box, box_size,
 				      error_r);
 }
