@@ -542,6 +542,62 @@ START_TEST(test_index_overlapping_writers)
 }
 END_TEST
 
+/* Commits that leave no segment: expunges in a mailbox nothing was
+   indexed in yet (IMAP EXPUNGE before the indexer ran: it used to
+   panic the imap process), optimize of an empty index, and a merge
+   that drops every document. */
+START_TEST(test_index_without_segments)
+{
+	struct casidx_index *index, *reader;
+	struct casidx_index_writer *w;
+	roaring_bitmap_t *all;
+	const char *error;
+	uint32_t uid;
+
+	index = casidx_index_init(test_dir, &test_set);
+	w = casidx_index_writer_begin(index);
+	casidx_index_writer_expunge(w, 3);
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 0);
+	ck_assert(roaring_bitmap_contains(casidx_index_get_expunged(index),
+					  3));
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
+
+	/* everything indexed, then everything expunged and merged away */
+	index_docs(index, 1, 6);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	w = casidx_index_writer_begin(index);
+	for (uid = 1; uid <= 6; uid++)
+		casidx_index_writer_expunge(w, uid);
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
+	ck_assert_uint_eq(count_seg_files(), 0);
+
+	reader = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_segment_count(reader), 0);
+	/* the indexed range is kept: Dovecot must not index 1..6 again */
+	ck_assert_uint_eq(casidx_index_get_last_uid(reader), 6);
+	all = casidx_index_get_universe(reader);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 0);
+	roaring_bitmap_free(all);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 0);
+
+	/* and the next mails index as usual */
+	index_docs(index, 7, 8);
+	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_last_uid(reader), 8);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
+				     CASIDX_MATCH_EXACT, NULL), 2);
+	casidx_index_deinit(&reader);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 START_TEST(test_index_expunge_and_optimize)
 {
 	struct casidx_index *index, *reader;
@@ -986,6 +1042,7 @@ int main(void)
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(tci, setup, teardown);
 	tcase_add_test(tci, test_index_commit_refresh);
+	tcase_add_test(tci, test_index_without_segments);
 	tcase_add_test(tci, test_index_expunge_and_optimize);
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
 	tcase_add_test(tci, test_index_tiered_merge);

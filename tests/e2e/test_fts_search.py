@@ -14,7 +14,7 @@ import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 B64_RUN_RE = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
 IDENT_RUN_RE = re.compile(r"[A-Za-z]+[0-9]*(?:[-_][A-Za-z]+[0-9]*)*")
@@ -540,6 +540,51 @@ class FtsCasidxSearch(unittest.TestCase):
             typ, data = imap.uid("SEARCH", "TEXT", "originalarrivalzorg")
             self.assertEqual(data[0].split(), [b"22"])
             imap.logout()
+
+    def test_expunge_before_and_after_everything_indexed(self):
+        """Expunges reach the backend in whichever process syncs them.
+        An IMAP EXPUNGE or doveadm expunge in a mailbox nothing was
+        indexed in yet used to panic the process (a manifest with no
+        segment); so did an optimize that merged every document away.
+        Both must work, and search must stay right afterwards."""
+        marker = (b"From: a@example.com\r\nSubject: late\r\n\r\n"
+                  b"wombatquill here\r\n")
+        with Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx",
+                                      "fts_autoindex": "no",
+                                      "fts_enforced": "yes"},
+                     extra_conf=NO_LMTP_RECEIVED) as dc:
+            dc.lmtp_deliver_many(USER, self.messages[:6])
+            imap = dc.imap_login(USER)
+            ok(imap.select("INBOX"))
+            ok(imap.uid("STORE", "1:2", "+FLAGS", "(\\Deleted)"))
+            ok(imap.expunge())
+            imap.logout()
+            dc.doveadm("expunge", "-u", USER, "mailbox", "INBOX", "uid", "3")
+            imap = dc.imap_login(USER)
+            ok(imap.select("INBOX"))
+            typ, data = imap.uid("SEARCH", "BODY", "usrp")
+            self.assertEqual(
+                (typ, sorted(int(x) for x in data[0].split())),
+                ("OK", [u for u in self.oracle[("BODY", "usrp")]
+                        if 4 <= u <= 6]))
+            # everything indexed is expunged, then merged away
+            ok(imap.uid("STORE", "4:6", "+FLAGS", "(\\Deleted)"))
+            ok(imap.expunge())
+            imap.logout()
+            dc.doveadm("fts", "optimize", "-u", USER)
+            dc.lmtp_deliver(USER, marker)
+            imap = dc.imap_login(USER)
+            ok(imap.select("INBOX"))
+            typ, data = imap.uid("SEARCH", "BODY", "wombatquill")
+            self.assertEqual((typ, data[0]), ("OK", b"7"))
+            typ, data = imap.uid("SEARCH", "BODY", "usrp")
+            self.assertEqual((typ, data[0]), ("OK", b""))
+            imap.logout()
+            dc.stop()
+            self.assertFalse([line for line in dc.log_lines()
+                              if "Panic" in line or "killed" in line])
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ static int manifest_write(struct casidx_index *index,
 	const char *tmp_path = t_strdup_printf("%s.tmp", path);
 	buffer_t *buf = t_buffer_create(256);
 	const uint32_t *ids, *docs;
-	unsigned int i, count;
+	unsigned int i, count, docs_count;
 	size_t exp_len;
 	int fd, ret = 0;
 
@@ -261,8 +261,12 @@ static int manifest_write(struct casidx_index *index,
 	put_u32(buf, m->last_uid);
 	put_u32(buf, m->uid_validity);
 	put_u32(buf, m->next_seg_id);
+	/* array_get(), never array_front(): a manifest may have no
+	   segment (expunges before anything was indexed, or a merge that
+	   dropped every document), and array_front() panics on that */
 	ids = array_get(&m->seg_ids, &count);
-	docs = array_front(&m->seg_docs);
+	docs = array_get(&m->seg_docs, &docs_count);
+	i_assert(docs_count == count);
 	put_u32(buf, count);
 	for (i = 0; i < count; i++) {
 		put_u32(buf, ids[i]);
@@ -866,12 +870,13 @@ static unsigned int merge_plan(struct casidx_index *index,
 			       const struct manifest *m)
 {
 	const uint32_t *docs, *ids;
-	unsigned int count, start;
+	unsigned int count, docs_count, start;
 	uint64_t sum, bytes, max = merge_max_bytes(index), size;
 	bool over = array_count(&m->seg_ids) > index->set.merge_threshold;
 
 	ids = array_get(&m->seg_ids, &count);
-	docs = array_front(&m->seg_docs);
+	docs = array_get(&m->seg_docs, &docs_count);
+	i_assert(docs_count == count);
 	if (count < 2)
 		return count;
 	start = count - 1;
