@@ -184,6 +184,52 @@ START_TEST(test_basic)
 }
 END_TEST
 
+/* Every key deleted, then compacted: the merge drops every tombstone
+   and writes no table at all (an empty table has nothing for its bloom
+   filter and block index), and the store reopens empty. */
+START_TEST(test_compact_all_deleted)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	struct casbox_lsm_iter *iter;
+	string_t *value = t_str_new(64);
+	const unsigned char *key, *val;
+	size_t key_size, val_size;
+	const char *error;
+	unsigned int i;
+
+	test_dir_setup();
+	lsm = test_open(0);
+	batch = begin(lsm);
+	for (i = 0; i < 100; i++)
+		put_str(batch, t_strdup_printf("k%03u", i), "v");
+	commit(&batch);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	batch = begin(lsm);
+	for (i = 0; i < 100; i++)
+		casbox_lsm_batch_delete(batch, t_strdup_printf("k%03u", i), 4);
+	commit(&batch);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	ck_assert_int_eq(get_str(lsm, "k000", value), 0);
+	casbox_lsm_close(&lsm);
+
+	lsm = test_open(0);
+	iter = casbox_lsm_iter_init(lsm, "", 0);
+	ck_assert(!casbox_lsm_iter_next(iter, &key, &key_size,
+					&val, &val_size));
+	ck_assert_int_eq(casbox_lsm_iter_deinit(&iter, &error), 1);
+	/* and it takes new keys */
+	batch = begin(lsm);
+	put_str(batch, "k050", "again");
+	commit(&batch);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	ck_assert_int_eq(get_str(lsm, "k050", value), 1);
+	ck_assert_str_eq(str_c(value), "again");
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 /* An iterator reads the snapshot of its init: commits, flushes and
    merges made meanwhile (by this handle) do not change what it
    returns. */
@@ -1114,6 +1160,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_basic);
 	tcase_add_test(tc, test_iter_snapshot);
+	tcase_add_test(tc, test_compact_all_deleted);
 	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_multiprocess_fcntl);
 	tcase_add_test(tc, test_multiprocess_flock);

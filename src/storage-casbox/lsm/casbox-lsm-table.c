@@ -185,6 +185,8 @@ static void builder_free(struct casbox_lsm_table_builder *builder)
 static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 {
 	unsigned char footer[CASBOX_LSM_TABLE_FOOTER_SIZE];
+	const uint32_t *hashes;
+	unsigned int hash_count;
 	uoff_t index_off, bloom_off;
 	uint32_t index_size, bloom_size, crc;
 	buffer_t *bloom;
@@ -196,8 +198,10 @@ static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 
 	bloom_off = builder->offset + builder->out->used;
 	bloom = buffer_create_dynamic(default_pool, 1024);
-	casbox_lsm_bloom_build(bloom, array_front(&builder->key_hashes),
-		    array_count(&builder->key_hashes));
+	/* array_get(), not array_front(): a merge that dropped every
+	   tombstone builds a table without keys (deleted unwritten) */
+	hashes = array_get(&builder->key_hashes, &hash_count);
+	casbox_lsm_bloom_build(bloom, hashes, hash_count);
 	bloom_size = bloom->used;
 	start = builder->out->used;
 	buffer_append_buf(builder->out, bloom, 0, SIZE_MAX);
