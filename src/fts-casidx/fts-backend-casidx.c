@@ -50,6 +50,9 @@ struct casidx_fts_backend_update_context {
 	struct fts_backend_update_context ctx;
 	struct casidx_index *index;
 	struct casidx_index_writer *writer;
+	/* password mode: the box whose index opens at the first build
+	   key, not at set_mailbox (see casidx_update_open()) */
+	struct mailbox *pending_box;
 	uint32_t uid;
 	enum casidx_field field;
 	bool doc_open;
@@ -261,6 +264,9 @@ static int casidx_backend_load_key(struct casidx_fts_backend *backend)
 			error);
 		return -1;
 	}
+	/* tests count these: a password-mode load is one Argon2id run */
+	e_debug(backend->event, "Loaded the index key from %s (%s mode)",
+		backend->key_path, cas_key_mode_name(backend->key_mode));
 	return 0;
 }
 
@@ -435,6 +441,26 @@ fts_backend_casidx_update_deinit(struct fts_backend_update_context *_ctx)
 }
 
 static void
+casidx_update_open(struct casidx_fts_backend_update_context *ctx,
+		   struct mailbox *box)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct casidx_index *index;
+	uint32_t uid_validity = 0;
+
+	if (casidx_backend_get_index(backend, box, &index) < 0 ||
+	    casidx_box_uid_validity(backend, box, &uid_validity) < 0) {
+		ctx->ctx.failed = TRUE;
+		return;
+	}
+	ctx->index = index;
+	ctx->writer = casidx_index_writer_begin(index);
+	casidx_index_writer_set_uid_validity(ctx->writer, uid_validity);
+}
+
+static void
 fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *_ctx,
 				      struct mailbox *box)
 {
@@ -444,20 +470,22 @@ fts_backend_casidx_update_set_mailbox(struct fts_backend_update_context *_ctx,
 	struct casidx_fts_backend *backend =
 		container_of(_ctx->backend, struct casidx_fts_backend,
 			     backend);
-	struct casidx_index *index;
-	uint32_t uid_validity = 0;
 
 	casidx_update_commit(ctx);
+	ctx->pending_box = NULL;
 	if (box == NULL)
 		return;
-	if (casidx_backend_get_index(backend, box, &index) < 0 ||
-	    casidx_box_uid_validity(backend, box, &uid_validity) < 0) {
-		_ctx->failed = TRUE;
+	if (backend->key_mode == CAS_KEY_MODE_PASSWORD) {
+		/* Expunges come through here in every process that syncs
+		   (imap, lmtp, doveadm). No password-mode index is ever
+		   read (fts_backend_casidx_can_lookup()), so an expunge has
+		   nothing to update, and loading the index key for it would
+		   run Argon2id a second time in a session or log an error
+		   in doveadm. Only indexing opens the index. */
+		ctx->pending_box = box;
 		return;
 	}
-	ctx->index = index;
-	ctx->writer = casidx_index_writer_begin(index);
-	casidx_index_writer_set_uid_validity(ctx->writer, uid_validity);
+	casidx_update_open(ctx, box);
 }
 
 static void
@@ -553,6 +581,10 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 		container_of(_ctx->backend, struct casidx_fts_backend,
 			     backend);
 
+	if (ctx->writer == NULL && ctx->pending_box != NULL && !_ctx->failed) {
+		casidx_update_open(ctx, ctx->pending_box);
+		ctx->pending_box = NULL;
+	}
 	if (ctx->writer == NULL || _ctx->failed)
 		return FALSE;
 	if (key->uid != ctx->uid && !casidx_update_next_doc(ctx, key->uid))

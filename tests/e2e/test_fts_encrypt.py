@@ -131,8 +131,12 @@ class FtsEncryptTest(unittest.TestCase):
         settings = dict(FTS, **KEYS)
         with Dovecot(mail_location="casbox:~/casbox",
                      mail_plugins=["casbox", "fts", "fts_casidx"],
-                     plugin_settings=settings) as dc:
+                     plugin_settings=settings, mail_debug=True) as dc:
             self.index_and_search(dc)
+            # what test_key_password counts: a key load is logged
+            self.assertIsNotNone(dc.wait_log(
+                r"fts-casidx: Loaded the index key from .* "
+                r"\(server mode\)"))
             # more segments and a merge, then optimize: all sealed
             dc.lmtp_deliver_many(USER, self.messages[:5])
             dc.doveadm("index", "-u", USER, "INBOX")

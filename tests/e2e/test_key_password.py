@@ -388,6 +388,56 @@ class KeyPasswordTest(unittest.TestCase):
             self.assertFalse([line for line in dc.log_lines()
                               if "indexer" in line])
 
+    def test_fts_expunge_needs_no_key(self):
+        """Expunges reach the FTS backend in whichever process syncs
+        them (imap, doveadm, lmtp). In password mode there is never an
+        index to update (test_fts_needs_password), so an expunge must
+        not load the index key: without the password (doveadm) that
+        logged an Error on every expunge, with it (IMAP) the session
+        ran Argon2id a second time just to find no index."""
+        settings = dict(SETTINGS, fts="casidx", fts_autoindex="no",
+                        fts_casidx_no_fsync="yes")
+        with Dovecot(mail_plugins=["casbox", "fts", "fts_casidx"],
+                     plugin_settings=settings, extra_conf=CONF,
+                     passdb_extra=PASS_PW, mail_debug=True) as dc:
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            imap.logout()
+            dc.lmtp_deliver_many("user1", self.msgs[:4])
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            ok(imap.uid("STORE", "1", "+FLAGS", "(\\Deleted)"))
+            ok(imap.expunge())
+            typ, data = imap.uid("SEARCH", "ALL")
+            self.assertEqual((typ, data[0]), ("OK", b"2 3 4"))
+            imap.logout()
+            res = dc.doveadm("expunge", "-u", "user1", "mailbox", "INBOX",
+                             "uid", "2")
+            self.assertNotIn("casidx", res.stdout + res.stderr)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            typ, data = imap.uid("SEARCH", "ALL")
+            self.assertEqual((typ, data[0]), ("OK", b"3 4"))
+            typ, data = imap.uid("FETCH", "3:4", "(BODY.PEEK[])")
+            self.assertEqual(typ, "OK")
+            bodies = [bytes(d[1]) for d in data if isinstance(d, tuple)]
+            self.assertEqual(len(bodies), 2)
+            for body, msg in zip(bodies, self.msgs[2:4]):
+                self.assertTrue(body.rstrip(b"\r\n").endswith(
+                    delivered_tail(msg)))
+            imap.logout()
+            home = dc.home("user1")
+            dc.stop()
+            lines = dc.log_lines()
+            # the casidx plugin loaded no key at all (the line is seen
+            # in test_fts_encrypt, where it does)
+            self.assertEqual([line for line in lines
+                              if "Loaded the index key" in line], [])
+            self.assertFalse([line for line in lines
+                              if "index key needs" in line])
+            self.assertEqual([p for p in files_under(home)
+                              if p.endswith(".cxs")], [])
+
     def test_doveadm_init_and_password_change(self):
         msgs = self.msgs[:12] + [MARKER_MSG]
         settings = dict(SETTINGS, casbox_key_autocreate="no")
