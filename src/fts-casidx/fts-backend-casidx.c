@@ -96,6 +96,10 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 			mode);
 		return -1;
 	}
+	/* "~/" as the casbox storage reads it (casbox_settings_read()),
+	   or the two plugins would look at different files */
+	if (key_path != NULL)
+		key_path = mail_user_home_expand(user, key_path);
 	backend->key_path = i_strdup(key_path);
 
 	mode = mail_user_plugin_getenv(user, "casbox_key_mode");

@@ -127,8 +127,10 @@ class FtsEncryptTest(unittest.TestCase):
             corpus_terms = {n for _, n in found_in(idx_dir, candidates)}
         self.assertGreater(len(corpus_terms), 20)
 
-        # casbox + casidx: sealed segments, nothing readable anywhere
+        # casbox + casidx: sealed segments, nothing readable anywhere;
+        # the key file as "~/", which both plugins must expand alike
         settings = dict(FTS, **KEYS)
+        settings["casbox_key_file"] = "~/casbox.key"
         with Dovecot(mail_location="casbox:~/casbox",
                      mail_plugins=["casbox", "fts", "fts_casidx"],
                      plugin_settings=settings, mail_debug=True) as dc:
