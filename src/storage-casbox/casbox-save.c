@@ -1,5 +1,6 @@
-/* casbox: saving. The message is streamed once into a temporary stream
-   (memory first) while Dovecot's cache parser runs over it; at finish it
+/* casbox: saving. The message is streamed once into a spool (memory
+   first, then an encrypted temp file: casbox-spool.h) while Dovecot's
+   cache parser runs over it; at finish it
    is split into blobs (large MIME leaf bodies alone, the rest in
    contiguous runs) and their ids computed. At commit, under the index
    sync lock, UIDs are assigned and the blobs plus records written in
@@ -13,7 +14,6 @@
 #include "istream.h"
 #include "istream-crlf.h"
 #include "ostream.h"
-#include "iostream-temp.h"
 #include "message-parser.h"
 #include "casbox-meta.h"
 #include "mail-user.h"
@@ -23,12 +23,12 @@
 #include "casbox-store.h"
 #include "casbox-sync.h"
 #include "casbox-save.h"
+#include "casbox-spool.h"
 
-/* Saved messages are held until commit. Up to this many bytes per
-   transaction stay in memory, so that plaintext does not reach
-   mail_temp_dir; beyond it (big imports) they spool to unlinked temp
-   files there. */
-#define CASBOX_SAVE_MAX_MEM_SIZE (64 * 1024 * 1024)
+/* Saved messages are held until commit (casbox-spool.h). Up to this
+   many bytes per transaction stay in memory; the rest of a big message
+   or import goes to unlinked, encrypted files in mail_temp_dir. */
+#define CASBOX_SAVE_MAX_MEM_SIZE (8 * 1024 * 1024)
 
 struct casbox_save_mail {
 	uint32_t seq;
@@ -155,8 +155,8 @@ int casbox_save_begin(struct mail_save_context *_ctx, struct istream *input)
 
 	prefix = t_str_new(128);
 	mail_user_set_get_temp_prefix(prefix, user->set);
-	ctx->output = iostream_temp_create_sized(str_c(prefix), 0,
-		"casbox save", ctx->mem_used >= CASBOX_SAVE_MAX_MEM_SIZE ? 0 :
+	ctx->output = casbox_spool_create(str_c(prefix),
+		ctx->mem_used >= CASBOX_SAVE_MAX_MEM_SIZE ? 0 :
 		CASBOX_SAVE_MAX_MEM_SIZE - ctx->mem_used);
 	_ctx->data.output = ctx->output;
 
@@ -367,7 +367,7 @@ static int casbox_save_finish_write(struct mail_save_context *_ctx)
 
 	i_zero(&smail);
 	smail.seq = ctx->seq;
-	smail.input = iostream_temp_finish(&ctx->output, IO_BLOCK_SIZE);
+	smail.input = casbox_spool_finish(&ctx->output);
 	_ctx->data.output = NULL;
 	if (!ctx->failed) T_BEGIN {
 		uoff_t size;
