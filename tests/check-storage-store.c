@@ -374,6 +374,7 @@ START_TEST(test_meta_seal)
 	struct message_part root, *parts;
 	unsigned char *copy;
 	const char *error;
+	char *big;
 	size_t i;
 
 	casbox_msg_record_init(pool, &rec);
@@ -392,7 +393,7 @@ START_TEST(test_meta_seal)
 	meta.bodystructure = "(\"text\" \"plain\")";
 	meta.body = "(BODY)";
 	meta.envelope = "(ENV)";
-	casbox_meta_seal(keyring, &rec, &meta, &root, pool);
+	ck_assert(casbox_meta_seal(keyring, &rec, &meta, &root, pool));
 	ck_assert_uint_gt(rec.sealed_meta_size, 0);
 	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
 					  &error), 1);
@@ -425,6 +426,20 @@ START_TEST(test_meta_seal)
 	/* nothing readable in the sealed bytes */
 	for (i = 0; i + 5 <= rec.sealed_meta_size; i++)
 		ck_assert(memcmp(rec.sealed_meta + i, "plain", 5) != 0);
+
+	/* metadata over the bound is not sealed and the record keeps what
+	   it had (a huge header parameter is in BODYSTRUCTURE and BODY) */
+	big = i_malloc(CASBOX_META_MAX_PLAIN_SIZE / 2 + 1);
+	memset(big, 'x', CASBOX_META_MAX_PLAIN_SIZE / 2);
+	i_zero(&meta);
+	meta.bodystructure = big;
+	meta.body = big;
+	meta.envelope = "(ENV)";
+	rec2 = rec;
+	ck_assert(!casbox_meta_seal(keyring, &rec2, &meta, &root, pool));
+	ck_assert_ptr_eq(rec2.sealed_meta, rec.sealed_meta);
+	ck_assert_uint_eq(rec2.sealed_meta_size, rec.sealed_meta_size);
+	i_free(big);
 	pool_unref(&pool);
 	cas_keyring_free(&keyring);
 	cas_keyring_free(&other);

@@ -39,7 +39,7 @@ static void casbox_meta_wr_data(buffer_t *dest, const void *data, size_t size)
 	buffer_append(dest, data, size);
 }
 
-void casbox_meta_seal(const struct cas_keyring *keyring,
+bool casbox_meta_seal(const struct cas_keyring *keyring,
 		      struct casbox_msg_record *rec,
 		      const struct casbox_msg_meta *meta,
 		      struct message_part *parts, pool_t pool)
@@ -51,6 +51,9 @@ void casbox_meta_seal(const struct cas_keyring *keyring,
 
 	tree = t_buffer_create(256);
 	message_part_serialize(parts, tree);
+	if (1 + 16 + bs_len + body_len + env_len + tree->used >
+	    CASBOX_META_MAX_PLAIN_SIZE)
+		return FALSE;
 	/* sized up front: no reallocation leaves copies behind */
 	plain = t_buffer_create(1 + 16 + bs_len + body_len + env_len +
 				tree->used);
@@ -68,6 +71,7 @@ void casbox_meta_seal(const struct cas_keyring *keyring,
 	sodium_memzero(buffer_get_modifiable_data(plain, NULL), plain->used);
 	rec->sealed_meta = sealed->data;
 	rec->sealed_meta_size = sealed->used;
+	return TRUE;
 }
 
 /* Returns the next length-prefixed field, or NULL if it does not fit. */

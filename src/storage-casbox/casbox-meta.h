@@ -37,9 +37,17 @@ struct message_part *
 casbox_meta_get_parts(const struct casbox_msg_meta *meta, pool_t pool,
 		      const char **error_r);
 
+/* Metadata larger than this is not sealed: BODYSTRUCTURE and BODY both
+   carry every header parameter, so one message can make them many MB,
+   and the record has to fit in one LSM value (16 MiB). Reads of such a
+   message parse it, as for one without metadata. */
+#define CASBOX_META_MAX_PLAIN_SIZE (1024 * 1024)
+
 /* Seal meta's strings and parts (meta->tree is ignored) for rec, whose
-   part ids are final, into pool and set rec->sealed_meta. */
-void casbox_meta_seal(const struct cas_keyring *keyring,
+   part ids are final, into pool and set rec->sealed_meta. Returns FALSE
+   and leaves rec unchanged if the metadata is over
+   CASBOX_META_MAX_PLAIN_SIZE. */
+bool casbox_meta_seal(const struct cas_keyring *keyring,
 		      struct casbox_msg_record *rec,
 		      const struct casbox_msg_meta *meta,
 		      struct message_part *parts, pool_t pool);

@@ -343,8 +343,12 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 			mailbox_get_last_internal_error(mail->box, NULL));
 		return;
 	}
-	casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
-			 &meta, parts, ctx->pool);
+	if (!casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
+			      &meta, parts, ctx->pool)) {
+		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
+			"no sealed metadata: over %u bytes",
+			CASBOX_META_MAX_PLAIN_SIZE);
+	}
 }
 
 static int casbox_save_finish_write(struct mail_save_context *_ctx)

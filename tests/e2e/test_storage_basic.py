@@ -223,5 +223,40 @@ class StorageBasicTest(unittest.TestCase):
             self.assertIn("casbox_lsm_wal_size", res.stdout + res.stderr)
 
 
+    def test_huge_header_parameter(self):
+        """A 9 MB Content-Type parameter appears in both BODYSTRUCTURE and
+        BODY: their sealed copy would pass the LSM's 16 MiB value limit,
+        which aborted the LMTP process (and every retry of the
+        delivery). Such a message is saved without sealed metadata and
+        reads parse it, like any other message without one."""
+        name = b"n" * (9 * 1024 * 1024)
+        msg = (b"From: alice@example.com\r\nSubject: big parameter\r\n"
+               b"Content-Type: text/plain; name=\"" + name + b"\"\r\n"
+               b"\r\nsmall body\r\n")
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            dc.lmtp_deliver("user1", msg)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            _, body = fetch_one(imap, 1, "BODY.PEEK[]")
+            self.assertTrue(body.endswith(msg))
+            # BODYSTRUCTURE is one line of over 9 MB: more than imaplib
+            # reads by default
+            maxline = imaplib._MAXLINE
+            imaplib._MAXLINE = 64 * 1024 * 1024
+            try:
+                data = ok(imap.uid("FETCH", "1", "(BODYSTRUCTURE)"))
+            finally:
+                imaplib._MAXLINE = maxline
+            answer = b"".join(b"".join(x) if isinstance(x, tuple) else x
+                              for x in data)
+            self.assertIn(b'"name" "' + name + b'"', answer)
+            # the record is rewritten by a flag change and a copy
+            ok(imap.uid("STORE", "1", "+FLAGS", r"(\Seen)"))
+            ok(imap.uid("COPY", "1", "INBOX"))
+            _, body = fetch_one(imap, 2, "BODY.PEEK[]")
+            self.assertTrue(body.endswith(msg))
+            imap.logout()
+
 if __name__ == "__main__":
     unittest.main()
