@@ -989,6 +989,77 @@ START_TEST(test_password_mode)
 }
 END_TEST
 
+/* A transaction past CASBOX_STORE_TXN_CHECKPOINT_SIZE commits in pieces:
+   blob refcounts carry on across checkpoints (the blob state is read
+   back from the LSM), a new blob written before a checkpoint is
+   durable with it, and a rollback after a checkpoint keeps what was
+   committed. */
+START_TEST(test_txn_checkpoint)
+{
+	const char *const parts[] = { part_a, part_b, NULL };
+	struct casbox_msg_record rec, big;
+	struct istream **in;
+	struct casbox_store *store = store_open();
+	struct casbox_store_txn *txn;
+	pool_t pool = pool_alloconly_create("test", 4096);
+	unsigned char *meta;
+	const char *error = NULL;
+	unsigned int uid, checkpoints = 0, before_last = 0;
+	int ret;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts, &rec, &in);
+	const struct casbox_msg_part *a = array_idx(&rec.parts, 0);
+	/* records of 1 MiB each: the sealed metadata is opaque here */
+	big = rec;
+	meta = p_malloc(pool, 1024 * 1024);
+	memset(meta, 'm', 1024 * 1024);
+	big.sealed_meta = meta;
+	big.sealed_meta_size = 1024 * 1024;
+
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	for (uid = 1; uid <= 20; uid++) {
+		/* the first message brings the blobs' bytes */
+		ck_assert_int_eq(casbox_store_txn_add_msg(txn, box_guid, uid,
+			&big, uid == 1 ? in : NULL, &error), 0);
+		ret = casbox_store_txn_checkpoint(txn, &error);
+		ck_assert_int_ge(ret, 0);
+		if (ret > 0) {
+			checkpoints++;
+			before_last = uid;
+			/* durable now, blob bytes included */
+			ck_assert_uint_eq(blob_refcount(&a->id), uid);
+			ck_assert_str_eq(read_msg(store, uid),
+					 t_strconcat(part_a, part_b, NULL));
+		}
+	}
+	/* 20 MiB of records: 8 MiB per batch */
+	ck_assert_uint_eq(checkpoints, 2);
+	ck_assert_uint_eq(before_last, 16);
+	ck_assert_ptr_null(read_msg(store, 17));
+	casbox_store_txn_rollback(&txn);
+	ck_assert_uint_eq(blob_refcount(&a->id), 16);
+	ck_assert_ptr_nonnull(read_msg(store, 16));
+	ck_assert_ptr_null(read_msg(store, 17));
+
+	/* and a whole transaction of them commits */
+	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
+	for (uid = 17; uid <= 40; uid++) {
+		ck_assert_int_eq(casbox_store_txn_add_msg(txn, box_guid, uid,
+			&big, NULL, &error), 0);
+		ck_assert_int_ge(casbox_store_txn_checkpoint(txn, &error), 0);
+	}
+	ck_assert_int_eq(casbox_store_txn_commit(&txn, &error), 0);
+	ck_assert_uint_eq(blob_refcount(&a->id), 40);
+	for (uid = 1; uid <= 40; uid++)
+		ck_assert_ptr_nonnull(read_msg(store, uid));
+
+	free_inputs(in);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-store");
@@ -1008,6 +1079,7 @@ int main(void)
 	tcase_add_test(tc, test_rekey_walk);
 	tcase_add_test(tc, test_rekey_waits_for_save);
 	tcase_add_test(tc, test_password_mode);
+	tcase_add_test(tc, test_txn_checkpoint);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

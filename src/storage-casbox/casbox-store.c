@@ -43,6 +43,8 @@ struct casbox_store_txn {
 	pool_t pool;
 	struct casbox_lsm_batch *batch;
 	struct casbox_pack_txn *pack_txn;
+	/* the blobs touched since the last commit (or checkpoint) */
+	pool_t blob_pool;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_pending_blob *) blobs;
 	ARRAY(struct casbox_pending_blob *) blob_list;
 
@@ -707,6 +709,21 @@ static int casbox_blob_id_cmp(const struct cas_blob_id *id1,
 	return memcmp(id1->id, id2->id, sizeof(id1->id));
 }
 
+static void casbox_store_txn_blobs_init(struct casbox_store_txn *txn)
+{
+	txn->blob_pool = pool_alloconly_create("casbox store txn blobs",
+					       4096);
+	hash_table_create(&txn->blobs, txn->blob_pool, 0,
+			  casbox_blob_id_hash, casbox_blob_id_cmp);
+	p_array_init(&txn->blob_list, txn->blob_pool, 16);
+}
+
+static void casbox_store_txn_blobs_deinit(struct casbox_store_txn *txn)
+{
+	hash_table_destroy(&txn->blobs);
+	pool_unref(&txn->blob_pool);
+}
+
 int casbox_store_txn_begin(struct casbox_store *store,
 			   struct casbox_store_txn **txn_r,
 			   const char **error_r)
@@ -714,15 +731,13 @@ int casbox_store_txn_begin(struct casbox_store *store,
 	struct casbox_store_txn *txn;
 	pool_t pool;
 
-	pool = pool_alloconly_create("casbox store txn", 4096);
+	pool = pool_alloconly_create("casbox store txn", 1024);
 	txn = p_new(pool, struct casbox_store_txn, 1);
 	txn->store = store;
 	txn->pool = pool;
-	hash_table_create(&txn->blobs, pool, 0, casbox_blob_id_hash,
-			  casbox_blob_id_cmp);
-	p_array_init(&txn->blob_list, pool, 16);
+	casbox_store_txn_blobs_init(txn);
 	if (casbox_lsm_batch_begin(store->lsm, &txn->batch, error_r) < 0) {
-		hash_table_destroy(&txn->blobs);
+		casbox_store_txn_blobs_deinit(txn);
 		pool_unref(&pool);
 		return -1;
 	}
@@ -754,9 +769,9 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
 	if (ret < 0)
 		return -1;
-	blob = p_new(txn->pool, struct casbox_pending_blob, 1);
+	blob = p_new(txn->blob_pool, struct casbox_pending_blob, 1);
 	blob->id = *id;
-	blob->pack_record = buffer_create_dynamic(txn->pool, 128);
+	blob->pack_record = buffer_create_dynamic(txn->blob_pool, 128);
 	if (ret > 0) {
 		if (casbox_blob_value_import(value->data, value->used,
 					     &bval, error_r) < 0)
@@ -1106,14 +1121,15 @@ static void casbox_store_txn_free(struct casbox_store_txn **_txn)
 	struct casbox_store_txn *txn = *_txn;
 
 	*_txn = NULL;
-	hash_table_destroy(&txn->blobs);
+	casbox_store_txn_blobs_deinit(txn);
 	pool_unref(&txn->pool);
 }
 
-int casbox_store_txn_commit(struct casbox_store_txn **_txn,
-			    const char **error_r)
+/* Commit the packs, then the blob records and the batch. Returns 0 ok,
+   -1 error (the batch is gone either way; the pack transaction too). */
+static int casbox_store_txn_commit_batch(struct casbox_store_txn *txn,
+					 const char **error_r)
 {
-	struct casbox_store_txn *txn = *_txn;
 	struct casbox_pending_blob *blob;
 	struct casbox_blob_value bval;
 	const char *error;
@@ -1125,7 +1141,7 @@ int casbox_store_txn_commit(struct casbox_store_txn **_txn,
 	if (txn->pack_txn != NULL &&
 	    casbox_pack_txn_commit(&txn->pack_txn, &error) < 0) {
 		*error_r = t_strdup_printf("pack commit: %s", error);
-		casbox_store_txn_rollback(_txn);
+		casbox_lsm_batch_rollback(&txn->batch);
 		return -1;
 	}
 	key = t_buffer_create(40);
@@ -1150,8 +1166,35 @@ int casbox_store_txn_commit(struct casbox_store_txn **_txn,
 				     value->data, value->used);
 	}
 	ret = casbox_lsm_batch_commit(&txn->batch, error_r);
-	casbox_store_txn_free(_txn);
 	return ret < 0 ? -1 : 0;
+}
+
+int casbox_store_txn_commit(struct casbox_store_txn **_txn,
+			    const char **error_r)
+{
+	int ret;
+
+	ret = casbox_store_txn_commit_batch(*_txn, error_r);
+	casbox_store_txn_free(_txn);
+	return ret;
+}
+
+int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
+				const char **error_r)
+{
+	if (casbox_lsm_batch_get_size(txn->batch) +
+	    array_count(&txn->blob_list) * CASBOX_STORE_BLOB_ENTRY_SIZE <
+	    CASBOX_STORE_TXN_CHECKPOINT_SIZE)
+		return 0;
+	if (casbox_store_txn_commit_batch(txn, error_r) < 0)
+		return -1;
+	/* the blobs' state is in the LSM now: read it from there again */
+	casbox_store_txn_blobs_deinit(txn);
+	casbox_store_txn_blobs_init(txn);
+	if (casbox_lsm_batch_begin(txn->store->lsm, &txn->batch,
+				   error_r) < 0)
+		return -1;
+	return 1;
 }
 
 void casbox_store_txn_rollback(struct casbox_store_txn **_txn)

@@ -155,6 +155,22 @@ int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
 				  uint32_t flags,
 				  const char *const *keywords,
 				  uint64_t modseq, const char **error_r);
+/* A transaction commits at most 256 MiB of LSM records at once
+   (CASBOX_LSM_WAL_MAX_PAYLOAD). A copy or a flag change of some 80,000
+   messages, or of a few hundred with huge headers, passes that.
+   casbox_store_txn_checkpoint() commits what the transaction holds
+   once it passes CASBOX_STORE_TXN_CHECKPOINT_SIZE and goes on in a new
+   batch; callers call it between messages, where a crash may stop the
+   work: after a save's chunk the index has not handed out its UIDs yet,
+   so the next open releases its records ("Orphan records"); expunges
+   and flag mirrors are right message by message. Returns 0 nothing
+   done, 1 committed, -1 error (what was committed before stays; roll
+   the transaction back). */
+#define CASBOX_STORE_TXN_CHECKPOINT_SIZE (8 * 1024 * 1024)
+/* what a blob record adds to the batch at commit, at most */
+#define CASBOX_STORE_BLOB_ENTRY_SIZE 512
+int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
+				const char **error_r);
 /* Commit the packs (fsync), then the LSM batch (fsync). Returns 0 when
    durable, -1 error (nothing applied). Frees txn either way. */
 int casbox_store_txn_commit(struct casbox_store_txn **txn,

@@ -258,8 +258,13 @@ static void casbox_rebuild_put_mailbox(struct casbox_rebuild_context *ctx,
 		array_foreach(&ctx->unreleased, uidp) {
 			if (ret < 0)
 				break;
-			ret = casbox_store_txn_expunge(txn,
-				ctx->mailbox_guid, *uidp, &error);
+			T_BEGIN {
+				ret = casbox_store_txn_expunge(txn,
+					ctx->mailbox_guid, *uidp, &error);
+				if (ret == 0 && casbox_store_txn_checkpoint(
+						txn, &error) < 0)
+					ret = -1;
+			} T_END_PASS_STR_IF(ret < 0, &error);
 		}
 		if (ret < 0)
 			casbox_store_txn_rollback(&txn);

@@ -191,8 +191,13 @@ casbox_sync_release_uids(struct casbox_mailbox *mbox, uint32_t next_uid,
 	array_foreach(&uids, uidp) {
 		if (ret < 0)
 			break;
-		ret = casbox_store_txn_expunge(txn, mbox->mailbox_guid, *uidp,
-					       error_r);
+		T_BEGIN {
+			ret = casbox_store_txn_expunge(txn,
+				mbox->mailbox_guid, *uidp, error_r);
+			if (ret == 0 &&
+			    casbox_store_txn_checkpoint(txn, error_r) < 0)
+				ret = -1;
+		} T_END_PASS_STR_IF(ret < 0, error_r);
 	}
 	if (ret < 0 || array_count(&uids) == 0) {
 		casbox_store_txn_rollback(&txn);
@@ -356,10 +361,18 @@ casbox_sync_mirror_flags(struct casbox_sync_context *ctx,
 		    !mail_index_lookup_seq(view, uid, &seq))
 			continue;
 		rec = mail_index_lookup(view, seq);
-		ret = casbox_store_txn_update_flags(txn,
-			ctx->mbox->mailbox_guid, uid, rec->flags,
-			casbox_sync_keyword_names(view, seq),
-			mail_index_modseq_lookup(view, seq), error_r);
+		/* each record is read and rewritten whole: per message on
+		   the data stack, and "mark all read" in a big mailbox is
+		   more than one batch */
+		T_BEGIN {
+			ret = casbox_store_txn_update_flags(txn,
+				ctx->mbox->mailbox_guid, uid, rec->flags,
+				casbox_sync_keyword_names(view, seq),
+				mail_index_modseq_lookup(view, seq), error_r);
+			if (ret == 0 &&
+			    casbox_store_txn_checkpoint(txn, error_r) < 0)
+				ret = -1;
+		} T_END_PASS_STR_IF(ret < 0, error_r);
 	}
 	mail_index_view_close(&view);
 	return ret;
@@ -389,8 +402,13 @@ static int casbox_sync_update_store(struct casbox_sync_context *ctx)
 	}
 	seq_range_array_iter_init(&iter, &ctx->expunged_uids);
 	while (ret == 0 && seq_range_array_iter_nth(&iter, n++, &uid)) {
-		ret = casbox_store_txn_expunge(txn, mbox->mailbox_guid, uid,
-					       &error);
+		T_BEGIN {
+			ret = casbox_store_txn_expunge(txn,
+				mbox->mailbox_guid, uid, &error);
+			if (ret == 0 &&
+			    casbox_store_txn_checkpoint(txn, &error) < 0)
+				ret = -1;
+		} T_END_PASS_STR_IF(ret < 0, &error);
 	}
 	if (ret == 0)
 		ret = casbox_sync_mirror_flags(ctx, txn, &error);

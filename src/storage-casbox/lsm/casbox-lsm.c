@@ -747,6 +747,11 @@ void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
 	batch->count++;
 }
 
+size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch)
+{
+	return batch->entries->used;
+}
+
 void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
 			     const void *key, size_t key_size)
 {

@@ -81,6 +81,9 @@ void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
 			  const void *value, size_t value_size);
 void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
 			     const void *key, size_t key_size);
+/* Bytes the batch's entries take in the WAL so far. One commit takes at
+   most CASBOX_LSM_WAL_MAX_PAYLOAD (256 MiB, "batch too large"). */
+size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch);
 /* Append, sync, apply, unlock; may flush/compact inline afterwards.
    Returns 1 when durable, -1 on error (nothing applied). Frees batch
    either way. */
