@@ -49,11 +49,11 @@ static void dump_message(const unsigned char *key, size_t key_size,
 		printf("bad-message-record\n");
 		return;
 	}
-	printf("m %s %u flags=%u modseq=%llu size=%llu parts=%u keywords=",
-	       guid_128_to_string(guid), uid, rec.flags,
+	printf("m %s %u flags=%u modseq=%llu size=%llu parts=%u meta=%zu "
+	       "keywords=", guid_128_to_string(guid), uid, rec.flags,
 	       (unsigned long long)rec.modseq,
 	       (unsigned long long)rec.physical_size,
-	       array_count(&rec.parts));
+	       array_count(&rec.parts), rec.sealed_meta_size);
 	array_foreach_elem(&rec.keywords, kw)
 		printf("%s,", kw);
 	printf(" guid=%s\n", rec.guid);

@@ -30,8 +30,17 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 		return 0;
 	if (casbox_storage_get_store(src_mbox->storage, &store) < 0)
 		return -1;
-	ret = casbox_store_msg_lookup(store, src_mbox->mailbox_guid,
-				      mail->uid, pool, &src_rec, &error);
+	/* A copy is held until commit, and a COPY may take a whole big
+	   mailbox: keep no sealed metadata (most of a record, up to 1 MiB
+	   each) until then. The commit reads it from the source again. */
+	T_BEGIN {
+		ret = casbox_store_msg_lookup(store, src_mbox->mailbox_guid,
+					      mail->uid,
+					      pool_datastack_create(),
+					      &src_rec, &error);
+		if (ret > 0)
+			casbox_msg_record_dup_lean(pool, &src_rec, &rec);
+	} T_END_PASS_STR_IF(ret < 0, &error);
 	if (ret < 0) {
 		mail_set_critical(mail, CASBOX_LOG_PREFIX"uid=%u: %s",
 				  mail->uid, error);
@@ -40,7 +49,6 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 	if (ret == 0)
 		return 0;
 
-	rec = src_rec;
 	if (mdata->guid != NULL)
 		rec.guid = p_strdup(pool, mdata->guid);
 	if (mdata->received_date != (time_t)-1)
@@ -65,7 +73,8 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 	t = rec.save_date;
 	index_mail_cache_add(INDEX_MAIL(ctx->dest_mail), MAIL_CACHE_SAVE_DATE,
 			     &t, sizeof(t));
-	casbox_save_add_copy(ctx, seq, &rec);
+	casbox_save_add_copy(ctx, seq, &rec, src_mbox->mailbox_guid,
+			     mail->uid);
 	return 1;
 }
 

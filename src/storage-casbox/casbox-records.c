@@ -47,6 +47,28 @@ void casbox_msg_record_init(pool_t pool, struct casbox_msg_record *rec_r)
 	p_array_init(&rec_r->parts, pool, 4);
 }
 
+void casbox_msg_record_dup_lean(pool_t pool,
+				const struct casbox_msg_record *src,
+				struct casbox_msg_record *dest_r)
+{
+	const char *kw;
+
+	*dest_r = *src;
+	dest_r->guid = p_strdup(pool, src->guid);
+	dest_r->pop3_uidl = p_strdup(pool, src->pop3_uidl);
+	p_array_init(&dest_r->keywords, pool,
+		     I_MAX(array_count(&src->keywords), 1));
+	array_foreach_elem(&src->keywords, kw) {
+		kw = p_strdup(pool, kw);
+		array_push_back(&dest_r->keywords, &kw);
+	}
+	p_array_init(&dest_r->parts, pool,
+		     I_MAX(array_count(&src->parts), 1));
+	array_append_array(&dest_r->parts, &src->parts);
+	dest_r->sealed_meta = NULL;
+	dest_r->sealed_meta_size = 0;
+}
+
 void casbox_msg_record_export(const struct casbox_msg_record *rec,
 			      buffer_t *dest)
 {

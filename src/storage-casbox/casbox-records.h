@@ -84,6 +84,10 @@ int casbox_key_message_parse(const unsigned char *key, size_t key_size,
 			     guid_128_t mailbox_guid_r, uint32_t *uid_r);
 
 void casbox_msg_record_init(pool_t pool, struct casbox_msg_record *rec_r);
+/* A copy of src in pool, without its sealed metadata. */
+void casbox_msg_record_dup_lean(pool_t pool,
+				const struct casbox_msg_record *src,
+				struct casbox_msg_record *dest_r);
 void casbox_msg_record_export(const struct casbox_msg_record *rec,
 			      buffer_t *dest);
 /* Strings and arrays are allocated from pool. Returns 1 ok,

@@ -35,6 +35,9 @@ struct casbox_save_mail {
 	/* the saved bytes (NULL for copies) */
 	struct istream *input;
 	struct casbox_msg_record rec;
+	/* copies: where the sealed metadata is read from at commit */
+	guid_128_t src_mailbox_guid;
+	uint32_t src_uid;
 };
 
 struct casbox_save_context {
@@ -425,14 +428,55 @@ void casbox_save_copy_begin(struct mail_save_context *_ctx)
 }
 
 void casbox_save_add_copy(struct mail_save_context *_ctx, uint32_t seq,
-			  const struct casbox_msg_record *rec)
+			  const struct casbox_msg_record *rec,
+			  const guid_128_t src_mailbox_guid, uint32_t src_uid)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct casbox_save_mail *smail;
 
+	i_assert(rec->sealed_meta == NULL);
 	smail = array_append_space(&ctx->mails);
 	smail->seq = seq;
 	smail->rec = *rec;
+	guid_128_copy(smail->src_mailbox_guid, src_mailbox_guid);
+	smail->src_uid = src_uid;
+}
+
+static bool casbox_msg_parts_equal(const struct casbox_msg_record *rec1,
+				   const struct casbox_msg_record *rec2)
+{
+	const struct casbox_msg_part *p1, *p2;
+	unsigned int i, count1, count2;
+
+	p1 = array_get(&rec1->parts, &count1);
+	p2 = array_get(&rec2->parts, &count2);
+	if (count1 != count2)
+		return FALSE;
+	for (i = 0; i < count1; i++) {
+		if (p1[i].size != p2[i].size ||
+		    memcmp(p1[i].id.id, p2[i].id.id, CAS_BLOB_ID_SIZE) != 0)
+			return FALSE;
+	}
+	return TRUE;
+}
+
+/* A copy's sealed metadata, from its source record as it is now (on the
+   data stack). None if the source is gone or was replaced meanwhile:
+   the metadata is derived data, reads then parse the message. */
+static void casbox_save_copy_meta(struct casbox_store *store,
+				  const struct casbox_save_mail *smail,
+				  struct casbox_msg_record *rec)
+{
+	struct casbox_msg_record src;
+	const char *error;
+
+	if (casbox_store_msg_lookup(store, smail->src_mailbox_guid,
+				    smail->src_uid, pool_datastack_create(),
+				    &src, &error) > 0 &&
+	    casbox_msg_parts_equal(&src, rec)) {
+		rec->sealed_meta = src.sealed_meta;
+		rec->sealed_meta_size = src.sealed_meta_size;
+	}
 }
 
 bool casbox_save_lookup(struct mailbox_transaction_context *t, uint32_t seq,
@@ -465,17 +509,20 @@ static void casbox_save_free_mails(struct casbox_save_context *ctx)
 }
 
 static int
-casbox_save_add_msg(struct casbox_store_txn *txn,
+casbox_save_add_msg(struct casbox_store *store, struct casbox_store_txn *txn,
 		    const guid_128_t mailbox_guid, uint32_t uid,
 		    const struct casbox_save_mail *smail,
 		    const char **error_r)
 {
 	const struct casbox_msg_part *part;
+	struct casbox_msg_record rec = smail->rec;
 	struct istream **inputs = NULL;
 	unsigned int i, count;
 	uoff_t offset = 0;
 	int ret;
 
+	if (smail->input == NULL && smail->src_uid != 0)
+		casbox_save_copy_meta(store, smail, &rec);
 	count = array_count(&smail->rec.parts);
 	if (smail->input != NULL) {
 		inputs = t_new(struct istream *, count + 1);
@@ -487,7 +534,7 @@ casbox_save_add_msg(struct casbox_store_txn *txn,
 			offset += part->size;
 		}
 	}
-	ret = casbox_store_txn_add_msg(txn, mailbox_guid, uid, &smail->rec,
+	ret = casbox_store_txn_add_msg(txn, mailbox_guid, uid, &rec,
 				       inputs, error_r);
 	for (i = 0; inputs != NULL && i < count; i++)
 		i_stream_unref(&inputs[i]);
@@ -566,8 +613,15 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		if (!seq_range_array_iter_nth(&iter, n++, &uid))
 			i_unreached();
 		T_BEGIN {
-			ret = casbox_save_add_msg(txn, mbox->mailbox_guid,
-						  uid, smail, &error);
+			ret = casbox_save_add_msg(store, txn,
+						  mbox->mailbox_guid, uid,
+						  smail, &error);
+			/* a COPY of 100,000 mails is more than one batch;
+			   a crash between two leaves records above the
+			   index's next UID, which the next open releases */
+			if (ret == 0 &&
+			    casbox_store_txn_checkpoint(txn, &error) < 0)
+				ret = -1;
 			failed_errno = errno;
 		} T_END_PASS_STR_IF(ret < 0, &error);
 		if (ret < 0)

@@ -25,9 +25,13 @@ void casbox_save_keyword_names(struct mail_save_context *ctx, pool_t pool,
 			       ARRAY_TYPE(const_string) *names);
 /* mailbox_copy() started: there is no save_begin/finish pair. */
 void casbox_save_copy_begin(struct mail_save_context *ctx);
-/* Queue a copied message: rec's blobs already exist in the store. */
+/* Queue a copied message: rec's blobs already exist in the store. rec
+   has no sealed metadata (it may be big, and a COPY may hold a whole
+   mailbox until commit); the commit takes it from the source message's
+   record, src_mailbox_guid/src_uid, if that still has the same parts. */
 void casbox_save_add_copy(struct mail_save_context *ctx, uint32_t seq,
-			  const struct casbox_msg_record *rec);
+			  const struct casbox_msg_record *rec,
+			  const guid_128_t src_mailbox_guid, uint32_t src_uid);
 pool_t casbox_save_get_pool(struct mail_save_context *ctx);
 
 /* For a mail being saved in transaction t: its record and (for saved,

@@ -258,5 +258,47 @@ class StorageBasicTest(unittest.TestCase):
             self.assertTrue(body.endswith(msg))
             imap.logout()
 
+    def test_transactions_past_one_lsm_batch(self):
+        """One LSM commit holds at most 256 MiB, and every message record
+        carries its sealed BODYSTRUCTURE, BODY and ENVELOPE (3 kB for
+        usual mail). "Mark all read" or a COPY of some 80,000 mails used
+        to fail with "batch too large"; here 300 mails with ~1 MB of
+        metadata each pass it. Such transactions now commit in pieces:
+        everything is copied and flagged, durably (the records say so)
+        and with right refcounts (storage-dump audits them)."""
+        count = 300
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS) as dc:
+            msgs = []
+            for i in range(count):
+                name = b"%05d" % i + b"n" * (470 * 1024)
+                msgs.append(b"From: alice@example.com\r\nSubject: m%d\r\n"
+                            b"Content-Type: text/plain; name=\"%s\"\r\n"
+                            b"\r\nbody %d\r\n" % (i, name, i))
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.create("Copy"))
+            ok(imap.select("INBOX"))
+            ok(imap.uid("STORE", "1:*", "+FLAGS.SILENT", r"(\Seen)"))
+            ok(imap.uid("COPY", "1:*", "Copy"))
+            ok(imap.select("Copy"))
+            typ, data = imap.uid("SEARCH", "SEEN")
+            self.assertEqual(len(data[0].split()), count)
+            for uid in (1, count // 2, count):
+                _, body = fetch_one(imap, uid, "BODY.PEEK[]")
+                self.assertTrue(body.endswith(msgs[uid - 1]), uid)
+            imap.logout()
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+            recs = [ln for ln in d.stdout.splitlines()
+                    if ln.startswith("m ")]
+            self.assertEqual(len(recs), 2 * count)
+            for ln in recs:
+                self.assertIn("flags=8 ", ln)   # MAIL_SEEN
+                # the copies got the sealed metadata too (~1 MB each)
+                meta = int(re.search(r" meta=(\d+) ", ln).group(1))
+                self.assertGreater(meta, 900 * 1024, ln)
+
+
 if __name__ == "__main__":
     unittest.main()
