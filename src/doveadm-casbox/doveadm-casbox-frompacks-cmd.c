@@ -67,11 +67,14 @@ static int frompacks_release_expunged(struct casbox_frompacks *fp,
 		    !guid_128_equals(msg->mailbox_guid, fmbox->guid) ||
 		    mail_index_lookup_seq(box->view, msg->uid, &seq))
 			continue;
-		if (casbox_store_txn_expunge(txn, fmbox->guid, msg->uid,
-					     error_r) < 0) {
-			ret = -1;
+		T_BEGIN {
+			if (casbox_store_txn_expunge(txn, fmbox->guid,
+						     msg->uid, error_r) < 0 ||
+			    casbox_store_txn_checkpoint(txn, error_r) < 0)
+				ret = -1;
+		} T_END_PASS_STR_IF(ret < 0, error_r);
+		if (ret < 0)
 			break;
-		}
 		count++;
 	}
 	if (ret < 0 || count == 0) {

@@ -390,10 +390,17 @@ int casbox_store_mailbox_delete(struct casbox_store *store,
 	}
 	if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
 		ret = -1;
+	/* a big mailbox: each record in its own data-stack frame, and in
+	   pieces (every release is right by itself) */
 	array_foreach_elem(&uids, uid) {
-		if (ret == 0 && casbox_store_txn_expunge(txn, mailbox_guid,
-							 uid, error_r) < 0)
-			ret = -1;
+		if (ret < 0)
+			break;
+		T_BEGIN {
+			if (casbox_store_txn_expunge(txn, mailbox_guid, uid,
+						     error_r) < 0 ||
+			    casbox_store_txn_checkpoint(txn, error_r) < 0)
+				ret = -1;
+		} T_END_PASS_STR_IF(ret < 0, error_r);
 	}
 	if (ret < 0) {
 		casbox_store_txn_rollback(&txn);

@@ -298,6 +298,14 @@ class StorageBasicTest(unittest.TestCase):
                 # the copies got the sealed metadata too (~1 MB each)
                 meta = int(re.search(r" meta=(\d+) ", ln).group(1))
                 self.assertGreater(meta, 900 * 1024, ln)
+            # deleting the copy expunges 300 MB of records
+            imap = dc.imap_login("user1")
+            ok(imap.delete("Copy"))
+            imap.logout()
+            d = storage_dump(dc)
+            self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+            self.assertEqual(len([ln for ln in d.stdout.splitlines()
+                                  if ln.startswith("m ")]), count)
 
 
 if __name__ == "__main__":
