@@ -598,6 +598,56 @@ START_TEST(test_index_without_segments)
 }
 END_TEST
 
+/* One document may take half of the memory budget: its terms past
+   that are dropped (and the writer says so), so a message of millions
+   of distinct words cannot run the indexer out of memory; the next
+   document is whole again. */
+START_TEST(test_index_doc_memory_bound)
+{
+	struct casidx_index_settings set = test_set;
+	struct casidx_index *index;
+	struct casidx_index_writer *w;
+	const char *error, *term;
+	unsigned int i, n = 200000;
+
+	set.memory_budget = 1024 * 1024;
+	index = casidx_index_init(test_dir, &set);
+	w = casidx_index_writer_begin(index);
+	ck_assert_uint_eq(casidx_index_writer_doc_limit(w), 512 * 1024);
+	casidx_index_writer_add_doc(w, 1);
+	for (i = 0; i < n; i++) {
+		term = t_strdup_printf("w%07u", i);
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, term,
+					     strlen(term));
+	}
+	ck_assert(casidx_index_writer_doc_truncated(w));
+	ck_assert_int_eq(casidx_index_writer_doc_done(w, &error), 0);
+	casidx_index_writer_add_doc(w, 2);
+	ck_assert(!casidx_index_writer_doc_truncated(w));
+	for (i = 0; i < 3; i++) {
+		term = t_strdup_printf("w%07u", n - 1 - i);
+		casidx_index_writer_add_term(w, CASIDX_FIELD_BODY, term,
+					     strlen(term));
+	}
+	ck_assert(!casidx_index_writer_doc_truncated(w));
+	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+
+	/* the first words of doc 1 are found, its last ones only in 2 */
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000000",
+				     CASIDX_MATCH_EXACT, NULL), 1);
+	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000100",
+				     CASIDX_MATCH_EXACT, NULL), 1);
+	ck_assert_uint_eq(uid_tf(index, "w0199999", 1), 0);
+	ck_assert_uint_eq(uid_tf(index, "w0199999", 2), 1);
+	/* what was kept is a prefix of the document, below the bound */
+	ck_assert_uint_lt(casidx_index_get_doc_len(index, 1,
+						   CASIDX_FIELD_BODY), n / 2);
+	ck_assert_uint_gt(casidx_index_get_doc_len(index, 1,
+						   CASIDX_FIELD_BODY), 1000);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 START_TEST(test_index_expunge_and_optimize)
 {
 	struct casidx_index *index, *reader;
@@ -1043,6 +1093,7 @@ int main(void)
 	tcase_add_checked_fixture(tci, setup, teardown);
 	tcase_add_test(tci, test_index_commit_refresh);
 	tcase_add_test(tci, test_index_without_segments);
+	tcase_add_test(tci, test_index_doc_memory_bound);
 	tcase_add_test(tci, test_index_expunge_and_optimize);
 	tcase_add_test(tci, test_index_auto_merge_and_budget);
 	tcase_add_test(tci, test_index_tiered_merge);

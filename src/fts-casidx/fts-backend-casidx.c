@@ -404,6 +404,22 @@ fts_backend_casidx_update_init(struct fts_backend *backend)
 	return &ctx->ctx;
 }
 
+/* Say so when a document was indexed only in part. */
+static void casidx_update_doc_end(struct casidx_fts_backend_update_context *ctx)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+
+	if (!ctx->doc_open || !casidx_index_writer_doc_truncated(ctx->writer))
+		return;
+	e_warning(backend->event, "%s: UID %u: too many distinct words: "
+		  "only its first words are searchable (one message may take "
+		  "%zu MB, half of fts_casidx_memory_budget)",
+		  casidx_index_get_dir(ctx->index), ctx->uid,
+		  casidx_index_writer_doc_limit(ctx->writer) / (1024 * 1024));
+}
+
 static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 {
 	struct casidx_fts_backend *backend =
@@ -414,6 +430,7 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 
 	if (ctx->writer == NULL)
 		return;
+	casidx_update_doc_end(ctx);
 	flushes = casidx_index_writer_get_flushes(ctx->writer);
 	if (casidx_index_writer_commit(&ctx->writer, &error) < 0) {
 		e_error(backend->event, "Index commit failed: %s", error);
@@ -537,6 +554,7 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 			     backend);
 	const char *error;
 
+	casidx_update_doc_end(ctx);
 	if (ctx->doc_open &&
 	    casidx_index_writer_doc_done(ctx->writer, &error) < 0) {
 		e_error(backend->event, "Index flush failed: %s", error);

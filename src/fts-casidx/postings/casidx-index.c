@@ -63,6 +63,9 @@ struct casidx_index_writer {
 	roaring_bitmap_t *expunges;
 	uint32_t uid_validity;
 	unsigned int flushes;
+	/* builder memory when the current document began */
+	size_t doc_mem_start;
+	bool doc_truncated;
 };
 
 static roaring_bitmap_t *bitmap_create(void)
@@ -1096,13 +1099,36 @@ void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 				 uint32_t uid)
 {
 	casidx_builder_add_doc(writer->builder, uid);
+	writer->doc_mem_start = casidx_builder_memory_used(writer->builder);
+	writer->doc_truncated = FALSE;
 }
 
 void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len)
 {
+	/* The budget is checked between documents, so one document must
+	   not take more than half of it: a message of millions of distinct
+	   words (22 MB of random ones took 580 MB) would otherwise run the
+	   indexer-worker out of its 256 MB on every retry. */
+	if (writer->doc_truncated)
+		return;
+	if (casidx_builder_memory_used(writer->builder) -
+	    writer->doc_mem_start >= casidx_index_writer_doc_limit(writer)) {
+		writer->doc_truncated = TRUE;
+		return;
+	}
 	casidx_builder_add_term(writer->builder, field, term, term_len);
+}
+
+size_t casidx_index_writer_doc_limit(const struct casidx_index_writer *writer)
+{
+	return writer->index->set.memory_budget / 2;
+}
+
+bool casidx_index_writer_doc_truncated(const struct casidx_index_writer *writer)
+{
+	return writer->doc_truncated;
 }
 
 void casidx_index_writer_set_uid_validity(struct casidx_index_writer *writer,

@@ -108,9 +108,15 @@ casidx_index_writer_begin(struct casidx_index *index);
 /* Start a new document; a uid already indexed may be added again. */
 void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 				 uint32_t uid);
+/* Terms past half of the memory budget for one document are dropped
+   (the rest of the document is not searchable); see _doc_truncated(). */
 void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len);
+/* That bound in bytes of builder memory. */
+size_t casidx_index_writer_doc_limit(const struct casidx_index_writer *writer);
+/* TRUE if the current document lost terms to that bound. */
+bool casidx_index_writer_doc_truncated(const struct casidx_index_writer *writer);
 /* The mailbox's UIDVALIDITY. At commit, an index recorded under another
    UIDVALIDITY is emptied first (its UIDs mean other messages now). */
 void casidx_index_writer_set_uid_validity(struct casidx_index_writer *writer,
