@@ -104,8 +104,11 @@ static int spool_open_file(struct casbox_spool *spool, const char **error_r)
 	str_append(path, spool->temp_prefix);
 	spool->fd = safe_mkstemp_hostpid(path, 0600, (uid_t)-1, (gid_t)-1);
 	if (spool->fd == -1) {
+		int saved_errno = errno;
+
 		*error_r = t_strdup_printf("safe_mkstemp(%s) failed: %m",
 					   str_c(path));
+		errno = saved_errno;
 		return -1;
 	}
 	/* nobody else needs its name, and a crash must not leave it */
@@ -128,7 +131,7 @@ static int spool_write_file(struct casbox_spool *spool,
 	unsigned char *chunk;
 	uoff_t pos = spool->size - spool->mem->used;
 	size_t n;
-	int ret = 0;
+	int ret = 0, saved_errno;
 
 	chunk = i_malloc(I_MIN(size, SPOOL_WRITE_CHUNK));
 	while (size > 0) {
@@ -145,7 +148,10 @@ static int spool_write_file(struct casbox_spool *spool,
 		size -= n;
 		spool->size += n;
 	}
+	/* the caller reports errno (ENOSPC: mailbox full) */
+	saved_errno = errno;
 	i_free(chunk);
+	errno = saved_errno;
 	return ret;
 }
 
