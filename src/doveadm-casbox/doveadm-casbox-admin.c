@@ -6,6 +6,7 @@
 #include "mail-namespace.h"
 #include "mail-storage-private.h"
 #include "mailbox-list.h"
+#include "doveadm-mail.h"
 #include "doveadm-casbox.h"
 
 static struct mail_namespace *casbox_admin_find_ns(struct mail_user *user)
@@ -28,6 +29,22 @@ int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		      const char **error_r)
 {
 	return casbox_admin_open_full(user, TRUE, adm_r, error_r);
+}
+
+int casbox_admin_open_failed(struct doveadm_mail_cmd_context *ctx,
+			     const char *cmd, struct mail_user *user,
+			     int ret, const char *error)
+{
+	if (!ctx->iterate_single_user &&
+	    (ret == 0 || casbox_admin_find_ns(user) == NULL)) {
+		/* visible with doveadm -D */
+		i_debug("%s: %s: skipped", cmd, error);
+		return 0;
+	}
+	i_error("%s: %s", cmd, error);
+	doveadm_mail_failed_error(ctx, ret == 0 ? MAIL_ERROR_NOTFOUND :
+				  MAIL_ERROR_TEMP);
+	return -1;
 }
 
 int casbox_admin_open_nolsm(struct mail_user *user,

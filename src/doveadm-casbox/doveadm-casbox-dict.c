@@ -196,11 +196,8 @@ cmd_casbox_dict_train_run(struct doveadm_mail_cmd_context *ctx,
 
 	ret = casbox_admin_open(user, &adm, &error);
 	if (ret <= 0) {
-		i_error("casbox dict train: %s", error);
-		doveadm_mail_failed_error(ctx, ret == 0 ?
-					  MAIL_ERROR_NOTFOUND :
-					  MAIL_ERROR_TEMP);
-		return -1;
+		return casbox_admin_open_failed(ctx, "casbox dict train",
+						user, ret, error);
 	}
 	i_zero(&res);
 	T_BEGIN {

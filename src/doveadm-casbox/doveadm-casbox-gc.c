@@ -1016,12 +1016,9 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	i_zero(&gc);
 	gc.all = ctx->all;
 	ret = casbox_admin_open(user, &gc.adm, &error);
-	if (ret <= 0) {
-		i_error("casbox gc: %s", error);
-		doveadm_mail_failed_error(_ctx, ret == 0 ?
-			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
-		return -1;
-	}
+	if (ret <= 0)
+		return casbox_admin_open_failed(_ctx, "casbox gc", user,
+						ret, error);
 	ret = casbox_gc_run(&gc, &error);
 	if (ret < 0) {
 		i_error("casbox gc: %s: %s", gc.adm->root_dir, error);

@@ -459,10 +459,8 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 	rot.batch = ctx->batch != 0 ? ctx->batch : CASBOX_ROTATE_DEFAULT_BATCH;
 	ret = casbox_admin_open(user, &rot.adm, &error);
 	if (ret <= 0) {
-		i_error("casbox key rotate: %s", error);
-		doveadm_mail_failed_error(_ctx, ret == 0 ?
-			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
-		return -1;
+		return casbox_admin_open_failed(_ctx, "casbox key rotate",
+						user, ret, error);
 	}
 	if (rot.adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
 		/* nothing to rewrap: DEKs are sealed to the user's key

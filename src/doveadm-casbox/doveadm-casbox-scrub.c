@@ -661,12 +661,9 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 		_ctx->exit_code = EX_DATAERR;
 		return -1;
 	}
-	if (ret <= 0) {
-		i_error("casbox scrub: %s", error);
-		doveadm_mail_failed_error(_ctx, ret == 0 ?
-			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
-		return -1;
-	}
+	if (ret <= 0)
+		return casbox_admin_open_failed(_ctx, "casbox scrub", user,
+						ret, error);
 	scrub.pool = pool_alloconly_create("casbox scrub", 1024);
 	p_array_init(&scrub.msgs, scrub.pool, 16);
 	ret = casbox_scrub_check(&scrub, &error);

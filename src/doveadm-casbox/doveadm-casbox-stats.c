@@ -113,12 +113,9 @@ cmd_casbox_stats_run(struct doveadm_mail_cmd_context *ctx,
 	int ret;
 
 	ret = casbox_admin_open(user, &adm, &error);
-	if (ret <= 0) {
-		i_error("casbox stats: %s", error);
-		doveadm_mail_failed_error(ctx, ret == 0 ? MAIL_ERROR_NOTFOUND :
-					  MAIL_ERROR_TEMP);
-		return -1;
-	}
+	if (ret <= 0)
+		return casbox_admin_open_failed(ctx, "casbox stats", user,
+						ret, error);
 	/* stats need no key: the frame scan is keyless */
 	if (casbox_admin_open_keys(adm, &error) < 0 &&
 	    casbox_admin_open_packs_keyless(adm, &error) == 0) {

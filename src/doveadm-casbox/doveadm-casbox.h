@@ -50,6 +50,16 @@ struct casbox_admin {
    namespace). */
 int casbox_admin_open(struct mail_user *user, struct casbox_admin **adm_r,
 		      const char **error_r);
+struct doveadm_mail_cmd_context;
+/* A command's casbox_admin_open() returned ret <= 0 with error. For one
+   user (-u) that fails the command: EX_NOUSER for "no store", else
+   EX_TEMPFAIL. Over all users (-A, -F) a user without a store or
+   without a casbox namespace is skipped (a new user has no store yet,
+   a mixed site has users on other formats): returns 0 then, -1 when
+   the command failed. */
+int casbox_admin_open_failed(struct doveadm_mail_cmd_context *ctx,
+			     const char *cmd, struct mail_user *user,
+			     int ret, const char *error);
 /* Open the store at root_dir (what casbox_admin_open() does once it has
    found the root and the settings; set is copied, its strings must
    outlive the handle). Same returns. */

@@ -200,7 +200,8 @@ class Dovecot:
     def __init__(self, mail_location="casbox:~/casbox", mail_plugins=None,
                  plugin_settings=None, extra_conf="", protocols="imap lmtp",
                  users_prefix="", keep_tmp=None, mail_debug=None,
-                 system_doveadm_plugin=False, passdb_extra=""):
+                 system_doveadm_plugin=False, passdb_extra="",
+                 users=None):
         self.mail_location = mail_location
         self.mail_plugins = list(mail_plugins if mail_plugins is not None
                                  else ["casbox"])
@@ -210,6 +211,10 @@ class Dovecot:
         # password to the mail process (casbox_key_mode = password)
         self.passdb_extra = passdb_extra
         self.protocols = protocols
+        # None: any user name exists (static userdb); a list of names:
+        # exactly these users, in a passwd-file userdb that doveadm -A
+        # can iterate
+        self.users = list(users) if users is not None else None
         self.keep_tmp = (os.environ.get("CASBOX_KEEP_TMP") == "1"
                          if keep_tmp is None else keep_tmp)
         self.mail_debug = (os.environ.get("CASBOX_MAIL_DEBUG") == "1"
@@ -273,6 +278,12 @@ class Dovecot:
         self._stage_modules()
         self.imap_port = free_port()
         self.lmtp_port = free_port()
+        if self.users is not None:
+            with open(os.path.join(self.tmp, "users"), "w") as f:
+                for user in self.users:
+                    f.write("%s::%d:%d::%s::\n" % (
+                        user, self.uid, self.gid,
+                        os.path.join(self.home_root, user)))
         with open(self.conf_path, "w") as f:
             f.write(self.config_text())
         # Not a pipe: the daemonized master inherits stdout/stderr and
@@ -381,6 +392,14 @@ class Dovecot:
                                "root or `make install` first"
                                % DOVEADM_MODULEDIR)
 
+    def userdb_text(self):
+        if self.users is not None:
+            return ("userdb {\n  driver = passwd-file\n"
+                    "  args = %s/users\n}" % self.tmp)
+        return ("userdb {\n  driver = static\n"
+                "  args = uid=%d gid=%d home=%s/%%u allow_all_users=yes\n}"
+                % (self.uid, self.gid, self.home_root))
+
     def config_text(self):
         t = self.tmp
         plugins = " ".join(self.mail_plugins)
@@ -412,10 +431,7 @@ passdb {{
   args = password={PASSWORD}
   {self.passdb_extra}
 }}
-userdb {{
-  driver = static
-  args = uid={self.uid} gid={self.gid} home={self.home_root}/%u allow_all_users=yes
-}}
+{self.userdb_text()}
 namespace inbox {{
   inbox = yes
   separator = /

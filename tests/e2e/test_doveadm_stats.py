@@ -84,6 +84,33 @@ class DoveadmStatsTest(unittest.TestCase):
             self.assertNotEqual(res.returncode, 0)
             self.assertIn("no casbox store", res.stderr)
 
+    def test_all_users(self):
+        """doveadm -A walks every user of the userdb. One without a
+        store yet (a new user, or one on another format) is skipped,
+        not a failure that would make every nightly `scrub -A` exit
+        non-zero; with -u it still fails (68)."""
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF,
+                     users=["user1", "user2", "user3"]) as dc:
+            msgs = [b"Subject: m%d\r\n\r\nbody %d\r\n" % (i, i)
+                    for i in range(5)]
+            dc.lmtp_deliver_many("user1", msgs[:3])
+            dc.lmtp_deliver_many("user2", msgs[3:])
+            res = dc.doveadm("-f", "tab", "casbox", "stats", "-A")
+            lines = res.stdout.strip().split("\n")
+            head = lines[0].split("\t")
+            rows = [dict(zip(head, ln.split("\t"))) for ln in lines[1:]]
+            self.assertEqual(sorted(r["messages"] for r in rows),
+                             ["2", "3"], res.stdout)
+            for cmd in (["casbox", "scrub"], ["casbox", "gc"],
+                        ["casbox", "key", "rotate"]):
+                res = dc.doveadm(*cmd, "-A", check=False)
+                self.assertEqual(res.returncode, 0, (cmd, res.stderr))
+                self.assertNotIn("user3", res.stdout + res.stderr)
+            res = dc.doveadm("casbox", "stats", "-u", "user3", check=False)
+            self.assertEqual(res.returncode, 68)
+            self.assertIn("no casbox store", res.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
