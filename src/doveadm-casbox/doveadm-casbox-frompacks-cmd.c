@@ -252,10 +252,8 @@ int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 
 	ret = casbox_admin_open_nolsm(user, &adm, &error);
 	if (ret <= 0) {
-		i_error("casbox rebuild --from-packs: %s", error);
-		doveadm_mail_failed_error(ctx, ret == 0 ?
-			MAIL_ERROR_NOTFOUND : MAIL_ERROR_TEMP);
-		return -1;
+		return casbox_admin_open_failed(ctx,
+			"casbox rebuild --from-packs", user, ret, error);
 	}
 	if (frompacks_open_keys(ctx, adm) < 0) {
 		casbox_admin_close(&adm);

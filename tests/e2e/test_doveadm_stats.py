@@ -110,6 +110,19 @@ class DoveadmStatsTest(unittest.TestCase):
             res = dc.doveadm("casbox", "stats", "-u", "user3", check=False)
             self.assertEqual(res.returncode, 68)
             self.assertIn("no casbox store", res.stderr)
+            # server mode: the rebuild from the packs needs no password
+            # and runs over all users too
+            res = dc.doveadm("casbox", "rebuild", "--from-packs", "-A",
+                             check=False)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertNotIn("user3", res.stdout + res.stderr)
+            self.assertEqual(stats(dc, "user1")["messages"], "3")
+            # a command that reads one user's passwords from stdin
+            # refuses to run over all users (64), before reading them
+            res = dc.doveadm("casbox", "key", "password", "-A", check=False,
+                             input="old-secret\nnew-secret\n")
+            self.assertEqual(res.returncode, 64, res.stderr)
+            self.assertNotIn("secret", res.stdout + res.stderr)
 
 
 if __name__ == "__main__":
