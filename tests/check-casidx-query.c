@@ -156,6 +156,37 @@ START_TEST(test_maybe_cases)
 }
 END_TEST
 
+/* A value of many tokens: only the first CASIDX_QUERY_MAX_TOKENS
+   narrow the candidates (Dovecot checks them against the mail), and
+   none after the candidates ran out. Both keep the answer a superset:
+   never a message lost. */
+START_TEST(test_many_tokens)
+{
+	string_t *value = t_str_new(1024);
+	unsigned int i;
+
+	/* doc 2's words first, then words no message has: past the bound
+	   those are not looked at, so 2 stays a candidate */
+	str_append(value, "hello world again");
+	for (i = 3; i < CASIDX_QUERY_MAX_TOKENS; i++)
+		str_append(value, " hello");
+	str_append(value, " zzznothere qqqmissing");
+	check1(BODY, str_c(value), FALSE, "", "2");
+	/* NOT of it: 2 is not certainly excluded */
+	check1(BODY, str_c(value), TRUE, "1,3,4,5", "2");
+	/* within the bound a missing word still excludes */
+	str_truncate(value, 0);
+	str_append(value, "hello world zzznothere");
+	check1(BODY, str_c(value), FALSE, "", "");
+	/* thousands of words that match nothing: nothing */
+	str_truncate(value, 0);
+	for (i = 0; i < 5000; i++)
+		str_printfa(value, "w%u ", i);
+	check1(BODY, str_c(value), FALSE, "", "");
+	check1(BODY, str_c(value), TRUE, "1,2,3,4,5", "");
+}
+END_TEST
+
 START_TEST(test_not_and_or)
 {
 	struct casidx_query_leaf leaves[2];
@@ -300,6 +331,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, build_index, teardown);
 	tcase_add_test(tc, test_words_prefixes_substrings);
 	tcase_add_test(tc, test_maybe_cases);
+	tcase_add_test(tc, test_many_tokens);
 	tcase_add_test(tc, test_not_and_or);
 	tcase_add_test(tc, test_answerable);
 	tcase_add_test(tc, test_scores);

@@ -15,6 +15,10 @@
    against the universe (every indexed, not expunged UID, including
    messages that produced no tokens). */
 
+/* A search value's tokens used to find its candidates (the rest are
+   left to Dovecot's check of the candidates). */
+#define CASIDX_QUERY_MAX_TOKENS 32
+
 #include "casidx-index.h"
 
 struct casidx_tokenizer;
