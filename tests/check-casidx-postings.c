@@ -345,6 +345,19 @@ static uint64_t scan_count(struct casidx_index *index,
 	return n;
 }
 
+/* The loaded snapshot: last indexed UID, segments, live documents. */
+static void assert_snapshot(struct casidx_index *index, uint32_t last_uid,
+			    unsigned int segments, uint64_t docs)
+{
+	roaring_bitmap_t *all;
+
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), last_uid);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), segments);
+	all = casidx_index_get_universe(index);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), docs);
+	roaring_bitmap_free(all);
+}
+
 static void index_docs(struct casidx_index *index, uint32_t first,
 		       uint32_t last)
 {
@@ -488,7 +501,6 @@ START_TEST(test_index_overlapping_writers)
 {
 	struct casidx_index *a, *b, *r;
 	struct casidx_index_writer *wa, *wb;
-	roaring_bitmap_t *all;
 	const char *error;
 	uint32_t uid;
 
@@ -511,12 +523,8 @@ START_TEST(test_index_overlapping_writers)
 	ck_assert_int_eq(casidx_index_writer_commit(&wa, &error), 0);
 
 	ck_assert_int_eq(casidx_index_refresh(r, &error), 1);
-	ck_assert_uint_eq(casidx_index_get_last_uid(r), 8);
 	/* the late writer had nothing new: no second segment */
-	ck_assert_uint_eq(casidx_index_get_segment_count(r), 1);
-	all = casidx_index_get_universe(r);
-	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 8);
-	roaring_bitmap_free(all);
+	assert_snapshot(r, 8, 1, 8);
 	for (uid = 1; uid <= 8; uid++)
 		ck_assert_uint_eq(uid_tf(r, "dup", uid), 2);
 	ck_assert(casidx_index_get_avg_len(r, CASIDX_FIELD_BODY) == 2.0);
@@ -550,7 +558,6 @@ START_TEST(test_index_without_segments)
 {
 	struct casidx_index *index, *reader;
 	struct casidx_index_writer *w;
-	roaring_bitmap_t *all;
 	const char *error;
 	uint32_t uid;
 
@@ -578,12 +585,9 @@ START_TEST(test_index_without_segments)
 
 	reader = casidx_index_init(test_dir, &test_set);
 	ck_assert_int_eq(casidx_index_refresh(reader, &error), 1);
-	ck_assert_uint_eq(casidx_index_get_segment_count(reader), 0);
-	/* the indexed range is kept: Dovecot must not index 1..6 again */
-	ck_assert_uint_eq(casidx_index_get_last_uid(reader), 6);
-	all = casidx_index_get_universe(reader);
-	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 0);
-	roaring_bitmap_free(all);
+	/* no segment, and the indexed range is kept: Dovecot must not
+	   index 1..6 again */
+	assert_snapshot(reader, 6, 0, 0);
 	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 0);
 
