@@ -5,6 +5,7 @@
 #include "casidx-bm25.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <math.h>
 #include <stdlib.h>
 
@@ -78,16 +79,12 @@ int main(void)
 {
 	Suite *s = suite_create("casidx-bm25");
 	TCase *tc = tcase_create("bm25");
-	SRunner *sr;
 	int failed;
 
 	tcase_add_test(tc, test_known_values);
 	tcase_add_test(tc, test_monotonic);
 	tcase_add_test(tc, test_edges);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -13,6 +13,7 @@
 #include "cas-key.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 #include <stdio.h>
 #include <fcntl.h>
@@ -1084,7 +1085,6 @@ int main(void)
 	Suite *s = suite_create("casidx-postings");
 	TCase *tc = tcase_create("segment");
 	TCase *tci = tcase_create("index");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -1108,10 +1108,7 @@ int main(void)
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	tcase_add_test(tci, test_index_overlapping_writers);
 	suite_add_tcase(s, tci);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

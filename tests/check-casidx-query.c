@@ -11,6 +11,7 @@
 #include "casidx-query.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -324,7 +325,6 @@ int main(void)
 {
 	Suite *s = suite_create("casidx-query");
 	TCase *tc = tcase_create("query");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -338,10 +338,7 @@ int main(void)
 	tcase_add_test(tc, test_lazy_corruption_detected);
 	tcase_add_test(tc, test_cjk_single_char);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -9,6 +9,7 @@
 #include "casidx-tokenizer-private.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 
 static struct casidx_tokenizer *tok;
@@ -440,7 +441,6 @@ int main(void)
 {
 	Suite *s = suite_create("casidx-tok");
 	TCase *tc = tcase_create("casidx-tok");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -454,10 +454,7 @@ int main(void)
 	tcase_add_test(tc, test_ascii_fast_path_equals_icu);
 	tcase_add_loop_test(tc, test_query_terms_in_index, 0, 10);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

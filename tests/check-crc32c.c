@@ -6,6 +6,7 @@
 #include "cas-crc32c.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 
 START_TEST(test_known_answers)
@@ -71,7 +72,6 @@ int main(void)
 {
 	Suite *s = suite_create("crc32c");
 	TCase *tc = tcase_create("crc32c");
-	SRunner *sr;
 	int failed;
 
 	tcase_add_test(tc, test_known_answers);
@@ -79,9 +79,6 @@ int main(void)
 	tcase_add_test(tc, test_running_update);
 	tcase_add_test(tc, test_mask_roundtrip);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -16,6 +16,7 @@
 #include "doveadm-casbox.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -714,7 +715,6 @@ int main(void)
 {
 	Suite *s = suite_create("doveadm-census");
 	TCase *tc = tcase_create("census");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -737,10 +737,7 @@ int main(void)
 	tcase_add_test(tc, test_key_line_str);
 	tcase_add_test(tc, test_key_input_stream);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -23,6 +23,7 @@
 #include "doveadm-casbox-frompacks.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <dirent.h>
 #include <signal.h>
 #include <string.h>
@@ -880,7 +881,6 @@ int main(void)
 {
 	Suite *s = suite_create("doveadm-frompacks");
 	TCase *tc = tcase_create("frompacks");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -897,10 +897,7 @@ int main(void)
 	tcase_add_test(tc, test_rotation_crash_then_rebuild);
 	tcase_add_test(tc, test_rotation_finished_then_rebuild);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

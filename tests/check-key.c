@@ -10,6 +10,7 @@
 #include "cas-keyfile.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <sodium.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -839,7 +840,6 @@ int main(void)
 {
 	Suite *s = suite_create("key");
 	TCase *tc = tcase_create("key");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -861,10 +861,7 @@ int main(void)
 	tcase_add_test(tc, test_unwrap_by_slot);
 	tcase_add_test(tc, test_keyfile_shred_and_stale_tmp);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

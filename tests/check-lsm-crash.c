@@ -12,6 +12,7 @@
 #include "crashfs.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -281,7 +282,6 @@ int main(void)
 {
 	Suite *s = suite_create("lsm-crash");
 	TCase *tc = tcase_create("lsm-crash");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -291,10 +291,7 @@ int main(void)
 	tcase_add_test(tc, test_crash_torn_drop);
 	tcase_add_test(tc, test_enospc);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

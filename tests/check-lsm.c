@@ -12,6 +12,7 @@
 #include "casbox-lsm.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <fcntl.h>
@@ -1151,7 +1152,6 @@ int main(void)
 {
 	Suite *s = suite_create("lsm");
 	TCase *tc = tcase_create("lsm");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -1176,10 +1176,7 @@ int main(void)
 	tcase_add_test(tc, test_corrupt_table_every_byte);
 	tcase_add_test(tc, test_corrupt_wal_middle);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_signals_deinit();
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -19,6 +19,7 @@
 #include "cas-crc32c.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <sodium.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -2065,7 +2066,6 @@ int main(void)
 {
 	Suite *s = suite_create("pack");
 	TCase *tc = tcase_create("pack");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -2101,10 +2101,7 @@ int main(void)
 	tcase_add_test(tc, test_scratch_back_at_last_byte);
 	tcase_add_test(tc, test_small_multichunk_frame);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

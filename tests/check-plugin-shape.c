@@ -6,6 +6,7 @@
 #include "lib.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <dlfcn.h>
 #include <stdlib.h>
 
@@ -90,7 +91,6 @@ int main(void)
 {
 	Suite *s = suite_create("plugin-shape");
 	TCase *tc = tcase_create("dlopen");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -98,10 +98,7 @@ int main(void)
 	tcase_add_test(tc, test_fts_casidx_plugin_resolves);
 	tcase_add_test(tc, test_doveadm_plugin_exports);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

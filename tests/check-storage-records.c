@@ -9,6 +9,7 @@
 #include "casbox-recovery.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 
 static void fill_record(pool_t pool, struct casbox_msg_record *rec)
@@ -523,7 +524,6 @@ int main(void)
 {
 	Suite *s = suite_create("storage-records");
 	TCase *tc = tcase_create("records");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -537,10 +537,7 @@ int main(void)
 	tcase_add_test(tc, test_recovery_record_v2);
 	tcase_add_test(tc, test_recovery_mailbox);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -15,6 +15,7 @@
 #include "casbox-spool.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -277,7 +278,6 @@ int main(void)
 {
 	Suite *s = suite_create("storage-spool");
 	TCase *tc = tcase_create("spool");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -289,10 +289,7 @@ int main(void)
 	tcase_add_test(tc, test_same_text_other_key);
 	tcase_add_test(tc, test_unusable_temp_dir);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -18,6 +18,7 @@
 #include "casbox-pack.h"
 
 #include <check.h>
+#include "check-run.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -1064,7 +1065,6 @@ int main(void)
 {
 	Suite *s = suite_create("storage-store");
 	TCase *tc = tcase_create("store");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -1081,10 +1081,7 @@ int main(void)
 	tcase_add_test(tc, test_password_mode);
 	tcase_add_test(tc, test_txn_checkpoint);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

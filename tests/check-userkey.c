@@ -13,6 +13,7 @@
 
 #include <sodium.h>
 #include <check.h>
+#include "check-run.h"
 #include <stdlib.h>
 #include <stdio.h>
 #include <dirent.h>
@@ -1122,7 +1123,6 @@ int main(void)
 {
 	Suite *s = suite_create("userkey");
 	TCase *tc = tcase_create("userkey");
-	SRunner *sr;
 	int failed;
 
 	lib_init();
@@ -1145,10 +1145,7 @@ int main(void)
 	tcase_add_test(tc, test_keyring_load_mode);
 	tcase_add_test(tc, test_key_file_mode);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
