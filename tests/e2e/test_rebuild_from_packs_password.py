@@ -198,8 +198,9 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
                           "-u", USER, check=False, input=stdin)
 
     def test_password_rebuild(self):
+        # a userdb that doveadm -A can list
         with Dovecot(plugin_settings=SETTINGS, extra_conf=CONF,
-                     passdb_extra=PASS_PW) as dc:
+                     passdb_extra=PASS_PW, users=[USER, "other"]) as dc:
             root = os.path.join(dc.home(USER), "casbox")
             self.populate(dc)
             before = Snapshot(dc)
@@ -250,6 +251,17 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
             self.assertEqual(r.returncode, 64, r.stderr)
             self.assertIn("stdin is a terminal", r.stderr)
             self.assertEqual(tree_digest(dc.home(USER)), untouched)
+            # one user's password cannot serve all users: refused
+            # before stdin is read, for -A and -F alike
+            users_file = os.path.join(dc.tmp, "user-list")
+            with open(users_file, "w") as f:
+                f.write(USER + "\n")
+            for how in (["-A"], ["-F", users_file]):
+                r = dc.doveadm("casbox", "rebuild", "--from-packs", *how,
+                               check=False, input=PASSWORD + "\n")
+                self.assertEqual(r.returncode, 64, (how, r.stderr))
+                self.assertNotIn(PASSWORD, r.stdout + r.stderr)
+                self.assertEqual(tree_digest(dc.home(USER)), untouched)
             # ... and the store is still without an LSM to read from
             self.assertFalse(os.path.exists(os.path.join(root, "lsm")))
 
