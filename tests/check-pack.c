@@ -554,6 +554,51 @@ START_TEST(test_rotation)
 }
 END_TEST
 
+/* A long-lived store (an IMAP session) appends after another process
+   rotated and gc deleted packs: it must append to the newest pack, not
+   walk on from the one it last used. Before, with packs 1 and 2 gone
+   it failed every later save (ENOENT on pack 1); with only pack 2 gone
+   it appended to pack 1, an old pack a running gc may delete. */
+START_TEST(test_newest_pack_after_gc)
+{
+	struct casbox_pack_store *session = store_open_with(keyring, 40000);
+	struct casbox_pack_store *other = store_open_with(keyring, 40000);
+	buffer_t *blobs[10];
+	struct cas_blob_id ids[10];
+	struct casbox_blob_record recs[10];
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		blobs[i] = pattern_blob(30000 + i, 200 + i);
+	add_blobs(session, (const buffer_t *const *)blobs, 1, ids, recs);
+	ck_assert_uint_eq(recs[0].pack_id, 1);
+	/* another process fills packs on to pack 3 or later */
+	for (i = 1; i <= 6; i++) {
+		add_blobs(other, (const buffer_t *const *)blobs + i, 1,
+			  ids + i, recs + i);
+	}
+	ck_assert_uint_ge(recs[6].pack_id, 3);
+	/* gc deletes pack 2: the session must not go back to pack 1 */
+	ck_assert_int_eq(unlink(t_strdup_printf("%s/packs/pack-00000002.cbp",
+						tmpdir)), 0);
+	add_blobs(session, (const buffer_t *const *)blobs + 7, 1, ids + 7,
+		  recs + 7);
+	ck_assert_uint_eq(recs[7].pack_id, recs[6].pack_id);
+	/* gc deletes pack 1 too: no ENOENT */
+	ck_assert_int_eq(unlink(t_strdup_printf("%s/packs/pack-00000001.cbp",
+						tmpdir)), 0);
+	add_blobs(session, (const buffer_t *const *)blobs + 8, 2, ids + 8,
+		  recs + 8);
+	ck_assert_uint_ge(recs[8].pack_id, recs[6].pack_id);
+	for (i = 7; i < N_ELEMENTS(blobs); i++)
+		assert_blob(session, &ids[i], &recs[i], blobs[i]);
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		buffer_free(&blobs[i]);
+	casbox_pack_store_close(&session);
+	casbox_pack_store_close(&other);
+}
+END_TEST
+
 struct scan_result {
 	/* unfinished: damaged ones a crashed append left (zero header) */
 	unsigned int intact, damaged, unfinished;
@@ -2090,6 +2135,7 @@ int main(void)
 	tcase_add_test(tc, test_meta_password_mode);
 	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_rotation);
+	tcase_add_test(tc, test_newest_pack_after_gc);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);
 	tcase_add_test(tc, test_small_reads);

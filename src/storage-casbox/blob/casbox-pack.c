@@ -238,19 +238,24 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 	struct stat st;
 	uint32_t id;
 
-	if (store->last_pack_id == 0) {
-		t_array_init(&ids, 16);
-		if (casbox_pack_list(store, &ids, error_r) < 0)
-			return -1;
-		if (array_count(&ids) == 0)
-			return casbox_pack_create(txn, 1, error_r);
-		store->last_pack_id = *array_back(&ids);
+	/* The newest pack, listed each time under the append lock. Another
+	   process may have rotated since this store last appended, and
+	   gc deletes old packs (never the newest: it starts a new one
+	   first), so pack ids have gaps: walking on from a remembered id
+	   found a deleted pack (every later save of a long IMAP session
+	   failed with ENOENT) or appended to an old pack that a running gc
+	   could delete after its records had moved (doc/doveadm.md, "gc
+	   and concurrent saves"). One readdir per save transaction. */
+	t_array_init(&ids, 16);
+	if (casbox_pack_list(store, &ids, error_r) < 0)
+		return -1;
+	if (array_count(&ids) == 0) {
+		/* never an id again that a pack had */
+		return casbox_pack_create(txn, store->last_pack_id + 1,
+					  error_r);
 	}
-	/* another process may have rotated since */
-	id = store->last_pack_id;
-	while (access(casbox_pack_path(store, id + 1), F_OK) == 0)
-		id++;
-	store->last_pack_id = id;
+	id = *array_back(&ids);
+	store->last_pack_id = I_MAX(store->last_pack_id, id);
 
 	path = casbox_pack_path(store, id);
 	txn->fd = open(path, O_RDWR | O_CLOEXEC);
