@@ -161,6 +161,20 @@ census_full(struct casbox_admin *adm, struct damage_log *log)
 	return census;
 }
 
+/* A full census reports exactly one damaged item: a frame in the packs
+   that no blob record points to. */
+static void assert_one_unreferenced_frame(struct casbox_admin *adm)
+{
+	struct casbox_census *census;
+	struct damage_log log = { 0, "" };
+
+	census = census_full(adm, &log);
+	ck_assert_uint_eq(log.count, 1);
+	ck_assert_ptr_nonnull(strstr(log.last_cause,
+				     "no blob record points to"));
+	casbox_census_free(&census);
+}
+
 static struct casbox_census_blob *
 census_blob(struct casbox_census *census, const char *data)
 {
@@ -391,11 +405,7 @@ START_TEST(test_unreferenced_damage_and_tail)
 	c ^= 0x20;
 	ck_assert_int_eq(pwrite(fd, &c, 1, pos), 1);
 	i_close_fd(&fd);
-	census = census_full(adm, &log);
-	ck_assert_uint_eq(log.count, 1);
-	ck_assert_ptr_nonnull(strstr(log.last_cause,
-				     "no blob record points to"));
-	casbox_census_free(&census);
+	assert_one_unreferenced_frame(adm);
 	casbox_admin_close(&adm);
 }
 END_TEST
@@ -448,11 +458,7 @@ START_TEST(test_unfinished_append_mid_pack)
 	/* a header byte that is not zero: damage, reported */
 	ck_assert_int_eq(pwrite(fd, "\x01", 1, end + 10), 1);
 	i_close_fd(&fd);
-	census = census_full(adm, &log);
-	ck_assert_uint_eq(log.count, 1);
-	ck_assert_ptr_nonnull(strstr(log.last_cause,
-				     "no blob record points to"));
-	casbox_census_free(&census);
+	assert_one_unreferenced_frame(adm);
 	casbox_admin_close(&adm);
 }
 END_TEST

@@ -161,6 +161,26 @@ static const char *lsm_dump(char prefix)
 	return str_c(str);
 }
 
+/* The LSM's message, blob and key records, as lsm_dump() prints them. */
+struct lsm_snapshot {
+	const char *msgs, *blobs, *key;
+};
+
+static void lsm_snapshot_take(struct lsm_snapshot *snap_r)
+{
+	snap_r->msgs = lsm_dump(CASBOX_KEY_MESSAGE);
+	snap_r->blobs = lsm_dump(CASBOX_KEY_BLOB);
+	snap_r->key = lsm_dump(CASBOX_KEY_KEYRING);
+}
+
+/* The records are byte for byte those of the snapshot. */
+static void assert_lsm_is(const struct lsm_snapshot *snap)
+{
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), snap->msgs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_BLOB), snap->blobs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_KEYRING), snap->key);
+}
+
 static void lsm_lose(void)
 {
 	const char *error;
@@ -214,7 +234,7 @@ START_TEST(test_records_come_back)
 	const struct casbox_mailbox_record *mrec;
 	struct casbox_frompacks *fp;
 	struct casbox_admin *adm;
-	const char *msgs, *blobs, *key;
+	struct lsm_snapshot before;
 	struct stat st;
 
 	add_msg(store, inbox_guid, "INBOX", 1, "guid-1", m1, FALSE);
@@ -222,9 +242,7 @@ START_TEST(test_records_come_back)
 	add_msg(store, inbox_guid, "INBOX", 3, "guid-3", m3, FALSE);
 	add_msg(store, work_guid, "Work", 7, "guid-1", m1, TRUE);
 	casbox_store_close(&store);
-	msgs = lsm_dump(CASBOX_KEY_MESSAGE);
-	blobs = lsm_dump(CASBOX_KEY_BLOB);
-	key = lsm_dump(CASBOX_KEY_KEYRING);
+	lsm_snapshot_take(&before);
 
 	lsm_lose();
 	fp = rebuild(&adm);
@@ -249,9 +267,7 @@ START_TEST(test_records_come_back)
 
 	/* message records byte for byte; blob records too: refcounts
 	   counted, location and wrapped DEK as the store had them */
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_BLOB), blobs);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_KEYRING), key);
+	assert_lsm_is(&before);
 
 	/* a second run moves the (good) LSM aside, never deletes it */
 	fp = rebuild(&adm);
@@ -260,7 +276,7 @@ START_TEST(test_records_come_back)
 			      &st), 0);
 	casbox_frompacks_deinit(&fp);
 	casbox_admin_close(&adm);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
+	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), before.msgs);
 
 	/* and the store opens and reads its mail */
 	store = store_open();
@@ -627,7 +643,8 @@ START_TEST(test_password_mode)
 	struct cas_keyring *kr;
 	struct cas_blob_id id;
 	struct casbox_store *store;
-	const char *msgs, *blobs, *key, *error = NULL;
+	struct lsm_snapshot before;
+	const char *error = NULL;
 	struct stat st;
 
 	set.key_file = t_strconcat(test_dir, "/user.ukey", NULL);
@@ -641,9 +658,7 @@ START_TEST(test_password_mode)
 	add_msg(store, inbox_guid, "INBOX", 2, "guid-2", m2, FALSE);
 	add_msg(store, work_guid, "Work", 7, "guid-1", m1, TRUE);
 	casbox_store_close(&store);
-	msgs = lsm_dump(CASBOX_KEY_MESSAGE);
-	blobs = lsm_dump(CASBOX_KEY_BLOB);
-	key = lsm_dump(CASBOX_KEY_KEYRING);
+	lsm_snapshot_take(&before);
 
 	lsm_lose();
 	/* no password: nothing opens, nothing is written */
@@ -656,9 +671,7 @@ START_TEST(test_password_mode)
 	ck_assert_int_eq(stat(t_strconcat(root, "/lsm", NULL), &st), -1);
 
 	ck_assert_int_eq(frompacks_try("pw", &error), 0);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_MESSAGE), msgs);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_BLOB), blobs);
-	ck_assert_str_eq(lsm_dump(CASBOX_KEY_KEYRING), key);
+	assert_lsm_is(&before);
 	set.key_password = "pw";
 	ck_assert_str_eq(read_msg(work_guid, 7),
 			 t_strconcat(part_a, part_b, NULL));

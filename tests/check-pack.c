@@ -200,6 +200,16 @@ static buffer_t *pattern_blob(size_t size, unsigned int seed)
 	return buf;
 }
 
+/* count pattern blobs of size + i bytes and seed + i, blob i */
+static void pattern_blobs(buffer_t **blobs, unsigned int count, size_t size,
+			  unsigned int seed)
+{
+	unsigned int i;
+
+	for (i = 0; i < count; i++)
+		blobs[i] = pattern_blob(size + i, seed + i);
+}
+
 START_TEST(test_corpus_round_trip)
 {
 	ARRAY_TYPE(const_string) paths;
@@ -540,8 +550,7 @@ START_TEST(test_rotation)
 	struct casbox_blob_record recs[12];
 	unsigned int i;
 
-	for (i = 0; i < N_ELEMENTS(blobs); i++)
-		blobs[i] = pattern_blob(30000 + i, 100 + i);
+	pattern_blobs(blobs, N_ELEMENTS(blobs), 30000, 100);
 	add_blobs(store, (const buffer_t *const *)blobs, 6, ids, recs);
 	add_blobs(store, (const buffer_t *const *)blobs + 6, 6, ids + 6,
 		  recs + 6);
@@ -568,8 +577,7 @@ START_TEST(test_newest_pack_after_gc)
 	struct casbox_blob_record recs[10];
 	unsigned int i;
 
-	for (i = 0; i < N_ELEMENTS(blobs); i++)
-		blobs[i] = pattern_blob(30000 + i, 200 + i);
+	pattern_blobs(blobs, N_ELEMENTS(blobs), 30000, 200);
 	add_blobs(session, (const buffer_t *const *)blobs, 1, ids, recs);
 	ck_assert_uint_eq(recs[0].pack_id, 1);
 	/* another process fills packs on to pack 3 or later */
