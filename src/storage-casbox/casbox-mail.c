@@ -77,15 +77,21 @@ static void casbox_mail_free(struct mail *_mail)
 	pool_unref(&rec_pool);
 }
 
-static void casbox_mail_set_missing(struct mail *_mail)
+/* A record the mail needs is not in the store. Another session that
+   expunges a message commits the expunge to the index before it drops
+   the message's records (casbox_sync_finish()), so a mail expunged
+   meanwhile is expunged in the refreshed index: then this is the
+   ordinary race sdbox also has (its file unlinked under a FETCH) and
+   the mail is only marked expunged, without an error. */
+static void casbox_mail_set_missing(struct mail *_mail, const char *what)
 {
 	mail_index_refresh(_mail->box->index);
 	if (mail_index_is_expunged(_mail->transaction->view, _mail->seq)) {
 		mail_set_expunged(_mail);
 		return;
 	}
-	mail_set_critical(_mail, CASBOX_LOG_PREFIX
-			  "Message record for uid=%u is missing", _mail->uid);
+	mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
+			  _mail->uid, what);
 }
 
 /* Returns 0 ok, -1 error (set on the mail). */
@@ -127,7 +133,7 @@ casbox_mail_get_record(struct mail *_mail,
 		return -1;
 	}
 	if (ret == 0) {
-		casbox_mail_set_missing(_mail);
+		casbox_mail_set_missing(_mail, "Message record is missing");
 		return -1;
 	}
 	mail->have_rec = TRUE;
@@ -407,7 +413,15 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 	}
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
-	if (casbox_store_msg_open(store, rec, input_r, &error) < 0) {
+	ret = casbox_store_msg_open(store, rec, input_r, &error);
+	if (ret == 0) {
+		/* expunged since the record was read, unless quarantined
+		   or damaged */
+		if (casbox_mail_check_quarantine(_mail, store, rec) == 0)
+			casbox_mail_set_missing(_mail, error);
+		return -1;
+	}
+	if (ret < 0) {
 		if (casbox_store_key_locked(store)) {
 			/* password mode without a usable password: not
 			   damage, so tell the client why instead of
@@ -423,7 +437,6 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 				"(casbox user key is locked)");
 			return -1;
 		}
-		/* e.g. a blob record missing: quarantined too? */
 		if (casbox_mail_check_quarantine(_mail, store, rec) == 0) {
 			mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
 					  _mail->uid, error);

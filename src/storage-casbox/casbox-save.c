@@ -592,6 +592,7 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 	unsigned int n = 0;
 	uint32_t uid;
 	int ret = 0, failed_errno = 0;
+	bool source_gone = FALSE;
 
 	if (casbox_storage_get_store(mbox->storage, &store) < 0)
 		return -1;
@@ -616,6 +617,8 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 			ret = casbox_save_add_msg(store, txn,
 						  mbox->mailbox_guid, uid,
 						  smail, &error);
+			source_gone = ret < 0 && smail->input == NULL &&
+				errno == ENOENT;
 			/* a COPY of 100,000 mails is more than one batch;
 			   a crash between two leaves records above the
 			   index's next UID, which the next open releases */
@@ -635,7 +638,16 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 		ret = casbox_store_txn_commit(&txn, &error);
 		failed_errno = errno;
 	}
-	if (ret < 0)
+	if (ret < 0 && source_gone) {
+		/* another session expunged a copy's source between the
+		   COPY and this commit. sdbox copies at COPY time and finds
+		   the file gone then; both answer IMAP COPY with NO
+		   [EXPUNGEISSUED], which is no error of the server. */
+		e_debug(mbox->box.event, CASBOX_LOG_PREFIX
+			"Copy source expunged meanwhile: %s", error);
+		mail_storage_set_error(mbox->box.storage, MAIL_ERROR_EXPUNGED,
+				       "Message was expunged");
+	} else if (ret < 0)
 		casbox_save_set_error(mbox, failed_errno, error);
 	return ret;
 }

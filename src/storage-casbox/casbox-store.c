@@ -612,12 +612,14 @@ int casbox_store_msg_lookup(struct casbox_store *store,
 					rec_r, error_r);
 }
 
-static struct istream *
-casbox_store_part_open(struct casbox_store *store,
-		       const struct casbox_msg_part *part,
-		       const char **error_r)
+/* The blob record of a message part as the LSM has it now. Returns 1
+   found, 0 not in the store, -1 error. */
+static int
+casbox_store_part_record(struct casbox_store *store,
+			 const struct casbox_msg_part *part,
+			 struct casbox_blob_record *brec_r,
+			 const char **error_r)
 {
-	struct casbox_blob_record brec;
 	struct casbox_blob_value bval;
 	buffer_t *key, *value;
 	int ret;
@@ -631,25 +633,56 @@ casbox_store_part_open(struct casbox_store *store,
 					   cas_blob_id_to_hex(&part->id));
 	}
 	if (ret <= 0)
-		return NULL;
+		return ret;
 	if (casbox_blob_value_import(value->data, value->used,
 				     &bval, error_r) < 0 ||
 	    casbox_blob_record_import(bval.pack_record,
 				      bval.pack_record_size,
-				      &brec, error_r) < 0) {
+				      brec_r, error_r) < 0) {
 		*error_r = t_strdup_printf("blob %s: %s",
 					   cas_blob_id_to_hex(&part->id),
 					   *error_r);
-		return NULL;
+		return -1;
 	}
-	if (brec.plain_size != part->size) {
+	if (brec_r->plain_size != part->size) {
 		*error_r = t_strdup_printf("blob %s: size %"PRIu64
 			" does not match the message record's %"PRIuUOFF_T,
-			cas_blob_id_to_hex(&part->id), brec.plain_size,
+			cas_blob_id_to_hex(&part->id), brec_r->plain_size,
 			part->size);
-		return NULL;
+		return -1;
 	}
-	return casbox_pack_blob_open(store->packs, &part->id, &brec);
+	return 1;
+}
+
+/* gc unlinks a pack only after committing its blobs' new places, so a
+   pack missing at open means a newer record; twice in a row would take
+   two gc runs on the same blob while one message is opened. */
+#define CASBOX_STORE_PACK_GONE_RETRIES 3
+
+/* Returns 1 ok, 0 blob not in the store, -1 error. */
+static int
+casbox_store_part_open(struct casbox_store *store,
+		       const struct casbox_msg_part *part,
+		       struct istream **input_r, const char **error_r)
+{
+	struct casbox_blob_record brec;
+	unsigned int try;
+	int ret;
+
+	for (try = 0;; try++) {
+		ret = casbox_store_part_record(store, part, &brec, error_r);
+		if (ret <= 0)
+			return ret;
+		/* the pack is opened now, not at the first read: a gc
+		   that unlinks it later cannot take it from the stream */
+		ret = casbox_pack_blob_open_pinned(store->packs, &part->id,
+						   &brec, input_r, error_r);
+		if (ret != 0)
+			return ret;
+		if (try == CASBOX_STORE_PACK_GONE_RETRIES ||
+		    casbox_lsm_refresh(store->lsm, error_r) < 0)
+			return -1;
+	}
 }
 
 int casbox_store_msg_open(struct casbox_store *store,
@@ -657,9 +690,9 @@ int casbox_store_msg_open(struct casbox_store *store,
 			  struct istream **input_r, const char **error_r)
 {
 	const struct casbox_msg_part *parts;
-	struct istream **inputs, *input;
+	struct istream **inputs;
 	unsigned int i, count;
-	int ret = 0;
+	int ret = 1;
 
 	if (casbox_store_open_keys(store, error_r) < 0)
 		return -1;
@@ -684,22 +717,16 @@ int casbox_store_msg_open(struct casbox_store *store,
 	parts = array_get(&rec->parts, &count);
 	if (count == 0) {
 		*input_r = i_stream_create_from_data("", 0);
-		return 0;
+		return 1;
 	}
-	if (count == 1) {
-		*input_r = casbox_store_part_open(store, &parts[0], error_r);
-		return *input_r == NULL ? -1 : 0;
-	}
+	if (count == 1)
+		return casbox_store_part_open(store, &parts[0], input_r, error_r);
 	inputs = t_new(struct istream *, count + 1);
-	for (i = 0; i < count && ret == 0; i++) {
-		inputs[i] = casbox_store_part_open(store, &parts[i], error_r);
-		if (inputs[i] == NULL)
-			ret = -1;
-	}
-	if (ret == 0) {
-		input = i_stream_create_concat(inputs);
-		*input_r = input;
-	}
+	for (i = 0; i < count && ret > 0; i++)
+		ret = casbox_store_part_open(store, &parts[i], &inputs[i],
+					     error_r);
+	if (ret > 0)
+		*input_r = i_stream_create_concat(inputs);
 	for (i = 0; i < count && inputs[i] != NULL; i++)
 		i_stream_unref(&inputs[i]);
 	return ret;
@@ -839,6 +866,7 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	if (input == NULL) {
 		*error_r = t_strdup_printf("blob %s is not in the store",
 					   cas_blob_id_to_hex(&part->id));
+		errno = ENOENT;
 		return -1;
 	}
 	if (casbox_store_txn_pack_begin(txn, error_r) < 0)

@@ -109,8 +109,11 @@ int casbox_store_msg_lookup(struct casbox_store *store,
 			    pool_t pool, struct casbox_msg_record *rec_r,
 			    const char **error_r);
 /* The message bytes: the concatenation of its blobs. Each blob verifies
-   itself while read (errors surface as stream errors). Returns 0 ok,
-   -1 error (missing blob record, no keys). */
+   itself while read (errors surface as stream errors). Every pack is
+   opened here, so a gc that moves the blobs afterwards does not disturb
+   the stream. Returns 1 ok, 0 when a blob of rec has no record any more
+   (the message was expunged after rec was read, or the store is
+   damaged: error_r names the blob), -1 error (no keys, I/O). */
 int casbox_store_msg_open(struct casbox_store *store,
 			  const struct casbox_msg_record *rec,
 			  struct istream **input_r, const char **error_r);
@@ -132,7 +135,9 @@ void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
    blobs not in the store yet; NULL part_inputs (copy) requires every
    blob to exist already. A record already under this key (left over
    from a crash before the index commit) is replaced and its blobs
-   released. Returns 0 ok, -1 error. */
+   released. Returns 0 ok, -1 error; errno is ENOENT when a part without
+   input is not in the store (a copy whose source was expunged, and its
+   last reference dropped, before this transaction took the lock). */
 int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const guid_128_t mailbox_guid, uint32_t uid,
 			     const struct casbox_msg_record *rec,

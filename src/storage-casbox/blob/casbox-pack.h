@@ -198,6 +198,16 @@ struct istream *
 casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,
 		      const struct casbox_blob_record *rec);
+/* casbox_pack_blob_open() with the pack file opened now instead of at
+   the first read: the stream then reads the frame even after gc has
+   moved the blob and unlinked the pack. Returns 1 ok, 0 when the pack
+   file does not exist (gc moved the blob since rec was read: read the
+   record again), -1 error; error_r is set for 0 and -1. */
+int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
+				 const struct cas_blob_id *id,
+				 const struct casbox_blob_record *rec,
+				 struct istream **input_r,
+				 const char **error_r);
 
 /* Serialisation of a blob record for the LSM (doc/casbox-format.md,
    "Blob record"): version 2 = the fixed fields, the DEK kind and the

@@ -260,7 +260,8 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	int ret;
 
 	bstream->opened = TRUE;
-	bstream->fd = open(bstream->path, O_RDONLY | O_CLOEXEC);
+	if (bstream->fd == -1)
+		bstream->fd = open(bstream->path, O_RDONLY | O_CLOEXEC);
 	if (bstream->fd == -1) {
 		return casbox_blob_error(bstream, "open() failed: %s",
 					 strerror(errno));
@@ -451,10 +452,11 @@ static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
 	i_stream_free_buffer(&bstream->istream);
 }
 
-struct istream *
-casbox_pack_blob_open(struct casbox_pack_store *store,
-		      const struct cas_blob_id *id,
-		      const struct casbox_blob_record *rec)
+/* fd: the pack, opened already, or -1 to open it at the first read */
+static struct istream *
+casbox_blob_istream_create(struct casbox_pack_store *store,
+			   const struct cas_blob_id *id,
+			   const struct casbox_blob_record *rec, int fd)
 {
 	struct casbox_blob_istream *bstream;
 	struct istream *input;
@@ -464,7 +466,7 @@ casbox_pack_blob_open(struct casbox_pack_store *store,
 	bstream->id = *id;
 	bstream->rec = *rec;
 	bstream->path = i_strdup(casbox_pack_path(store, rec->pack_id));
-	bstream->fd = -1;
+	bstream->fd = fd;
 	bstream->cur_chunk = UINT32_MAX;
 
 	bstream->istream.max_buffer_size = CASBOX_CHUNK_SIZE;
@@ -482,4 +484,35 @@ casbox_pack_blob_open(struct casbox_pack_store *store,
 	i_stream_set_name(input, t_strdup_printf("casbox blob %s",
 						 cas_blob_id_to_hex(id)));
 	return input;
+}
+
+struct istream *
+casbox_pack_blob_open(struct casbox_pack_store *store,
+		      const struct cas_blob_id *id,
+		      const struct casbox_blob_record *rec)
+{
+	return casbox_blob_istream_create(store, id, rec, -1);
+}
+
+int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
+				 const struct cas_blob_id *id,
+				 const struct casbox_blob_record *rec,
+				 struct istream **input_r,
+				 const char **error_r)
+{
+	const char *path = casbox_pack_path(store, rec->pack_id);
+	int fd;
+
+	*input_r = NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd == -1) {
+		int open_errno = errno;
+
+		*error_r = t_strdup_printf("blob %s: open(%s) failed: %s",
+					   cas_blob_id_to_hex(id), path,
+					   strerror(open_errno));
+		return open_errno == ENOENT ? 0 : -1;
+	}
+	*input_r = casbox_blob_istream_create(store, id, rec, fd);
+	return 1;
 }
