@@ -20,7 +20,7 @@ struct casbox_store {
 	pool_t pool;
 	const char *root_dir;
 	const struct casbox_settings *set;
-	bool fsync;
+	bool fsync, fsync_always;
 
 	struct casbox_lsm *lsm;
 	struct cas_keyring *keyring;
@@ -48,6 +48,8 @@ struct casbox_store_txn {
 	HASH_TABLE(struct cas_blob_id *, struct casbox_pending_blob *) blobs;
 	ARRAY(struct casbox_pending_blob *) blob_list;
 
+	/* commit without fsync (casbox_store_txn_set_lazy()) */
+	bool lazy;
 	/* the mailbox of the messages added: recovery records are written
 	   only when it is known */
 	bool have_recovery_mailbox;
@@ -89,6 +91,7 @@ int casbox_store_open(const char *root_dir,
 	store->root_dir = p_strdup(pool, root_dir);
 	store->set = set;
 	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
+	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
 
 	i_zero(&lsm_set);
 	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
@@ -1229,7 +1232,17 @@ int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
 	if (casbox_lsm_batch_begin(txn->store->lsm, &txn->batch,
 				   error_r) < 0)
 		return -1;
+	if (txn->lazy)
+		casbox_lsm_batch_set_lazy(txn->batch);
 	return 1;
+}
+
+void casbox_store_txn_set_lazy(struct casbox_store_txn *txn)
+{
+	if (txn->store->fsync_always)
+		return;
+	txn->lazy = TRUE;
+	casbox_lsm_batch_set_lazy(txn->batch);
 }
 
 void casbox_store_txn_rollback(struct casbox_store_txn **_txn)

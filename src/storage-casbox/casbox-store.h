@@ -143,6 +143,12 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const struct casbox_msg_record *rec,
 			     struct istream *const *part_inputs,
 			     const char **error_r);
+/* Commit this transaction's records without fsync unless mail_fsync =
+   always (casbox_lsm_batch_set_lazy()): for flag mirror updates, which
+   Dovecot's index does not fsync either under mail_fsync = optimized.
+   Never for a transaction that adds messages, expunges or moves blobs:
+   they must be durable when acknowledged. */
+void casbox_store_txn_set_lazy(struct casbox_store_txn *txn);
 /* Put the mailbox record in this transaction (saves keep its next_uid
    ahead of every UID they write). The stored next_uid and highest_modseq
    never go down while the UIDVALIDITY stays: the larger of the stored

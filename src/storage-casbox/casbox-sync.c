@@ -400,6 +400,10 @@ static int casbox_sync_update_store(struct casbox_sync_context *ctx)
 		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX"%s", error);
 		return -1;
 	}
+	/* flag changes only: Dovecot fsyncs the index for appends and
+	   expunges (MAIL_INDEX_FSYNC_MASK_*), not for flags */
+	if (array_count(&ctx->expunged_uids) == 0)
+		casbox_store_txn_set_lazy(txn);
 	seq_range_array_iter_init(&iter, &ctx->expunged_uids);
 	while (ret == 0 && seq_range_array_iter_nth(&iter, n++, &uid)) {
 		T_BEGIN {

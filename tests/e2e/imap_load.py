@@ -62,6 +62,7 @@ class LoadResult:
     def __init__(self):
         self.lock = threading.Lock()
         self.commands = Counter()
+        self.op_seconds = Counter()  # time spent per operation
         self.byes = []          # (op, text)
         self.bad_replies = []   # (op, status, text)
         self.benign = Counter()
@@ -73,6 +74,12 @@ class LoadResult:
 
     def rate(self):
         return self.total() / self.seconds if self.seconds else 0.0
+
+    def op_report(self):
+        """ms per operation, for comparing backends op by op."""
+        return " ".join("%s=%.1f" % (op, 1000 * self.op_seconds[op] /
+                                     max(1, self.commands[op]))
+                        for op in sorted(self.op_seconds))
 
     def summary(self):
         return ("%d commands in %.1f s (%.0f/s), %d BYE, %d bad replies, "
@@ -147,9 +154,16 @@ class Client:
     def step(self):
         rnd = self.rnd
         if self.box is None or rnd.random() < 0.05:
-            self.select(rnd.choice(BOXES))
-            return
-        op = rnd.choices(self.ops, self.weights)[0]
+            op = "select"
+        else:
+            op = rnd.choices(self.ops, self.weights)[0]
+        start = time.monotonic()
+        self.do(op)
+        with self.result.lock:
+            self.result.op_seconds[op] += time.monotonic() - start
+
+    def do(self, op):
+        rnd = self.rnd
         im = self.imap
         other = rnd.choice([b for b in BOXES if b != self.box])
         if op == "append":

@@ -67,7 +67,8 @@ def run_backend(test, name, msgs, clients=CLIENTS, seconds=SECONDS):
         imap_load.prepare(dc, USER, msgs)
         res = imap_load.run_load(dc, USER, msgs, clients, seconds,
                                  seed=11, admin_cmds=ADMIN[name])
-        print("\n%s: %s" % (name, res.summary()), file=sys.stderr)
+        print("\n%s: %s\n  ms/op: %s" % (name, res.summary(),
+                                          res.op_report()), file=sys.stderr)
         seen, bad = imap_load.verify_messages(dc, USER, msgs)
         test.assertGreater(seen, 20)
         test.assertEqual(bad, [], "%s: messages not byte-exact" % name)

@@ -143,7 +143,7 @@ static void lsm_apply(void *context, uint64_t seq, enum casbox_lsm_type type,
 }
 
 int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
-			  unsigned int count, const char **error_r)
+			  unsigned int count, bool sync, const char **error_r)
 {
 	const char *path = NULL; /* the WAL's, built only for errors */
 	const char *error;
@@ -158,7 +158,7 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 	casbox_lsm_wal_record_encode(rec, lsm->last_seq + 1, count, entries);
 	ret = lsm_write_all(lsm, lsm->wal_fd, path, rec->data, rec->used,
 			    lsm->wal_offset, error_r);
-	if (ret == 0)
+	if (ret == 0 && sync)
 		ret = lsm_fsync(lsm, lsm->wal_fd, path, error_r);
 	if (ret < 0) {
 		/* not acknowledged: make sure nobody ever applies it */

@@ -100,9 +100,10 @@ int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
 			      const char **error_r);
 /* Cut a torn tail left by a writer that crashed. */
 int casbox_lsm_wal_cut_tail(struct casbox_lsm *lsm, const char **error_r);
-/* Append, sync and apply one batch. */
+/* Append, sync (if sync and fsync is enabled) and apply one batch. */
 int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
-			  unsigned int count, const char **error_r);
+			  unsigned int count, bool sync,
+			  const char **error_r);
 /* Flush the memtable into a table, then compact if needed. */
 int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r);
 

@@ -20,6 +20,7 @@ struct casbox_lsm_batch {
 	struct casbox_lsm *lsm;
 	buffer_t *entries;
 	unsigned int count;
+	bool lazy;
 };
 
 struct casbox_lsm_iter {
@@ -747,6 +748,11 @@ void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
 	batch->count++;
 }
 
+void casbox_lsm_batch_set_lazy(struct casbox_lsm_batch *batch)
+{
+	batch->lazy = TRUE;
+}
+
 size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch)
 {
 	return batch->entries->used;
@@ -790,7 +796,7 @@ int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
 
 	if (batch->count > 0 &&
 	    casbox_lsm_wal_append(lsm, batch->entries, batch->count,
-				  error_r) < 0)
+				  !batch->lazy, error_r) < 0)
 		ret = -1;
 	lsm_batch_free(_batch);
 	if (ret > 0 && lsm->wal_offset >= lsm->wal_flush_bytes) {

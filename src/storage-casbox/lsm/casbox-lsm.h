@@ -81,6 +81,14 @@ void casbox_lsm_batch_put(struct casbox_lsm_batch *batch,
 			  const void *value, size_t value_size);
 void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
 			     const void *key, size_t key_size);
+/* Commit this batch without fdatasync(): at commit it is visible to
+   every process and survives a crash of this one, but a power loss may
+   take it, with the batches after it, until a later synced commit or a
+   flush makes the WAL durable (fdatasync covers the earlier bytes of
+   the file too). Replay then ends at the first incomplete record, as
+   for a torn write. For writes whose loss is harmless: what Dovecot
+   itself does not fsync under mail_fsync = optimized. */
+void casbox_lsm_batch_set_lazy(struct casbox_lsm_batch *batch);
 /* Bytes the batch's entries take in the WAL so far. One commit takes at
    most CASBOX_LSM_WAL_MAX_PAYLOAD (256 MiB, "batch too large"). */
 size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch);
