@@ -20,6 +20,7 @@ TOP_SRCDIR = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP_SRCDIR, "tests", "e2e"))
 
+import concurrency  # noqa: E402
 import fts  # noqa: E402
 import lsm  # noqa: E402
 import physical  # noqa: E402
@@ -38,17 +39,23 @@ SIZES = {
                  large_batch=30, large_base=40, latency_repeats=3, seq_mb=8,
                  fsync_count=20, zstd_sample_mb=2, aead_seconds=0.05,
                  physical_repeats=1, peer_timeout=300, space_all=False,
-                 lsm_runs=1, lsm_messages=2000, lsm_sync_messages=100),
+                 lsm_runs=1, lsm_messages=2000, lsm_sync_messages=100,
+                 concurrency_clients=[3], concurrency_seconds=3,
+                 concurrency_rounds=1),
     "quick": dict(messages=300, rounds=2, fetch_repeats=2, large=5000,
                   large_batch=250, large_base=2000, latency_repeats=5, seq_mb=64,
                   fsync_count=100, zstd_sample_mb=10, aead_seconds=0.2,
                   physical_repeats=2, peer_timeout=900, space_all=False,
-                  lsm_runs=3, lsm_messages=20000, lsm_sync_messages=500),
+                  lsm_runs=3, lsm_messages=20000, lsm_sync_messages=500,
+                  concurrency_clients=[1, 10], concurrency_seconds=10,
+                  concurrency_rounds=1),
     "full": dict(messages=800, rounds=2, fetch_repeats=3, large=100000,
                  large_batch=500, large_base=5000, latency_repeats=7, seq_mb=512,
                  fsync_count=300, zstd_sample_mb=50, aead_seconds=0.5,
                  physical_repeats=3, peer_timeout=1800, space_all=True,
-                 lsm_runs=5, lsm_messages=50000, lsm_sync_messages=1000),
+                 lsm_runs=5, lsm_messages=50000, lsm_sync_messages=1000,
+                 concurrency_clients=[1, 5, 10, 20], concurrency_seconds=20,
+                 concurrency_rounds=2),
 }
 
 
@@ -133,6 +140,9 @@ def main(argv=None):
     ap.add_argument("--skip-fts", action="store_true")
     ap.add_argument("--skip-lsm", action="store_true",
                     help="leave out casbox-lsm vs LevelDB (bench/lsm.py)")
+    ap.add_argument("--skip-concurrency", action="store_true",
+                    help="leave out many clients on one mailbox "
+                    "(bench/concurrency.py)")
     ap.add_argument("--json", help="where to write raw results")
     ap.add_argument("--report", help="Markdown report path "
                     "(default doc/benchmarks.md)")
@@ -210,6 +220,11 @@ def main(argv=None):
         if not args.skip_fts:
             results["fts"] = fts.run_fts(harness, messages, size, log,
                                          workdir)
+        if not args.skip_concurrency and (only is None or
+                                          {"casbox", "sdbox"} <= only):
+            results["concurrency"] = concurrency.run_concurrency(
+                size["concurrency_clients"], size["concurrency_seconds"],
+                size["concurrency_rounds"], log)
         if not args.skip_lsm:
             results["lsm"] = lsm.run_lsm(
                 harness.TOP_BUILDDIR, size["lsm_runs"], size["lsm_messages"],

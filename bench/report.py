@@ -3,6 +3,7 @@
 import os
 
 from stats import summarize
+import concurrency
 import lsm
 
 BASELINE = "sdbox"
@@ -441,6 +442,10 @@ def write_markdown(results, path, plots):
                 w("| %s | %s |" % (e, " | ".join(str(h[q])
                                                  for q in f["queries"])))
     w("")
+
+    if results.get("concurrency"):
+        L.extend(concurrency.markdown(results["concurrency"]))
+        w("")
 
     if results.get("lsm"):
         L.extend(lsm.markdown(results["lsm"]))
