@@ -119,6 +119,51 @@ START_TEST(test_msg_truncations_fail)
 }
 END_TEST
 
+/* The flag record replaces exactly flags, modseq and keywords, is small,
+   and every truncation of it fails. */
+START_TEST(test_flags_record)
+{
+	const char *const keywords[] = { "$Label1", "Junk", NULL };
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_msg_record rec, orig;
+	buffer_t *buf = buffer_create_dynamic(pool, 64);
+	const char *error;
+	size_t len;
+
+	fill_record(pool, &rec);
+	orig = rec;
+	casbox_flags_record_export(0x15, 987654321012ULL, keywords, buf);
+	ck_assert_uint_le(buf->used, 1 + 4 + 8 + 2 + 2 + 7 + 2 + 4);
+	ck_assert_int_eq(casbox_flags_record_import(buf->data, buf->used, pool,
+						    &rec, &error), 1);
+	ck_assert_uint_eq(rec.flags, 0x15);
+	ck_assert_uint_eq(rec.modseq, 987654321012ULL);
+	ck_assert_uint_eq(array_count(&rec.keywords), 2);
+	ck_assert_str_eq(array_idx_elem(&rec.keywords, 0), "$Label1");
+	ck_assert_str_eq(array_idx_elem(&rec.keywords, 1), "Junk");
+	/* the rest of the message record is the saved one */
+	ck_assert_str_eq(rec.guid, orig.guid);
+	ck_assert_uint_eq(rec.physical_size, orig.physical_size);
+	ck_assert_uint_eq(array_count(&rec.parts), array_count(&orig.parts));
+	for (len = 0; len < buf->used; len++) {
+		rec = orig;
+		error = NULL;
+		ck_assert_int_eq(casbox_flags_record_import(buf->data, len,
+			pool, &rec, &error), -1);
+		ck_assert_ptr_nonnull(error);
+		/* a failed import changes nothing */
+		ck_assert_uint_eq(rec.flags, orig.flags);
+	}
+	/* no keywords */
+	buffer_set_used_size(buf, 0);
+	casbox_flags_record_export(0, 1, NULL, buf);
+	ck_assert_int_eq(casbox_flags_record_import(buf->data, buf->used, pool,
+						    &rec, &error), 1);
+	ck_assert_uint_eq(array_count(&rec.keywords), 0);
+	pool_unref(&pool);
+}
+END_TEST
+
 START_TEST(test_msg_inconsistent_fail)
 {
 	pool_t pool = pool_alloconly_create("test", 4096);
@@ -530,6 +575,7 @@ int main(void)
 	tcase_add_test(tc, test_msg_roundtrip);
 	tcase_add_test(tc, test_msg_truncations_fail);
 	tcase_add_test(tc, test_msg_inconsistent_fail);
+	tcase_add_test(tc, test_flags_record);
 	tcase_add_test(tc, test_message_keys_sort_by_uid);
 	tcase_add_test(tc, test_blob_and_mailbox_values);
 	tcase_add_test(tc, test_mailbox_record_tail);

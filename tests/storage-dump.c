@@ -1,8 +1,9 @@
 /* storage-dump <casbox root>: print the store's LSM records (with each
-   message's parts, "p", and each blob's frame location, "l") and check
-   that every blob's refcount equals the references from message
-   records (e2e tests run it as the mail user). Exit 0 when consistent,
-   1 on a mismatch, 2 on errors. */
+   message's parts, "p", and each blob's frame location, "l"; a
+   message's flags as its flag record has them) and check that every
+   blob's refcount equals the references from message records and that
+   every flag record has its message record (e2e tests run it as the
+   mail user). Exit 0 when consistent, 1 on a mismatch, 2 on errors. */
 
 #include "lib.h"
 #include "array.h"
@@ -33,6 +34,49 @@ static struct blob_refs *blob_get(const unsigned char *id)
 	return refs;
 }
 
+static struct casbox_lsm *lsm;
+static bool orphan_flags = FALSE;
+
+/* The message's flag record, if any, applied to rec (what the store's
+   lookups return). */
+static void apply_flags(const guid_128_t guid, uint32_t uid,
+			struct casbox_msg_record *rec)
+{
+	buffer_t *key = t_buffer_create(32), *value = t_buffer_create(64);
+	const char *error;
+	int ret;
+
+	casbox_key_flags(key, guid, uid);
+	ret = casbox_lsm_get(lsm, key->data, key->used, value, &error);
+	if (ret < 0)
+		i_fatal("get: %s", error);
+	if (ret > 0 &&
+	    casbox_flags_record_import(value->data, value->used,
+				       pool_datastack_create(), rec,
+				       &error) < 0)
+		printf("bad-flags-record %s %u\n", guid_128_to_string(guid),
+		       uid);
+}
+
+/* A flag record must belong to a message record. */
+static void check_flags_owner(const unsigned char *key, size_t key_size)
+{
+	buffer_t *mkey = t_buffer_create(32), *value = t_buffer_create(256);
+	const char *error;
+	int ret;
+
+	buffer_append_c(mkey, CASBOX_KEY_MESSAGE);
+	buffer_append(mkey, key + 1, key_size - 1);
+	ret = casbox_lsm_get(lsm, mkey->data, mkey->used, value, &error);
+	if (ret < 0)
+		i_fatal("get: %s", error);
+	if (ret == 0) {
+		printf("orphan-flags %s\n", binary_to_hex(key + 1,
+							   key_size - 1));
+		orphan_flags = TRUE;
+	}
+}
+
 static void dump_message(const unsigned char *key, size_t key_size,
 			 const unsigned char *value, size_t value_size)
 {
@@ -49,6 +93,7 @@ static void dump_message(const unsigned char *key, size_t key_size,
 		printf("bad-message-record\n");
 		return;
 	}
+	apply_flags(guid, uid, &rec);
 	printf("m %s %u flags=%u modseq=%llu size=%llu parts=%u meta=%zu "
 	       "keywords=", guid_128_to_string(guid), uid, rec.flags,
 	       (unsigned long long)rec.modseq,
@@ -104,7 +149,6 @@ static void dump_mailbox(const unsigned char *key, size_t key_size,
 int main(int argc, char *argv[])
 {
 	struct casbox_lsm_settings set;
-	struct casbox_lsm *lsm;
 	struct casbox_lsm_iter *iter;
 	struct casbox_blob_value bval;
 	struct hash_iterate_context *hiter;
@@ -138,6 +182,8 @@ int main(int argc, char *argv[])
 				blob_get(key + 1)->stored = bval.refcount;
 				dump_blob_location(key + 1, &bval);
 			}
+		} else if (key[0] == CASBOX_KEY_FLAGS) {
+			check_flags_owner(key, key_size);
 		} else if (key[0] == CASBOX_KEY_MAILBOX) {
 			dump_mailbox(key, key_size, value, value_size);
 		}
@@ -156,6 +202,8 @@ int main(int argc, char *argv[])
 		}
 	}
 	hash_table_iterate_deinit(&hiter);
+	if (orphan_flags)
+		ret = 1;
 	lib_deinit();
 	return ret;
 }

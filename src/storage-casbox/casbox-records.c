@@ -21,6 +21,14 @@ void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,
 	wr_u32(key, uid);
 }
 
+void casbox_key_flags(buffer_t *key, const guid_128_t mailbox_guid,
+		      uint32_t uid)
+{
+	buffer_append_c(key, CASBOX_KEY_FLAGS);
+	buffer_append(key, mailbox_guid, GUID_128_SIZE);
+	wr_u32(key, uid);
+}
+
 void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id)
 {
 	buffer_append_c(key, CASBOX_KEY_BLOB);
@@ -67,6 +75,66 @@ void casbox_msg_record_dup_lean(pool_t pool,
 	array_append_array(&dest_r->parts, &src->parts);
 	dest_r->sealed_meta = NULL;
 	dest_r->sealed_meta_size = 0;
+}
+
+static void
+casbox_record_read_keywords(struct rec_reader *rd, pool_t pool,
+			    ARRAY_TYPE(const_string) *keywords)
+{
+	unsigned int i, count;
+	const char *kw;
+
+	count = rd_u16(rd, "keyword count");
+	for (i = 0; i < count && rd->error == NULL; i++) {
+		kw = rd_str16(rd, pool, "keyword");
+		if (kw != NULL)
+			array_push_back(keywords, &kw);
+	}
+}
+
+void casbox_flags_record_export(uint32_t flags, uint64_t modseq,
+				const char *const *keywords, buffer_t *dest)
+{
+	unsigned int count = keywords == NULL ? 0 :
+		str_array_length(keywords);
+
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	wr_u32(dest, flags);
+	wr_u64(dest, modseq);
+	i_assert(count <= UINT16_MAX);
+	wr_u16(dest, count);
+	for (; count > 0; count--, keywords++)
+		wr_str16(dest, *keywords);
+}
+
+int casbox_flags_record_import(const void *data, size_t size, pool_t pool,
+			       struct casbox_msg_record *rec,
+			       const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
+	ARRAY_TYPE(const_string) keywords;
+	uint32_t flags;
+	uint64_t modseq;
+	uint8_t version;
+
+	version = rd_u8(&rd, "version");
+	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
+		rd.error = t_strdup_printf("unknown version %u", version);
+	flags = rd_u32(&rd, "flags");
+	modseq = rd_u64(&rd, "modseq");
+	p_array_init(&keywords, pool, 4);
+	casbox_record_read_keywords(&rd, pool, &keywords);
+	/* newer minor versions may append more fields: ignore the rest */
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("flag record: ", rd.error, NULL);
+		return -1;
+	}
+	rec->flags = flags;
+	rec->modseq = modseq;
+	rec->keywords = keywords;
+	return 1;
 }
 
 void casbox_msg_record_export(const struct casbox_msg_record *rec,
@@ -149,8 +217,6 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	unsigned int i, kw_count;
-	const char *kw;
 	uint8_t version;
 
 	casbox_msg_record_init(pool, rec_r);
@@ -164,12 +230,7 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 	rec_r->virtual_size = rd_u64(&rd, "virtual size");
 	rec_r->modseq = rd_u64(&rd, "modseq");
 	rec_r->guid = rd_str16(&rd, pool, "guid");
-	kw_count = rd_u16(&rd, "keyword count");
-	for (i = 0; i < kw_count && rd.error == NULL; i++) {
-		kw = rd_str16(&rd, pool, "keyword");
-		if (kw != NULL)
-			array_push_back(&rec_r->keywords, &kw);
-	}
+	casbox_record_read_keywords(&rd, pool, &rec_r->keywords);
 	casbox_msg_record_read_parts(&rd, rec_r);
 	if (rd.error == NULL && rd.p < rd.end) {
 		rec_r->pop3_uidl = rd_str16(&rd, pool, "pop3 uidl");

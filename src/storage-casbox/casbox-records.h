@@ -7,6 +7,10 @@
    'K'                                   key record: u8 version, u32 key id
    'M' | mailbox guid (16)               mailbox record
    'm' | mailbox guid (16) | uid (u32)   message record
+   'f' | mailbox guid (16) | uid (u32)   flag record: the message's flags,
+                                         keywords and modseq since its
+                                         last flag change, overriding the
+                                         message record's (saved ones)
    'b' | blob id (32)                    blob record: refcount + pack export
 
    All integers are big-endian, so message records of one mailbox
@@ -19,6 +23,7 @@
 #define CASBOX_KEY_KEYRING 'K'
 #define CASBOX_KEY_MAILBOX 'M'
 #define CASBOX_KEY_MESSAGE 'm'
+#define CASBOX_KEY_FLAGS 'f'
 #define CASBOX_KEY_BLOB 'b'
 
 #define CASBOX_RECORD_VERSION 1
@@ -78,6 +83,8 @@ struct casbox_blob_value {
 void casbox_key_mailbox(buffer_t *key, const guid_128_t mailbox_guid);
 void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,
 			uint32_t uid);
+void casbox_key_flags(buffer_t *key, const guid_128_t mailbox_guid,
+		      uint32_t uid);
 void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id);
 /* Parse the UID out of a message key. Returns 1 ok, -1 not one. */
 int casbox_key_message_parse(const unsigned char *key, size_t key_size,
@@ -95,6 +102,16 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 			     struct casbox_msg_record *rec_r,
 			     const char **error_r);
+
+/* Flag record: u8 version, u32 flags, u64 modseq, u16 keyword count,
+   then each keyword as u16 length + bytes. */
+void casbox_flags_record_export(uint32_t flags, uint64_t modseq,
+				const char *const *keywords, buffer_t *dest);
+/* Replace rec's flags, modseq and keywords (strings from pool) with the
+   flag record's. Returns 1 ok, -1 malformed (error_r says why). */
+int casbox_flags_record_import(const void *data, size_t size, pool_t pool,
+			       struct casbox_msg_record *rec,
+			       const char **error_r);
 
 void casbox_mailbox_record_export(const struct casbox_mailbox_record *rec,
 				  buffer_t *dest);

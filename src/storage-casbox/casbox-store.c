@@ -561,6 +561,33 @@ int casbox_store_txn_msg_uids_from(struct casbox_store_txn *txn,
 					  first_uid, uids, error_r);
 }
 
+/* rec with the flags, keywords and modseq of the message's flag record,
+   if it has one. Returns 0 ok, -1 error. */
+static int
+casbox_store_msg_overlay_flags(struct casbox_store *store,
+			       const guid_128_t mailbox_guid, uint32_t uid,
+			       pool_t pool, struct casbox_msg_record *rec,
+			       const char **error_r)
+{
+	buffer_t *key, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_flags(key, mailbox_guid, uid);
+	value = t_buffer_create(64);
+	ret = casbox_lsm_get(store->lsm, key->data, key->used, value,
+			     error_r);
+	if (ret > 0 &&
+	    casbox_flags_record_import(value->data, value->used, pool, rec,
+				       error_r) < 0)
+		ret = -1;
+	if (ret < 0) {
+		*error_r = t_strdup_printf("uid=%u: %s", uid, *error_r);
+		return -1;
+	}
+	return 0;
+}
+
 int casbox_store_msg_iterate(struct casbox_store *store,
 			     const guid_128_t mailbox_guid,
 			     casbox_store_msg_callback_t *callback,
@@ -588,6 +615,10 @@ int casbox_store_msg_iterate(struct casbox_store *store,
 			*error_r = t_strdup_printf("uid=%u: %s", uid,
 						   *error_r);
 			ret = -1;
+		} else if (casbox_store_msg_overlay_flags(store, mailbox_guid,
+				uid, pool_datastack_create(), &rec,
+				error_r) < 0) {
+			ret = -1;
 		} else {
 			callback(context, uid, &rec);
 		}
@@ -611,8 +642,12 @@ int casbox_store_msg_lookup(struct casbox_store *store,
 	ret = casbox_store_lsm_get(store, key, value, TRUE, error_r);
 	if (ret <= 0)
 		return ret;
-	return casbox_msg_record_import(value->data, value->used, pool,
-					rec_r, error_r);
+	if (casbox_msg_record_import(value->data, value->used, pool,
+				     rec_r, error_r) < 0 ||
+	    casbox_store_msg_overlay_flags(store, mailbox_guid, uid, pool,
+					   rec_r, error_r) < 0)
+		return -1;
+	return 1;
 }
 
 /* The blob record of a message part as the LSM has it now. Returns 1
@@ -1035,6 +1070,23 @@ casbox_store_txn_get_msg(struct casbox_store_txn *txn, const buffer_t *key,
 					error_r);
 }
 
+/* Delete the message's flag record, if it has one (no tombstone for the
+   usual message that never had a flag change). Returns 0 ok, -1 error. */
+static int
+casbox_store_txn_drop_flags(struct casbox_store_txn *txn,
+			    const guid_128_t mailbox_guid, uint32_t uid,
+			    const char **error_r)
+{
+	buffer_t *key = t_buffer_create(32), *value = t_buffer_create(64);
+	int ret;
+
+	casbox_key_flags(key, mailbox_guid, uid);
+	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
+	if (ret > 0)
+		casbox_lsm_batch_delete(txn->batch, key->data, key->used);
+	return ret < 0 ? -1 : 0;
+}
+
 int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const guid_128_t mailbox_guid, uint32_t uid,
 			     const struct casbox_msg_record *rec,
@@ -1052,8 +1104,10 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 	ret = casbox_store_txn_get_msg(txn, key, &old_rec, error_r);
 	if (ret < 0)
 		return -1;
-	if (ret > 0 && casbox_store_txn_unref_parts(txn, &old_rec,
-						    error_r) < 0)
+	if (ret > 0 &&
+	    (casbox_store_txn_unref_parts(txn, &old_rec, error_r) < 0 ||
+	     casbox_store_txn_drop_flags(txn, mailbox_guid, uid,
+					 error_r) < 0))
 		return -1;
 
 	parts = array_get(&rec->parts, &count);
@@ -1121,7 +1175,8 @@ int casbox_store_txn_expunge(struct casbox_store_txn *txn,
 	ret = casbox_store_txn_get_msg(txn, key, &rec, error_r);
 	if (ret <= 0)
 		return ret;
-	if (casbox_store_txn_unref_parts(txn, &rec, error_r) < 0)
+	if (casbox_store_txn_unref_parts(txn, &rec, error_r) < 0 ||
+	    casbox_store_txn_drop_flags(txn, mailbox_guid, uid, error_r) < 0)
 		return -1;
 	casbox_lsm_batch_delete(txn->batch, key->data, key->used);
 	return 0;
@@ -1133,22 +1188,23 @@ int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
 				  const char *const *keywords,
 				  uint64_t modseq, const char **error_r)
 {
-	struct casbox_msg_record rec;
 	buffer_t *key, *value;
 	int ret;
 
+	/* only for a message that is there (one expunged meanwhile gets
+	   no record that nothing would delete) */
 	key = t_buffer_create(32);
 	casbox_key_message(key, mailbox_guid, uid);
-	ret = casbox_store_txn_get_msg(txn, key, &rec, error_r);
+	value = t_buffer_create(256);
+	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
 	if (ret <= 0)
 		return ret;
-	rec.flags = flags;
-	rec.modseq = modseq;
-	array_clear(&rec.keywords);
-	for (; keywords != NULL && *keywords != NULL; keywords++)
-		array_push_back(&rec.keywords, keywords);
-	value = t_buffer_create(256);
-	casbox_msg_record_export(&rec, value);
+	/* a small record of its own: the message record (parts, sealed
+	   metadata: ~1.5-3 kB) is not written again for a flag change */
+	buffer_set_used_size(key, 0);
+	casbox_key_flags(key, mailbox_guid, uid);
+	buffer_set_used_size(value, 0);
+	casbox_flags_record_export(flags, modseq, keywords, value);
 	casbox_lsm_batch_put(txn->batch, key->data, key->used,
 			     value->data, value->used);
 	return 0;

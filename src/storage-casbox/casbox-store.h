@@ -80,8 +80,10 @@ typedef void casbox_store_mailbox_callback_t(void *context,
 int casbox_store_mailbox_iterate(struct casbox_store *store,
 				 casbox_store_mailbox_callback_t *callback,
 				 void *context, const char **error_r);
-/* Call callback for every message record of a mailbox, in UID order.
-   Returns 0 ok, -1 error (a record that fails to decode is an error). */
+/* Call callback for every message record of a mailbox, in UID order,
+   with the flags, keywords and modseq of its flag record where it has
+   one. Returns 0 ok, -1 error (a record that fails to decode is an
+   error). */
 typedef void casbox_store_msg_callback_t(void *context, uint32_t uid,
 					 const struct casbox_msg_record *rec);
 int casbox_store_msg_iterate(struct casbox_store *store,
@@ -103,7 +105,9 @@ int casbox_store_txn_msg_uids_from(struct casbox_store_txn *txn,
 				   ARRAY_TYPE(uint32_t) *uids,
 				   const char **error_r);
 
-/* Returns 1 found, 0 not found (after a refresh), -1 error. */
+/* The message record, with the flags, keywords and modseq of its flag
+   record where it has one. Returns 1 found, 0 not found (after a
+   refresh), -1 error. */
 int casbox_store_msg_lookup(struct casbox_store *store,
 			    const guid_128_t mailbox_guid, uint32_t uid,
 			    pool_t pool, struct casbox_msg_record *rec_r,
@@ -156,11 +160,14 @@ void casbox_store_txn_set_lazy(struct casbox_store_txn *txn);
 void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
 				  const guid_128_t mailbox_guid,
 				  const struct casbox_mailbox_record *rec);
-/* Remove a message record and release its blobs. Missing is ok. */
+/* Remove a message record (and its flag record) and release its blobs.
+   Missing is ok. */
 int casbox_store_txn_expunge(struct casbox_store_txn *txn,
 			     const guid_128_t mailbox_guid, uint32_t uid,
 			     const char **error_r);
-/* Mirror the index's flags/keywords/modseq into an existing record. */
+/* Mirror the index's flags/keywords/modseq of a message that has a
+   record: into its flag record (a few dozen bytes), not the message
+   record. A message without a record is skipped (returns 0). */
 int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
 				  const guid_128_t mailbox_guid, uint32_t uid,
 				  uint32_t flags,
