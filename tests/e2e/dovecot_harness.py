@@ -518,6 +518,28 @@ plugin {{
                                   res.stdout, res.stderr))
         return res
 
+    def casbox_audit(self, user):
+        """What is wrong with user's casbox store, as a list (empty when
+        clean): `doveadm casbox scrub` findings (exit status not 0), and
+        tests/storage-dump's refcount and flag-record mismatches."""
+        problems = []
+        res = self.doveadm("-f", "tab", "casbox", "scrub", "-u", user,
+                           check=False)
+        if res.returncode != 0:
+            problems.append("scrub exit %d: %s%s" % (
+                res.returncode, res.stdout[-1500:], res.stderr[-500:]))
+        exe = os.path.join(TOP_BUILDDIR, "tests", "storage-dump")
+        dump = subprocess.run([exe, os.path.join(self.home(user), "casbox")],
+                              user=self.uid, group=self.gid,
+                              capture_output=True, text=True)
+        if dump.returncode != 0:
+            problems.append("storage-dump exit %d: %s" % (
+                dump.returncode,
+                [ln for ln in dump.stdout.splitlines()
+                 if "mismatch" in ln or "orphan" in ln or "bad-" in ln][:10]
+                or dump.stderr[-500:]))
+        return problems
+
     # -- processes -------------------------------------------------------
 
     def pids(self, service):
