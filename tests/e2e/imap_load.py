@@ -281,20 +281,31 @@ def run_load(dc, user, msgs, clients, seconds, seed=1, admin_cmds=()):
         rnd = random.Random(seed * 104729)
         while admin_cmds and time.monotonic() < stop:
             cmd = rnd.choice(admin_cmds)
-            res = dc.doveadm(*cmd, "-u", user, check=False)
+            # bytes: doveadm fetch prints message bodies in any charset
+            res = dc.doveadm(*cmd, "-u", user, check=False, text=False)
             with result.lock:
                 if res.returncode == 0:
                     result.commands["doveadm"] += 1
                 else:
                     result.other_errors.append(
                         ("doveadm", cmd, res.returncode,
-                         res.stderr[-300:]))
+                         res.stderr[-300:].decode(errors="replace")))
+
+    def guarded(target):
+        # a thread that dies of an exception must fail the run, not
+        # vanish into threading's excepthook
+        def run():
+            try:
+                target()
+            except Exception as e:  # noqa: BLE001
+                with result.lock:
+                    result.other_errors.append(("thread", repr(e)[:300]))
+        return run
 
     workers = [Client(dc, user, seed * 1000 + i, msgs, result, stop)
                for i in range(clients)]
-    threads = [threading.Thread(target=w.run) for w in workers]
-    threads += [threading.Thread(target=deliver),
-                threading.Thread(target=admin)]
+    threads = [threading.Thread(target=guarded(t))
+               for t in [w.run for w in workers] + [deliver, admin]]
     start = time.monotonic()
     for t in threads:
         t.start()

@@ -42,10 +42,12 @@ BACKENDS = {
                   mail_plugins=["casbox", "fts", "fts_casidx"],
                   plugin_settings=dict(FTS)),
 }
+# doveadm fetch reads every message's bytes while the clients expunge
+FETCH = ["fetch", "guid body", "mailbox", "Work", "all"]
 ADMIN = {
     "casbox": [["purge"], ["casbox", "gc"], ["index", "INBOX"],
-               ["index", "Archive"]],
-    "sdbox": [["purge"], ["index", "INBOX"], ["index", "Archive"]],
+               ["index", "Archive"], FETCH],
+    "sdbox": [["purge"], ["index", "INBOX"], ["index", "Archive"], FETCH],
 }
 
 
