@@ -18,6 +18,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, corpus_files, free_port, ok  # noqa: E402
+from test_doveadm_scrub import first_frame_middle, pack_sizes  # noqa: E402
 
 USER = "user1"
 WORD = "zyxwvutsqrevents"
@@ -67,7 +68,7 @@ def stored_size(msg):
     return len(re.sub(rb"\r\n|\r|\n", b"\n", msg))
 
 
-def doveadm(dc, *args):
+def doveadm(dc, *args, exit_code=0):
     """doveadm against dc, run in its base_dir. The harness points
     doveadm at a private config with -c, so doveadm reads it through
     doveconf, which exports every setting to the environment; the
@@ -79,7 +80,7 @@ def doveadm(dc, *args):
     res = subprocess.run(dc.doveadm_command(*args), capture_output=True,
                          text=True, timeout=600,
                          cwd=os.path.join(dc.tmp, "run"))
-    if res.returncode != 0:
+    if res.returncode != exit_code:
         raise AssertionError("doveadm %s failed (%d):\n%s%s"
                              % (" ".join(args), res.returncode, res.stdout,
                                 res.stderr))
@@ -90,8 +91,8 @@ def doveadm(dc, *args):
     return res
 
 
-def table(dc, *args):
-    res = doveadm(dc, "-f", "tab", *args)
+def table(dc, *args, exit_code=0):
+    res = doveadm(dc, "-f", "tab", *args, exit_code=exit_code)
     lines = res.stdout.strip("\n").split("\n")
     if not lines or not lines[0]:
         return []
@@ -288,6 +289,29 @@ class EventsTest(unittest.TestCase):
                          + comp["duration"][0])
         self.assertEqual(sum(os.path.getsize(os.path.join(lsm_dir, f))
                              for f in tables) > 0, True)
+
+        # a flipped byte in the blob of a new delivery: scrub's rows
+        # and its events agree
+        root = os.path.join(dc.home(USER), "casbox")
+        before = pack_sizes(root)
+        dc.lmtp_deliver(USER, planted[0].replace(b"planted", b"damaged"))
+        after = pack_sizes(root)
+        path = [p for p in after if after[p] != before.get(p, 0)][0]
+        mid = first_frame_middle(path, before.get(path, 0))
+        with open(path, "r+b") as f:
+            f.seek(mid)
+            b = f.read(1)
+            f.seek(mid)
+            f.write(bytes([b[0] ^ 0x40]))
+        rows = table(dc, "casbox", "scrub", "-u", USER, exit_code=65)
+        self.assertEqual([r["status"] for r in rows], ["damaged"], rows)
+        st = self.wait_count("casbox_scrub", 2)
+        self.assertEqual(st["casbox_scrub"]["damaged"][1], 1)
+        self.assertEqual(st["casbox_scrub_item"]["duration"][0], 1)
+        self.assertEqual(st["casbox_scrub_item"]["uid"][1], int(rows[0]["uid"]))
+
+        print("\nevents: %s" % ", ".join(
+            "%s=%d" % (m, st[m]["duration"][0]) for m in sorted(FIELDS)))
 
         # OpenMetrics: the same counts, and the APPEND sizes histogram
         body = urllib.request.urlopen(
