@@ -437,19 +437,21 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 	struct casidx_fts_backend *backend =
 		container_of(ctx->ctx.backend, struct casidx_fts_backend,
 			     backend);
-	unsigned int flushes;
+	unsigned int budget_flushes, flushes;
 	const char *error;
 
 	if (ctx->writer == NULL)
 		return;
 	casidx_update_doc_end(ctx);
-	flushes = casidx_index_writer_get_flushes(ctx->writer);
-	if (casidx_index_writer_has_changes(ctx->writer))
-		flushes++;
+	budget_flushes = casidx_index_writer_get_flushes(ctx->writer);
+	flushes = budget_flushes +
+		(casidx_index_writer_has_changes(ctx->writer) ? 1 : 0);
 	if (casidx_index_writer_commit(&ctx->writer, &error) < 0) {
 		e_error(backend->event, "Index commit failed: %s", error);
 		ctx->ctx.failed = TRUE;
-	} else {
+	} else if (flushes > 0) {
+		/* not for the sessions that had nothing to write (a sync
+		   opens one for every mailbox it touches) */
 		e_debug(event_create_passthrough(ctx->event)->
 			set_name("casidx_index_finished")->
 			add_int("messages", ctx->messages)->
@@ -459,10 +461,11 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 			add_int("segments",
 				casidx_index_get_segment_count(ctx->index))->
 			event(), "%s: committed, last_uid=%u "
-			"segments=%u segment_flushes=%u",
+			"segments=%u budget_flushes=%u",
 			casidx_index_get_dir(ctx->index),
 			casidx_index_get_last_uid(ctx->index),
-			casidx_index_get_segment_count(ctx->index), flushes);
+			casidx_index_get_segment_count(ctx->index),
+			budget_flushes);
 	}
 	event_unref(&ctx->event);
 	ctx->messages = ctx->expunges = 0;
