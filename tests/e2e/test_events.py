@@ -16,7 +16,8 @@ import time
 import unittest
 import urllib.request
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 from dovecot_harness import Dovecot, corpus_files, free_port, ok  # noqa: E402
 from test_doveadm_scrub import first_frame_middle, pack_sizes  # noqa: E402
 
@@ -50,16 +51,34 @@ FIELDS = {
 HIST_MIN, HIST_MAX = 10, 20
 
 
-def metric_blocks():
-    out = []
-    for name, (event, fields) in sorted(FIELDS.items()):
-        out.append("metric %s {\n  filter = event=%s\n  fields = %s\n}\n"
-                   % (name, event, fields))
-    out.append("metric casbox_append_size {\n"
-               "  filter = event=casbox_save_finished AND mailbox=Appended\n"
-               "  group_by = bytes:exponential:%d:%d:2\n}\n"
-               % (HIST_MIN, HIST_MAX))
-    return "".join(out)
+def src_file(*path):
+    top = os.environ.get("CASBOX_TOP_SRCDIR",
+                         os.path.dirname(os.path.dirname(HERE)))
+    with open(os.path.join(top, *path)) as f:
+        return f.read()
+
+
+def readme_block():
+    """The configuration block of the README's "Monitoring" section."""
+    text = src_file("README.md")
+    section = text[text.index("\n## Monitoring\n"):]
+    return section.split("```\n", 2)[1]
+
+
+def metric_blocks(http_port):
+    """The README's block with the HTTP listener on http_port, plus a
+    histogram of the APPENDed sizes only."""
+    block = readme_block()
+    assert "port = 9900" in block
+    block = block.replace("port = 9900", "port = %d" % http_port)
+    # the stats process up before the first client: no handshake wait
+    block = block.replace("service stats {\n",
+                          "service stats {\n  process_min_avail = 1\n")
+    return block + ("metric casbox_append_size {\n"
+                    "  filter = event=casbox_save_finished AND "
+                    "mailbox=Appended\n"
+                    "  group_by = bytes:exponential:%d:%d:2\n}\n"
+                    % (HIST_MIN, HIST_MAX))
 
 
 def stored_size(msg):
@@ -102,6 +121,17 @@ def table(dc, *args, exit_code=0):
 
 class EventsTest(unittest.TestCase):
 
+    def test_readme_metrics(self):
+        """The README defines a metric for every event, with every field
+        doc/events.md lists for it (the subset this test checks)."""
+        got = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+            r"metric (\w+) \{\n  filter = event=(\w+)\n"
+            r"  fields = ([^\n]+)\n\}", readme_block())}
+        self.assertEqual(got, FIELDS)
+        documented = set(re.findall(r"^### `(\w+)`$",
+                                    src_file("doc", "events.md"), re.M))
+        self.assertEqual(documented, {e for e, _ in FIELDS.values()})
+
     def stats(self):
         """metric -> field -> (count, sum) from doveadm stats dump."""
         out = {}
@@ -133,9 +163,7 @@ class EventsTest(unittest.TestCase):
         conf = ("lmtp_add_received_header = no\n"
                 # the harness turns event stats off: this test needs them
                 "stats_writer_socket_path = stats-writer\n"
-                "service stats {\n  process_min_avail = 1\n"
-                "  inet_listener http {\n    address = 127.0.0.1\n"
-                "    port = %d\n  }\n}\n" % http_port) + metric_blocks()
+                + metric_blocks(http_port))
         with Dovecot(mail_plugins=["casbox", "fts", "fts_casidx"],
                      plugin_settings={"casbox_key_file": "%h/casbox.key",
                                       "casbox_key_autocreate": "yes",
@@ -338,6 +366,9 @@ class EventsTest(unittest.TestCase):
         self.assertEqual(
             values['dovecot_casbox_append_size_bucket{le="+Inf"}'],
             len(appended))
+        # the README's histogram has every save
+        self.assertEqual(values['dovecot_casbox_save_size_bucket{le="+Inf"}'],
+                         st["casbox_save"]["duration"][0])
 
 
 if __name__ == "__main__":
