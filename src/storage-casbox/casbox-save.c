@@ -648,11 +648,12 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 
 static void casbox_save_event_begin(struct casbox_save_context *ctx)
 {
-	struct casbox_store *store;
+	struct casbox_store *store = ctx->mbox->storage->store;
 
 	ctx->event = event_create(ctx->mbox->box.event);
 	event_set_name(ctx->event, "casbox_save_finished");
-	if (casbox_storage_get_store(ctx->mbox->storage, &store) == 0) {
+	/* not open yet: the commit opens it, with counters at 0 */
+	if (store != NULL) {
 		casbox_store_get_stats(store, &ctx->stats_before);
 		ctx->pack_bytes_before =
 			casbox_store_get_pack_bytes_appended(store);
@@ -666,13 +667,12 @@ static void casbox_save_event_fields(struct casbox_save_context *ctx)
 {
 	const struct casbox_store_stats *b = &ctx->stats_before;
 	const struct casbox_save_mail *smail;
+	struct casbox_store *store = ctx->mbox->storage->store;
 	struct casbox_store_stats now;
-	struct casbox_store *store;
 	uint64_t bytes = 0;
 	unsigned int copied = 0;
 
-	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
-		i_unreached(); /* the commit used it */
+	i_assert(store != NULL); /* the commit used it */
 	casbox_store_get_stats(store, &now);
 	array_foreach(&ctx->mails, smail) {
 		bytes += smail->rec.physical_size;
