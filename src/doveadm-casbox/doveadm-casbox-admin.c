@@ -77,8 +77,7 @@ casbox_admin_open_full(struct mail_user *user, bool open_lsm,
 		pool_unref(&pool);
 		return -1;
 	}
-	set->event = event_create(user->event);
-	event_add_category(set->event, &event_category_casbox);
+	set->event = casbox_event_create(user->event);
 	ret = casbox_admin_open_root_full(mailbox_list_get_root_forced(
 					ns->list, MAILBOX_LIST_PATH_TYPE_DIR),
 				     set, ns->storage->set->parsed_fsync_mode,

@@ -686,8 +686,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
-	scrub.event = event_create(user->event);
-	event_add_category(scrub.event, &event_category_casbox);
+	scrub.event = casbox_event_create(user->event);
 	ret = casbox_admin_open(user, &scrub.adm, &error);
 	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
 		scrub.lsm_damaged = TRUE;

@@ -27,10 +27,17 @@
 
 #define CASIDX_DIR_NAME "casidx"
 
-/* Named events: doc/events.md. */
+/* Named events: doc/events.md. The parent is Dovecot's "fts" category,
+   declared again here (Dovecot merges identical categories by name):
+   a reference to the fts plugin's event_category_fts would be resolved
+   when this plugin is loaded, so loading it without fts would fail in
+   dlopen() instead of with Dovecot's "Plugin fts must be loaded". */
+static struct event_category event_category_casidx_fts = {
+	.name = "fts",
+};
 static struct event_category event_category_casidx = {
 	.name = "casidx",
-	.parent = &event_category_fts,
+	.parent = &event_category_casidx_fts,
 };
 
 struct casidx_fts_backend {

@@ -21,10 +21,18 @@
 
 #include <sys/stat.h>
 
-struct event_category event_category_casbox = {
+static struct event_category event_category_casbox = {
 	.name = "casbox",
 	.parent = &event_category_storage,
 };
+
+struct event *casbox_event_create(struct event *parent)
+{
+	struct event *event = event_create(parent);
+
+	event_add_category(event, &event_category_casbox);
+	return event;
+}
 
 static struct mail_storage *casbox_storage_alloc(void)
 {

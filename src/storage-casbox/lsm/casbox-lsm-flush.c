@@ -305,13 +305,10 @@ static int lsm_install(struct casbox_lsm *lsm, struct casbox_lsm_manifest *man,
 
 /* Send a flush's or merge's named event (doc/events.md). event was
    created when the work began: its duration. tables = 0 for a flush. */
-static void lsm_event_finished(struct event **_event, const char *name,
+static void lsm_event_finished(struct event *event, const char *name,
 			       unsigned int tables, uoff_t input_bytes,
 			       uint64_t entries, uoff_t table_bytes)
 {
-	struct event *event = *_event;
-
-	*_event = NULL;
 	event_set_name(event, name);
 	if (tables > 0)
 		event_add_int(event, "tables", tables);
@@ -321,7 +318,6 @@ static void lsm_event_finished(struct event **_event, const char *name,
 	e_debug(event, "%s: %"PRIu64" entries, %"PRIuUOFF_T" bytes in, "
 		"%"PRIuUOFF_T" bytes out", name, entries, input_bytes,
 		table_bytes);
-	event_unref(&event);
 }
 
 /* Merge the newest count tables into one. */
@@ -366,7 +362,7 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	ret = lsm_install(lsm, &man, error_r);
 	casbox_lsm_manifest_deinit(&man);
 	if (ret == 0) {
-		lsm_event_finished(&event, "casbox_lsm_compaction_finished",
+		lsm_event_finished(event, "casbox_lsm_compaction_finished",
 				   count, input_bytes, entries, size);
 	}
 	event_unref(&event);
@@ -413,11 +409,12 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	ret = lsm_write_table(lsm, src, array_count(&lsm->tables) == 0,
 			      file_no, &entries, &size, error_r);
 	casbox_lsm_source_free(&src);
-	if (ret < 0 || casbox_lsm_wal_create(lsm, wal_no, error_r) < 0) {
-		if (ret == 0) {
-			(void)lsm->io->unlink(casbox_lsm_path(lsm, file_no,
-							      "sst"));
-		}
+	if (ret < 0) {
+		event_unref(&event);
+		return -1;
+	}
+	if (casbox_lsm_wal_create(lsm, wal_no, error_r) < 0) {
+		(void)lsm->io->unlink(casbox_lsm_path(lsm, file_no, "sst"));
 		event_unref(&event);
 		return -1;
 	}
@@ -433,7 +430,7 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	ret = lsm_install(lsm, &man, error_r);
 	casbox_lsm_manifest_deinit(&man);
 	if (ret == 0) {
-		lsm_event_finished(&event, "casbox_lsm_flush_finished", 0,
+		lsm_event_finished(event, "casbox_lsm_flush_finished", 0,
 				   wal_bytes, entries, size);
 	}
 	event_unref(&event);
