@@ -4,9 +4,10 @@ LMTP, IMAP (APPEND, COPY, FETCH, STORE, SEARCH with fts casidx) and
 doveadm (index, casbox gc, scrub, key rotate), then the counts read
 with `doveadm stats dump` and from the OpenMetrics endpoint.
 
-Expected values come from what the test did and from the corpus bytes
-(message sizes), from the files on disk (LSM tables) and from the
-commands' own result rows; never from the events themselves."""
+Expected values come from what the test did, from the corpus bytes
+(message sizes), from stock Dovecot's own mail_delivery_finished event
+(the size of each delivered mail), from the files on disk (LSM tables)
+and from the commands' own result rows; never from our events."""
 
 import os
 import re
@@ -170,6 +171,12 @@ class EventsTest(unittest.TestCase):
         conf = ("lmtp_add_received_header = no\n"
                 # the harness turns event stats off: this test needs them
                 "stats_writer_socket_path = stats-writer\n"
+                # deliveries stored with CRLF: their size is then the
+                # virtual size Dovecot's own delivery event reports
+                "protocol lmtp {\n  mail_save_crlf = yes\n}\n"
+                "metric lmtp_delivery {\n"
+                "  filter = event=mail_delivery_finished\n"
+                "  fields = message_vsize\n}\n"
                 + metric_blocks(http_port))
         with Dovecot(mail_plugins=["casbox", "fts", "fts_casidx"],
                      plugin_settings={"casbox_key_file": "%h/casbox.key",
@@ -194,12 +201,16 @@ class EventsTest(unittest.TestCase):
                 appended.append(f.read())
         sizes = [stored_size(m) for m in appended]
 
-        # LMTP: one save per delivery
+        # LMTP: one save per delivery, of the size stock Dovecot's
+        # mail_delivery_finished gives the mail it delivered
         dc.lmtp_deliver_many(USER, lmtp_msgs + planted)
         n = len(lmtp_msgs) + len(planted)
+        self.wait_count("lmtp_delivery", n)
         st = self.wait_count("casbox_save", n)
         save = st["casbox_save"]
         self.assertEqual(save["messages"], (n, n))
+        self.assertEqual(save["bytes"][1],
+                         st["lmtp_delivery"]["message_vsize"][1])
         self.assertEqual(save["copied"][1], 0)
         # every part is either written or found stored
         self.assertEqual(save["written_bytes"][1]
