@@ -278,11 +278,14 @@ class EventsTest(unittest.TestCase):
         self.assertEqual(st7["casidx_lookup"]["definite"][1], 2)
         self.assertEqual(st7["casidx_lookup"]["maybe"][1], 0)
 
-        # LSM: flag changes rewrite every message record until the WAL
-        # has flushed into enough tables for a compaction
-        for i in range(40):
-            ok(imap.uid("STORE", "1:*", "+FLAGS" if i % 2 == 0
-                        else "-FLAGS", "(\\Flagged)"))
+        # LSM: keyword changes (the LSM mirrors them, names included)
+        # until the WAL has flushed into enough tables for a compaction;
+        # 30 keywords of 48 letters are some 1.5 kB per mail and change
+        keywords = [["k%d%s%02d" % (j, "x" * 44, i) for i in range(30)]
+                    for j in range(2)]
+        for i in range(60):
+            ok(imap.uid("STORE", "1:*", "FLAGS",
+                        "(%s)" % " ".join(keywords[i % 2])))
             comp = self.stats().get("casbox_lsm_compaction", {})
             if comp.get("duration", (0, 0))[0] >= 1:
                 break
