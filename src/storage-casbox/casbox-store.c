@@ -796,6 +796,26 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	return 0;
 }
 
+/* After a part was referenced: a refcount of 1 means its blob was just
+   written (a deduplicated reference raises a stored one to 2 or more;
+   a blob released by a replaced record and stored again is written). */
+static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
+					const struct casbox_msg_part *part)
+{
+	struct casbox_store_stats *stats = &txn->store->stats;
+	const struct casbox_pending_blob *blob;
+
+	blob = hash_table_lookup(txn->blobs, &part->id);
+	i_assert(blob != NULL);
+	if (blob->refcount == 1) {
+		stats->blobs_written++;
+		stats->written_bytes += part->size;
+	} else {
+		stats->blobs_deduplicated++;
+		stats->deduplicated_bytes += part->size;
+	}
+}
+
 static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
 				       const char **error_r)
 {
@@ -1004,26 +1024,6 @@ casbox_store_txn_get_msg(struct casbox_store_txn *txn, const buffer_t *key,
 	return casbox_msg_record_import(value->data, value->used,
 					pool_datastack_create(), rec_r,
 					error_r);
-}
-
-/* After a part was referenced: a refcount of 1 means its blob was just
-   written (a deduplicated reference raises a stored one to 2 or more;
-   a blob released by a replaced record and stored again is written). */
-static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
-					const struct casbox_msg_part *part)
-{
-	struct casbox_store_stats *stats = &txn->store->stats;
-	const struct casbox_pending_blob *blob;
-
-	blob = hash_table_lookup(txn->blobs, &part->id);
-	i_assert(blob != NULL);
-	if (blob->refcount == 1) {
-		stats->blobs_written++;
-		stats->written_bytes += part->size;
-	} else {
-		stats->blobs_deduplicated++;
-		stats->deduplicated_bytes += part->size;
-	}
 }
 
 int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
