@@ -239,6 +239,72 @@ START_TEST(test_refcounts)
 }
 END_TEST
 
+/* What casbox_save_finished reports: per part written or deduplicated
+   (within one message too), and the pack bytes appended. */
+START_TEST(test_save_stats)
+{
+	static const char *part_d = "\nthe same part twice in one message\n";
+	const char *const parts1[] = { part_a, part_b, NULL };
+	const char *const parts2[] = { part_a, part_c, NULL };
+	const char *const parts3[] = { part_d, part_d, NULL };
+	struct casbox_msg_record rec1, rec2, rec3;
+	struct istream **in1, **in2, **in3;
+	struct casbox_store *store = store_open();
+	struct casbox_store_stats st;
+	pool_t pool = pool_alloconly_create("test", 4096);
+	const char *error = NULL;
+	uint64_t appended;
+
+	ck_assert_int_eq(casbox_store_open_keys(store, &error), 0);
+	make_record(store, pool, parts1, &rec1, &in1);
+	make_record(store, pool, parts2, &rec2, &in2);
+	make_record(store, pool, parts3, &rec3, &in3);
+	ck_assert_uint_eq(casbox_store_get_pack_bytes_appended(store), 0);
+
+	add_msg(store, 1, &rec1, in1);
+	casbox_store_get_stats(store, &st);
+	ck_assert_uint_eq(st.blobs_written, 2);
+	ck_assert_uint_eq(st.written_bytes, strlen(part_a) + strlen(part_b));
+	ck_assert_uint_eq(st.blobs_deduplicated, 0);
+	/* two frames, each bigger than its (tiny) plaintext */
+	appended = casbox_store_get_pack_bytes_appended(store);
+	ck_assert_uint_gt(appended, st.written_bytes);
+
+	add_msg(store, 2, &rec2, in2);
+	casbox_store_get_stats(store, &st);
+	ck_assert_uint_eq(st.blobs_written, 3);
+	ck_assert_uint_eq(st.blobs_deduplicated, 1);
+	ck_assert_uint_eq(st.deduplicated_bytes, strlen(part_a));
+
+	/* a copy writes nothing (no recovery mailbox: no meta frame) */
+	appended = casbox_store_get_pack_bytes_appended(store);
+	add_msg(store, 3, &rec1, NULL);
+	casbox_store_get_stats(store, &st);
+	ck_assert_uint_eq(st.blobs_written, 3);
+	ck_assert_uint_eq(st.blobs_deduplicated, 3);
+	ck_assert_uint_eq(st.deduplicated_bytes,
+			  2 * strlen(part_a) + strlen(part_b));
+	ck_assert_uint_eq(casbox_store_get_pack_bytes_appended(store),
+			  appended);
+
+	/* the second copy of a part in the same message is a reference */
+	add_msg(store, 4, &rec3, in3);
+	casbox_store_get_stats(store, &st);
+	ck_assert_uint_eq(st.blobs_written, 4);
+	ck_assert_uint_eq(st.blobs_deduplicated, 4);
+	ck_assert_uint_eq(st.written_bytes, strlen(part_a) + strlen(part_b) +
+			  strlen(part_c) + strlen(part_d));
+	ck_assert_uint_gt(casbox_store_get_pack_bytes_appended(store),
+			  appended);
+
+	free_inputs(in1);
+	free_inputs(in2);
+	free_inputs(in3);
+	casbox_store_close(&store);
+	pool_unref(&pool);
+}
+END_TEST
+
 START_TEST(test_rollback_and_missing_blob)
 {
 	const char *const parts1[] = { part_a, part_b, NULL };
@@ -1198,6 +1264,7 @@ int main(void)
 		i_fatal("sodium_init() failed");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_refcounts);
+	tcase_add_test(tc, test_save_stats);
 	tcase_add_test(tc, test_rollback_and_missing_blob);
 	tcase_add_test(tc, test_flags_mirror);
 	tcase_add_test(tc, test_key_rules);

@@ -7,6 +7,7 @@
 #include "mail-storage-private.h"
 #include "mailbox-list.h"
 #include "doveadm-mail.h"
+#include "casbox-events.h"
 #include "doveadm-casbox.h"
 
 static struct mail_namespace *casbox_admin_find_ns(struct mail_user *user)
@@ -76,11 +77,14 @@ casbox_admin_open_full(struct mail_user *user, bool open_lsm,
 		pool_unref(&pool);
 		return -1;
 	}
+	set->event = casbox_event_create(user->event);
 	ret = casbox_admin_open_root_full(mailbox_list_get_root_forced(
 					ns->list, MAILBOX_LIST_PATH_TYPE_DIR),
 				     set, ns->storage->set->parsed_fsync_mode,
 				     ns->storage->set->parsed_lock_method,
 				     open_lsm, adm_r, error_r);
+	/* the admin's event (and the store's) hold their own reference */
+	event_unref(&set->event);
 	if (ret <= 0) {
 		pool_unref(&pool);
 		return ret;

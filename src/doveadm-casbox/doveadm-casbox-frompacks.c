@@ -602,6 +602,7 @@ static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 	set.dir = new_dir;
 	set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
 	set.lock_method = fp->adm->lock_method;
+	set.event = fp->adm->event;
 	i_zero(&w);
 	if (casbox_lsm_open(&set, &w.lsm, error_r) < 0)
 		return -1;

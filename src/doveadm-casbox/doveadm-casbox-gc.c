@@ -976,10 +976,21 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	return casbox_gc_unlink(gc, error_r);
 }
 
-static void casbox_gc_print(struct casbox_gc *gc)
+/* The command's output columns, also the fields of its event. */
+static const char *const casbox_gc_fields[] = {
+	"packs_selected", "packs_deleted", "blobs_moved",
+	"records_dropped", "bytes_selected", "bytes_written",
+	"bytes_reclaimed", "recovery_kept", "recovery_dropped",
+	"dek_updates", "recovery_written",
+};
+#define CASBOX_GC_FIELD_COUNT N_ELEMENTS(casbox_gc_fields)
+
+static void casbox_gc_values(struct casbox_gc *gc,
+			     uint64_t values_r[CASBOX_GC_FIELD_COUNT])
 {
 	const struct casbox_gc_pack *cand;
 	uint64_t freed = 0;
+	unsigned int i = 0;
 
 	if (array_is_created(&gc->candidates)) {
 		array_foreach(&gc->candidates, cand) {
@@ -987,20 +998,42 @@ static void casbox_gc_print(struct casbox_gc *gc)
 				freed += cand->pack->size;
 		}
 	}
-	doveadm_print_num(array_is_created(&gc->candidates) ?
-			  array_count(&gc->candidates) : 0);
-	doveadm_print_num(gc->packs_deleted);
-	doveadm_print_num(array_is_created(&gc->moves) ?
-			  array_count(&gc->moves) : 0);
-	doveadm_print_num(gc->records_dropped);
-	doveadm_print_num(gc->bytes_before);
-	doveadm_print_num(gc->bytes_written);
-	doveadm_print_num(freed > gc->bytes_written ?
-			  freed - gc->bytes_written : 0);
-	doveadm_print_num(gc->recovery_kept);
-	doveadm_print_num(gc->recovery_dropped);
-	doveadm_print_num(gc->dek_updates);
-	doveadm_print_num(gc->recovery_written);
+	values_r[i++] = array_is_created(&gc->candidates) ?
+		array_count(&gc->candidates) : 0;
+	values_r[i++] = gc->packs_deleted;
+	values_r[i++] = array_is_created(&gc->moves) ?
+		array_count(&gc->moves) : 0;
+	values_r[i++] = gc->records_dropped;
+	values_r[i++] = gc->bytes_before;
+	values_r[i++] = gc->bytes_written;
+	values_r[i++] = freed > gc->bytes_written ?
+		freed - gc->bytes_written : 0;
+	values_r[i++] = gc->recovery_kept;
+	values_r[i++] = gc->recovery_dropped;
+	values_r[i++] = gc->dek_updates;
+	values_r[i++] = gc->recovery_written;
+	i_assert(i == CASBOX_GC_FIELD_COUNT);
+}
+
+/* Print the row (when it succeeded) and send casbox_gc_finished. */
+static void casbox_gc_finished(struct casbox_gc *gc, const char *error)
+{
+	uint64_t values[CASBOX_GC_FIELD_COUNT];
+	struct event_passthrough *e;
+	unsigned int i;
+
+	casbox_gc_values(gc, values);
+	e = event_create_passthrough(gc->adm->event)->
+		set_name("casbox_gc_finished");
+	for (i = 0; i < CASBOX_GC_FIELD_COUNT; i++) {
+		if (error == NULL)
+			doveadm_print_num(values[i]);
+		e->add_int(casbox_gc_fields[i], values[i]);
+	}
+	if (error != NULL)
+		e->add_str("error", error);
+	e_debug(e->event(), "casbox gc: %s: %s", gc->adm->root_dir,
+		error == NULL ? "finished" : error);
 }
 
 static int
@@ -1023,9 +1056,8 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	if (ret < 0) {
 		i_error("casbox gc: %s: %s", gc.adm->root_dir, error);
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
-	} else {
-		casbox_gc_print(&gc);
 	}
+	casbox_gc_finished(&gc, ret < 0 ? error : NULL);
 	if (hash_table_is_created(gc.covered))
 		hash_table_destroy(&gc.covered);
 	if (hash_table_is_created(gc.locators))
@@ -1040,16 +1072,10 @@ static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
 			       ATTR_UNUSED,
 			       const char *const args[] ATTR_UNUSED)
 {
-	static const char *const fields[] = {
-		"packs_selected", "packs_deleted", "blobs_moved",
-		"records_dropped", "bytes_selected", "bytes_written",
-		"bytes_reclaimed", "recovery_kept", "recovery_dropped",
-		"dek_updates", "recovery_written",
-	};
 	unsigned int i;
 
-	for (i = 0; i < N_ELEMENTS(fields); i++) {
-		doveadm_print_header(fields[i], fields[i],
+	for (i = 0; i < CASBOX_GC_FIELD_COUNT; i++) {
+		doveadm_print_header(casbox_gc_fields[i], casbox_gc_fields[i],
 				     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
 	}
 }

@@ -50,6 +50,8 @@ struct casbox_rotate {
 	struct casbox_rekey_stats stats;
 	/* records still under the old key id when the run ended */
 	uint64_t left;
+	/* this run added the new slot (else it resumed a rotation) */
+	bool slot_added;
 	bool finished;
 };
 
@@ -308,6 +310,7 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 		       "file(s) left by an interrupted run", rot->user, stale);
 	}
 	if (ret == 0 && cas_keyring_slot_count(adm->keyring) == 1) {
+		rot->slot_added = TRUE;
 		cas_keyring_rotate_add(adm->keyring);
 		if (cas_keyring_save(adm->keyring, adm->set.key_file,
 				     &error) < 0) {
@@ -331,24 +334,40 @@ static int casbox_rotate_walk(struct casbox_rotate *rot,
 			      const char **error_r)
 {
 	buffer_t *pos = t_buffer_create(64);
-	uint64_t before;
+	struct casbox_rekey_stats before;
+	struct event *event;
+	uint64_t examined;
 	int ret;
 
 	do {
-		before = rot->stats.rewrapped;
+		before = rot->stats;
+		event = event_create(rot->adm->event);
 		ret = casbox_rekey_step(rot->adm->lsm, rot->adm->packs,
 					rot->adm->keyring,
 					rot->old_key_id, rot->batch, pos,
 					NULL, NULL, &rot->stats, error_r);
-		if (ret < 0)
+		if (ret < 0) {
+			event_unref(&event);
 			return -1;
+		}
 		rot->steps++;
+		examined = rot->stats.examined - before.examined;
+		e_debug(event_create_passthrough(event)->
+			set_name("casbox_key_rotate_batch_finished")->
+			add_int("batch", rot->steps)->
+			add_int("examined", examined)->
+			add_int("rewrapped",
+				rot->stats.rewrapped - before.rewrapped)->
+			add_int("failed", rot->stats.failed - before.failed)->
+			event(), "casbox key rotate: batch %u: %"PRIu64
+			" examined", rot->steps, examined);
+		event_unref(&event);
 		if (casbox_rotate_verbose()) {
 			/* tests synchronise on these lines */
 			i_info("casbox key rotate: %s: batch %u: "
 			       "%"PRIu64" rewrapped, %"PRIu64" in total",
 			       rot->user, rot->steps,
-			       rot->stats.rewrapped - before,
+			       rot->stats.rewrapped - before.rewrapped,
 			       rot->stats.rewrapped);
 		}
 	} while (ret > 0);
@@ -443,6 +462,27 @@ static int casbox_rotate_run(struct casbox_rotate *rot, bool *data_error_r,
 	return -1;
 }
 
+/* Send casbox_key_rotate_finished (doc/events.md). */
+static void casbox_rotate_event(struct casbox_rotate *rot, const char *error)
+{
+	struct event_passthrough *e;
+
+	e = event_create_passthrough(rot->adm->event)->
+		set_name("casbox_key_rotate_finished")->
+		add_str("old_key_id", t_strdup_printf("%08x", rot->old_key_id))->
+		add_str("new_key_id", t_strdup_printf("%08x", rot->new_key_id))->
+		add_int("slot_added", rot->slot_added ? 1 : 0)->
+		add_int("batches", rot->steps)->
+		add_int("examined", rot->stats.examined)->
+		add_int("rewrapped", rot->stats.rewrapped)->
+		add_int("failed", rot->stats.failed)->
+		add_int("left", rot->left);
+	if (error != NULL)
+		e->add_str("error", error);
+	e_debug(e->event(), "casbox key rotate: %s: %s", rot->user,
+		error == NULL ? "rotated" : error);
+}
+
 static int
 cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 			  struct mail_user *user)
@@ -473,6 +513,7 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 		return -1;
 	}
 	ret = casbox_rotate_run(&rot, &data_error, &error);
+	casbox_rotate_event(&rot, ret < 0 ? error : NULL);
 	if (ret < 0) {
 		i_error("casbox key rotate: %s: %s", rot.adm->root_dir, error);
 		if (data_error)

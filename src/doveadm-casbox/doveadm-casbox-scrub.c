@@ -14,6 +14,7 @@
 #include "casbox-lsm.h"
 #include "casbox-store-quarantine.h"
 #include "casbox-recovery.h"
+#include "casbox-events.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
@@ -40,6 +41,8 @@ struct casbox_scrub_msg {
 
 struct casbox_scrub {
 	struct casbox_admin *adm;
+	/* the command's (its duration), parent of the named events */
+	struct event *event;
 	pool_t pool;
 	struct casbox_census *census;
 	ARRAY(struct casbox_scrub_msg) msgs;
@@ -56,11 +59,19 @@ struct casbox_scrub {
 	bool decoded;
 };
 
-static void casbox_scrub_print(struct casbox_scrub *scrub ATTR_UNUSED,
+/* One output row, and its casbox_scrub_item event. */
+static void casbox_scrub_print(struct casbox_scrub *scrub,
 			       const char *mailbox, uint32_t uid,
 			       const char *object, const char *status,
 			       const char *cause)
 {
+	e_debug(event_create_passthrough(scrub->event)->
+		set_name("casbox_scrub_item")->
+		add_str("mailbox", mailbox)->add_int("uid", uid)->
+		add_str("object", object)->add_str("status", status)->
+		add_str("cause", cause)->event(),
+		"casbox scrub: %s %s uid=%u: %s (%s)", status, mailbox, uid,
+		object, cause);
 	doveadm_print(mailbox);
 	doveadm_print(uid == 0 ? "-" : dec2str(uid));
 	doveadm_print(object);
@@ -642,6 +653,28 @@ static bool casbox_scrub_open_error_is_damage(const char *error)
 	return strstr(error, ": Corrupted ") != NULL;
 }
 
+/* Send casbox_scrub_finished (doc/events.md) and free the event. */
+static void casbox_scrub_finished(struct casbox_scrub *scrub, bool repair,
+				  const char *error)
+{
+	struct event_passthrough *e;
+
+	e = event_create_passthrough(scrub->event)->
+		set_name("casbox_scrub_finished")->
+		add_int("damaged", scrub->damaged)->
+		add_int("known", scrub->known)->
+		add_int("repaired", scrub->repaired)->
+		add_int("orphans", scrub->orphans)->
+		add_int("lsm_damaged", scrub->lsm_damaged ? 1 : 0)->
+		add_int("repair", repair ? 1 : 0);
+	if (error != NULL)
+		e->add_str("error", error);
+	e_debug(e->event(), "casbox scrub: %u damaged item(s)%s%s",
+		scrub->damaged, error == NULL ? "" : ": ",
+		error == NULL ? "" : error);
+	event_unref(&scrub->event);
+}
+
 static int
 cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 		     struct mail_user *user)
@@ -653,17 +686,22 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
+	scrub.event = casbox_event_create(user->event);
 	ret = casbox_admin_open(user, &scrub.adm, &error);
 	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
+		scrub.lsm_damaged = TRUE;
 		casbox_scrub_row(&scrub, "-", 0, "lsm", t_strdup_printf(
 			"LSM damage: %s (%s)", error, SCRUB_LSM_HINT));
 		i_warning("casbox scrub: %s", error);
 		_ctx->exit_code = EX_DATAERR;
+		casbox_scrub_finished(&scrub, ctx->repair, NULL);
 		return -1;
 	}
-	if (ret <= 0)
+	if (ret <= 0) {
+		event_unref(&scrub.event);
 		return casbox_admin_open_failed(_ctx, "casbox scrub", user,
 						ret, error);
+	}
 	scrub.pool = pool_alloconly_create("casbox scrub", 1024);
 	p_array_init(&scrub.msgs, scrub.pool, 16);
 	ret = casbox_scrub_check(&scrub, &error);
@@ -683,6 +721,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 				", %u repair(s) done", scrub.repaired));
 		_ctx->exit_code = EX_DATAERR;
 	}
+	casbox_scrub_finished(&scrub, ctx->repair, ret < 0 ? error : NULL);
 	if (scrub.census != NULL)
 		casbox_census_free(&scrub.census);
 	pool_unref(&scrub.pool);

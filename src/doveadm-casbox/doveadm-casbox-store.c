@@ -53,12 +53,15 @@ int casbox_admin_open_root_full(const char *root_dir,
 	adm->set = *set;
 	adm->fsync_mode = fsync_mode;
 	adm->lock_method = lock_method;
+	adm->event = event_create(set->event);
+	adm->set.event = adm->event;
 	if (!open_lsm) {
 		*adm_r = adm;
 		return 1;
 	}
 	if (casbox_store_open(root_dir, &adm->set, fsync_mode, lock_method,
 			      &adm->store, error_r) < 0) {
+		event_unref(&adm->event);
 		pool_unref(&adm->pool);
 		i_free(adm);
 		return -1;
@@ -156,6 +159,7 @@ void casbox_admin_close(struct casbox_admin **_adm)
 		if (adm->keyring != NULL)
 			cas_keyring_free(&adm->keyring);
 	}
+	event_unref(&adm->event);
 	pool_unref(&adm->pool);
 	if (adm->set_pool != NULL)
 		pool_unref(&adm->set_pool);

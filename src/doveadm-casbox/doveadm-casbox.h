@@ -43,6 +43,10 @@ struct casbox_admin {
 	/* NULL until casbox_admin_open_keys() */
 	struct cas_keyring *keyring;
 	struct casbox_pack_store *packs;
+	/* created at open (the duration of the command's named events,
+	   doc/events.md); a child of the user's event with the casbox
+	   category, or parentless for casbox_admin_open_root() */
+	struct event *event;
 };
 
 /* Open the store of user's casbox namespace. Returns 1 ok, 0 the user

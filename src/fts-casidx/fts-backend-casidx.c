@@ -27,6 +27,19 @@
 
 #define CASIDX_DIR_NAME "casidx"
 
+/* Named events: doc/events.md. The parent is Dovecot's "fts" category,
+   declared again here (Dovecot merges identical categories by name):
+   a reference to the fts plugin's event_category_fts would be resolved
+   when this plugin is loaded, so loading it without fts would fail in
+   dlopen() instead of with Dovecot's "Plugin fts must be loaded". */
+static struct event_category event_category_casidx_fts = {
+	.name = "fts",
+};
+static struct event_category event_category_casidx = {
+	.name = "casidx",
+	.parent = &event_category_casidx_fts,
+};
+
 struct casidx_fts_backend {
 	struct fts_backend backend;
 	struct event *event;
@@ -57,6 +70,11 @@ struct casidx_fts_backend_update_context {
 	enum casidx_field field;
 	bool doc_open;
 	bool key_open;
+
+	/* casidx_index_finished, created with the writer: what it got */
+	struct event *event;
+	unsigned int messages, expunges;
+	uint64_t bytes;
 };
 
 static struct fts_backend *fts_backend_casidx_alloc(void)
@@ -184,6 +202,7 @@ fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
 					    MAILBOX_LIST_PATH_TYPE_INDEX);
 	backend->root = i_strconcat(root, "/"CASIDX_DIR_NAME, NULL);
 	backend->event = event_create(ns->user->event);
+	event_add_category(backend->event, &event_category_casidx);
 	event_set_forced_debug(backend->event, ns->user->mail_debug);
 	event_set_append_log_prefix(backend->event, CASIDX_LOG_PREFIX);
 	backend->tok = casidx_tokenizer_create();
@@ -425,23 +444,39 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 	struct casidx_fts_backend *backend =
 		container_of(ctx->ctx.backend, struct casidx_fts_backend,
 			     backend);
-	unsigned int flushes;
+	unsigned int budget_flushes, flushes;
 	const char *error;
 
 	if (ctx->writer == NULL)
 		return;
 	casidx_update_doc_end(ctx);
-	flushes = casidx_index_writer_get_flushes(ctx->writer);
+	budget_flushes = casidx_index_writer_get_flushes(ctx->writer);
+	flushes = budget_flushes +
+		(casidx_index_writer_has_changes(ctx->writer) ? 1 : 0);
 	if (casidx_index_writer_commit(&ctx->writer, &error) < 0) {
 		e_error(backend->event, "Index commit failed: %s", error);
 		ctx->ctx.failed = TRUE;
-	} else {
-		e_debug(backend->event, "%s: committed, last_uid=%u "
+	} else if (flushes > 0) {
+		/* not for the sessions that had nothing to write (a sync
+		   opens one for every mailbox it touches) */
+		e_debug(event_create_passthrough(ctx->event)->
+			set_name("casidx_index_finished")->
+			add_int("messages", ctx->messages)->
+			add_int("bytes", ctx->bytes)->
+			add_int("expunges", ctx->expunges)->
+			add_int("segment_flushes", flushes)->
+			add_int("segments",
+				casidx_index_get_segment_count(ctx->index))->
+			event(), "%s: committed, last_uid=%u "
 			"segments=%u budget_flushes=%u",
 			casidx_index_get_dir(ctx->index),
 			casidx_index_get_last_uid(ctx->index),
-			casidx_index_get_segment_count(ctx->index), flushes);
+			casidx_index_get_segment_count(ctx->index),
+			budget_flushes);
 	}
+	event_unref(&ctx->event);
+	ctx->messages = ctx->expunges = 0;
+	ctx->bytes = 0;
 	ctx->index = NULL;
 	ctx->uid = 0;
 	ctx->doc_open = FALSE;
@@ -478,6 +513,8 @@ casidx_update_open(struct casidx_fts_backend_update_context *ctx,
 	}
 	ctx->index = index;
 	ctx->writer = casidx_index_writer_begin(index);
+	ctx->event = event_create(backend->event);
+	event_add_str(ctx->event, "mailbox", mailbox_get_vname(box));
 	casidx_index_writer_set_uid_validity(ctx->writer, uid_validity);
 }
 
@@ -517,8 +554,10 @@ fts_backend_casidx_update_expunge(struct fts_backend_update_context *_ctx,
 		container_of(_ctx, struct casidx_fts_backend_update_context,
 			     ctx);
 
-	if (ctx->writer != NULL)
+	if (ctx->writer != NULL) {
 		casidx_index_writer_expunge(ctx->writer, uid);
+		ctx->expunges++;
+	}
 }
 
 static enum casidx_field casidx_header_field(const char *name)
@@ -564,6 +603,7 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 	casidx_index_writer_add_doc(ctx->writer, uid);
 	ctx->uid = uid;
 	ctx->doc_open = TRUE;
+	ctx->messages++;
 	return TRUE;
 }
 
@@ -661,6 +701,7 @@ fts_backend_casidx_update_build_more(struct fts_backend_update_context *_ctx,
 
 	if (size == 0 || !ctx->key_open)
 		return _ctx->failed ? -1 : 0;
+	ctx->bytes += size;
 	casidx_tokenizer_feed(backend->tok, data, size,
 			      casidx_update_token, ctx);
 	return _ctx->failed ? -1 : 0;
@@ -829,6 +870,62 @@ static void casidx_add_scores(const struct casidx_query_result *qres,
 	result->scores_sorted = TRUE;
 }
 
+/* Returns 1 answered, 0 not (the index was damaged and is dropped:
+   Dovecot answers the search itself), -1 error. */
+static int
+casidx_lookup_eval(struct casidx_fts_backend *backend, struct mailbox *box,
+		   const struct casidx_query_leaf *leaves,
+		   unsigned int leaf_count, enum fts_lookup_flags flags,
+		   struct casidx_query_result *qres_r, const char **error_r)
+{
+	struct casidx_index *index;
+	const char *error;
+
+	if (casidx_backend_get_fresh_index(backend, box, &index) < 0) {
+		*error_r = "index open failed";
+		return -1;
+	}
+	if (casidx_query_eval(index, backend->tok, leaves, leaf_count,
+			      (flags & FTS_LOOKUP_FLAG_AND_ARGS) != 0,
+			      qres_r, error_r) == 0)
+		return 1;
+	if (!casidx_index_is_corrupted(index)) {
+		e_error(backend->event, "%s: lookup failed: %s",
+			mailbox_get_vname(box), *error_r);
+		return -1;
+	}
+	e_error(backend->event, "%s - rebuilding the index", *error_r);
+	if (casidx_index_delete(index, &error) < 0)
+		e_error(backend->event, "%s", error);
+	return 0;
+}
+
+/* Send casidx_lookup_finished (doc/events.md); event was created when
+   the lookup began. qres = NULL: it failed with error. */
+static void casidx_lookup_event(struct event *event, struct mailbox *box,
+				unsigned int args,
+				const struct casidx_query_result *qres,
+				const char *error)
+{
+	struct event_passthrough *e;
+	uint64_t definite = 0, maybe = 0;
+
+	e = event_create_passthrough(event)->
+		set_name("casidx_lookup_finished")->
+		add_str("mailbox", mailbox_get_vname(box))->
+		add_int("args", args);
+	if (qres != NULL) {
+		definite = roaring_bitmap_get_cardinality(qres->definite);
+		maybe = roaring_bitmap_get_cardinality(qres->maybe);
+		e->add_int("definite", definite)->add_int("maybe", maybe);
+	} else {
+		e->add_str("error", error);
+	}
+	e_debug(e->event(), "%s: lookup of %u args: %"PRIu64" definite, "
+		"%"PRIu64" maybe", mailbox_get_vname(box), args, definite,
+		maybe);
+}
+
 static int
 fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 			  struct mail_search_arg *args,
@@ -842,9 +939,10 @@ fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 	struct mail_search_arg *arg, *const *argp;
 	struct casidx_query_leaf *leaf;
 	struct casidx_query_result qres;
-	struct casidx_index *index;
+	struct event *event;
 	const char *error;
 	unsigned int mask;
+	int ret;
 
 	result->box = box;
 	t_array_init(&leaves, 8);
@@ -864,30 +962,22 @@ fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 	if (array_count(&leaves) == 0)
 		return 0;
 
-	if (casidx_backend_get_fresh_index(backend, box, &index) < 0)
-		return -1;
-	if (casidx_query_eval(index, backend->tok, array_front(&leaves),
-			      array_count(&leaves),
-			      (flags & FTS_LOOKUP_FLAG_AND_ARGS) != 0,
-			      &qres, &error) < 0) {
-		if (!casidx_index_is_corrupted(index)) {
-			e_error(backend->event, "%s: lookup failed: %s",
-				mailbox_get_vname(box), error);
-			return -1;
-		}
-		/* claim nothing: Dovecot answers this search itself */
-		e_error(backend->event, "%s - rebuilding the index", error);
-		if (casidx_index_delete(index, &error) < 0)
-			e_error(backend->event, "%s", error);
-		return 0;
+	event = event_create(backend->event);
+	ret = casidx_lookup_eval(backend, box, array_front(&leaves),
+				 array_count(&leaves), flags, &qres, &error);
+	if (ret > 0) {
+		array_foreach(&claimed, argp)
+			(*argp)->match_always = TRUE;
+		bitmap_to_seq_range(qres.definite, &result->definite_uids);
+		bitmap_to_seq_range(qres.maybe, &result->maybe_uids);
+		casidx_add_scores(&qres, result);
 	}
-	array_foreach(&claimed, argp)
-		(*argp)->match_always = TRUE;
-	bitmap_to_seq_range(qres.definite, &result->definite_uids);
-	bitmap_to_seq_range(qres.maybe, &result->maybe_uids);
-	casidx_add_scores(&qres, result);
-	casidx_query_result_free(&qres);
-	return 0;
+	casidx_lookup_event(event, box, array_count(&leaves),
+			    ret > 0 ? &qres : NULL, ret > 0 ? NULL : error);
+	if (ret > 0)
+		casidx_query_result_free(&qres);
+	event_unref(&event);
+	return ret < 0 ? -1 : 0;
 }
 
 struct fts_backend fts_backend_casidx = {

@@ -28,9 +28,10 @@ struct casbox_mail {
 	struct casbox_msg_meta meta;
 	bool meta_tried, have_meta;
 
-	/* chunks decoded by the process when the stream was opened */
-	uint64_t chunks_at_open;
-	bool stream_opened;
+	/* casbox_mail_read_finished (doc/events.md), created when the
+	   stream was opened; what the process had decoded by then */
+	struct event *read_event;
+	uint64_t chunks_at_open, bytes_at_open;
 };
 
 #define CASBOX_MAIL(s) \
@@ -52,19 +53,40 @@ casbox_mail_alloc(struct mailbox_transaction_context *t,
 	return &mail->imail.mail.mail;
 }
 
-/* With mail_debug, say how many chunks reading this mail decoded: the
-   evidence that partial fetches touch only the chunks they need. */
+static void casbox_mail_read_begin(struct casbox_mail *mail)
+{
+	mail->read_event = event_create(mail_event(&mail->imail.mail.mail));
+	event_set_name(mail->read_event, "casbox_mail_read_finished");
+	mail->chunks_at_open = casbox_pack_get_chunks_decoded();
+	mail->bytes_at_open = casbox_pack_get_bytes_decoded();
+}
+
+/* How many chunks reading this mail decoded (with mail_debug: the
+   evidence that partial fetches touch only the chunks they need). The
+   counters are the process's: mails are read one at a time. */
+static void casbox_mail_read_finish(struct casbox_mail *mail)
+{
+	struct mail *_mail = &mail->imail.mail.mail;
+	uint64_t chunks = casbox_pack_get_chunks_decoded() -
+		mail->chunks_at_open;
+
+	if (mail->have_rec && mail->rec_uid == _mail->uid)
+		event_add_int(mail->read_event, "bytes",
+			      mail->rec.physical_size);
+	event_add_int(mail->read_event, "chunks", chunks);
+	event_add_int(mail->read_event, "decoded_bytes",
+		      casbox_pack_get_bytes_decoded() - mail->bytes_at_open);
+	e_debug(mail->read_event, CASBOX_LOG_PREFIX
+		"uid=%u: decoded %"PRIu64" chunks", _mail->uid, chunks);
+	event_unref(&mail->read_event);
+}
+
 static void casbox_mail_close(struct mail *_mail)
 {
 	struct casbox_mail *mail = CASBOX_MAIL(_mail);
 
-	if (mail->stream_opened) {
-		e_debug(mail_event(_mail), CASBOX_LOG_PREFIX
-			"uid=%u: decoded %"PRIu64" chunks", _mail->uid,
-			casbox_pack_get_chunks_decoded() -
-			mail->chunks_at_open);
-		mail->stream_opened = FALSE;
-	}
+	if (mail->read_event != NULL)
+		casbox_mail_read_finish(mail);
 	index_mail_close(_mail);
 }
 
@@ -477,11 +499,8 @@ casbox_mail_get_stream(struct mail *_mail, bool get_body ATTR_UNUSED,
 		}
 		imail->data.stream = input;
 		index_mail_set_read_buffer_size(_mail, input);
-		if (!_mail->saving) {
-			mail->chunks_at_open =
-				casbox_pack_get_chunks_decoded();
-			mail->stream_opened = TRUE;
-		}
+		if (!_mail->saving && mail->read_event == NULL)
+			casbox_mail_read_begin(mail);
 	}
 	/* index_mail takes header and body sizes from a known part tree;
 	   without one it parses the whole message for them (BODY[TEXT]) */

@@ -57,6 +57,12 @@ struct casbox_save_context {
 
 	ARRAY(struct casbox_save_mail) mails;
 
+	/* casbox_save_finished (doc/events.md), created when the commit
+	   begins; the store's counters at that point */
+	struct event *event;
+	struct casbox_store_stats stats_before;
+	uint64_t pack_bytes_before;
+
 	bool failed:1;
 	bool finished:1;
 };
@@ -652,6 +658,55 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 	return ret;
 }
 
+static void casbox_save_event_begin(struct casbox_save_context *ctx)
+{
+	struct casbox_store *store = ctx->mbox->storage->store;
+
+	ctx->event = event_create(ctx->mbox->box.event);
+	event_set_name(ctx->event, "casbox_save_finished");
+	/* not open yet: the commit opens it, with counters at 0 */
+	if (store != NULL) {
+		casbox_store_get_stats(store, &ctx->stats_before);
+		ctx->pack_bytes_before =
+			casbox_store_get_pack_bytes_appended(store);
+	}
+}
+
+/* The records are durable: what the commit wrote, from the store's
+   counters (every add of this commit ran in casbox_save_write_records,
+   nothing else of this process wrote meanwhile). */
+static void casbox_save_event_fields(struct casbox_save_context *ctx)
+{
+	const struct casbox_store_stats *b = &ctx->stats_before;
+	const struct casbox_save_mail *smail;
+	struct casbox_store *store = ctx->mbox->storage->store;
+	struct casbox_store_stats now;
+	uint64_t bytes = 0;
+	unsigned int copied = 0;
+
+	i_assert(store != NULL); /* the commit used it */
+	casbox_store_get_stats(store, &now);
+	array_foreach(&ctx->mails, smail) {
+		bytes += smail->rec.physical_size;
+		if (smail->input == NULL)
+			copied++;
+	}
+	event_add_int(ctx->event, "messages", array_count(&ctx->mails));
+	event_add_int(ctx->event, "copied", copied);
+	event_add_int(ctx->event, "bytes", bytes);
+	event_add_int(ctx->event, "blobs_written",
+		      now.blobs_written - b->blobs_written);
+	event_add_int(ctx->event, "written_bytes",
+		      now.written_bytes - b->written_bytes);
+	event_add_int(ctx->event, "blobs_deduplicated",
+		      now.blobs_deduplicated - b->blobs_deduplicated);
+	event_add_int(ctx->event, "deduplicated_bytes",
+		      now.deduplicated_bytes - b->deduplicated_bytes);
+	event_add_int(ctx->event, "stored_bytes",
+		      casbox_store_get_pack_bytes_appended(store) -
+		      ctx->pack_bytes_before);
+}
+
 int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
@@ -663,6 +718,7 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	if (array_count(&ctx->mails) == 0)
 		return 0;
 
+	casbox_save_event_begin(ctx);
 	/* the sync lock orders UID assignment between processes */
 	if (casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
 			      CASBOX_SYNC_FLAG_FSYNC, &ctx->sync_ctx) < 0 ||
@@ -679,6 +735,7 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 		casbox_transaction_save_rollback(_ctx);
 		return -1;
 	}
+	casbox_save_event_fields(ctx);
 	_t->changes->uid_validity = hdr->uid_validity;
 	return 0;
 }
@@ -686,6 +743,7 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 static void casbox_save_context_free(struct casbox_save_context *ctx)
 {
 	casbox_save_free_mails(ctx);
+	event_unref(&ctx->event);
 	pool_unref(&ctx->pool);
 }
 
@@ -704,6 +762,10 @@ void casbox_transaction_save_commit_post(struct mail_save_context *_ctx,
 					  result);
 	if (casbox_sync_finish(&ctx->sync_ctx, TRUE) < 0)
 		ctx->failed = TRUE;
+	else {
+		e_debug(ctx->event, CASBOX_LOG_PREFIX"saved %u mails",
+			array_count(&ctx->mails));
+	}
 	casbox_save_context_free(ctx);
 }
 

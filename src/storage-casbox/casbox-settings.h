@@ -41,6 +41,11 @@ struct casbox_settings {
 	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
 	   are then parsed from the (encrypted) blobs when asked for. */
 	bool cache_plaintext;
+	/* Not a setting: the event the store's named events (LSM flush
+	   and compaction, doc/events.md) are children of, set by whoever
+	   opens the store (the storage's event, doveadm's command event).
+	   NULL = none. */
+	struct event *event;
 };
 
 /* Fill set_r from the user's plugin settings (defaults for missing

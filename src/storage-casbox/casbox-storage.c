@@ -5,6 +5,7 @@
 #include "lib.h"
 #include "safe-memset.h"
 #include "casbox-storage.h"
+#include "casbox-events.h"
 #include "ioloop.h"
 #include "mail-index-modseq.h"
 #include "mailbox-list-private.h"
@@ -24,6 +25,14 @@ static struct event_category event_category_casbox = {
 	.name = "casbox",
 	.parent = &event_category_storage,
 };
+
+struct event *casbox_event_create(struct event *parent)
+{
+	struct event *event = event_create(parent);
+
+	event_add_category(event, &event_category_casbox);
+	return event;
+}
 
 static struct mail_storage *casbox_storage_alloc(void)
 {
@@ -78,6 +87,7 @@ int casbox_storage_get_store(struct casbox_storage *storage,
 	const char *error;
 
 	if (storage->store == NULL) {
+		storage->set.event = _storage->event;
 		if (casbox_store_open(storage->root_dir, &storage->set,
 				      _storage->set->parsed_fsync_mode,
 				      _storage->set->parsed_lock_method,

@@ -28,6 +28,7 @@ struct casbox_store {
 	   every try costs an Argon2id run and gives the same answer */
 	const char *unlock_error;
 	struct casbox_pack_store *packs;
+	struct casbox_store_stats stats;
 };
 
 /* A blob touched by a transaction: its current refcount and location. */
@@ -98,6 +99,7 @@ int casbox_store_open(const char *root_dir,
 	lsm_set.fsync = store->fsync;
 	lsm_set.lock_method = lock_method;
 	lsm_set.wal_flush_bytes = set->lsm_wal_size;
+	lsm_set.event = set->event;
 	if (casbox_lsm_open(&lsm_set, &store->lsm, &error) < 0) {
 		*error_r = t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
 		pool_unref(&pool);
@@ -859,6 +861,26 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	return 0;
 }
 
+/* After a part was referenced: a refcount of 1 means its blob was just
+   written (a deduplicated reference raises a stored one to 2 or more;
+   a blob released by a replaced record and stored again is written). */
+static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
+					const struct casbox_msg_part *part)
+{
+	struct casbox_store_stats *stats = &txn->store->stats;
+	const struct casbox_pending_blob *blob;
+
+	blob = hash_table_lookup(txn->blobs, &part->id);
+	i_assert(blob != NULL);
+	if (blob->refcount == 1) {
+		stats->blobs_written++;
+		stats->written_bytes += part->size;
+	} else {
+		stats->blobs_deduplicated++;
+		stats->deduplicated_bytes += part->size;
+	}
+}
+
 static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
 				       const char **error_r)
 {
@@ -1116,6 +1138,7 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 				part_inputs == NULL ? NULL : part_inputs[i],
 				error_r) < 0)
 			return -1;
+		casbox_store_txn_count_part(txn, &parts[i]);
 	}
 	if (txn->have_recovery_mailbox &&
 	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid) &&
@@ -1310,6 +1333,18 @@ void casbox_store_txn_rollback(struct casbox_store_txn **_txn)
 	if (txn->batch != NULL)
 		casbox_lsm_batch_rollback(&txn->batch);
 	casbox_store_txn_free(_txn);
+}
+
+void casbox_store_get_stats(struct casbox_store *store,
+			    struct casbox_store_stats *stats_r)
+{
+	*stats_r = store->stats;
+}
+
+uint64_t casbox_store_get_pack_bytes_appended(struct casbox_store *store)
+{
+	return store->packs == NULL ? 0 :
+		casbox_pack_store_get_bytes_appended(store->packs);
 }
 
 const char *casbox_store_get_root(struct casbox_store *store)

@@ -195,6 +195,21 @@ int casbox_store_txn_commit(struct casbox_store_txn **txn,
 			    const char **error_r);
 void casbox_store_txn_rollback(struct casbox_store_txn **txn);
 
+/* What this process's transactions on the store did so far, counted as
+   each message is added (so a rolled-back transaction counts too: take
+   the difference around a successful commit). For the named events. */
+struct casbox_store_stats {
+	/* message parts whose blob was written: count, plaintext bytes */
+	uint64_t blobs_written, written_bytes;
+	/* message parts whose blob was already stored */
+	uint64_t blobs_deduplicated, deduplicated_bytes;
+};
+void casbox_store_get_stats(struct casbox_store *store,
+			    struct casbox_store_stats *stats_r);
+/* Bytes appended to the packs (frames of blobs, recovery and DEK
+   update records) by this process so far; 0 before the packs open. */
+uint64_t casbox_store_get_pack_bytes_appended(struct casbox_store *store);
+
 /* The parts of an open store, for admin tools (doveadm casbox) that
    walk every record and frame (casbox-store-census.h). */
 struct casbox_lsm;

@@ -1168,14 +1168,19 @@ int casidx_index_writer_doc_done(struct casidx_index_writer *writer,
 	return writer_flush(writer, error_r);
 }
 
+bool casidx_index_writer_has_changes(const struct casidx_index_writer *writer)
+{
+	return casidx_builder_doc_count(writer->builder) > 0 ||
+		!roaring_bitmap_is_empty(writer->expunges);
+}
+
 int casidx_index_writer_commit(struct casidx_index_writer **_writer,
 			       const char **error_r)
 {
 	struct casidx_index_writer *writer = *_writer;
 	int ret = 0;
 
-	if (casidx_builder_doc_count(writer->builder) > 0 ||
-	    !roaring_bitmap_is_empty(writer->expunges))
+	if (casidx_index_writer_has_changes(writer))
 		ret = writer_flush(writer, error_r);
 	casidx_index_writer_rollback(_writer);
 	return ret;

@@ -127,6 +127,8 @@ void casidx_index_writer_expunge(struct casidx_index_writer *writer,
    exceeded. Returns -1 on error. */
 int casidx_index_writer_doc_done(struct casidx_index_writer *writer,
 				 const char **error_r);
+/* TRUE if docs or expunges are pending: the commit writes a segment. */
+bool casidx_index_writer_has_changes(const struct casidx_index_writer *writer);
 /* Commit pending docs and expunges. Frees the writer in all cases. */
 int casidx_index_writer_commit(struct casidx_index_writer **writer,
 			       const char **error_r);

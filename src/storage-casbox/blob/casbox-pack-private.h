@@ -50,6 +50,8 @@ struct casbox_pack_store {
 	/* idle scratch buffers, already wiped */
 	struct casbox_blob_scratch *free_scratch;
 	unsigned int free_scratch_count;
+	/* casbox_pack_store_get_bytes_appended() */
+	uint64_t bytes_appended;
 };
 
 const char *casbox_pack_path(struct casbox_pack_store *store,

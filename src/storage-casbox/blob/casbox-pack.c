@@ -540,6 +540,7 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 	rec_r->plain_size = ctx->plain_size;
 	rec_r->dict_id = ctx->dict_id;
 	txn->offset = frame_off + frame_size;
+	txn->store->bytes_appended += frame_size;
 	return 0;
 }
 
@@ -794,6 +795,7 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 		return -1;
 	}
 	txn->offset = frame_off + hdr.frame_size;
+	txn->store->bytes_appended += hdr.frame_size;
 	return 1;
 }
 
@@ -936,6 +938,11 @@ int casbox_pack_txn_commit(struct casbox_pack_txn **_txn,
 	}
 	casbox_pack_txn_free(txn);
 	return ret;
+}
+
+uint64_t casbox_pack_store_get_bytes_appended(struct casbox_pack_store *store)
+{
+	return store->bytes_appended;
 }
 
 void casbox_pack_txn_rollback(struct casbox_pack_txn **_txn)
@@ -1089,5 +1096,6 @@ int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
 	rec_r->pack_id = txn->pack_id;
 	rec_r->offset = frame_off;
 	txn->offset = frame_off + src_rec->frame_size;
+	txn->store->bytes_appended += src_rec->frame_size;
 	return 1;
 }

@@ -187,6 +187,11 @@ uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
 /* Chunks this process has decoded (authenticated and decompressed) so
    far: a statistic for debug logs and tests of what a read touched. */
 uint64_t casbox_pack_get_chunks_decoded(void);
+/* Plaintext bytes of those chunks. */
+uint64_t casbox_pack_get_bytes_decoded(void);
+/* Bytes of the frames this store's pack transactions appended so far
+   (also those of transactions rolled back later). */
+uint64_t casbox_pack_store_get_bytes_appended(struct casbox_pack_store *store);
 
 /* Open a blob for reading: a seekable istream of the plaintext, with
    size known. Seeking decodes only the chunks needed. Every chunk is

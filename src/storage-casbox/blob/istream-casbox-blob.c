@@ -49,10 +49,16 @@ struct casbox_blob_istream {
 	CASBOX_CHUNK_MAX_STORED + CASBOX_FRAME_TABLE_ENTRY_SIZE)
 
 static uint64_t casbox_blob_chunks_decoded = 0;
+static uint64_t casbox_blob_bytes_decoded = 0;
 
 uint64_t casbox_pack_get_chunks_decoded(void)
 {
 	return casbox_blob_chunks_decoded;
+}
+
+uint64_t casbox_pack_get_bytes_decoded(void)
+{
+	return casbox_blob_bytes_decoded;
 }
 
 static struct casbox_blob_scratch *
@@ -364,6 +370,7 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	bstream->cur_chunk = idx;
 	bstream->cur_size = ret;
 	casbox_blob_chunks_decoded++;
+	casbox_blob_bytes_decoded += ret;
 	return 0;
 }
 

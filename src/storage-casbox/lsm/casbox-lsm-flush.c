@@ -180,11 +180,10 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 static int lsm_write_table(struct casbox_lsm *lsm,
 			   struct casbox_lsm_source *src, bool drop_deletes,
 			   uint64_t file_no, uint64_t *entries_r,
-			   const char **error_r)
+			   uoff_t *size_r, const char **error_r)
 {
 	const char *path = casbox_lsm_path(lsm, file_no, "sst");
 	struct casbox_lsm_table_builder *builder;
-	uoff_t size;
 	int fd, ret = 0;
 
 	fd = lsm->io->open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -203,7 +202,8 @@ static int lsm_write_table(struct casbox_lsm *lsm,
 						 src->value_size) < 0)
 			break;
 	}
-	if (casbox_lsm_table_builder_finish(&builder, lsm->set.fsync, &size,
+	*size_r = 0;
+	if (casbox_lsm_table_builder_finish(&builder, lsm->set.fsync, size_r,
 					    entries_r, error_r) < 0)
 		ret = -1;
 	else if (src->error != NULL) {
@@ -303,6 +303,23 @@ static int lsm_install(struct casbox_lsm *lsm, struct casbox_lsm_manifest *man,
 	return ret < 0 ? -1 : 0;
 }
 
+/* Send a flush's or merge's named event (doc/events.md). event was
+   created when the work began: its duration. tables = 0 for a flush. */
+static void lsm_event_finished(struct event *event, const char *name,
+			       unsigned int tables, uoff_t input_bytes,
+			       uint64_t entries, uoff_t table_bytes)
+{
+	event_set_name(event, name);
+	if (tables > 0)
+		event_add_int(event, "tables", tables);
+	event_add_int(event, "input_bytes", input_bytes);
+	event_add_int(event, "entries", entries);
+	event_add_int(event, "table_bytes", table_bytes);
+	e_debug(event, "%s: %"PRIu64" entries, %"PRIuUOFF_T" bytes in, "
+		"%"PRIuUOFF_T" bytes out", name, entries, input_bytes,
+		table_bytes);
+}
+
 /* Merge the newest count tables into one. */
 static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 			    const char **error_r)
@@ -311,23 +328,30 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	struct casbox_lsm_source **sources, *src;
 	struct casbox_lsm_manifest man;
 	struct casbox_lsm_manifest_table *mt;
+	struct event *event;
 	unsigned int i, total;
 	uint64_t file_no, entries;
+	uoff_t input_bytes = 0, size;
 	int ret;
 
+	event = event_create(lsm->event);
 	tables = array_get(&lsm->tables, &total);
 	i_assert(count <= total);
 	sources = t_new(struct casbox_lsm_source *, count);
-	for (i = 0; i < count; i++)
+	for (i = 0; i < count; i++) {
 		sources[i] = casbox_lsm_table_source(tables[i]);
+		input_bytes += casbox_lsm_table_size(tables[i]);
+	}
 	src = casbox_lsm_merge_source(sources, count);
 	file_no = lsm->next_file_no++;
 	/* deletes can go only when nothing older is left to shadow */
 	ret = lsm_write_table(lsm, src, count == total, file_no, &entries,
-			      error_r);
+			      &size, error_r);
 	casbox_lsm_source_free(&src);
-	if (ret < 0)
+	if (ret < 0) {
+		event_unref(&event);
 		return -1;
+	}
 
 	lsm_manifest_from_state(lsm, &man);
 	if (entries > 0) {
@@ -337,6 +361,11 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	lsm_manifest_add_tables(lsm, &man, count);
 	ret = lsm_install(lsm, &man, error_r);
 	casbox_lsm_manifest_deinit(&man);
+	if (ret == 0) {
+		lsm_event_finished(event, "casbox_lsm_compaction_finished",
+				   count, input_bytes, entries, size);
+	}
+	event_unref(&event);
 	return ret;
 }
 
@@ -366,21 +395,27 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	struct casbox_lsm_source *src;
 	struct casbox_lsm_manifest man;
 	struct casbox_lsm_manifest_table *mt;
+	struct event *event;
 	uint64_t file_no, wal_no, entries;
+	uoff_t wal_bytes = lsm->wal_offset, size;
 	int ret;
 
 	if (casbox_lsm_memtable_count(lsm->mt) == 0)
 		return 0;
+	event = event_create(lsm->event);
 	file_no = lsm->next_file_no;
 	wal_no = file_no + 1;
 	src = casbox_lsm_memtable_source(lsm->mt, lsm->last_seq);
 	ret = lsm_write_table(lsm, src, array_count(&lsm->tables) == 0,
-			      file_no, &entries, error_r);
+			      file_no, &entries, &size, error_r);
 	casbox_lsm_source_free(&src);
-	if (ret < 0)
+	if (ret < 0) {
+		event_unref(&event);
 		return -1;
+	}
 	if (casbox_lsm_wal_create(lsm, wal_no, error_r) < 0) {
 		(void)lsm->io->unlink(casbox_lsm_path(lsm, file_no, "sst"));
+		event_unref(&event);
 		return -1;
 	}
 	lsm->next_file_no = wal_no + 1;
@@ -394,6 +429,11 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	lsm_manifest_add_tables(lsm, &man, 0);
 	ret = lsm_install(lsm, &man, error_r);
 	casbox_lsm_manifest_deinit(&man);
+	if (ret == 0) {
+		lsm_event_finished(event, "casbox_lsm_flush_finished", 0,
+				   wal_bytes, entries, size);
+	}
+	event_unref(&event);
 	return ret;
 }
 

@@ -598,6 +598,8 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->dir = i_strdup(set->dir);
 	lsm->set.dir = lsm->dir;
 	lsm->io = set->io != NULL ? set->io : &casbox_lsm_io_posix;
+	lsm->event = event_create(set->event);
+	lsm->set.event = NULL;
 	lsm->lock_timeout_secs = set->lock_timeout_secs != 0 ?
 		set->lock_timeout_secs : LSM_DEFAULT_LOCK_TIMEOUT_SECS;
 	lsm->wal_flush_bytes = set->wal_flush_bytes != 0 ?
@@ -670,6 +672,7 @@ void casbox_lsm_close(struct casbox_lsm **_lsm)
 	i_free(lsm->manifest_path);
 	i_free(lsm->lock_path);
 	i_free(lsm->dir);
+	event_unref(&lsm->event);
 	i_free(lsm);
 }
 

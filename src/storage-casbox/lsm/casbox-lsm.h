@@ -43,6 +43,10 @@ struct casbox_lsm_settings {
 	size_t wal_flush_bytes;
 	/* File I/O table; NULL = the real POSIX one. Tests inject faults. */
 	const struct casbox_lsm_io *io;
+	/* Parent of the named events (casbox_lsm_flush_finished,
+	   casbox_lsm_compaction_finished; doc/events.md), which inherit
+	   its categories and fields. NULL = a parentless event. */
+	struct event *event;
 };
 
 /* Open (creating if missing) the store. Replays the WAL; a torn tail
