@@ -1043,6 +1043,7 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	struct casbox_gc_cmd_context *ctx =
 		container_of(_ctx, struct casbox_gc_cmd_context, ctx);
 	struct casbox_gc gc;
+	struct file_lock *lock = NULL;
 	const char *error;
 	int ret;
 
@@ -1052,7 +1053,16 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 	if (ret <= 0)
 		return casbox_admin_open_failed(_ctx, "casbox gc", user,
 						ret, error);
-	ret = casbox_gc_run(&gc, &error);
+	/* exclusive: no scrub reads the packs this run deletes */
+	ret = casbox_store_maintenance_lock(gc.adm->store, TRUE,
+					    CASBOX_MAINTENANCE_LOCK_SECS,
+					    &lock, &error);
+	if (ret > 0)
+		ret = casbox_gc_run(&gc, &error);
+	else
+		ret = -1;
+	if (lock != NULL)
+		file_lock_free(&lock);
 	if (ret < 0) {
 		i_error("casbox gc: %s: %s", gc.adm->root_dir, error);
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);

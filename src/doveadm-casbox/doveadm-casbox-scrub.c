@@ -682,6 +682,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	struct casbox_scrub_cmd_context *ctx =
 		container_of(_ctx, struct casbox_scrub_cmd_context, ctx);
 	struct casbox_scrub scrub;
+	struct file_lock *lock = NULL;
 	const char *error;
 	int ret;
 
@@ -704,10 +705,18 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	}
 	scrub.pool = pool_alloconly_create("casbox scrub", 1024);
 	p_array_init(&scrub.msgs, scrub.pool, 16);
-	ret = casbox_scrub_check(&scrub, &error);
+	/* shared: a gc waits until the scan is done, or the scan for the
+	   gc, so no pack vanishes under it */
+	ret = casbox_store_maintenance_lock(scrub.adm->store, FALSE,
+					    CASBOX_MAINTENANCE_LOCK_SECS,
+					    &lock, &error) > 0 ? 0 : -1;
+	if (ret == 0)
+		ret = casbox_scrub_check(&scrub, &error);
 	if (ret == 0 && ctx->repair &&
 	    (scrub.damaged > 0 || scrub.orphans > 0))
 		ret = casbox_scrub_repair(&scrub, &error);
+	if (lock != NULL)
+		file_lock_free(&lock);
 	if (ret < 0) {
 		i_error("casbox scrub: %s", error);
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);

@@ -20,6 +20,10 @@ struct casbox_lsm;
 struct istream;
 struct doveadm_mail_cmd_context;
 
+/* How long gc and scrub wait for the store's maintenance lock (held by
+   another gc or scrub of the same store) before they give up (exit 75). */
+#define CASBOX_MAINTENANCE_LOCK_SECS 3600
+
 struct casbox_admin {
 	pool_t pool;
 	/* NULL when opened with casbox_admin_open_root() */

@@ -15,12 +15,14 @@
 #include "casbox-store.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 
 struct casbox_store {
 	pool_t pool;
 	const char *root_dir;
 	const struct casbox_settings *set;
 	bool fsync, fsync_always;
+	enum file_lock_method lock_method;
 
 	struct casbox_lsm *lsm;
 	struct cas_keyring *keyring;
@@ -93,6 +95,7 @@ int casbox_store_open(const char *root_dir,
 	store->set = set;
 	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
 	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
+	store->lock_method = lock_method;
 
 	i_zero(&lsm_set);
 	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
@@ -107,6 +110,38 @@ int casbox_store_open(const char *root_dir,
 	}
 	*store_r = store;
 	return 0;
+}
+
+int casbox_store_maintenance_lock(struct casbox_store *store, bool exclusive,
+				  unsigned int timeout_secs,
+				  struct file_lock **lock_r,
+				  const char **error_r)
+{
+	struct file_lock_settings lock_set = {
+		/* a dotlock cannot be shared: fcntl then */
+		.lock_method = store->lock_method == FILE_LOCK_METHOD_DOTLOCK ?
+			FILE_LOCK_METHOD_FCNTL : store->lock_method,
+		.close_on_free = TRUE,
+	};
+	const char *path, *error;
+	int fd, ret;
+
+	path = t_strconcat(store->root_dir, "/"CASBOX_STORE_MAINTENANCE_LOCK,
+			   NULL);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd == -1) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	ret = file_wait_lock(fd, path, exclusive ? F_WRLCK : F_RDLCK,
+			     &lock_set, timeout_secs, lock_r, &error);
+	if (ret <= 0) {
+		i_close_fd(&fd);
+		*error_r = ret < 0 ? error : t_strdup_printf(
+			"%s is still locked after %u s by another gc or "
+			"scrub of this store", path, timeout_secs);
+	}
+	return ret;
 }
 
 void casbox_store_close(struct casbox_store **_store)

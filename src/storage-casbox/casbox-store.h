@@ -23,6 +23,17 @@ int casbox_store_open(const char *root_dir,
 		      enum fsync_mode fsync_mode,
 		      enum file_lock_method lock_method,
 		      struct casbox_store **store_r, const char **error_r);
+/* The store's maintenance lock, <root>/maintenance.lock: gc takes it
+   exclusive (it deletes packs), scrub shared (it reads every pack and
+   would report the frames of a pack gc deleted mid-scan as missing).
+   Saves, reads and key rotation do not take it. Waits up to
+   timeout_secs. Returns 1 locked (file_lock_free() releases it), 0
+   timed out, -1 error; error_r is set for 0 and -1. */
+#define CASBOX_STORE_MAINTENANCE_LOCK "maintenance.lock"
+int casbox_store_maintenance_lock(struct casbox_store *store, bool exclusive,
+				  unsigned int timeout_secs,
+				  struct file_lock **lock_r,
+				  const char **error_r);
 void casbox_store_close(struct casbox_store **store);
 
 /* Load (or, for an empty store with casbox_key_autocreate, create) the
