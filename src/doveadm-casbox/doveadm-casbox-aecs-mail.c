@@ -213,9 +213,14 @@ static void aecs_part_attachment(struct aecs_parse_ctx *ctx,
 	att_r->cte = p_strdup(ctx->pool, data == NULL ||
 			      data->content_transfer_encoding == NULL ? "" :
 			      t_str_lcase(data->content_transfer_encoding));
-	att_r->body_offset = part->physical_pos +
-		part->header_size.physical_size;
-	att_r->body_size = part->body_size.physical_size;
+	att_r->part = part;
+}
+
+static void aecs_part_locate(struct aecs_attachment *att)
+{
+	att->body_offset = att->part->physical_pos +
+		att->part->header_size.physical_size;
+	att->body_size = att->part->body_size.physical_size;
 }
 
 /* The headers of part are parsed: decide where its body goes. */
@@ -328,6 +333,12 @@ static void aecs_parse_finish(struct aecs_parse_ctx *ctx)
 {
 	struct aecs_parsed *p = ctx->parsed;
 	const struct aecs_address *addr;
+	struct aecs_attachment *att;
+
+	array_foreach_modifiable(&p->attachments, att)
+		aecs_part_locate(att);
+	if (p->have_html)
+		aecs_part_locate(&p->html);
 
 	p->from_email = "";
 	array_foreach(&p->addresses, addr) {

@@ -8,6 +8,7 @@
 #include "array.h"
 
 struct mail;
+struct message_part;
 struct istream;
 struct doveadm_cmd_context;
 struct doveadm_mail_cmd_context;
@@ -34,7 +35,9 @@ struct aecs_attachment {
 	const char *cid;
 	/* bytes after Content-Transfer-Encoding decoding */
 	uoff_t size;
-	/* where its body is in the raw message, and how it is encoded */
+	/* where its body is in the raw message (known once the whole
+	   message is parsed), and how it is encoded */
+	struct message_part *part;
 	uoff_t body_offset, body_size;
 	const char *cte;
 };
