@@ -16,27 +16,22 @@ static const char *const aecs_role_names[] = {
 	"from", "to", "cc", "bcc",
 };
 
-const char *aecs_rows_thread_id(struct aecs_db *db, const char *mailbox_id,
-				const struct aecs_parsed *parsed)
+static bool aecs_rows_exist(struct aecs_db *db, const char *mailbox_id,
+			    const char *key)
 {
-	const char *root, *stored = NULL, *error;
-	struct aecs_rows *rows;
-
-	root = aecs_thread_root(array_count(&parsed->references) == 0 ? NULL :
-				array_front(&parsed->references),
-				parsed->in_reply_to, parsed->message_id);
-	if (strcmp(root, parsed->message_id) == 0)
-		return root;
 	const struct aecs_value v[] = {
-		AECS_TEXT(mailbox_id), AECS_TEXT(aecs_key(root)),
+		AECS_TEXT(mailbox_id), AECS_TEXT(key),
 	};
+	struct aecs_rows *rows;
+	const char *error;
+	bool found;
+
 	if (aecs_db_read_init(db, AECS_SQL_MESSAGE_THREAD, v, 2, &rows,
 			      &error) < 0)
-		return root;
-	if (aecs_db_read_next(rows) > 0)
-		stored = t_strdup(aecs_db_read_text(rows, 0));
+		return FALSE;
+	found = aecs_db_read_next(rows) > 0;
 	(void)aecs_db_read_deinit(&rows, &error);
-	return stored != NULL ? stored : root;
+	return found;
 }
 
 struct aecs_row_ctx {
@@ -208,7 +203,13 @@ int aecs_rows_write(struct aecs_db *db, const struct aecs_row_settings *set,
 	r.set = set;
 	r.parsed = parsed;
 	r.key = key;
-	r.thread_id = aecs_rows_thread_id(db, set->mailbox_id, parsed);
+	/* a copy, or another message with the same Message-ID: the
+	   first one stays */
+	if (aecs_rows_exist(db, set->mailbox_id, key))
+		return 0;
+	if (aecs_thread_resolve(db, set->mailbox_id, parsed, &r.thread_id,
+				error_r) < 0)
+		return -1;
 	r.thread_key = aecs_key(r.thread_id);
 	r.ts = aecs_ts_ms(parsed->have_date ? parsed->date : save_date);
 	r.clean = aecs_text_clean(parsed->text, &r.clean_fallback);

@@ -96,11 +96,13 @@ struct aecs_row_settings {
 	const char *processed_at;
 };
 
-/* The thread id of parsed: aecs_thread_root() of its headers, or, when
-   that root is a stored message, the stored message's thread id (so a
-   reply whose References lost the start still joins its thread). */
-const char *aecs_rows_thread_id(struct aecs_db *db, const char *mailbox_id,
-				const struct aecs_parsed *parsed);
+/* The thread id for parsed, a message about to be stored
+   (doveadm-casbox-aecs-thread.c): the stored threads it connects to
+   become one (the oldest keeps its id), or a new one named by
+   aecs_thread_root(). Returns 0 ok, -1 error. */
+int aecs_thread_resolve(struct aecs_db *db, const char *mailbox_id,
+			const struct aecs_parsed *parsed,
+			const char **thread_id_r, const char **error_r);
 /* Store parsed as key through insert_message, upsert_thread,
    insert_body, insert_address, insert_reference, insert_attachment and
    insert_search; with blobs_dir, raw.eml, body.html and att/<n> too
