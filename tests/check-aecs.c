@@ -32,6 +32,34 @@ START_TEST(test_keys)
 }
 END_TEST
 
+static const char *ids_str(const char *value, bool require_at,
+			   unsigned int max)
+{
+	const char *const *ids = aecs_msgids_parse((const void *)value,
+						   strlen(value), require_at,
+						   max);
+
+	return t_strarray_join(ids, "|");
+}
+
+START_TEST(test_msgids)
+{
+	ck_assert_str_eq(ids_str("<a@b>", FALSE, 10), "a@b");
+	ck_assert_str_eq(ids_str(" <a@b> (comment) <c@d>", FALSE, 1), "a@b");
+	ck_assert_str_eq(ids_str("<a@b>\r\n <c\r\n @d> <yes> <> <e@f",
+				 TRUE, 10), "a@b|c@d");
+	ck_assert_str_eq(ids_str("<yes>", FALSE, 10), "yes");
+	ck_assert_str_eq(ids_str("<11107978796724623>", FALSE, 1),
+			 "11107978796724623");
+	/* no brackets: the value itself, only for a Message-ID */
+	ck_assert_str_eq(ids_str("  12345@host ", FALSE, 1), "12345@host");
+	ck_assert_str_eq(ids_str("12345@host", TRUE, 1), "");
+	ck_assert_str_eq(ids_str("", FALSE, 1), "");
+	ck_assert_str_eq(ids_str("<> <>", FALSE, 1), "");
+	ck_assert_str_eq(ids_str("<a@b><c@d><e@f>", TRUE, 2), "a@b|c@d");
+}
+END_TEST
+
 START_TEST(test_thread_root)
 {
 	const char *refs[] = { "root@x", "mid@x", NULL };
@@ -364,6 +392,7 @@ int main(void)
 	lib_init();
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_keys);
+	tcase_add_test(tc, test_msgids);
 	tcase_add_test(tc, test_thread_root);
 	tcase_add_test(tc, test_dates);
 	tcase_add_test(tc, test_json);

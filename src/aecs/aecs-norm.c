@@ -1,6 +1,7 @@
 /* AECS normalization: keys, identifiers, threads, dates, JSON. */
 
 #include "lib.h"
+#include "array.h"
 #include "str.h"
 #include "hex-binary.h"
 #include "sha2.h"
@@ -24,6 +25,49 @@ const char *aecs_synthetic_message_id(const unsigned char *raw,
 	sha256_get_digest(raw, size, digest);
 	return t_strconcat("aecs-", binary_to_hex(digest, 16),
 			   AECS_SYNTHETIC_SUFFIX, NULL);
+}
+
+static const char *aecs_msgid_clean(const unsigned char *p, size_t len)
+{
+	string_t *str = t_str_new(len + 1);
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r' &&
+		    p[i] != '\n' && p[i] != '\0')
+			str_append_c(str, p[i]);
+	}
+	return str_c(str);
+}
+
+const char *const *aecs_msgids_parse(const unsigned char *value,
+				     size_t size, bool require_at,
+				     unsigned int max_ids)
+{
+	ARRAY_TYPE(const_string) ids;
+	const unsigned char *p = value, *end = value + size, *lt, *gt;
+	const char *id;
+	bool bracketed = FALSE;
+
+	t_array_init(&ids, 4);
+	while (array_count(&ids) < max_ids &&
+	       (lt = memchr(p, '<', end - p)) != NULL) {
+		gt = memchr(lt + 1, '>', end - (lt + 1));
+		if (gt == NULL)
+			break;
+		bracketed = TRUE;
+		id = aecs_msgid_clean(lt + 1, gt - (lt + 1));
+		if (*id != '\0' && (!require_at || strchr(id, '@') != NULL))
+			array_push_back(&ids, &id);
+		p = gt + 1;
+	}
+	if (!bracketed && !require_at && max_ids > 0) {
+		id = aecs_msgid_clean(value, size);
+		if (*id != '\0')
+			array_push_back(&ids, &id);
+	}
+	array_append_zero(&ids);
+	return array_front(&ids);
 }
 
 const char *aecs_thread_root(const char *const *references,

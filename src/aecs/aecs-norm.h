@@ -23,6 +23,17 @@ const char *aecs_synthetic_message_id(const unsigned char *raw,
 				      size_t size);
 #define AECS_SYNTHETIC_SUFFIX "@synthetic.invalid"
 
+/* The msg-ids of a Message-ID, In-Reply-To or References value: the
+   text of each "<...>" with whitespace (folding) removed, in order,
+   empty ones left out, and with require_at those without "@" too
+   (bogus "<yes>" references). At most max_ids. A Message-ID value
+   without any "<...>" gives itself, whitespace removed, when that is
+   not empty (and require_at is FALSE). NULL-terminated, data stack;
+   not valid UTF-8 checked. */
+const char *const *aecs_msgids_parse(const unsigned char *value,
+				     size_t size, bool require_at,
+				     unsigned int max_ids);
+
 /* Thread id of a message from its own headers: the first (oldest)
    References id, else the first In-Reply-To id, else its own
    Message-ID. references is NULL-terminated (may be NULL), ids without

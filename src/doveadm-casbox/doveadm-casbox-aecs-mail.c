@@ -18,7 +18,6 @@
 #include "message-part-data.h"
 #include "message-address.h"
 #include "message-header-decode.h"
-#include "message-id.h"
 #include "message-date.h"
 #include "mail-html2text.h"
 #include "mail-storage.h"
@@ -68,12 +67,12 @@ static void aecs_parse_addresses(struct aecs_parse_ctx *ctx,
 	for (; addr != NULL; addr = addr->next) {
 		const char *email;
 
-		/* group markers have no domain (start) or no mailbox */
+		/* group markers and what the parser made of garbage (a
+		   display name without addr-spec) have no domain */
 		if (addr->mailbox == NULL || *addr->mailbox == '\0' ||
-		    addr->domain == NULL)
+		    addr->domain == NULL || *addr->domain == '\0')
 			continue;
-		email = *addr->domain == '\0' ? addr->mailbox :
-			t_strconcat(addr->mailbox, "@", addr->domain, NULL);
+		email = t_strconcat(addr->mailbox, "@", addr->domain, NULL);
 		email = aecs_text_sanitize((const void *)email, strlen(email));
 		out = array_append_space(&ctx->parsed->addresses);
 		out->role = role;
@@ -90,39 +89,33 @@ static void aecs_parse_addresses(struct aecs_parse_ctx *ctx,
 	}
 }
 
-/* The first msg-id of the header; one without "@" (which Dovecot's
-   parser refuses) as the text between the first "<" and ">". */
-static const char *aecs_first_id(pool_t pool,
-				 const struct message_header_line *hdr)
+static const char *
+aecs_first_id(pool_t pool, const struct message_header_line *hdr,
+	      bool require_at)
 {
-	const char *value = t_strndup(hdr->full_value, hdr->full_value_len);
-	const char *p = value, *id, *end;
+	const char *const *ids = aecs_msgids_parse(hdr->full_value,
+						   hdr->full_value_len,
+						   require_at, 1);
 
-	id = message_id_get_next(&p);
-	if (id == NULL || *id == '\0') {
-		p = strchr(value, '<');
-		end = p == NULL ? NULL : strchr(p + 1, '>');
-		if (end == NULL || end == p + 1 ||
-		    strpbrk(t_strdup_until(p + 1, end), " \t") != NULL)
-			return NULL;
-		id = t_strdup_until(p + 1, end);
-	}
-	return p_strdup(pool, aecs_text_sanitize((const void *)id,
-						 strlen(id)));
+	if (ids[0] == NULL)
+		return NULL;
+	return p_strdup(pool, aecs_text_sanitize((const void *)ids[0],
+						 strlen(ids[0])));
 }
 
 static void aecs_parse_references(struct aecs_parse_ctx *ctx,
 				  const struct message_header_line *hdr)
 {
-	const char *value = t_strndup(hdr->full_value, hdr->full_value_len);
+	const char *const *ids;
 	const char *id;
 
 	if (array_count(&ctx->parsed->references) > 0)
 		return;
-	while ((id = message_id_get_next(&value)) != NULL &&
-	       array_count(&ctx->parsed->references) < AECS_MAX_REFERENCES) {
+	ids = aecs_msgids_parse(hdr->full_value, hdr->full_value_len, TRUE,
+				AECS_MAX_REFERENCES);
+	for (; *ids != NULL; ids++) {
 		id = p_strdup(ctx->pool, aecs_text_sanitize(
-			(const void *)id, strlen(id)));
+			(const void *)*ids, strlen(*ids)));
 		array_push_back(&ctx->parsed->references, &id);
 	}
 }
@@ -137,10 +130,10 @@ static void aecs_parse_top_header(struct aecs_parse_ctx *ctx,
 
 	if (strcasecmp(name, "Message-ID") == 0) {
 		if (p->message_id == NULL)
-			p->message_id = aecs_first_id(ctx->pool, hdr);
+			p->message_id = aecs_first_id(ctx->pool, hdr, FALSE);
 	} else if (strcasecmp(name, "In-Reply-To") == 0) {
 		if (p->in_reply_to == NULL)
-			p->in_reply_to = aecs_first_id(ctx->pool, hdr);
+			p->in_reply_to = aecs_first_id(ctx->pool, hdr, TRUE);
 	} else if (strcasecmp(name, "References") == 0) {
 		aecs_parse_references(ctx, hdr);
 	} else if (strcasecmp(name, "Subject") == 0) {
@@ -204,11 +197,12 @@ static void aecs_part_attachment(struct aecs_parse_ctx *ctx,
 	}
 	att_r->content_type = p_strdup(ctx->pool, content_type);
 	if (data != NULL && data->content_id != NULL) {
-		const char *cid = data->content_id;
-		const char *id = message_id_get_next(&cid);
+		const char *const *ids = aecs_msgids_parse(
+			(const void *)data->content_id,
+			strlen(data->content_id), FALSE, 1);
 
-		att_r->cid = p_strdup(ctx->pool, id != NULL ? id :
-				      data->content_id);
+		if (ids[0] != NULL)
+			att_r->cid = p_strdup(ctx->pool, ids[0]);
 	}
 	att_r->cte = p_strdup(ctx->pool, data == NULL ||
 			      data->content_transfer_encoding == NULL ? "" :

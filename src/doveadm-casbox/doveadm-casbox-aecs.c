@@ -286,7 +286,8 @@ static int aecs_add_location(struct aecs_export_cmd_context *ectx,
 		AECS_TEXT(loc->flags), AECS_TEXT(loc->keywords),
 	};
 
-	return aecs_exec(ectx, AECS_SQL_SOURCE_ADD, v, N_ELEMENTS(v));
+	return aecs_exec(ectx, AECS_SQL_SOURCE_ADD, v, N_ELEMENTS(v)) < 0 ?
+		-1 : 0;
 }
 static void aecs_location_get(struct mail *mail, const char *mailbox,
 			      uint32_t uidvalidity, struct aecs_location *loc_r)
@@ -385,7 +386,8 @@ static int aecs_export_flags(struct aecs_export_cmd_context *ectx,
 	if (!*changed_r)
 		return 0;
 	aecs_touch(ectx, key);
-	return aecs_exec(ectx, AECS_SQL_SOURCE_FLAGS, v, N_ELEMENTS(v));
+	return aecs_exec(ectx, AECS_SQL_SOURCE_FLAGS, v, N_ELEMENTS(v)) < 0 ?
+		-1 : 0;
 }
 
 struct aecs_known {

@@ -13,7 +13,8 @@ from dovecot_harness import corpus_dir
 
 def corpus_folders(tops):
     """{mailbox name: [paths]} for the corpus directories under each
-    name of tops (spamassassin/easy-ham-1 -> "spamassassin.easy-ham-1")."""
+    name of tops (the mailbox of spamassassin/easy-ham-1 is
+    "spamassassin/easy-ham-1")."""
     out = {}
     for top in tops:
         base = os.path.join(corpus_dir(), top)
@@ -23,7 +24,7 @@ def corpus_folders(tops):
             if not files:
                 continue
             rel = os.path.relpath(dirpath, corpus_dir())
-            out[rel.replace(os.sep, ".")] = [os.path.join(dirpath, n)
+            out[rel.replace(os.sep, "/")] = [os.path.join(dirpath, n)
                                              for n in files]
     return out
 
@@ -42,7 +43,7 @@ def fill(dc, folders, user="user1"):
     src = os.path.join(home, "aecs-src")
     loaded = {}
     for box, paths in folders.items():
-        d = os.path.join(src, "." + box)
+        d = os.path.join(src, "." + box.replace("/", "."))
         for sub in ("cur", "new", "tmp"):
             os.makedirs(os.path.join(d, sub))
         loaded[box] = []
@@ -69,16 +70,40 @@ def first_header(raw, name):
     return re.sub(rb"\r?\n[ \t]+", b" ", m.group(1)).strip()
 
 
+def msgids(value, require_at):
+    """RFC 5322 msg-ids as the export reads them (doc/aecs.md): the text
+    of each "<...>" without whitespace, empty ones (and with require_at
+    those without "@") left out; no "<...>" at all: the value itself."""
+    out, pos, bracketed = [], 0, False
+    while True:
+        lt = value.find(b"<", pos)
+        gt = value.find(b">", lt + 1) if lt >= 0 else -1
+        if gt < 0:
+            break
+        bracketed = True
+        ident = re.sub(rb"[ \t\r\n\0]", b"", value[lt + 1:gt])
+        if ident and (not require_at or b"@" in ident):
+            out.append(ident.decode("utf-8", "replace"))
+        pos = gt + 1
+    if not bracketed and not require_at:
+        ident = re.sub(rb"[ \t\r\n\0]", b"", value)
+        if ident:
+            out.append(ident.decode("utf-8", "replace"))
+    return out
+
+
 def message_id(raw):
     """The Message-ID as the export must have it (no angle brackets),
     or None when the message has no usable one."""
     value = first_header(raw, b"message-id")
-    if value is None:
-        return None
-    m = re.search(rb"<([^<>\s]+)>", value)
-    if m is None:
-        return None
-    return m.group(1).decode("utf-8", "replace")
+    ids = [] if value is None else msgids(value, False)
+    return ids[0] if ids else None
+
+
+def linked_ids(raw, header):
+    """The ids of References or In-Reply-To (with an "@")."""
+    value = first_header(raw, header)
+    return [] if value is None else msgids(value, True)
 
 
 def sha256_hex(text):
