@@ -25,6 +25,9 @@ struct aecs_db {
 	/* --sql: the file every write goes to, else NULL */
 	char *sql_path;
 	struct ostream *sql_output;
+	/* a transaction was rolled back: the SQL file has statements
+	   the database no longer has */
+	bool failed;
 };
 
 struct aecs_rows {
@@ -241,12 +244,18 @@ int aecs_db_close(struct aecs_db **_db, const char **error_r)
 	hash_table_iterate_deinit(&iter);
 	hash_table_destroy(&db->stmts);
 	if (db->sql_output != NULL) {
+		if (db->failed) {
+			*error_r = t_strdup_printf("%s is incomplete (a write "
+						   "failed)", db->sql_path);
+			ret = -1;
+		}
 		if (o_stream_finish(db->sql_output) < 0) {
 			*error_r = t_strdup_printf("write(%s) failed: %s",
 				db->sql_path,
 				o_stream_get_error(db->sql_output));
 			ret = -1;
-		} else if (fsync(o_stream_get_fd(db->sql_output)) < 0) {
+		} else if (ret == 0 &&
+			   fsync(o_stream_get_fd(db->sql_output)) < 0) {
 			*error_r = t_strdup_printf("fsync(%s) failed: %m",
 						   db->sql_path);
 			ret = -1;
@@ -271,6 +280,15 @@ int aecs_db_begin(struct aecs_db *db, const char **error_r)
 int aecs_db_commit(struct aecs_db *db, const char **error_r)
 {
 	return aecs_db_exec(db, "COMMIT", error_r);
+}
+
+void aecs_db_rollback(struct aecs_db *db)
+{
+	const char *error;
+
+	if (aecs_db_exec(db, "ROLLBACK", &error) < 0)
+		i_error("aecs: %s", error);
+	db->failed = TRUE;
 }
 
 static int aecs_db_prepare(struct aecs_db *db, const char *sql,

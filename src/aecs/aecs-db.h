@@ -51,6 +51,9 @@ bool aecs_db_has_search(struct aecs_db *db);
 
 int aecs_db_begin(struct aecs_db *db, const char **error_r);
 int aecs_db_commit(struct aecs_db *db, const char **error_r);
+/* Roll back the open transaction (nothing of it reaches the SQL file's
+   database either: the file is then incomplete, and close fails). */
+void aecs_db_rollback(struct aecs_db *db);
 
 /* Run write statement sql (one statement, positional ?1..?n bound to
    values[0..n-1]); sql must be a string that lives as long as db (a

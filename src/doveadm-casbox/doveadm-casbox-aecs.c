@@ -632,7 +632,9 @@ static int aecs_export_box(struct aecs_export_cmd_context *ectx,
 	if (ret == 0) {
 		ectx->uncommitted = 0;
 		ret = aecs_export_box_sync(ectx, box, &status, &counts);
-		if (aecs_commit_step(ectx, TRUE) < 0)
+		if (ret < 0)
+			aecs_db_rollback(ectx->db);
+		else if (aecs_commit_step(ectx, TRUE) < 0)
 			ret = -1;
 	}
 	if (ret < 0)
@@ -678,12 +680,21 @@ static int aecs_export_vanished(struct aecs_export_cmd_context *ectx,
 		};
 
 		i_zero(&counts);
-		if (aecs_db_begin(ectx->db, &error) < 0 ||
-		    aecs_forget_mailbox(ectx, name, &counts) < 0 ||
+		if (aecs_db_begin(ectx->db, &error) < 0) {
+			i_error("casbox aecs export: %s", error);
+			ret = -1;
+			break;
+		}
+		/* each of these logs its own error */
+		if (aecs_forget_mailbox(ectx, name, &counts) < 0 ||
 		    aecs_update_touched(ectx) < 0 ||
-		    aecs_exec(ectx, AECS_SQL_CURSOR_DELETE, cv, 2) < 0 ||
-		    aecs_db_commit(ectx->db, &error) < 0) {
-			i_error("casbox aecs export: %s: %s", name, error);
+		    aecs_exec(ectx, AECS_SQL_CURSOR_DELETE, cv, 2) < 0) {
+			aecs_db_rollback(ectx->db);
+			ret = -1;
+			break;
+		}
+		if (aecs_db_commit(ectx->db, &error) < 0) {
+			i_error("casbox aecs export: %s", error);
 			ret = -1;
 			break;
 		}
