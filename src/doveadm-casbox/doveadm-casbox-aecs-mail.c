@@ -176,6 +176,41 @@ static const char *aecs_part_content_type(const struct message_part *part)
 		NULL));
 }
 
+static const char *
+aecs_param_find(const struct message_part_param *params, unsigned int count,
+		const char *name)
+{
+	unsigned int i;
+
+	for (i = 0; i < count; i++) {
+		if (strcasecmp(params[i].name, name) == 0 &&
+		    params[i].value != NULL && *params[i].value != '\0')
+			return params[i].value;
+	}
+	return NULL;
+}
+
+/* Content-Disposition's filename (whatever the disposition), else
+   Content-Type's name: what mail clients show. Dovecot's
+   message_part_data_get_filename() looks only at attachments'. */
+static bool aecs_part_filename(const struct message_part *part,
+			       const char **filename_r)
+{
+	const struct message_part_data *data = part->data;
+
+	if (data == NULL)
+		return FALSE;
+	*filename_r = aecs_param_find(data->content_disposition_params,
+				      data->content_disposition_params_count,
+				      "filename");
+	if (*filename_r == NULL) {
+		*filename_r = aecs_param_find(data->content_type_params,
+					      data->content_type_params_count,
+					      "name");
+	}
+	return *filename_r != NULL;
+}
+
 static void aecs_part_attachment(struct aecs_parse_ctx *ctx,
 				 struct message_part *part,
 				 const char *content_type,
@@ -185,7 +220,7 @@ static void aecs_part_attachment(struct aecs_parse_ctx *ctx,
 	const char *filename;
 
 	i_zero(att_r);
-	if (message_part_data_get_filename(part, &filename)) {
+	if (aecs_part_filename(part, &filename)) {
 		string_t *str = t_str_new(64);
 
 		message_header_decode_utf8((const void *)filename,
@@ -234,7 +269,7 @@ static void aecs_part_classify(struct aecs_parse_ctx *ctx,
 	attachment = (data != NULL && data->content_disposition != NULL &&
 		      strcasecmp(data->content_disposition,
 				 "attachment") == 0) ||
-		message_part_data_get_filename(part, &filename);
+		aecs_part_filename(part, &filename);
 	text = !attachment && strcmp(content_type, "text/plain") == 0;
 	if (text) {
 		ctx->cur_text = TRUE;

@@ -63,8 +63,9 @@ def fill(dc, folders, user="user1"):
 def first_header(raw, name):
     """The unfolded value of the first header called name, or None."""
     head = re.split(rb"\r?\n\r?\n", raw, maxsplit=1)[0]
-    m = re.search(rb"^" + re.escape(name) + rb":[ \t]*(.*(?:\r?\n[ \t].*)*)",
-                  head, re.I | re.M)
+    # (obsolete syntax allows blanks before the colon)
+    m = re.search(rb"^" + re.escape(name) +
+                  rb"[ \t]*:[ \t]*(.*(?:\r?\n[ \t].*)*)", head, re.I | re.M)
     if m is None:
         return None
     return re.sub(rb"\r?\n[ \t]+", b" ", m.group(1)).strip()
@@ -104,6 +105,21 @@ def linked_ids(raw, header):
     """The ids of References or In-Reply-To (with an "@")."""
     value = first_header(raw, header)
     return [] if value is None else msgids(value, True)
+
+
+def stored(raw):
+    """raw as Dovecot stores it (mail_save_crlf = no: LF line ends)."""
+    return raw.replace(b"\r\n", b"\n")
+
+
+def leaf_parts(msg):
+    """The leaf MIME parts of an email.message in MIME order; an
+    attached message/rfc822 is one leaf (not descended into)."""
+    if msg.is_multipart() and msg.get_content_type() != "message/rfc822":
+        for sub in msg.get_payload():
+            yield from leaf_parts(sub)
+    else:
+        yield msg
 
 
 def sha256_hex(text):

@@ -95,11 +95,6 @@ def locations(db_path, key):
     return json.loads(x)["x_dovecot"]["locations"]
 
 
-def lf(raw):
-    """What Dovecot stores of raw with mail_save_crlf = no (default)."""
-    return raw.replace(b"\r\n", b"\n")
-
-
 def with_attachment(paths):
     for path in paths:
         with open(path, "rb") as f:
@@ -152,8 +147,8 @@ class AecsIncrementalTest(unittest.TestCase):
                 self.assertEqual(f.read(), body)
             msg = email.message_from_bytes(body,
                                            policy=email.policy.compat32)
-            parts = [p for p in msg.walk() if not p.is_multipart() and
-                     p.get_filename()]
+            parts = [p for p in aecs_corpus.leaf_parts(msg)
+                     if p.get_filename()]
             atts = q(db, "SELECT idx, filename, blob_key, size FROM "
                      "aecs_attachments WHERE message_key = ? AND "
                      "filename != '' ORDER BY idx", (key,))
@@ -346,7 +341,7 @@ class AecsIncrementalTest(unittest.TestCase):
                                  "'no id no date'")
             # of the bytes as stored: mail_save_crlf = no saves LF
             self.assertEqual(mid, "aecs-%s@synthetic.invalid" %
-                             hashlib.sha256(lf(edge[0])).hexdigest()[:32])
+                             hashlib.sha256(aecs_corpus.stored(edge[0])).hexdigest()[:32])
             self.assertIsNone(date)
             self.assertTrue(t0 <= ts <= t1, (t0, ts, t1))
             self.assertIsNone(row("baddate@test", "date")[0])
@@ -356,7 +351,7 @@ class AecsIncrementalTest(unittest.TestCase):
                              ("first", "First body\n"))
             locs = locations(db, sha256_hex("dup@test"))
             self.assertEqual([loc["size"] for loc in locs],
-                             [len(lf(edge[2])), len(lf(edge[3]))])
+                             [len(aecs_corpus.stored(edge[2])), len(aecs_corpus.stored(edge[3]))])
             # HTML only: the text is the HTML's text (HTML whitespace
             # is not significant)
             text, = row("html@test", "text")
