@@ -268,9 +268,9 @@ static const char *thread_row(struct aecs_db *db)
 	struct aecs_rows *rows;
 	const char *error, *row = NULL;
 
-	ck_assert_int_eq(aecs_db_read_init(db, "SELECT message_count || ',' ||"
-		" first_ts || ',' || last_ts || ',' || subject FROM aecs_threads",
-		NULL, 0, &rows, &error), 0);
+	ck_assert_int_eq(aecs_db_read_init(db, "SELECT message_count || ',' "
+		"|| first_ts || ',' || last_ts || ',' || subject "
+		"FROM aecs_threads", NULL, 0, &rows, &error), 0);
 	if (aecs_db_read_next(rows) > 0)
 		row = t_strdup(aecs_db_read_text(rows, 0));
 	ck_assert_int_eq(aecs_db_read_deinit(&rows, &error), 0);

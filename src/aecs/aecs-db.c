@@ -196,7 +196,8 @@ int aecs_db_open(const char *db_path, const char *sql_path,
 			    &db->sqlite, oflags, NULL) != SQLITE_OK) {
 		*error_r = t_strdup_printf("sqlite3_open(%s) failed: %s",
 					   db_path != NULL ? db_path : sql_path,
-					   db->sqlite == NULL ? "out of memory" :
+					   db->sqlite == NULL ?
+					   "out of memory" :
 					   sqlite3_errmsg(db->sqlite));
 		ret = -1;
 	} else if ((flags & AECS_DB_FLAG_READ_ONLY) == 0) {

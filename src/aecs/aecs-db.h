@@ -23,8 +23,10 @@ struct aecs_value {
 };
 
 #define AECS_NULL ((struct aecs_value){ .type = AECS_VALUE_NULL })
-#define AECS_INT(n) ((struct aecs_value){ .type = AECS_VALUE_INT, .num = (n) })
-#define AECS_TEXT(s) ((struct aecs_value){ .type = AECS_VALUE_TEXT, .str = (s) })
+#define AECS_INT(n) \
+	((struct aecs_value){ .type = AECS_VALUE_INT, .num = (n) })
+#define AECS_TEXT(s) \
+	((struct aecs_value){ .type = AECS_VALUE_TEXT, .str = (s) })
 /* NULL for a NULL s */
 #define AECS_TEXT_OR_NULL(s) \
 	((s) == NULL ? AECS_NULL : AECS_TEXT(s))

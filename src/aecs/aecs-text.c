@@ -101,9 +101,10 @@ static bool aecs_line_original_message(const char *const *lines,
 static bool aecs_line_footer(const char *const *lines, unsigned int i,
 			     unsigned int count)
 {
+	size_t rule = strspn(lines[i], "_");
 	unsigned int j;
 
-	if (strspn(lines[i], "_") < 10 || lines[i][strspn(lines[i], "_")] != '\0')
+	if (rule < 10 || lines[i][rule] != '\0')
 		return FALSE;
 	for (j = i + 1; j < count && j <= i + AECS_FOOTER_LOOKAHEAD; j++) {
 		const char *lower = t_str_lcase(lines[j]);

@@ -305,6 +305,11 @@ static void aecs_parse_block(struct aecs_parse_ctx *ctx,
 						    &ctx->limits, NULL);
 		aecs_part_classify(ctx, raw->part);
 	}
+	/* the bodies of attachments are not decoded here (their sizes
+	   and blobs come from aecs_mail_part_save()) */
+	if (raw->hdr == NULL && raw->size > 0 &&
+	    (raw->part != ctx->cur_part || (!ctx->cur_text && !ctx->cur_html)))
+		return;
 	if (!message_decoder_decode_next_block(decoder, raw, &block) ||
 	    block.hdr != NULL || block.size == 0 ||
 	    block.part != ctx->cur_part)
@@ -417,7 +422,8 @@ int aecs_mail_parse(struct mail *mail, pool_t pool,
 	p_array_init(&parsed_r->attachments, pool, 4);
 
 	parser = message_parser_init(pool, input, &pset);
-	decoder = message_decoder_init(NULL, MESSAGE_DECODER_FLAG_RETURN_BINARY);
+	decoder = message_decoder_init(NULL,
+				       MESSAGE_DECODER_FLAG_RETURN_BINARY);
 	while ((ret = message_parser_parse_next_block(parser, &raw)) > 0)
 		aecs_parse_block(&ctx, &raw, decoder);
 	message_decoder_deinit(&decoder);
@@ -502,8 +508,8 @@ int aecs_mail_part_save(struct istream *input,
 		str_append_c(tmp, '.');
 		fd = safe_mkstemp(tmp, 0600, (uid_t)-1, (gid_t)-1);
 		if (fd == -1) {
-			*error_r = t_strdup_printf("safe_mkstemp(%s) failed: %m",
-						   str_c(tmp));
+			*error_r = t_strdup_printf(
+				"safe_mkstemp(%s) failed: %m", str_c(tmp));
 			i_stream_unref(&part_input);
 			return -1;
 		}

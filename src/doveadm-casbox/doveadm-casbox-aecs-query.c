@@ -130,7 +130,8 @@ void cmd_casbox_aecs_query(struct doveadm_cmd_context *cctx)
 			break;
 	}
 	if (q == N_ELEMENTS(aecs_read_queries)) {
-		aecs_query_usage(t_strdup_printf("unknown query '%s'", args[0]));
+		aecs_query_usage(t_strdup_printf("unknown query '%s'",
+						 args[0]));
 		return;
 	}
 	sql = aecs_db_named(args[0]);

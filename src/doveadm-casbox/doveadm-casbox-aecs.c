@@ -573,7 +573,8 @@ static int aecs_export_box_sync(struct aecs_export_cmd_context *ectx,
 
 	uv_str = aecs_read_first(ectx, AECS_SQL_CURSOR_GET, cv, 2,
 				 &modseq_str);
-	if (uv_str != NULL && strcmp(uv_str, dec2str(status->uidvalidity)) == 0) {
+	if (uv_str != NULL &&
+	    strcmp(uv_str, dec2str(status->uidvalidity)) == 0) {
 		if (str_to_uint64(modseq_str, &since) < 0)
 			since = 0;
 		if (since == status->highest_modseq)
@@ -798,6 +799,11 @@ static void cmd_casbox_aecs_export_init(struct doveadm_mail_cmd_context *ctx,
 	if ((ectx->db_path == NULL) == (ectx->sql_path == NULL)) {
 		i_fatal_status(EX_USAGE, "casbox aecs export: give one of "
 			       "--db FILE or --sql FILE");
+	}
+	if (ectx->mailbox_id_opt != NULL && !ctx->iterate_single_user) {
+		/* every user's rows would share one mailbox_id */
+		i_fatal_status(EX_USAGE, "casbox aecs export: --mailbox-id "
+			       "is for one user (-u without wildcards)");
 	}
 	ctx->search_args = doveadm_mail_mailbox_search_args_build(
 		args[0] == NULL ? all : args);

@@ -402,6 +402,12 @@ class AecsIncrementalTest(unittest.TestCase):
                            check=False)
             self.assertEqual(r.returncode, 64)
             self.assertIn("--db", r.stderr)
+            r = dc.doveadm("casbox", "aecs", "export", "-A", "--db",
+                           "/tmp/never.sqlite", "--mailbox-id", "x",
+                           check=False)
+            self.assertEqual(r.returncode, 64)
+            self.assertIn("--mailbox-id is for one user", r.stderr)
+            self.assertFalse(os.path.exists("/tmp/never.sqlite"))
             r = dc.doveadm("casbox", "aecs", "query", "--db",
                            "/nonexistent.sqlite", "search", "x", "1",
                            check=False)
