@@ -204,7 +204,10 @@ int aecs_db_open(const char *db_path, const char *sql_path,
 		const char *schema = aecs_db_schema(flags);
 
 		sqlite3_busy_timeout(db->sqlite, 10000);
-		if (sql_path != NULL) {
+		/* an export reads back what it wrote (threads, locations):
+		   keep the pages in memory instead of re-reading them */
+		ret = aecs_db_exec(db, "PRAGMA cache_size = -65536", error_r);
+		if (ret == 0 && sql_path != NULL) {
 			db->sql_path = i_strdup(sql_path);
 			ret = aecs_db_sql_open(db, error_r);
 			if (ret == 0)

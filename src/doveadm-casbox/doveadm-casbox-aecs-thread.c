@@ -20,11 +20,15 @@
 #define AECS_SQL_THREAD_BY_MESSAGE \
 	"SELECT thread_id, thread_key FROM aecs_messages " \
 	"WHERE mailbox_id = ?1 AND message_key = ?2"
+/* One row is enough: every stored message that references an id is
+   in one thread (each joined all the threads referencing it when it
+   was stored, and threads are never split), so a popular thread root
+   does not make each new reply read all its siblings. */
 #define AECS_SQL_THREAD_BY_REFERENCE \
 	"SELECT m.thread_id, m.thread_key FROM aecs_references AS r " \
 	"JOIN aecs_messages AS m ON m.mailbox_id = r.mailbox_id " \
 	"AND m.message_key = r.message_key " \
-	"WHERE r.mailbox_id = ?1 AND r.ref_id = ?2"
+	"WHERE r.mailbox_id = ?1 AND r.ref_id = ?2 LIMIT 1"
 #define AECS_SQL_THREAD_FIRST_TS \
 	"SELECT first_ts FROM aecs_threads " \
 	"WHERE mailbox_id = ?1 AND thread_key = ?2"
