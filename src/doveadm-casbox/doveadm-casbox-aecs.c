@@ -340,11 +340,18 @@ static int aecs_export_new(struct aecs_export_cmd_context *ectx,
 
 	*exported_r = FALSE;
 	pool = pool_alloconly_create("aecs message", 16384);
-	if (aecs_mail_parse(mail, pool, &parsed, &error) < 0 ||
-	    mail_get_stream(mail, NULL, NULL, &input) < 0) {
+	ret = aecs_mail_parse(mail, pool, &parsed, &error);
+	if (ret == 0 && mail_get_stream(mail, NULL, NULL, &input) < 0) {
+		error = mailbox_get_last_internal_error(mail->box, NULL);
+		ret = -1;
+	}
+	if (ret < 0) {
+		pool_unref(&pool);
+		/* expunged meanwhile: the next run sees it gone */
+		if (mail->expunged)
+			return 0;
 		i_error("casbox aecs export: %s UID %u: %s", mailbox,
 			mail->uid, error);
-		pool_unref(&pool);
 		return -1;
 	}
 	key = aecs_key(parsed.message_id);
