@@ -105,10 +105,12 @@ static unsigned int aecs_query_params(const char *sql)
 	return max;
 }
 
-static void aecs_query_usage(const char *error)
+/* Errors end the command with their exit status (doveadm_exit_code
+   is a variable of the doveadm binary, which a lazily bound plugin
+   cannot reference: tests/check-plugin-shape.c). */
+static void ATTR_NORETURN aecs_query_usage(const char *error)
 {
-	i_error("casbox aecs query: %s", error);
-	doveadm_exit_code = EX_USAGE;
+	i_fatal_status(EX_USAGE, "casbox aecs query: %s", error);
 }
 
 void cmd_casbox_aecs_query(struct doveadm_cmd_context *cctx)
@@ -123,7 +125,6 @@ void cmd_casbox_aecs_query(struct doveadm_cmd_context *cctx)
 	    !doveadm_cmd_param_array(cctx, "query", &args) || args[0] == NULL) {
 		aecs_query_usage("usage: casbox aecs query --db FILE "
 				 "[--mailbox-id ID] NAME [args]");
-		return;
 	}
 	for (q = 0; q < N_ELEMENTS(aecs_read_queries); q++) {
 		if (strcmp(aecs_read_queries[q].name, args[0]) == 0)
@@ -132,15 +133,11 @@ void cmd_casbox_aecs_query(struct doveadm_cmd_context *cctx)
 	if (q == N_ELEMENTS(aecs_read_queries)) {
 		aecs_query_usage(t_strdup_printf("unknown query '%s'",
 						 args[0]));
-		return;
 	}
 	sql = aecs_db_named(args[0]);
 	if (aecs_db_open(db_path, NULL, AECS_DB_FLAG_READ_ONLY, &db,
-			 &error) < 0) {
-		i_error("casbox aecs query: %s", error);
-		doveadm_exit_code = EX_NOINPUT;
-		return;
-	}
+			 &error) < 0)
+		i_fatal_status(EX_NOINPUT, "casbox aecs query: %s", error);
 	(void)doveadm_cmd_param_str(cctx, "mailbox-id", &mailbox_id);
 	if (mailbox_id == NULL)
 		mailbox_id = aecs_query_default_id(db);
@@ -169,8 +166,8 @@ void cmd_casbox_aecs_query(struct doveadm_cmd_context *cctx)
 		doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 		if (aecs_query_print(db, sql, array_front(&values), nparams,
 				     &error) < 0) {
-			i_error("casbox aecs query: %s", error);
-			doveadm_exit_code = EX_TEMPFAIL;
+			i_fatal_status(EX_TEMPFAIL, "casbox aecs query: %s",
+				       error);
 		}
 	}
 	if (aecs_db_close(&db, &error) < 0)
