@@ -95,7 +95,8 @@ class AecsExportCorpusTest(unittest.TestCase):
 
     def key_of(self, box, uid):
         return rows(self.db, "SELECT message_key FROM casbox_aecs_source "
-                    "WHERE mailbox_id = 'user1' AND mailbox = ? AND uid = ?", (box, uid))[0][0]
+                    "WHERE mailbox_id = 'user1' AND mailbox = ? "
+                    "AND uid = ?", (box, uid))[0][0]
 
     def test_row_counts(self):
         total = sum(len(m) for m in self.loaded.values())
@@ -180,7 +181,8 @@ class AecsExportCorpusTest(unittest.TestCase):
                 hashlib.sha256(aecs_corpus.stored(raw)).hexdigest()[:32]
             got = rows(self.db, "SELECT message_id FROM casbox_aecs_source "
                        "JOIN aecs_messages USING (mailbox_id, message_key) "
-                       "WHERE mailbox_id = 'user1' AND mailbox = ? AND uid = ?", (box, uid))
+                       "WHERE mailbox_id = 'user1' AND mailbox = ? "
+                    "AND uid = ?", (box, uid))
             self.assertEqual(got, [(want,)], (box, uid))
             n += 1
         self.assertGreater(n, 30)
@@ -194,7 +196,8 @@ class AecsExportCorpusTest(unittest.TestCase):
             (mid, from_email, from_name, ts, date, in_reply_to,
              size) = rows(self.db, "SELECT message_id, from_email, "
                           "from_name, ts, date, in_reply_to, size_bytes "
-                          "FROM aecs_messages WHERE mailbox_id = 'user1' AND message_key = ?",
+                          "FROM aecs_messages WHERE mailbox_id = 'user1' AND "
+                          "message_key = ?",
                           (key,))[0]
             if mid != message_id(raw):
                 continue        # a duplicate Message-ID: first one won
@@ -206,7 +209,8 @@ class AecsExportCorpusTest(unittest.TestCase):
             self.assertEqual(date[:19], dt.strftime("%Y-%m-%dT%H:%M:%S"))
             refs = [r for (r,) in rows(self.db, "SELECT ref_id FROM "
                                        "aecs_references WHERE "
-                                       "mailbox_id = 'user1' AND message_key = ? ORDER BY position",
+                                       "mailbox_id = 'user1' AND "
+                                       "message_key = ? ORDER BY position",
                                        (key,))]
             self.assertEqual(refs, linked_ids(raw, b"references"), uid)
             irt = linked_ids(raw, b"in-reply-to")
@@ -216,7 +220,8 @@ class AecsExportCorpusTest(unittest.TestCase):
                     msg.get_all(role, [])) if "@" in a)
                 got = set(e for (e,) in rows(self.db, "SELECT email FROM "
                                              "aecs_addresses WHERE "
-                                             "mailbox_id = 'user1' AND message_key = ? AND role = ?",
+                                             "mailbox_id = 'user1' AND "
+                                             "message_key = ? AND role = ?",
                                              (key, role)))
                 self.assertEqual(got, want, (uid, role))
             self.assertGreaterEqual(size, len(raw) - raw.count(b"\n"))
@@ -230,13 +235,15 @@ class AecsExportCorpusTest(unittest.TestCase):
             msg = email.message_from_bytes(raw, policy=email.policy.compat32)
             key = self.key_of("usrp-users-3000", uid)
             if rows(self.db, "SELECT message_id FROM aecs_messages WHERE "
-                    "mailbox_id = 'user1' AND message_key = ?", (key,))[0][0] != message_id(raw):
+                    "mailbox_id = 'user1' AND "
+                    "message_key = ?", (key,))[0][0] != message_id(raw):
                 continue
             want = [p for p in aecs_corpus.leaf_parts(msg)
                     if p.get_filename() is not None]
             got = rows(self.db, "SELECT idx, attachment_id, filename, "
                        "content_type, size FROM aecs_attachments WHERE "
-                       "mailbox_id = 'user1' AND message_key = ? AND filename != '' ORDER BY idx",
+                       "mailbox_id = 'user1' AND "
+                       "message_key = ? AND filename != '' ORDER BY idx",
                        (key,))
             self.assertEqual(len(got), len(want), uid)
             for part, (idx, att_id, filename, ctype, size) in zip(want, got):
@@ -258,7 +265,8 @@ class AecsExportCorpusTest(unittest.TestCase):
                 continue
             key = self.key_of("usrp-users-3000", uid)
             if rows(self.db, "SELECT message_id FROM aecs_messages WHERE "
-                    "mailbox_id = 'user1' AND message_key = ?", (key,))[0][0] != message_id(raw):
+                    "mailbox_id = 'user1' AND "
+                    "message_key = ?", (key,))[0][0] != message_id(raw):
                 continue
             charset = msg.get_content_charset() or "us-ascii"
             try:
@@ -267,7 +275,8 @@ class AecsExportCorpusTest(unittest.TestCase):
                 continue
             want = want.replace("\r\n", "\n").replace("\r", "\n")
             text, clean = rows(self.db, "SELECT text, clean FROM "
-                               "aecs_bodies WHERE mailbox_id = 'user1' AND message_key = ?",
+                               "aecs_bodies WHERE mailbox_id = 'user1' AND "
+                               "message_key = ?",
                                (key,))[0]
             self.assertEqual(text.rstrip("\n"), want.rstrip("\n"), uid)
             # clean leaves out the quoted lines and keeps the rest
@@ -280,7 +289,8 @@ class AecsExportCorpusTest(unittest.TestCase):
         for box, uid, raw in list(self.all_messages())[::500]:
             key = self.key_of(box, uid)
             x = json.loads(rows(self.db, "SELECT x_fields FROM "
-                                "aecs_messages WHERE mailbox_id = 'user1' AND message_key = ?",
+                                "aecs_messages WHERE mailbox_id = 'user1' AND "
+                                "message_key = ?",
                                 (key,))[0][0])
             locs = x["x_dovecot"]["locations"]
             self.assertIn((box, uid),

@@ -341,7 +341,8 @@ class AecsIncrementalTest(unittest.TestCase):
                                  "'no id no date'")
             # of the bytes as stored: mail_save_crlf = no saves LF
             self.assertEqual(mid, "aecs-%s@synthetic.invalid" %
-                             hashlib.sha256(aecs_corpus.stored(edge[0])).hexdigest()[:32])
+                             hashlib.sha256(aecs_corpus.stored(edge[0]))
+                             .hexdigest()[:32])
             self.assertIsNone(date)
             self.assertTrue(t0 <= ts <= t1, (t0, ts, t1))
             self.assertIsNone(row("baddate@test", "date")[0])
@@ -351,7 +352,7 @@ class AecsIncrementalTest(unittest.TestCase):
                              ("first", "First body\n"))
             locs = locations(db, sha256_hex("dup@test"))
             self.assertEqual([loc["size"] for loc in locs],
-                             [len(aecs_corpus.stored(edge[2])), len(aecs_corpus.stored(edge[3]))])
+                             [len(aecs_corpus.stored(m)) for m in edge[2:4]])
             # HTML only: the text is the HTML's text (HTML whitespace
             # is not significant)
             text, = row("html@test", "text")
