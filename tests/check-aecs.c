@@ -295,6 +295,7 @@ START_TEST(test_db_and_sql_file)
 	/* again: a no-op that does not count twice */
 	store_message(db, 1, 2000, 0);
 	ck_assert_str_eq(thread_row(db), "2,1000,2000,s0");
+	ck_assert_uint_eq(aecs_db_oversize_statements(db), 0);
 	ck_assert_int_eq(aecs_db_close(&db, &error), 0);
 
 	/* the file gives the same rows (loaded by SQLite itself) */
@@ -314,6 +315,28 @@ START_TEST(test_db_and_sql_file)
 	ck_assert_int_eq(aecs_db_open(db_path, NULL, AECS_DB_FLAG_READ_ONLY,
 				      &db, &error), 0);
 	ck_assert_str_eq(thread_row(db), "2,1000,2000,s0");
+	ck_assert_int_eq(aecs_db_close(&db, &error), 0);
+}
+END_TEST
+
+/* D1 refuses statements over 100 KB: the SQL file counts them */
+START_TEST(test_oversize_statement)
+{
+	string_t *big = t_str_new(AECS_DB_D1_MAX_STATEMENT + 16);
+	struct aecs_db *db;
+	const char *error;
+
+	while (str_len(big) <= AECS_DB_D1_MAX_STATEMENT)
+		str_append(big, "0123456789");
+	const struct aecs_value v[] = {
+		AECS_TEXT("box"), AECS_TEXT("k"), AECS_TEXT(str_c(big)),
+		AECS_TEXT(""),
+	};
+	ck_assert_int_eq(aecs_db_open(NULL, t_strconcat(tmpdir, "/big.sql",
+				      NULL), 0, &db, &error), 0);
+	ck_assert_int_eq(aecs_db_write(db, aecs_db_named("insert_body"), v,
+				       N_ELEMENTS(v), &error), 1);
+	ck_assert_uint_eq(aecs_db_oversize_statements(db), 1);
 	ck_assert_int_eq(aecs_db_close(&db, &error), 0);
 }
 END_TEST
@@ -373,7 +396,7 @@ static void setup(void)
 static void teardown(void)
 {
 	const char *const names[] = {
-		"out.sql", "loaded.sqlite", "ns.sqlite", "p.sql",
+		"out.sql", "loaded.sqlite", "ns.sqlite", "p.sql", "big.sql",
 	};
 	unsigned int i;
 
@@ -402,6 +425,7 @@ int main(void)
 	tcase_add_test(tc, test_render);
 	tcase_add_test(tc, test_named_queries);
 	tcase_add_test(tc, test_db_and_sql_file);
+	tcase_add_test(tc, test_oversize_statement);
 	tcase_add_test(tc, test_no_search);
 	tcase_add_test(tc, test_query_plans);
 	suite_add_tcase(s, tc);

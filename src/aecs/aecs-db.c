@@ -28,6 +28,7 @@ struct aecs_db {
 	/* a transaction was rolled back: the SQL file has statements
 	   the database no longer has */
 	bool failed;
+	unsigned int oversize_statements;
 };
 
 struct aecs_rows {
@@ -228,6 +229,11 @@ int aecs_db_open(const char *db_path, const char *sql_path,
 	return 0;
 }
 
+unsigned int aecs_db_oversize_statements(struct aecs_db *db)
+{
+	return db->oversize_statements;
+}
+
 bool aecs_db_has_search(struct aecs_db *db)
 {
 	return db->have_search;
@@ -356,8 +362,11 @@ int aecs_db_write(struct aecs_db *db, const char *sql,
 	sqlite3_reset(stmt);
 	sqlite3_clear_bindings(stmt);
 	if (db->sql_output != NULL) T_BEGIN {
-		o_stream_nsend_str(db->sql_output,
-				   aecs_db_render(sql, values, count));
+		const char *stmt = aecs_db_render(sql, values, count);
+
+		if (strlen(stmt) > AECS_DB_D1_MAX_STATEMENT)
+			db->oversize_statements++;
+		o_stream_nsend_str(db->sql_output, stmt);
 	} T_END;
 	return changes;
 }

@@ -51,6 +51,12 @@ int aecs_db_close(struct aecs_db **db, const char **error_r);
 
 bool aecs_db_has_search(struct aecs_db *db);
 
+/* Cloudflare D1 refuses a statement longer than this many bytes. */
+#define AECS_DB_D1_MAX_STATEMENT 100000
+/* SQL file: how many statements were longer than that (a long body
+   text: the sqlite3 CLI loads them, D1 does not). */
+unsigned int aecs_db_oversize_statements(struct aecs_db *db);
+
 int aecs_db_begin(struct aecs_db *db, const char **error_r);
 int aecs_db_commit(struct aecs_db *db, const char **error_r);
 /* Roll back the open transaction (nothing of it reaches the SQL file's

@@ -830,6 +830,14 @@ static void cmd_casbox_aecs_export_deinit(struct doveadm_mail_cmd_context *ctx)
 		container_of(ctx, struct aecs_export_cmd_context, ctx);
 	const char *error;
 
+	if (ectx->db != NULL && aecs_db_oversize_statements(ectx->db) > 0) {
+		i_warning("casbox aecs export: %s: %u statement(s) longer "
+			  "than D1's %u bytes (long message texts): the "
+			  "sqlite3 CLI loads them, wrangler d1 execute "
+			  "refuses them", ectx->sql_path,
+			  aecs_db_oversize_statements(ectx->db),
+			  AECS_DB_D1_MAX_STATEMENT);
+	}
 	if (ectx->db != NULL && aecs_db_close(&ectx->db, &error) < 0) {
 		i_error("casbox aecs export: %s", error);
 		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
