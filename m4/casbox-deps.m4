@@ -68,3 +68,9 @@ AC_DEFUN([CASBOX_SANITIZERS], [
 		 LDFLAGS="$LDFLAGS -fsanitize=address,undefined"])
 ])
 
+
+dnl AECS export (doveadm casbox aecs): SQLite 3.24+ for upserts, FTS5.
+AC_DEFUN([CASBOX_REQUIRE_SQLITE], [
+	PKG_CHECK_MODULES([SQLITE3], [sqlite3 >= 3.24], [],
+		[AC_MSG_ERROR([SQLite 3.24+ not found: install the Debian package libsqlite3-dev])])
+])

@@ -7,6 +7,7 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-aecs.h"
 
 #include <zstd.h>
 #include <sodium.h>
@@ -120,6 +121,36 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		.usage = "[-u <user>|-A] [-S <socket_path>]",
 		DOVEADM_CMD_PARAMS_START
 		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
+		.name = "casbox aecs export",
+		.mail_cmd = cmd_casbox_aecs_export_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>] "
+			"(--db <file> | --sql <file>) [--blobs <dir>] "
+			"[--mailbox-id <id>] [--forai-max-chars <n>] "
+			"[--no-search] [<mailbox> ...]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('d', "db", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('s', "sql", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('b', "blobs", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('i', "mailbox-id", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('m', "forai-max-chars", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('n', "no-search", CMD_PARAM_BOOL, 0)
+		DOVEADM_CMD_PARAM('\0', "mailbox-mask", CMD_PARAM_ARRAY,
+				  CMD_PARAM_FLAG_POSITIONAL)
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
+		.name = "casbox aecs query",
+		.cmd = cmd_casbox_aecs_query,
+		.usage = "--db <file> [--mailbox-id <id>] <name> [<arg> ...]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_PARAM('d', "db", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('i', "mailbox-id", CMD_PARAM_STR, 0)
+		DOVEADM_CMD_PARAM('\0', "query", CMD_PARAM_ARRAY,
+				  CMD_PARAM_FLAG_POSITIONAL)
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
