@@ -1,0 +1,122 @@
+"""The doveadm-casbox man pages: one per command group of doc/doveadm.md,
+each installed (CASBOX_MAN1 in Makefile.am), rendering without groff
+warnings, and carrying what the reference says: its synopsis and every
+option it names. No Dovecot needed."""
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import TOP_BUILDDIR, TOP_SRCDIR  # noqa: E402
+
+REFERENCE = os.path.join(TOP_SRCDIR, "doc", "doveadm.md")
+GENERATOR = os.path.join(TOP_SRCDIR, "scripts", "doveadm-man")
+MANDIR = os.path.join(TOP_BUILDDIR, "man")
+
+
+def reference_groups():
+    """group -> its sections' text, read from the reference directly
+    (not through the generator)."""
+    groups = {}
+    current = None
+    fence = False
+    with open(REFERENCE) as f:
+        for line in f:
+            if line.startswith("```"):
+                fence = not fence
+            if not fence and line.startswith("## "):
+                m = re.match(r"## doveadm casbox ([a-z][a-z0-9-]*)", line)
+                current = m.group(1) if m else None
+                if current:
+                    groups.setdefault(current, [])
+                continue
+            if current:
+                groups[current].append(line)
+    return groups
+
+
+def installed_list():
+    with open(os.path.join(TOP_SRCDIR, "Makefile.am")) as f:
+        text = f.read()
+    m = re.search(r"^CASBOX_MAN1 = \\\n((?:\t.*\n)+)", text, re.M)
+    return sorted(os.path.basename(x.strip(" \t\\"))
+                  for x in m.group(1).split("\n") if x.strip())
+
+
+def render(page):
+    res = subprocess.run(
+        ["groff", "-man", "-Tutf8", "-ww", "-rLL=200n", "-P-cbou",
+         os.path.join(MANDIR, page)],
+        capture_output=True, text=True,
+        env=dict(os.environ, LC_ALL="C.UTF-8"))
+    return res
+
+
+def plain(text):
+    return " ".join(text.replace("\u2010", "-").split())
+
+
+class ManPagesTest(unittest.TestCase):
+
+    def test_every_group_has_an_installed_page(self):
+        want = sorted(["doveadm-casbox.1"] +
+                      ["doveadm-casbox-%s.1" % g for g in reference_groups()])
+        self.assertEqual(installed_list(), want,
+                         "CASBOX_MAN1 in Makefile.am must list one page per "
+                         "'## doveadm casbox GROUP' section of doc/doveadm.md")
+        listed = subprocess.run([sys.executable, GENERATOR, "--list",
+                                 REFERENCE], capture_output=True, text=True,
+                                check=True).stdout.split()
+        self.assertEqual(sorted(listed), want)
+        for page in want:
+            self.assertTrue(os.path.exists(os.path.join(MANDIR, page)),
+                            "%s not built" % page)
+
+    def test_pages_render_cleanly(self):
+        for page in installed_list():
+            res = render(page)
+            self.assertEqual(res.returncode, 0, res.stderr)
+            self.assertEqual(res.stderr, "", page)
+            for head in ("NAME", "SYNOPSIS", "DESCRIPTION", "SEE ALSO"):
+                self.assertRegex(res.stdout, r"(?m)^%s$" % head, page)
+
+    def test_pages_carry_the_reference(self):
+        for group, lines in reference_groups().items():
+            page = "doveadm-casbox-%s.1" % group
+            out = plain(render(page).stdout)
+            text = "".join(lines)
+            # every synopsis line, word for word
+            syn = re.findall(r"### SYNOPSIS\n((?:.+\n)+)", text)
+            self.assertTrue(syn, group)
+            for block in syn:
+                for line in block.strip().split("\n"):
+                    self.assertIn(plain(line.replace("`", "")), out,
+                                  "%s: synopsis" % page)
+            # every long option the reference names
+            for opt in sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]+",
+                                             text))):
+                self.assertIn(opt, out, "%s: %s" % (page, opt))
+        # the overview lists every group's page
+        out = plain(render("doveadm-casbox.1").stdout)
+        for group in reference_groups():
+            self.assertIn("doveadm-casbox-%s(1)" % group, out)
+
+    def test_generator_rejects_a_section_without_name(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".md") as f:
+            f.write("# t\n\n## doveadm casbox frob\n\nno NAME here\n")
+            f.flush()
+            with tempfile.TemporaryDirectory() as d:
+                res = subprocess.run([sys.executable, GENERATOR, "-o", d,
+                                      f.name], capture_output=True,
+                                     text=True)
+                self.assertEqual(res.returncode, 1)
+                self.assertIn("frob", res.stderr)
+                self.assertEqual(os.listdir(d), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
