@@ -34,3 +34,20 @@ AC_DEFUN([CASBOX_FIND_DOVECOT], [
 		AC_MSG_ERROR([--with-dovecot needs a directory: --with-dovecot=DIR, where DIR holds dovecot-config])
 	])
 ])
+
+dnl Expand right after DC_DOVECOT. --without-dovecot-install-dirs (what
+dnl make distcheck configures with, so that it installs under its own
+dnl prefix) makes DC_DOVECOT point every dovecot_* directory into our
+dnl prefix, also the two we only read from: Dovecot's headers (config.h,
+dnl for its version) and its libraries (the unit tests' rpath to
+dnl libdovecot). Those two are taken from dovecot-config again. And
+dnl its dovecot_moduledir='$(moduledir)' would loop with
+dnl DC_DOVECOT_MODULEDIR's default moduledir=$(dovecot_moduledir): the
+dnl modules go to $(libdir)/dovecot/modules under the prefix instead.
+AC_DEFUN([CASBOX_DOVECOT_READ_DIRS], [
+	AS_IF([test "x$use_install_dirs" = xno], [
+		eval `grep '^dovecot_pkgincludedir=' "$dovecotdir/dovecot-config"`
+		eval `grep '^dovecot_pkglibdir=' "$dovecotdir/dovecot-config"`
+		dovecot_moduledir='$(libdir)/dovecot/modules'
+	])
+])

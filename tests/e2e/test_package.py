@@ -61,11 +61,19 @@ def copy_sources(dest):
     not ignored files (a clean clone with this checkout's edits), or
     the whole source dir outside git."""
     try:
+        top = subprocess.run(
+            ["git", "-C", TOP_SRCDIR, "rev-parse", "--show-toplevel"],
+            capture_output=True, text=True, check=True).stdout.strip()
         names = subprocess.run(
             ["git", "-C", TOP_SRCDIR, "ls-files", "-co", "--exclude-standard",
              "-z"], capture_output=True, check=True).stdout.split(b"\0")
     except (OSError, subprocess.CalledProcessError):
+        top = None
+    if top is None or os.path.realpath(top) != os.path.realpath(TOP_SRCDIR):
+        # a tarball (make distcheck unpacks one inside the checkout)
         shutil.copytree(TOP_SRCDIR, dest, ignore=IGNORE, symlinks=True)
+        for root, dirs, files in os.walk(dest):
+            os.chmod(root, 0o755)      # distcheck's tree is read-only
         return
     for name in filter(None, (n.decode() for n in names)):
         src = os.path.join(TOP_SRCDIR, name)
