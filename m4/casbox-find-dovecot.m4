@@ -14,10 +14,14 @@ AC_DEFUN([CASBOX_FIND_DOVECOT], [
 	AS_IF([test "x${with_dovecot+set}" != xset], [
 		casbox_dc_prefix=$prefix
 		test "x$casbox_dc_prefix" = xNONE && casbox_dc_prefix=$ac_default_prefix
+		casbox_dc_dirs="$casbox_dc_prefix/lib/dovecot"
+		for casbox_dc_dir in /usr/lib/dovecot /usr/local/lib/dovecot; do
+			AS_CASE([" $casbox_dc_dirs "], [*" $casbox_dc_dir "*], [],
+				[casbox_dc_dirs="$casbox_dc_dirs $casbox_dc_dir"])
+		done
 		AC_MSG_CHECKING([where dovecot-config is])
 		casbox_dc_found=
-		for casbox_dc_dir in "$casbox_dc_prefix/lib/dovecot" \
-			/usr/lib/dovecot /usr/local/lib/dovecot; do
+		for casbox_dc_dir in $casbox_dc_dirs; do
 			AS_IF([test -f "$casbox_dc_dir/dovecot-config"], [
 				casbox_dc_found=$casbox_dc_dir
 				break
@@ -28,10 +32,12 @@ AC_DEFUN([CASBOX_FIND_DOVECOT], [
 			with_dovecot=$casbox_dc_found
 		], [
 			AC_MSG_RESULT([not found])
-			AC_MSG_ERROR([dovecot-config not found in $casbox_dc_prefix/lib/dovecot, /usr/lib/dovecot or /usr/local/lib/dovecot: install the Debian package dovecot-dev, or give --with-dovecot=DIR (the directory holding dovecot-config)])
+			AC_MSG_ERROR([dovecot-config not found in $casbox_dc_dirs: install the Debian package dovecot-dev, or give --with-dovecot=DIR (the directory holding dovecot-config)])
 		])
 	], [test "x$with_dovecot" = xno || test "x$with_dovecot" = xyes], [
 		AC_MSG_ERROR([--with-dovecot needs a directory: --with-dovecot=DIR, where DIR holds dovecot-config])
+	], [test ! -f "$with_dovecot/dovecot-config"], [
+		AC_MSG_ERROR([--with-dovecot=$with_dovecot: no dovecot-config there (Debian's dovecot-dev installs /usr/lib/dovecot/dovecot-config)])
 	])
 ])
 
