@@ -101,7 +101,6 @@ const char *casbox_admin_pack_path(struct casbox_admin *adm,
 /* Bytes of all files under dir (recursively). */
 uint64_t casbox_admin_dir_size(const char *dir);
 
-
 /* Add (or with add=FALSE remove) keyword on the messages (vname, uid)
    through lib-storage, so the index, IMAP clients and the LSM mirror
    all get it. uids[i] belongs to mailbox vnames[i], grouped by mailbox;
