@@ -95,10 +95,23 @@ class ManPagesTest(unittest.TestCase):
                 for line in block.strip().split("\n"):
                     self.assertIn(plain(line.replace("`", "")), out,
                                   "%s: synopsis" % page)
+            # a mail command's page lists doveadm's user selection
+            if "-u user" in "".join(syn):
+                options = out.split(" OPTIONS ", 1)[1]
+                for opt in ("-A", "-F file", "-S socket_path",
+                            "-u user/mask"):
+                    self.assertIn(" %s " % opt, options, page)
             # every long option the reference names
             for opt in sorted(set(re.findall(r"(?<![\w-])--[a-z][a-z-]+",
                                              text))):
                 self.assertIn(opt, out, "%s: %s" % (page, opt))
+        # the footer names the version configure.ac gives
+        with open(os.path.join(TOP_SRCDIR, "configure.ac")) as f:
+            version = re.search(r"^AC_INIT\(\[casbox\], \[([^]]+)\]",
+                                f.read(), re.M).group(1)
+        with open(os.path.join(MANDIR, "doveadm-casbox-scrub.1")) as f:
+            self.assertRegex(f.read(), r'(?m)^\.TH .* "casbox %s" "casbox"$'
+                             % re.escape(version))
         # the overview lists every group's page
         out = plain(render("doveadm-casbox.1").stdout)
         for group in reference_groups():
