@@ -186,13 +186,21 @@ class PackageTest(unittest.TestCase):
                     shutil.move(path, os.path.join(aside,
                                                    os.path.basename(path)))
                     moved.append(path)
-            before = self.system_files()
+            before = self.ours()
+            shipped = [line.split(None, 5)[5][1:].split(" -> ")[0]
+                       for line in run(["dpkg-deb", "-c", self.deb])
+                       .splitlines()]
+            new_paths = [p for p in shipped if not os.path.lexists(p)]
             try:
                 dpkg("-i", self.deb)
                 self.check_installed()
             finally:
                 dpkg("--purge", PACKAGE)
-            self.assertEqual(self.system_files(), before)
+            # every file and directory the package brought is gone, and
+            # nothing named after us is left or changed
+            for path in new_paths:
+                self.assertFalse(os.path.lexists(path), path)
+            self.assertEqual(self.ours(), before)
             for path in OUR_MODULES + ["/etc/dovecot/conf.d/90-casbox.conf",
                                        "/usr/share/doc/dovecot-casbox"]:
                 self.assertFalse(os.path.lexists(path), path)
@@ -207,18 +215,21 @@ class PackageTest(unittest.TestCase):
             lock.close()
 
     @staticmethod
-    def system_files():
-        """Every path under the dirs the package writes to, with the
-        content digest of the module and configuration files."""
+    def ours():
+        """Every path named after casbox or casidx under the dirs the
+        package writes to, with the content digest of each file. (Not
+        the whole dirs: another engineer's apt-get may add packages
+        meanwhile.)"""
         out = {}
         for d in (SYSTEM_MODULEDIR, "/etc/dovecot", "/usr/share/man/man1",
                   "/usr/share/doc"):
             for root, dirs, files in os.walk(d):
                 for name in dirs + files:
                     path = os.path.join(root, name)
-                    out[path] = (digest(path) if name in files
-                                 and d in (SYSTEM_MODULEDIR, "/etc/dovecot")
-                                 and os.path.isfile(path) else None)
+                    if "casbox" not in path and "casidx" not in path:
+                        continue
+                    out[path] = (digest(path) if os.path.isfile(path)
+                                 else None)
         return out
 
     def check_installed(self):
