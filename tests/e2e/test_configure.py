@@ -83,4 +83,5 @@ class ConfigureTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    # unittest prints a skip's reason only when verbose: say it always
+    unittest.main(verbosity=2)

@@ -270,4 +270,5 @@ class PackageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    # unittest prints a skip's reason only when verbose: say it always
+    unittest.main(verbosity=2)
