@@ -1,7 +1,7 @@
-"""The doveadm-casbox man pages: one per command group of doc/doveadm.md,
-each installed (CASBOX_MAN1 in Makefile.am), rendering without groff
-warnings, and carrying what the reference says: its synopsis and every
-option it names. No Dovecot needed."""
+"""The doveadm-casbox man pages: one per command group of doc/doveadm.md
+(what make install installs), rendering without groff warnings, and
+carrying what the reference says: its synopsis and every option it
+names. No Dovecot needed."""
 
 import os
 import re
@@ -38,12 +38,8 @@ def reference_groups():
     return groups
 
 
-def installed_list():
-    with open(os.path.join(TOP_SRCDIR, "Makefile.am")) as f:
-        text = f.read()
-    m = re.search(r"^CASBOX_MAN1 = \\\n((?:\t.*\n)+)", text, re.M)
-    return sorted(os.path.basename(x.strip(" \t\\"))
-                  for x in m.group(1).split("\n") if x.strip())
+def built_pages():
+    return sorted(n for n in os.listdir(MANDIR) if n.endswith(".1"))
 
 
 def render(page):
@@ -61,22 +57,28 @@ def plain(text):
 
 class ManPagesTest(unittest.TestCase):
 
-    def test_every_group_has_an_installed_page(self):
+    def test_every_group_has_a_page(self):
         want = sorted(["doveadm-casbox.1"] +
                       ["doveadm-casbox-%s.1" % g for g in reference_groups()])
-        self.assertEqual(installed_list(), want,
-                         "CASBOX_MAN1 in Makefile.am must list one page per "
-                         "'## doveadm casbox GROUP' section of doc/doveadm.md")
+        # what make install installs, and what the build made
         listed = subprocess.run([sys.executable, GENERATOR, "--list",
                                  REFERENCE], capture_output=True, text=True,
                                 check=True).stdout.split()
         self.assertEqual(sorted(listed), want)
-        for page in want:
-            self.assertTrue(os.path.exists(os.path.join(MANDIR, page)),
-                            "%s not built" % page)
+        self.assertEqual(built_pages(), want)
+
+    def test_every_section_has_a_name_line(self):
+        """The NAME line (`doveadm casbox X` - what it does) the page's
+        NAME and the overview's list come from."""
+        text = open(REFERENCE).read()
+        for m in re.finditer(r"(?m)^## (doveadm casbox [a-z].*)$", text):
+            rest = text[m.end():].split("\n## ", 1)[0]
+            name = re.search(r"### NAME\n(.+(?:\n.+)*)", rest)
+            self.assertIsNotNone(name, m.group(1))
+            self.assertIn(" - ", name.group(1), m.group(1))
 
     def test_pages_render_cleanly(self):
-        for page in installed_list():
+        for page in built_pages():
             res = render(page)
             self.assertEqual(res.returncode, 0, res.stderr)
             self.assertEqual(res.stderr, "", page)
@@ -117,7 +119,7 @@ class ManPagesTest(unittest.TestCase):
         for group in reference_groups():
             self.assertIn("doveadm-casbox-%s(1)" % group, out)
 
-    def test_generator_rejects_a_section_without_name(self):
+    def test_generator_warns_on_a_section_without_name(self):
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".md") as f:
             f.write("# t\n\n## doveadm casbox frob\n\nno NAME here\n")
@@ -126,10 +128,35 @@ class ManPagesTest(unittest.TestCase):
                 res = subprocess.run([sys.executable, GENERATOR, "-o", d,
                                       f.name], capture_output=True,
                                      text=True)
-                self.assertEqual(res.returncode, 1)
-                self.assertIn("frob", res.stderr)
-                self.assertEqual(os.listdir(d), [])
+                # the build goes on; test_every_section_has_a_name_line
+                # is what fails
+                self.assertEqual(res.returncode, 0, res.stderr)
+                self.assertIn("warning: section 'doveadm casbox frob'",
+                              res.stderr)
+                self.assertEqual(sorted(os.listdir(d)),
+                                 ["doveadm-casbox-frob.1",
+                                  "doveadm-casbox.1"])
 
+    def test_generator_handles_the_aecs_style(self):
+        """A NAME without code span, a synopsis wrapped over lines (as
+        the aecs branch writes them)."""
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".md") as f:
+            f.write("# t\n\n## doveadm casbox frob export\n\n### NAME\n"
+                    "doveadm casbox frob export - write it\nout\n\n"
+                    "### SYNOPSIS\n`doveadm casbox frob export [-u user]\n"
+                    "(--db FILE | --sql FILE)`\n\n### OPTIONS\n"
+                    "`--db FILE`\n")
+            f.flush()
+            with tempfile.TemporaryDirectory() as d:
+                subprocess.run([sys.executable, GENERATOR, "-o", d, f.name],
+                               check=True, capture_output=True)
+                with open(os.path.join(d, "doveadm-casbox-frob.1")) as p:
+                    page = p.read()
+        self.assertIn("doveadm\\-casbox\\-frob \\- write it out\n", page)
+        self.assertIn("\\fBdoveadm casbox frob export [\\-u user] "
+                      "(\\-\\-db FILE | \\-\\-sql FILE)\\fR\n", page)
+        self.assertIn("User selection", page)
 
 if __name__ == "__main__":
     unittest.main()
