@@ -209,14 +209,27 @@ static void frompacks_frame(struct casbox_frompacks *fp,
 
 static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
 {
+	ARRAY_TYPE(casbox_census_pack) packs;
+	struct casbox_admin_scan_progress progress;
 	struct casbox_pack_frame_info info;
 	struct casbox_pack_scan *scan;
+	const struct casbox_census_pack *pack_list;
+	unsigned int pack_count;
 	const char *error;
 
+	if (casbox_census_list_packs(fp->adm->root_dir, fp->pool, &packs,
+				     error_r) < 0)
+		return -1;
+	pack_list = array_get(&packs, &pack_count);
+	casbox_admin_scan_progress_init(&progress, "rebuild --from-packs",
+					pack_list, pack_count);
 	scan = casbox_pack_scan_init(fp->adm->packs);
 	while (casbox_pack_scan_next(scan, &info)) T_BEGIN {
 		frompacks_frame(fp, &info);
+		casbox_admin_scan_progress_frame(&progress, info.pack_id,
+						 info.offset, info.frame_size);
 	} T_END;
+	casbox_admin_progress_end();
 	if (casbox_pack_scan_deinit(&scan, &error) < 0) {
 		*error_r = t_strdup_printf("pack scan: %s", error);
 		return -1;
@@ -434,9 +447,12 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 	const struct casbox_msg_part *part;
 	struct casbox_frompacks_mailbox *mbox;
 	uint64_t now_usecs = casbox_meta_now_usecs();
+	unsigned int i = 0, count = array_count(&fp->msg_list);
 	const char *why;
 
 	array_foreach_elem(&fp->msg_list, msg) T_BEGIN {
+		casbox_admin_progress("rebuild --from-packs: messages opened",
+				      ++i, count);
 		mbox = frompacks_mailbox_get(fp, msg->mailbox_guid);
 		why = msg->rec.written_usecs <= mbox->deleted_written ? NULL :
 			frompacks_msg_resolve(fp, msg);
@@ -447,6 +463,7 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 		} else if (why != NULL) {
 			msg->lost = TRUE;
 			fp->lost_messages++;
+			casbox_admin_progress_end();
 			i_warning("casbox rebuild --from-packs: mailbox %s "
 				  "uid %u (GUID %s) lost: %s",
 				  msg->rec.mailbox_name, msg->uid,
@@ -463,6 +480,7 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 		if (!msg->deleted)
 			frompacks_mailbox_add(fp, msg);
 	} T_END;
+	casbox_admin_progress_end();
 	frompacks_drop_deleted(fp);
 	array_foreach_elem(&fp->mailbox_list, mbox) {
 		/* a mailbox only a mailbox record named: empty */

@@ -953,12 +953,18 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 {
 	struct casbox_admin *adm = gc->adm;
+	int ret;
 
 	if (casbox_admin_open_keys(adm, error_r) < 0 ||
 	    casbox_census_build(adm->store, NULL, NULL, &gc->census,
-				error_r) < 0 ||
-	    casbox_census_scan_packs(adm->store, gc->census, NULL, NULL,
-				     error_r) < 0)
+				error_r) < 0)
+		return -1;
+	gc->census->progress = casbox_admin_census_progress;
+	gc->census->progress_context = (void *)"gc";
+	ret = casbox_census_scan_packs(adm->store, gc->census, NULL, NULL,
+				       error_r);
+	casbox_admin_progress_end();
+	if (ret < 0)
 		return -1;
 	p_array_init(&gc->candidates, gc->census->pool, 8);
 	p_array_init(&gc->moves, gc->census->pool, 64);

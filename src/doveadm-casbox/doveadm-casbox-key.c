@@ -362,7 +362,11 @@ static int casbox_rotate_walk(struct casbox_rotate *rot,
 			event(), "casbox key rotate: batch %u: %"PRIu64
 			" examined", rot->steps, examined);
 		event_unref(&event);
+		casbox_admin_progress_line(ret == 0,
+			"key rotate: %"PRIu64" blob keys rewrapped, batch %u",
+			rot->stats.rewrapped, rot->steps);
 		if (casbox_rotate_verbose()) {
+			casbox_admin_progress_end();
 			/* tests synchronise on these lines */
 			i_info("casbox key rotate: %s: batch %u: "
 			       "%"PRIu64" rewrapped, %"PRIu64" in total",
@@ -371,6 +375,7 @@ static int casbox_rotate_walk(struct casbox_rotate *rot,
 			       rot->stats.rewrapped);
 		}
 	} while (ret > 0);
+	casbox_admin_progress_end();
 	return 0;
 }
 

@@ -119,27 +119,6 @@ static void casbox_scrub_lsm_damage(void *context, const char *file,
 					 SCRUB_LSM_HINT));
 }
 
-static const char *casbox_scrub_size(uint64_t bytes)
-{
-	return t_strdup_printf("%"PRIu64".%"PRIu64" MB", bytes / 1000000,
-			       (bytes / 100000) % 10);
-}
-
-static unsigned int casbox_scrub_percent(uint64_t done, uint64_t total)
-{
-	return total == 0 ? 100 : (unsigned int)(done * 100 / total);
-}
-
-static void casbox_scrub_scan_progress(void *context ATTR_UNUSED,
-				       uint64_t frames, uint64_t bytes_done,
-				       uint64_t bytes_total)
-{
-	casbox_admin_progress_line(bytes_done == bytes_total,
-		"scrub: pack frames: %"PRIu64", %s of %s (%u%%)", frames,
-		casbox_scrub_size(bytes_done), casbox_scrub_size(bytes_total),
-		casbox_scrub_percent(bytes_done, bytes_total));
-}
-
 /* Decode the blob to its end: every chunk's CRC and AEAD tag. */
 static void casbox_scrub_decode(struct casbox_scrub *scrub,
 				struct casbox_census_blob *blob)
@@ -206,11 +185,9 @@ static void casbox_scrub_blobs(struct casbox_scrub *scrub)
 		}
 		if (blob->have_record && !blob->record_bad)
 			done += blob->rec.frame_size;
-		casbox_admin_progress_line(i == count,
-			"scrub: blobs decoded: %u/%u, %s of %s (%u%%)",
-			i, count, casbox_scrub_size(done),
-			casbox_scrub_size(total),
-			casbox_scrub_percent(done, total));
+		casbox_admin_progress_bytes(i == count, "scrub",
+			t_strdup_printf("blobs decoded: %u/%u", i, count),
+			done, total);
 	} T_END;
 	casbox_admin_progress_end();
 }
@@ -413,8 +390,8 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	if ((ret = casbox_scrub_open_packs(scrub, &key_error, error_r)) < 0)
 		return -1;
 	if (ret > 0) {
-		scrub->census->progress = casbox_scrub_scan_progress;
-		scrub->census->progress_context = scrub;
+		scrub->census->progress = casbox_admin_census_progress;
+		scrub->census->progress_context = (void *)"scrub";
 		ret = casbox_census_scan_packs(adm->store, scrub->census,
 					       casbox_scrub_row, scrub,
 					       error_r);

@@ -5,14 +5,11 @@
 #include "lib.h"
 #include "array.h"
 #include "str.h"
-#include "time-util.h"
 #include "doveadm-casbox.h"
 
 #include <dirent.h>
-#include <stdio.h>
 #include <unistd.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 
 int casbox_admin_open_root(const char *root_dir,
 			   const struct casbox_settings *set,
@@ -196,56 +193,4 @@ uint64_t casbox_admin_dir_size(const char *dir_path)
 	}
 	(void)closedir(dir);
 	return size;
-}
-
-static bool progress_shown = FALSE;
-static struct timeval progress_last;
-
-static void casbox_admin_progress_vline(bool force, const char *fmt,
-					va_list args) ATTR_FORMAT(2, 0);
-
-static void casbox_admin_progress_vline(bool force, const char *fmt,
-					va_list args)
-{
-	struct timeval now;
-
-	if (!isatty(STDERR_FILENO))
-		return;
-	/* at most ten updates a second: the terminal is not the work */
-	if (gettimeofday(&now, NULL) < 0)
-		i_fatal("gettimeofday() failed: %m");
-	if (!force && progress_shown &&
-	    timeval_diff_msecs(&now, &progress_last) < 100)
-		return;
-	progress_last = now;
-	/* \r and erase to the end of the line: one line, updated */
-	fprintf(stderr, "\r%s\033[K", t_strdup_vprintf(fmt, args));
-	fflush(stderr);
-	progress_shown = TRUE;
-}
-
-void casbox_admin_progress_line(bool force, const char *fmt, ...)
-{
-	va_list args;
-
-	va_start(args, fmt);
-	T_BEGIN {
-		casbox_admin_progress_vline(force, fmt, args);
-	} T_END;
-	va_end(args);
-}
-
-void casbox_admin_progress(const char *what, unsigned int done,
-			   unsigned int total)
-{
-	casbox_admin_progress_line(done == total, "%s: %u/%u",
-				   what, done, total);
-}
-
-void casbox_admin_progress_end(void)
-{
-	if (progress_shown) {
-		fprintf(stderr, "\n");
-		progress_shown = FALSE;
-	}
 }

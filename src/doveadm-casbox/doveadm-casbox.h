@@ -13,6 +13,7 @@
 #include "casbox-pack.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
+#include "doveadm-casbox-progress.h"
 
 struct mail_user;
 struct mailbox_list;
@@ -107,14 +108,6 @@ const char *casbox_admin_pack_path(struct casbox_admin *adm,
 				   uint32_t pack_id);
 /* Bytes of all files under dir (recursively). */
 uint64_t casbox_admin_dir_size(const char *dir);
-
-/* Progress on stderr, only when it is a terminal: one line, rewritten
-   at most ten times a second (force: now, e.g. for the last update). */
-void casbox_admin_progress_line(bool force, const char *fmt, ...)
-	ATTR_FORMAT(2, 3);
-void casbox_admin_progress(const char *what, unsigned int done,
-			   unsigned int total);
-void casbox_admin_progress_end(void);
 
 /* Add (or with add=FALSE remove) keyword on the messages (vname, uid)
    through lib-storage, so the index, IMAP clients and the LSM mirror

@@ -59,6 +59,22 @@ OUR_DOVEADM_MODULE = ("lib10_doveadm_casbox_plugin.so",
 
 LOG_PROBLEM_RE = re.compile(r": (Error|Fatal|Panic): ")
 
+# Held shared while an instance has put our doveadm plugin into the
+# system module dir (no private mount namespace, or the demo), and
+# exclusively by tests/e2e/test_package.py while the .deb is installed:
+# the installed package and a build tree's copy never overwrite each
+# other. Instances in a private mount namespace do not need it: they
+# never read our module names from the system dirs.
+SYSTEM_MODULES_LOCK = "/run/lock/casbox-system-modules.lock"
+
+
+def lock_system_modules(exclusive):
+    """An open file holding the lock (close it to release)."""
+    import fcntl
+    f = open(SYSTEM_MODULES_LOCK, "a")
+    fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    return f
+
 
 class HarnessError(Exception):
     pass
@@ -201,7 +217,7 @@ class Dovecot:
                  plugin_settings=None, extra_conf="", protocols="imap lmtp",
                  users_prefix="", keep_tmp=None, mail_debug=None,
                  system_doveadm_plugin=False, passdb_extra="",
-                 users=None):
+                 users=None, modules="build"):
         self.mail_location = mail_location
         self.mail_plugins = list(mail_plugins if mail_plugins is not None
                                  else ["casbox"])
@@ -224,6 +240,13 @@ class Dovecot:
         # private mount namespace is possible (the demo, whose user runs
         # doveadm by hand)
         self.system_doveadm_plugin = system_doveadm_plugin
+        # "build": our plugins from the build tree (staged, see
+        # _stage_modules()); "system": Dovecot's own module dirs as they
+        # are, i.e. what a package installed (tests/e2e/test_package.py)
+        if modules not in ("build", "system"):
+            raise ValueError("modules must be 'build' or 'system'")
+        self.modules = modules
+        self.modules_lock = None
         self.tmp = None
         self.master_pid = None
         self.imap_port = None
@@ -328,8 +351,20 @@ class Dovecot:
         the log is complete. Safe to call inside the `with` block; the
         exit then only checks the log."""
         if self.master_pid is None:
+            self._unlock_modules()
             return
         pid, self.master_pid = self.master_pid, None
+        try:
+            self._stop_master(pid)
+        finally:
+            self._unlock_modules()
+
+    def _unlock_modules(self):
+        if self.modules_lock is not None:
+            self.modules_lock.close()
+            self.modules_lock = None
+
+    def _stop_master(self, pid):
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -358,6 +393,9 @@ class Dovecot:
         that directory with ours is bind-mounted over it in a mount
         namespace of this instance (self.command()), or, where that is
         not allowed, ours is installed there (root only)."""
+        self.doveadm_moddir = None
+        if self.modules == "system":
+            return
         moddir = os.path.join(self.tmp, "modules")
         for path in glob.glob(os.path.join(SYSTEM_MODULEDIR, "*.so")):
             name = os.path.basename(path)
@@ -374,7 +412,6 @@ class Dovecot:
         dest = os.path.join(DOVEADM_MODULEDIR, name)
         if not os.path.exists(src):
             raise HarnessError("%s not built (looked at %s)" % (name, src))
-        self.doveadm_moddir = None
         if (self.root and not self.system_doveadm_plugin
                 and private_mounts_available()):
             staged = os.path.join(self.tmp, "doveadm-modules")
@@ -386,11 +423,17 @@ class Dovecot:
             shutil.copyfile(src, os.path.join(staged, name))
             self.doveadm_moddir = staged
         elif self.root:
+            self.modules_lock = lock_system_modules(exclusive=False)
             _atomic_copy(src, dest)
         elif not os.path.exists(dest):
             raise HarnessError("doveadm loads plugins only from %s: run as "
                                "root or `make install` first"
                                % DOVEADM_MODULEDIR)
+
+    def mail_plugin_dir(self):
+        if self.modules == "system":
+            return SYSTEM_MODULEDIR
+        return os.path.join(self.tmp, "modules")
 
     def userdb_text(self):
         if self.users is not None:
@@ -423,7 +466,7 @@ mail_debug = {"yes" if self.mail_debug else "no"}
 # stats service can time out, an Error line that has nothing to do
 # with what a test checks.
 stats_writer_socket_path =
-mail_plugin_dir = {t}/modules
+mail_plugin_dir = {self.mail_plugin_dir()}
 mail_plugins = $mail_plugins {plugins}
 mail_location = {self.mail_location}
 passdb {{
