@@ -200,7 +200,7 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 				     const char **error_r)
 {
 	struct cas_key_settings key_set;
-	const char *path = store->set->key_file, *error;
+	const char *path = store->set->key_file, *error, *load_error;
 	bool have_data;
 	int ret;
 
@@ -244,6 +244,12 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		return -1;
 	}
 	if (cas_keyring_create_mode(&key_set, &store->keyring, &error) < 0) {
+		/* another process of the new user (two first deliveries at
+		   once) created it since we looked: that is the store's key.
+		   The create never replaces a file, so there is one. */
+		if (cas_keyring_load_mode(&key_set, &store->keyring,
+					  &load_error) > 0)
+			return 0;
 		/* password mode without the password (LMTP): nothing is
 		   stored unencrypted; the caller fails the delivery
 		   temporarily and the MTA retries after the first login */
