@@ -371,7 +371,12 @@ casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
 	}
 	/* derived data: drop it; get_last_uid() = 0 makes Dovecot search
 	   the mailbox itself and the indexer rebuild it */
-	e_error(backend->event, "%s - rebuilding the index", error);
+	if (casidx_index_is_old_format(*index_r)) {
+		e_info(backend->event, "%s - rebuilding the index in the "
+		       "current format", error);
+	} else {
+		e_error(backend->event, "%s - rebuilding the index", error);
+	}
 	if (casidx_index_delete(*index_r, &error) < 0 ||
 	    casidx_index_refresh(*index_r, &error) < 0) {
 		e_error(backend->event, "%s", error);

@@ -20,7 +20,10 @@
 
 #define MANIFEST_NAME "manifest"
 #define MANIFEST_MAGIC "CXMANIF1"
-#define MANIFEST_VERSION 1
+/* 2: the indexed text changed (issue 17: markup of HTML parts, long
+   runs, per-document markers). A version-1 index is read as an old
+   format: dropped and rebuilt, never used for answers. */
+#define MANIFEST_VERSION 2
 #define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
 #define LOCK_NAME "write.lock"
 #define REFRESH_RETRIES 5
@@ -53,6 +56,8 @@ struct casidx_index {
 
 	bool loaded;
 	bool corrupted;
+	/* the corruption is an older format version (rebuild it) */
+	bool old_format;
 	struct manifest manifest;
 	ARRAY(struct open_segment) segments;
 };
@@ -122,7 +127,8 @@ static void put_u32(buffer_t *buf, uint32_t v)
 }
 
 static int manifest_parse(const unsigned char *data, size_t size,
-			  struct manifest *m, const char **error_r)
+			  struct manifest *m, bool *old_format_r,
+			  const char **error_r)
 {
 	const unsigned char *p = data, *end;
 	uint32_t i, nseg, exp_len, id, docs;
@@ -134,6 +140,14 @@ static int manifest_parse(const unsigned char *data, size_t size,
 	end = data + size - 4;
 	if (cas_crc32c(data, size - 4) != get_u32(end)) {
 		*error_r = "corrupted manifest: checksum mismatch";
+		return -1;
+	}
+	if (memcmp(p, MANIFEST_MAGIC, 8) == 0 &&
+	    get_u32(p + 8) < MANIFEST_VERSION) {
+		*old_format_r = TRUE;
+		*error_r = t_strdup_printf("old index format version %u "
+					   "(now %u)", get_u32(p + 8),
+					   MANIFEST_VERSION);
 		return -1;
 	}
 	if (memcmp(p, MANIFEST_MAGIC, 8) != 0 ||
@@ -220,7 +234,8 @@ static int manifest_read(struct casidx_index *index, struct manifest *m,
 			t_strdup_printf("read(%s): short read", path);
 		return -1;
 	}
-	result = manifest_parse(buf->data, buf->used, m, error_r);
+	result = manifest_parse(buf->data, buf->used, m, &index->old_format,
+				error_r);
 	if (result < 0) {
 		index->corrupted = TRUE;
 		*error_r = t_strdup_printf("%s: %s", path, *error_r);
@@ -472,6 +487,11 @@ bool casidx_index_is_corrupted(const struct casidx_index *index)
 	return index->corrupted;
 }
 
+bool casidx_index_is_old_format(const struct casidx_index *index)
+{
+	return index->old_format;
+}
+
 static struct casidx_segment *
 index_find_open(struct casidx_index *index, uint32_t id)
 {
@@ -573,6 +593,7 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r)
 	int ret;
 
 	index->corrupted = FALSE;
+	index->old_format = FALSE;
 	for (try = 0; try < REFRESH_RETRIES; try++) {
 		ret = manifest_read(index, &m, error_r);
 		if (ret <= 0) {

@@ -76,6 +76,9 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r);
    (checksum, format), not I/O: the caller should delete and rebuild the
    index. */
 bool casidx_index_is_corrupted(const struct casidx_index *index);
+/* TRUE if the corruption is an index written in an older format version
+   (also is_corrupted): derived data, the caller rebuilds it. */
+bool casidx_index_is_old_format(const struct casidx_index *index);
 /* Highest committed UID of the current snapshot. */
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
 /* UIDVALIDITY the snapshot's UIDs belong to, 0 if unknown. A caller
