@@ -51,6 +51,10 @@ static void collect_cb(const struct casidx_token *t, void *context)
 		str_append(str, "/p");
 	if ((t->flags & CASIDX_TOKEN_FLAG_CJK) != 0)
 		str_append(str, "/c");
+	if ((t->flags & CASIDX_TOKEN_FLAG_UNINDEXED) != 0)
+		str_append(str, "/u");
+	if ((t->flags & CASIDX_TOKEN_FLAG_WINDOW) != 0)
+		str_append(str, "/w");
 }
 
 static const char *tokens(const char *text, size_t len)
@@ -161,11 +165,16 @@ static const struct tok_case cases[] = {
 	{ "http://x.org/wiki/A_(b)",
 	  "http://x.org/wiki/a_(b)@0 x.org@0/p http@0/p x@0/p org@0/p "
 	  "wiki@0/p a@0/p b@0/p" },
-	/* base64 and hex runs are skipped, short or plain ones are not */
+	/* base64 runs are marked unindexed (/u, the run's first 64 bytes),
+	   hex, short or plain runs are indexed */
 	{ "x aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg== y",
-	  "x@0 y@1" },
+	  "x@0 aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg==@1/u y@1" },
 	{ "sha d41d8cd98f00b204e9800998ecf8427e0123abcd end",
-	  "sha@0 end@1" },
+	  "sha@0 d41d8cd98f00b204e9800998ecf8427e0123abcd@1 end@2" },
+	/* a path is text however long */
+	{ "/llvm/lib/Transforms/Instrumentation/MemorySanitizer.cpp:3236:",
+	  "llvm@0 lib@1 transforms@2 instrumentation@3 "
+	  "memorysanitizer.cpp@4 memorysanitizer@4/p cpp@4/p 3236@5" },
 	{ "d41d8cd98f00b204", "d41d8cd98f00b204@0" },
 	{ "pneumonoultramicroscopicsilicovolcanoconiosis",
 	  "pneumonoultramicroscopicsilicovolcanoconiosis@0" },
@@ -184,11 +193,16 @@ static const struct tok_case cases[] = {
 	  "x@0 microsoft@1 exchange@2 diagnostics@3 untrusted@4 "
 	  "transport@5 headername@6" },
 	{ "x aGVsbG8-d29ybGQ_dGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg y",
-	  "x@0 y@1" },
+	  "x@0 aGVsbG8-d29ybGQ_dGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg@1/u y@1" },
 	{ "x QWxhZGRpbjpvcGVu-c2VzYW1lX2FuZF9zb21lX21vcmU_ZGF0YQ y",
-	  "x@0 y@1" },
+	  "x@0 QWxhZGRpbjpvcGVu-c2VzYW1lX2FuZF9zb21lX21vcmU_ZGF0YQ@1/u y@1" },
 	{ "x 3f2a9c7e-1b4d-4e8f-9a6b-2c5d7e9f1a3b4c5d6e7f8a9b y",
-	  "x@0 y@1" },
+	  "x@0 3f2a9c7e-1b4d-4e8f-9a6b-2c5d7e9f1a3b4c5d6e7f8a9b@1/u y@1" },
+	/* a word over 64 bytes: overlapping windows, every 32 bytes and
+	   one at the end */
+	{ "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789",
+	  "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz01@0/w "
+	  "ijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789@0/w" },
 	/* invalid UTF-8 separates words */
 	{ "abc\xFF" "def \xC0\xAFghi \xED\xA0\x80jkl mno\xE4\xB8",
 	  "abc@0 def@1 ghi@2 jkl@3 mno@4" },

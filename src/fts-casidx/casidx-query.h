@@ -22,6 +22,7 @@
 #include "casidx-index.h"
 
 struct casidx_tokenizer;
+struct casidx_token;
 
 #define CASIDX_FIELD_MASK(field) (1U << (field))
 #define CASIDX_FIELD_MASK_ALL ((1U << CASIDX_FIELD_COUNT) - 1)
@@ -39,6 +40,19 @@ struct casidx_query_result {
 	/* BM25 scores of definite and maybe UIDs */
 	struct casidx_query_scores *scores;
 };
+
+/* Index a token into the writer's current document the way lookups
+   expect it: its term, and the marker term (casidx-index.h) its flags
+   call for, once per field. *markers records those: zero it at each
+   new document. */
+void casidx_query_add_token(struct casidx_index_writer *writer,
+			    enum casidx_field field,
+			    const struct casidx_token *token,
+			    uint32_t *markers);
+/* Add marker (CASIDX_TERM_UNINDEXED or _FOLDED) to field, once. */
+void casidx_query_add_marker(struct casidx_index_writer *writer,
+			     enum casidx_field field, const char *marker,
+			     uint32_t *markers);
 
 /* TRUE if value produces at least one token, i.e. the index can answer
    a leaf with it. Empty or punctuation-only values can't be answered. */

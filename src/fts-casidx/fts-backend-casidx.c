@@ -16,6 +16,10 @@
 #include "mail-storage.h"
 #include "mail-search.h"
 #include "mailbox-list.h"
+#include "istream.h"
+#include "message-parser.h"
+#include "message-decoder.h"
+#include "rfc822-parser.h"
 #include "fts-api-private.h"
 #include "cas-keymode.h"
 #include "casidx-tokenizer.h"
@@ -53,8 +57,14 @@ struct casidx_fts_backend_update_context {
 	/* password mode: the box whose index opens at the first build
 	   key, not at set_mailbox (see casidx_update_open()) */
 	struct mailbox *pending_box;
+	/* the box being indexed (casidx_update_html() reads its mails) */
+	struct mailbox *box;
 	uint32_t uid;
+	/* the UID whose HTML parts casidx_update_html() indexed */
+	uint32_t html_uid;
 	enum casidx_field field;
+	/* marker terms the current document has (casidx_query_add_token()) */
+	uint32_t doc_markers;
 	bool doc_open;
 	bool key_open;
 };
@@ -482,6 +492,7 @@ casidx_update_open(struct casidx_fts_backend_update_context *ctx,
 		return;
 	}
 	ctx->index = index;
+	ctx->box = box;
 	ctx->writer = casidx_index_writer_begin(index);
 	casidx_index_writer_set_uid_validity(ctx->writer, uid_validity);
 }
@@ -546,8 +557,8 @@ static void casidx_update_token(const struct casidx_token *token,
 {
 	struct casidx_fts_backend_update_context *ctx = context;
 
-	casidx_index_writer_add_term(ctx->writer, ctx->field,
-				     token->term, token->term_len);
+	casidx_query_add_token(ctx->writer, ctx->field, token,
+			       &ctx->doc_markers);
 }
 
 static bool
@@ -568,6 +579,7 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 	}
 	casidx_index_writer_add_doc(ctx->writer, uid);
 	ctx->uid = uid;
+	ctx->doc_markers = 0;
 	ctx->doc_open = TRUE;
 	return TRUE;
 }
@@ -595,6 +607,134 @@ casidx_update_header_name(struct casidx_fts_backend_update_context *ctx,
 			}
 		}
 	} T_END;
+}
+
+static bool content_type_is_html(const struct message_header_line *hdr)
+{
+	struct rfc822_parser_context parser;
+	string_t *content_type = t_str_new(64);
+
+	rfc822_parser_init(&parser, hdr->full_value, hdr->full_value_len,
+			   NULL);
+	rfc822_skip_lwsp(&parser);
+	(void)rfc822_parse_content_type(&parser, content_type);
+	rfc822_parser_deinit(&parser);
+	return strcasecmp(str_c(content_type), "text/html") == 0;
+}
+
+static int
+casidx_update_html_stream(struct casidx_fts_backend_update_context *ctx,
+			  struct istream *input, const char **error_r)
+{
+	const struct message_parser_settings parser_set = {
+		.hdr_flags = MESSAGE_HEADER_PARSER_FLAG_CLEAN_ONELINE,
+	};
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct message_parser_ctx *parser;
+	struct message_decoder_context *decoder;
+	struct message_block raw, block;
+	struct message_part *prev_part = NULL, *parts;
+	bool html = FALSE, in_body = FALSE;
+	int ret;
+
+	ctx->field = CASIDX_FIELD_BODY;
+	parser = message_parser_init(pool_datastack_create(), input,
+				     &parser_set);
+	decoder = message_decoder_init(NULL, 0);
+	while ((ret = message_parser_parse_next_block(parser, &raw)) > 0) {
+		if (raw.part != prev_part) {
+			if (in_body) {
+				casidx_tokenizer_final(backend->tok,
+					casidx_update_token, ctx);
+			}
+			/* a new part's headers, or the rest of a multipart
+			   (never text) */
+			prev_part = raw.part;
+			html = in_body = FALSE;
+		}
+		if (raw.hdr != NULL) {
+			if (strcasecmp(raw.hdr->name, "Content-Type") == 0) {
+				if (raw.hdr->continues)
+					raw.hdr->use_full_value = TRUE;
+				else
+					html = content_type_is_html(raw.hdr);
+			}
+		} else if (raw.size == 0) {
+			if (html) {
+				casidx_tokenizer_reset(backend->tok);
+				in_body = TRUE;
+			}
+		} else if (!in_body) {
+			continue;
+		}
+		/* the decoder sees every header: it needs the charset and
+		   the transfer encoding */
+		if (!message_decoder_decode_next_block(decoder, &raw, &block))
+			continue;
+		if (in_body && block.hdr == NULL && block.size > 0) {
+			casidx_tokenizer_feed(backend->tok, block.data,
+					      block.size, casidx_update_token,
+					      ctx);
+		}
+	}
+	if (in_body)
+		casidx_tokenizer_final(backend->tok, casidx_update_token, ctx);
+	message_decoder_deinit(&decoder);
+	if (ret < 0 && input->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(input));
+		(void)message_parser_deinit_from_parts(&parser, &parts,
+						       error_r);
+		return -1;
+	}
+	/* broken MIME structure: Dovecot's search parses it the same way */
+	(void)message_parser_deinit_from_parts(&parser, &parts, error_r);
+	return 0;
+}
+
+/* Index the raw markup of every text/html part of the current message.
+   Dovecot's own search (message-search.c) reads an HTML part decoded
+   (transfer encoding, charset) but not converted: tags, attributes,
+   URLs and entities are all searchable. The FTS build hands the
+   backend html-to-text output instead, so the message is read again
+   here and parsed the way message_search_msg() does. Returns 0 if done,
+   -1 if the mail couldn't be read (the converted text is indexed
+   instead and the body marked unindexed). */
+static int casidx_update_html(struct casidx_fts_backend_update_context *ctx)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct mailbox_transaction_context *t;
+	struct istream *input;
+	struct mail *mail;
+	const char *error = NULL;
+	int ret = 0;
+
+	t = mailbox_transaction_begin(ctx->box, 0, "casidx html parts");
+	mail = mail_alloc(t, 0, NULL);
+	if (!mail_set_uid(mail, ctx->uid)) {
+		error = "expunged";
+		ret = -1;
+	} else if (mail_get_stream_because(mail, NULL, NULL,
+					   "fts html indexing", &input) < 0) {
+		error = mailbox_get_last_internal_error(ctx->box, NULL);
+		ret = -1;
+	} else T_BEGIN {
+		ret = casidx_update_html_stream(ctx, input, &error);
+		error = t_strdup(error);
+	} T_END;
+	mail_free(&mail);
+	(void)mailbox_transaction_commit(&t);
+	if (ret < 0) {
+		e_warning(backend->event, "%s: UID %u: couldn't read the "
+			  "HTML parts (%s): indexing their text only",
+			  mailbox_get_vname(ctx->box), ctx->uid, error);
+	}
+	return ret;
 }
 
 static bool
@@ -627,6 +767,20 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART:
 		ctx->field = CASIDX_FIELD_BODY;
+		if (strcasecmp(key->body_content_type, "text/html") != 0)
+			break;
+		/* all HTML parts of the message at the first one */
+		if (ctx->html_uid == key->uid)
+			return FALSE;
+		if (casidx_update_html(ctx) == 0) {
+			ctx->html_uid = key->uid;
+			return FALSE;
+		}
+		/* the converted text then, without the markup */
+		ctx->field = CASIDX_FIELD_BODY;
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_markers);
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART_BINARY:
 		return FALSE;

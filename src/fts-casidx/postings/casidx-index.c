@@ -1132,11 +1132,20 @@ void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 	   not take more than half of it: a message of millions of distinct
 	   words (22 MB of random ones took 580 MB) would otherwise run the
 	   indexer-worker out of its 256 MB on every retry. */
+	enum casidx_field f;
+
 	if (writer->doc_truncated)
 		return;
 	if (casidx_builder_memory_used(writer->builder) -
 	    writer->doc_mem_start >= casidx_index_writer_doc_limit(writer)) {
+		/* what is left of the document is unindexed: searches
+		   answer it "maybe" */
 		writer->doc_truncated = TRUE;
+		for (f = 0; f < CASIDX_FIELD_COUNT; f++) {
+			casidx_builder_add_term(writer->builder, f,
+						CASIDX_TERM_UNINDEXED,
+						CASIDX_TERM_MARKER_LEN);
+		}
 		return;
 	}
 	casidx_builder_add_term(writer->builder, field, term, term_len);

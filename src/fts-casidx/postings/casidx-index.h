@@ -24,6 +24,17 @@
 struct casidx_index;
 struct casidx_index_writer;
 
+/* Marker terms, added once per field of a document (tokens never hold
+   control characters, and no query token is a substring of these):
+   UNINDEXED  the field has text no term covers (a run skipped as encoded
+              data, or terms lost to the per-document memory bound), so
+              a search that finds nothing may still match there: "maybe"
+   FOLDED     the field has a word whose non-ASCII characters were
+              normalised, possibly into ASCII: an ASCII match is "maybe" */
+#define CASIDX_TERM_UNINDEXED "\x01\x01"
+#define CASIDX_TERM_FOLDED "\x01\x02"
+#define CASIDX_TERM_MARKER_LEN 2
+
 struct casidx_index_settings {
 	/* Flush a segment when the in-memory builder passes this. */
 	size_t memory_budget;

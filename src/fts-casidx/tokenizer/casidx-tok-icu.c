@@ -166,19 +166,17 @@ static bool needs_fold(const UChar *s, int32_t len)
 	return FALSE;
 }
 
-static void emit_normalized(struct casidx_tok_icu *icu,
-			    struct casidx_tokenizer *tok,
-			    const UChar *seg, int32_t len, bool cjk)
+static void emit_normalized_one(struct casidx_tok_icu *icu,
+				struct casidx_tokenizer *tok,
+				const UChar *seg, int32_t len, bool cjk)
 {
 	UErrorCode err = U_ZERO_ERROR;
 	const UChar *word;
-	int32_t wlen, cap, out;
+	int32_t i, wlen, cap, out;
+	bool folded = FALSE;
 
-	if (!cjk && len > CASIDX_TOK_WORD_INPUT_MAX) {
-		len = CASIDX_TOK_WORD_INPUT_MAX;
-		if (U16_IS_TRAIL(seg[len]) && U16_IS_LEAD(seg[len - 1]))
-			len--;
-	}
+	for (i = 0; i < len && !cjk && !folded; i++)
+		folded = seg[i] >= 0x80;
 	wlen = normalize(icu->nfkc_cf, seg, len, icu->norm1);
 	word = icu->norm1->data;
 	if (!cjk && needs_fold(word, wlen)) {
@@ -193,7 +191,33 @@ static void emit_normalized(struct casidx_tok_icu *icu,
 	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
 		    word, wlen, &err);
 	icu_check(err, "u_strToUTF8");
-	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk);
+	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk, folded);
+}
+
+/* A word longer than CASIDX_TOK_WORD_INPUT_MAX in overlapping chunks,
+   as the ASCII fast path does. */
+static void emit_normalized(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const UChar *seg, int32_t len, bool cjk)
+{
+	int32_t start = 0, n;
+
+	if (cjk || len <= CASIDX_TOK_WORD_INPUT_MAX) {
+		emit_normalized_one(icu, tok, seg, len, cjk);
+		return;
+	}
+	for (;;) {
+		n = I_MIN(len - start, CASIDX_TOK_WORD_INPUT_MAX);
+		if (start + n < len && U16_IS_TRAIL(seg[start + n]) &&
+		    U16_IS_LEAD(seg[start + n - 1]))
+			n--;
+		emit_normalized_one(icu, tok, seg + start, n, FALSE);
+		if (start + n >= len)
+			break;
+		start += CASIDX_TOK_WORD_INPUT_MAX / 2;
+		if (U16_IS_TRAIL(seg[start]))
+			start++;
+	}
 }
 
 static bool script_is_cjk(UScriptCode script)
