@@ -24,20 +24,20 @@ static struct casidx_tokenizer *tok;
 struct feed_ctx {
 	struct casidx_index_writer *w;
 	enum casidx_field field;
-	uint32_t markers;
+	struct casidx_doc_state state;
 };
 
 static void feed_cb(const struct casidx_token *token, void *context)
 {
 	struct feed_ctx *ctx = context;
 
-	casidx_query_add_token(ctx->w, ctx->field, token, &ctx->markers);
+	casidx_query_add_token(ctx->w, ctx->field, token, &ctx->state);
 }
 
 static void add_doc(struct feed_ctx *ctx, uint32_t uid)
 {
 	casidx_index_writer_add_doc(ctx->w, uid);
-	ctx->markers = 0;
+	i_zero(&ctx->state);
 }
 
 static void add_field(struct feed_ctx *ctx, enum casidx_field field,
@@ -336,29 +336,51 @@ START_TEST(test_exactness_markers)
 	add_doc(&ctx, 11);
 	add_field(&ctx, CASIDX_FIELD_SUBJECT, "aaaaaaaaaabbbbbbbbbbccccccccccdd"
 		  "ddddddddeeeeeeeeeeffffffffffgggggggggghhhhhhhhhhiiiiiiiiii");
+	/* more encoded text than a document keeps: marked */
+	add_doc(&ctx, 12);
+	T_BEGIN {
+		string_t *big = t_str_new(CASIDX_ENCODED_BODY_BUDGET * 2);
+		unsigned int i;
+
+		for (i = 0; str_len(big) < CASIDX_ENCODED_BODY_BUDGET * 2; i++)
+			str_printfa(big, "Zq%xWv9%uKp", i * 7919, i);
+		add_field(&ctx, CASIDX_FIELD_BODY, str_c(big));
+	} T_END;
+	/* encoded runs in headers are never kept */
+	add_field(&ctx, CASIDX_FIELD_HEADER, "b=aGVsbG8gd29ybGQgdGhpcyBpcyBhIGx"
+		  "vbmcgYmFzZTY0IHJ1bg==");
+	add_doc(&ctx, 13);
+	add_field(&ctx, CASIDX_FIELD_BODY, "I don\xE2\x80\x99t know");
 	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
 	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
 
-	/* inside the skipped run: only the marked doc, as maybe */
-	check1(BODY, "d29ybGQ", FALSE, "", "7");
-	check1(BODY, "zzzz", FALSE, "", "7");
+	/* a kept encoded run is searchable like a word */
+	check1(BODY, "d29ybGQ", FALSE, "7", "12");
+	check1(BODY, "zzzz", FALSE, "", "12");
 	check1(SUBJECT, "zzzz", FALSE, "", "");
-	/* its words outside the run stay definite */
-	check1(BODY, "done", FALSE, "7", "");
-	/* a run in the value: the marked docs */
+	check1(BODY, "done", FALSE, "7", "12");
 	check1(BODY, "aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg==",
-	       FALSE, "", "7");
+	       FALSE, "", "7,12");
+	/* past the budget: maybe, in that field only */
+	check1(ALL, "d29ybGQ", FALSE, "7", "12");
+	check1(CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER), "d29ybGQ", FALSE, "",
+	       "12");
+	check1(CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER), "x", FALSE, "", "12");
 	/* words of a long path and a long file name */
-	check1(BODY, "instrumentation", FALSE, "8", "7");
-	check1(BODY, "memorysanitizer", FALSE, "8", "7");
-	check1(BODY, "3236", FALSE, "8", "7");
-	check1(BODY, "shadow", FALSE, "8", "7");
-	check1(BODY, "memory", FALSE, "8", "7");
-	check1(BODY, "KASan-shadow-memory.patch", FALSE, "", "7,8");
+	check1(BODY, "instrumentation", FALSE, "8", "12");
+	check1(BODY, "memorysanitizer", FALSE, "8", "12");
+	check1(BODY, "3236", FALSE, "8", "12");
+	check1(BODY, "shadow", FALSE, "8", "12");
+	check1(BODY, "memory", FALSE, "8", "12");
+	check1(BODY, "KASan-shadow-memory.patch", FALSE, "", "8,12");
 	/* folded: "munoz" is literally in 9 but only folded in 10 (and
-	   could be inside 7's run) */
-	check1(BODY, "munoz", FALSE, "", "7,9,10");
+	   could be inside 12's encoded text) */
+	check1(BODY, "munoz", FALSE, "", "9,10,12");
 	check1(BODY, "muñoz", FALSE, "", "9,10");
+	/* a word whose non-ASCII character left its ASCII letters as they
+	   were stays definite */
+	check1(BODY, "know", FALSE, "13", "12");
+	check1(BODY, "don", FALSE, "7,13", "12");
 	/* a 90-byte word: any piece of it, also across windows */
 	check1(SUBJECT, "hhhhhhiiii", FALSE, "11", "");
 	check1(SUBJECT, "ccccccccccddddddddddeeeeeeeeeeffff", FALSE, "", "11");

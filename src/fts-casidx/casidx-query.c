@@ -41,8 +41,6 @@ struct query_token {
 struct tokens_ctx {
 	pool_t pool;
 	ARRAY(struct query_token) tokens;
-	/* the value itself has a run the index skips as encoded data */
-	bool unindexed;
 	/* the value came out as a single token (value_is_definite()) */
 	unsigned int token_count;
 };
@@ -145,11 +143,6 @@ static void token_cb(const struct casidx_token *token, void *context)
 	size_t i = 0, start;
 	bool from_non_ascii;
 
-	if ((token->flags & CASIDX_TOKEN_FLAG_UNINDEXED) != 0) {
-		ctx->unindexed = TRUE;
-		ctx->token_count++;
-		return;
-	}
 	if ((token->flags & CASIDX_TOKEN_FLAG_PART) == 0)
 		ctx->token_count++;
 	/* a word with non-ASCII characters and no ASCII punctuation (one
@@ -184,14 +177,14 @@ static void query_tokenize(struct casidx_tokenizer *tok, const char *value,
 
 void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
-			     uint32_t *markers)
+			     struct casidx_doc_state *state)
 {
 	unsigned int bit = strcmp(marker, CASIDX_TERM_FOLDED) == 0 ? 1 : 0;
 	uint32_t mask = 1U << (field * 2 + bit);
 
-	if ((*markers & mask) != 0)
+	if ((state->markers & mask) != 0)
 		return;
-	*markers |= mask;
+	state->markers |= mask;
 	casidx_index_writer_add_term(writer, field, marker,
 				     CASIDX_TERM_MARKER_LEN);
 }
@@ -199,18 +192,25 @@ void casidx_query_add_marker(struct casidx_index_writer *writer,
 void casidx_query_add_token(struct casidx_index_writer *writer,
 			    enum casidx_field field,
 			    const struct casidx_token *token,
-			    uint32_t *markers)
+			    struct casidx_doc_state *state)
 {
-	if ((token->flags & CASIDX_TOKEN_FLAG_UNINDEXED) != 0) {
-		casidx_query_add_marker(writer, field, CASIDX_TERM_UNINDEXED,
-					markers);
-		return;
+	size_t budget = field == CASIDX_FIELD_BODY ?
+		CASIDX_ENCODED_BODY_BUDGET : CASIDX_ENCODED_HEADER_BUDGET;
+
+	if ((token->flags & CASIDX_TOKEN_FLAG_ENCODED) != 0) {
+		if (state->encoded_bytes[field] + token->term_len > budget) {
+			state->encoded_bytes[field] = budget;
+			casidx_query_add_marker(writer, field,
+						CASIDX_TERM_UNINDEXED, state);
+			return;
+		}
+		state->encoded_bytes[field] += token->term_len;
 	}
 	casidx_index_writer_add_term(writer, field, token->term,
 				     token->term_len);
 	if ((token->flags & CASIDX_TOKEN_FLAG_FOLDED) != 0) {
 		casidx_query_add_marker(writer, field, CASIDX_TERM_FOLDED,
-					markers);
+					state);
 	}
 }
 
@@ -223,7 +223,7 @@ bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
 
 	pool = pool_alloconly_create("casidx query tokens", 256);
 	query_tokenize(tok, value, pool, &ctx);
-	ret = array_count(&ctx.tokens) > 0 || ctx.unindexed;
+	ret = array_count(&ctx.tokens) > 0;
 	pool_unref(&pool);
 	return ret;
 }
@@ -240,7 +240,7 @@ static bool value_is_definite(const char *value,
 	size_t i;
 
 	tokens = array_get(&tctx->tokens, &count);
-	if (count != 1 || tctx->token_count != 1 || tctx->unindexed ||
+	if (count != 1 || tctx->token_count != 1 ||
 	    tokens[0].len != strlen(value))
 		return FALSE;
 	for (i = 0; value[i] != '\0'; i++) {
@@ -427,15 +427,13 @@ static int query_leaf(struct casidx_index *index,
 	pool = pool_alloconly_create("casidx query leaf", 512);
 	query_tokenize(tok, leaf->value, pool, &tctx);
 	tokens = array_get(&tctx.tokens, &count);
-	i_assert(count > 0 || tctx.unindexed);
+	i_assert(count > 0);
 	definite = value_is_definite(leaf->value, &tctx);
 	if (query_marker_docs(index, CASIDX_TERM_UNINDEXED, leaf->field_mask,
 			      universe, &unindexed, error_r) < 0) {
 		pool_unref(&pool);
 		return -1;
 	}
-	if (tctx.unindexed)
-		set = roaring_bitmap_copy(unindexed);
 	/* Each token is a scan of the term dictionary, and a value of
 	   several tokens is only ever "maybe": Dovecot checks the
 	   candidates against the mail. So the first

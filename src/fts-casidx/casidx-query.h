@@ -41,18 +41,33 @@ struct casidx_query_result {
 	struct casidx_query_scores *scores;
 };
 
+/* Encoded-looking text kept per document and field, in bytes of
+   window terms: a PGP signature or a few encoded tokens in a body are
+   searchable exactly; past this (inline attachments) the field is
+   marked UNINDEXED. Headers keep none: every DKIM signature would add
+   ~1 kB of terms per message. */
+#define CASIDX_ENCODED_BODY_BUDGET 4096
+#define CASIDX_ENCODED_HEADER_BUDGET 0
+
+/* What the current document has been given: zero it at each new
+   document. */
+struct casidx_doc_state {
+	/* markers added: 1 << (field * 2) UNINDEXED, << 1 FOLDED */
+	uint32_t markers;
+	uint32_t encoded_bytes[CASIDX_FIELD_COUNT];
+};
+
 /* Index a token into the writer's current document the way lookups
    expect it: its term, and the marker term (casidx-index.h) its flags
-   call for, once per field. *markers records those: zero it at each
-   new document. */
+   call for, once per field. */
 void casidx_query_add_token(struct casidx_index_writer *writer,
 			    enum casidx_field field,
 			    const struct casidx_token *token,
-			    uint32_t *markers);
+			    struct casidx_doc_state *state);
 /* Add marker (CASIDX_TERM_UNINDEXED or _FOLDED) to field, once. */
 void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
-			     uint32_t *markers);
+			     struct casidx_doc_state *state);
 
 /* TRUE if value produces at least one token, i.e. the index can answer
    a leaf with it. Empty or punctuation-only values can't be answered. */

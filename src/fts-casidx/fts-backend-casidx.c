@@ -63,8 +63,8 @@ struct casidx_fts_backend_update_context {
 	/* the UID whose HTML parts casidx_update_html() indexed */
 	uint32_t html_uid;
 	enum casidx_field field;
-	/* marker terms the current document has (casidx_query_add_token()) */
-	uint32_t doc_markers;
+	/* what the current document got (casidx_query_add_token()) */
+	struct casidx_doc_state doc_state;
 	bool doc_open;
 	bool key_open;
 };
@@ -558,7 +558,7 @@ static void casidx_update_token(const struct casidx_token *token,
 	struct casidx_fts_backend_update_context *ctx = context;
 
 	casidx_query_add_token(ctx->writer, ctx->field, token,
-			       &ctx->doc_markers);
+			       &ctx->doc_state);
 }
 
 static bool
@@ -579,7 +579,7 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 	}
 	casidx_index_writer_add_doc(ctx->writer, uid);
 	ctx->uid = uid;
-	ctx->doc_markers = 0;
+	i_zero(&ctx->doc_state);
 	ctx->doc_open = TRUE;
 	return TRUE;
 }
@@ -780,7 +780,7 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 		ctx->field = CASIDX_FIELD_BODY;
 		casidx_query_add_marker(ctx->writer, ctx->field,
 					CASIDX_TERM_UNINDEXED,
-					&ctx->doc_markers);
+					&ctx->doc_state);
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART_BINARY:
 		return FALSE;

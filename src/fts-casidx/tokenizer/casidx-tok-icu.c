@@ -166,17 +166,64 @@ static bool needs_fold(const UChar *s, int32_t len)
 	return FALSE;
 }
 
+static inline bool u_ascii_alnum(UChar c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+		(c >= 'A' && c <= 'Z');
+}
+
+static inline UChar u_ascii_lower(UChar c)
+{
+	return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+/* Next maximal run of ASCII letters and digits at or after *pos. */
+static bool next_ascii_run(const UChar *s, int32_t len, int32_t *pos,
+			   int32_t *start_r, int32_t *end_r)
+{
+	while (*pos < len && !u_ascii_alnum(s[*pos]))
+		(*pos)++;
+	if (*pos == len)
+		return FALSE;
+	*start_r = *pos;
+	while (*pos < len && u_ascii_alnum(s[*pos]))
+		(*pos)++;
+	*end_r = *pos;
+	return TRUE;
+}
+
+/* TRUE if a and b have the same runs of ASCII letters and digits (case
+   aside): then every ASCII word found in the normalised b is in the
+   text a as it is, else the word is FOLDED. */
+static bool ascii_runs_equal(const UChar *a, int32_t alen,
+			     const UChar *b, int32_t blen)
+{
+	int32_t ap = 0, bp = 0, as, ae, bs, be, i;
+	bool amore, bmore;
+
+	for (;;) {
+		amore = next_ascii_run(a, alen, &ap, &as, &ae);
+		bmore = next_ascii_run(b, blen, &bp, &bs, &be);
+		if (!amore || !bmore)
+			return amore == bmore;
+		if (ae - as != be - bs)
+			return FALSE;
+		for (i = 0; i < ae - as; i++) {
+			if (u_ascii_lower(a[as + i]) != u_ascii_lower(b[bs + i]))
+				return FALSE;
+		}
+	}
+}
+
 static void emit_normalized_one(struct casidx_tok_icu *icu,
 				struct casidx_tokenizer *tok,
 				const UChar *seg, int32_t len, bool cjk)
 {
 	UErrorCode err = U_ZERO_ERROR;
 	const UChar *word;
-	int32_t i, wlen, cap, out;
-	bool folded = FALSE;
+	int32_t wlen, cap, out;
+	bool folded;
 
-	for (i = 0; i < len && !cjk && !folded; i++)
-		folded = seg[i] >= 0x80;
 	wlen = normalize(icu->nfkc_cf, seg, len, icu->norm1);
 	word = icu->norm1->data;
 	if (!cjk && needs_fold(word, wlen)) {
@@ -187,6 +234,7 @@ static void emit_normalized_one(struct casidx_tok_icu *icu,
 				 icu->norm1);
 		word = icu->norm1->data;
 	}
+	folded = !cjk && !ascii_runs_equal(seg, len, word, wlen);
 	cap = wlen * 3 + 1;
 	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
 		    word, wlen, &err);

@@ -296,8 +296,8 @@ static bool is_hex_run(const unsigned char *data, size_t len)
 
 /* A run of the base64 alphabet that looks like encoded data rather than
    text (casidx-tokenizer-private.h). Only a question of precision and
-   size: a skipped run is marked (CASIDX_TOKEN_FLAG_UNINDEXED), so a
-   search that could fall inside it is answered "maybe". */
+   size: such a run is emitted whole (CASIDX_TOKEN_FLAG_ENCODED), and
+   the index keeps a bounded amount of it, marking the rest. */
 static bool is_base64_run(const unsigned char *data, size_t len)
 {
 	unsigned int kind, prev = 0, pairs = 0, changes = 0;
@@ -638,7 +638,19 @@ static void segment_range(struct casidx_tokenizer *tok,
 	segment_unicode(tok, data, len);
 }
 
-/* Text between compounds: drop base64/hex runs, segment the rest.
+/* An encoded-looking run: lower-cased, as one term (in windows). */
+static void emit_encoded(struct casidx_tokenizer *tok,
+			 const unsigned char *data, size_t len)
+{
+	char *term = buffer_get_space_unsafe(tok->term, 0, len);
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		term[i] = ascii_lower(data[i]);
+	emit(tok, term, len, tok->position++, CASIDX_TOKEN_FLAG_ENCODED);
+}
+
+/* Text between compounds: encoded runs apart, segment the rest.
    ascii=TRUE says the range has no byte >= 0x80 (FALSE: unknown). */
 static void process_range(struct casidx_tokenizer *tok,
 			  const unsigned char *data, size_t len, bool ascii)
@@ -656,9 +668,7 @@ static void process_range(struct casidx_tokenizer *tok,
 		if (i - run >= CASIDX_TOK_BASE64_MIN &&
 		    is_base64_run(data + run, i - run)) {
 			segment_range(tok, data + start, run - start, ascii);
-			emit_one(tok, (const char *)data + run,
-				 I_MIN(i - run, CASIDX_TOKEN_MAX_BYTES),
-				 tok->position, CASIDX_TOKEN_FLAG_UNINDEXED);
+			emit_encoded(tok, data + run, i - run);
 			start = i;
 		}
 	}

@@ -23,13 +23,16 @@ enum casidx_token_flags {
 	CASIDX_TOKEN_FLAG_PART = 0x01,
 	/* CJK bigram or single-char unigram */
 	CASIDX_TOKEN_FLAG_CJK = 0x02,
-	/* A run of the base64 alphabet that looks like encoded data
-	   (doc/tokenizer.md): not indexed. term is the run's start; the
-	   field's document has text that no term covers. */
-	CASIDX_TOKEN_FLAG_UNINDEXED = 0x04,
-	/* The word had non-ASCII characters: normalisation (NFKC, case and
-	   accent folding) may have made ASCII of them ("muñoz" -> "munoz"),
-	   so an ASCII query found in it is not proven to be in the text. */
+	/* (a window of) a run of the base64 alphabet that looks like
+	   encoded data (doc/tokenizer.md), lower-cased, not segmented into
+	   words: the index keeps a bounded amount of it per document and
+	   marks the field UNINDEXED beyond that */
+	CASIDX_TOKEN_FLAG_ENCODED = 0x04,
+	/* Normalisation (NFKC, case and accent folding) changed more than
+	   the ASCII case of the word: it may have made ASCII of non-ASCII
+	   characters ("muñoz" -> "munoz") or dropped marks between ASCII
+	   letters, so an ASCII query found in it is not proven to be in the
+	   text. */
 	CASIDX_TOKEN_FLAG_FOLDED = 0x08,
 	/* one of the overlapping windows of a term longer than
 	   CASIDX_TOKEN_MAX_BYTES */
@@ -38,8 +41,7 @@ enum casidx_token_flags {
 
 struct casidx_token {
 	/* normalised UTF-8 (NFKC, case- and accent-folded), not
-	   NUL-terminated; 1..CASIDX_TOKEN_MAX_BYTES bytes (UNINDEXED: the
-	   run's first bytes, not normalised). Points into the
+	   NUL-terminated; 1..CASIDX_TOKEN_MAX_BYTES bytes. Points into the
 	   tokenizer's buffers: valid only during the callback. */
 	const char *term;
 	size_t term_len;
