@@ -25,6 +25,8 @@
    format: dropped and rebuilt, never used for answers. */
 #define MANIFEST_VERSION 2
 #define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
+/* builder memory = memory_budget / this (casidx_index_writer_doc_done()) */
+#define CASIDX_BUILDER_BUDGET_SHARE 4
 #define LOCK_NAME "write.lock"
 #define REFRESH_RETRIES 5
 /* Merges may always take this much input (see merge_max_bytes()). */
@@ -1192,8 +1194,13 @@ static int writer_flush(struct casidx_index_writer *writer,
 int casidx_index_writer_doc_done(struct casidx_index_writer *writer,
 				 const char **error_r)
 {
+	/* The builder gets a quarter of the budget: writing a segment
+	   holds its image (and a sealed copy) next to the builder, and the
+	   estimate leaves out malloc's and the hash table's overhead. At
+	   the full budget, doveadm index of 3000 messages peaked at 86 MB
+	   with the default 64 MB; at a quarter at 58 MB. */
 	if (casidx_builder_memory_used(writer->builder) <
-	    writer->index->set.memory_budget)
+	    writer->index->set.memory_budget / CASIDX_BUILDER_BUDGET_SHARE)
 		return 0;
 	return writer_flush(writer, error_r);
 }
