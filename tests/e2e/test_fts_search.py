@@ -8,11 +8,13 @@ import email
 import os
 import random
 import re
+import shutil
 import sys
 import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dovecot_harness as harness  # noqa: E402
 from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 N_CORPUS = int(os.environ.get("CASIDX_E2E_MESSAGES", "300"))
@@ -306,6 +308,48 @@ class FtsCasidxSearch(unittest.TestCase):
                     if f.endswith(".cxs")]
             self.assertLessEqual(len(segs), 2, segs)
             self.assert_same(run_queries(dc), self.oracle, "budget", dc)
+
+    def test_old_format_index_rebuilt(self):
+        """An index written by the format-1 code (the committed fixture,
+        manifest version 1) is never used for answers: the backend says
+        so as info, drops it, and the searches equal Dovecot's own; the
+        rebuilt index has the current version."""
+        fixture = os.path.join(harness.TOP_SRCDIR, "tests", "fixtures",
+                               "casidx-v1")
+        msgs = [b"From: a@example.com\r\nTo: b@example.com\r\n"
+                b"Subject: fixture one\r\n\r\nThe quick brown fox jumps.\r\n",
+                b"From: c@example.com\r\nTo: d@example.com\r\n"
+                b"Subject: fixture two\r\n\r\nlazy dog sleeps.\r\n"]
+        dc = Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx"},
+                     extra_conf=NO_LMTP_RECEIVED)
+        with dc:
+            dc.lmtp_deliver_many(USER, msgs)
+            dc.doveadm("index", "-u", USER, "INBOX")
+            dirs = casidx_dirs(dc)
+            self.assertEqual(len(dirs), 1, dirs)
+            for f in os.listdir(dirs[0]):
+                os.unlink(os.path.join(dirs[0], f))
+            for f in ("manifest", "seg-00000001.cxs"):
+                shutil.copy(os.path.join(fixture, f), dirs[0])
+                os.chown(os.path.join(dirs[0], f),
+                         os.stat(dirs[0]).st_uid, os.stat(dirs[0]).st_gid)
+            imap = dc.imap_login(USER)
+            imap.select("INBOX")
+            self.assertEqual(uid_search(imap, ["BODY", "quick"]), [1])
+            self.assertEqual(uid_search(imap, ["BODY", "sleeps"]), [2])
+            imap.logout()
+            dc.wait_log(r"old index format version 1 \(now 2\) - "
+                        r"rebuilding the index in the current format")
+            dc.doveadm("index", "-u", USER, "INBOX")
+            with open(os.path.join(dirs[0], "manifest"), "rb") as f:
+                head = f.read(12)
+            self.assertEqual(head[:8], b"CXMANIF1")
+            self.assertEqual(int.from_bytes(head[8:12], "little"), 2)
+            r = dc.doveadm("fts", "lookup", "-u", USER,
+                           "mailbox", "INBOX", "body", "quick")
+            self.assertIn("INBOX: 1", r.stdout)
 
     def test_lmtp_id_matches_every_mail_of_its_instance(self):
         """Why the oracle runs deliver without LMTP's Received header: a
