@@ -102,6 +102,9 @@ def _main():
     out = run_fts(harness, msgs, size,
                   lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(out, indent=1, default=list))
+    import report
+    for line in report.fts_nofts_lines(out):
+        print(line, file=sys.stderr)
 
 
 def _text_of(raw):
@@ -330,6 +333,9 @@ def run_fts(harness, messages, size, log, workdir="/tmp"):
     oracle_res, oracle = run_fts5(msgs, workdir)
     searches = search_set(msgs)
     out["searches"] = searches
+    out["search_kinds"] = {
+        "terms": len(QUERIES), "fixed": len(FIXED_SEARCHES),
+        "generated": len(searches) - len(QUERIES) - len(FIXED_SEARCHES)}
     log("fts: dovecot-nofts (the substring oracle)")
     nofts, nofts_results = run_engine(harness, "dovecot-nofts", msgs, log,
                                       size["peer_timeout"], searches)
