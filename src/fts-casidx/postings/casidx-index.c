@@ -714,6 +714,28 @@ static bool term_matches(const struct casidx_term_entry *entry,
 	i_unreached();
 }
 
+struct substring_ctx {
+	casidx_index_term_callback_t *callback;
+	void *context;
+	ARRAY_TYPE(uint32_t) tfs;
+};
+
+static int substring_entry_cb(struct casidx_segment *seg,
+			      const struct casidx_term_entry *entry,
+			      void *context, const char **error_r)
+{
+	struct substring_ctx *ctx = context;
+	roaring_bitmap_t *docs;
+
+	if (casidx_segment_read_postings(seg, entry, &docs, &ctx->tfs,
+					 error_r) < 0)
+		return -1;
+	ctx->callback(seg, entry->key + 1, entry->key_len - 1, docs,
+		      array_front(&ctx->tfs), ctx->context);
+	roaring_bitmap_free(docs);
+	return 0;
+}
+
 static int
 index_scan_segment(struct casidx_segment *seg, const unsigned char *prefix,
 		   size_t prefix_len, const char *token, size_t token_len,
@@ -727,6 +749,19 @@ index_scan_segment(struct casidx_segment *seg, const unsigned char *prefix,
 	roaring_bitmap_t *docs;
 	int ret, found = 0;
 
+	if (match == CASIDX_MATCH_SUBSTRING && token_len > 0) {
+		struct substring_ctx ctx = {
+			.callback = callback, .context = context,
+		};
+
+		i_array_init(&ctx.tfs, 64);
+		ret = casidx_segment_find_substring(seg, prefix[0], token,
+						    token_len,
+						    substring_entry_cb, &ctx,
+						    error_r);
+		array_free(&ctx.tfs);
+		return ret;
+	}
 	i_array_init(&tfs, 64);
 	iter = casidx_segment_iter_init(seg, prefix, prefix_len);
 	while ((ret = casidx_segment_iter_next(iter, &entry)) > 0) {
