@@ -201,6 +201,19 @@ def _search_cmd(key, value):
                                                          value)
 
 
+def _timed_search(c, cmd):
+    """(milliseconds, UID set) of one UID SEARCH command."""
+    found = []
+    t0 = time.perf_counter()
+    c.command(cmd, lambda parts: found.append(parts[0]))
+    ms = (time.perf_counter() - t0) * 1000
+    uids = set()
+    for line in found:
+        if line.startswith(b"* SEARCH"):
+            uids |= {int(x) for x in line.split()[2:]}
+    return ms, uids
+
+
 def _dir_bytes(path):
     total = 0
     for root, dirs, files in os.walk(path):
@@ -277,29 +290,14 @@ def run_engine(harness, name, messages, log, timeout, searches=None):
             c.login(USER, harness.PASSWORD)
             c.select("INBOX")
             for q in QUERIES:
-                found = []
-                t0 = time.perf_counter()
-                c.command('UID SEARCH BODY "%s"' % q,
-                          lambda parts: found.append(parts[0]))
-                lat.append((time.perf_counter() - t0) * 1000)
-                uids = set()
-                for line in found:
-                    if line.startswith(b"* SEARCH"):
-                        uids |= {int(x) for x in line.split()[2:]}
-                results[q] = uids
+                ms, results[q] = _timed_search(c, 'UID SEARCH BODY "%s"' % q)
+                lat.append(ms)
             # the wider set: each search timed, UIDs kept for the
             # comparison with dovecot-nofts
             for key, value in searches or []:
-                found = []
-                t0 = time.perf_counter()
-                c.command(_search_cmd(key, value),
-                          lambda parts: found.append(parts[0]))
-                lat.append((time.perf_counter() - t0) * 1000)
-                uids = set()
-                for line in found:
-                    if line.startswith(b"* SEARCH"):
-                        uids |= {int(x) for x in line.split()[2:]}
-                results[(key, value)] = uids
+                ms, results[(key, value)] = _timed_search(
+                    c, _search_cmd(key, value))
+                lat.append(ms)
         lat.sort()
         if dt is None:
             return ({"query_p50_ms": percentile(lat, 50),

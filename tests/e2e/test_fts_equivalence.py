@@ -26,7 +26,8 @@ import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_dir, corpus_files  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_dir, corpus_files,  # noqa: E402
+                             load)
 
 USER = "user1"
 N_MESSAGES = int(os.environ.get("CASIDX_EQ_MESSAGES", "240"))
@@ -56,11 +57,7 @@ def sample_messages(rng):
         k = max(10, N_MESSAGES * len(files[f]) // max(total, 1))
         out.extend(rng.sample(files[f], min(k, len(files[f]))))
     rng.shuffle(out)
-    msgs = []
-    for path in out:
-        with open(path, "rb") as fh:
-            msgs.append(fh.read())
-    return msgs
+    return load(out)
 
 
 def part_text(part):
