@@ -86,7 +86,8 @@ static void add_lookup(struct tokens_ctx *ctx, const char *term, size_t len,
 	struct query_token *qt;
 	size_t i;
 
-	if (len == 0)
+	/* only the first CASIDX_QUERY_MAX_TOKENS are looked up */
+	if (len == 0 || array_count(&ctx->tokens) >= CASIDX_QUERY_MAX_TOKENS)
 		return;
 	array_foreach_modifiable(&ctx->tokens, qt) {
 		if (qt->len == len && memcmp(qt->term, term, len) == 0)
@@ -117,7 +118,7 @@ static void add_atom(struct tokens_ctx *ctx, const char *atom, size_t len,
 	}
 	while (start + CASIDX_TOKEN_WINDOW_SAFE < len) {
 		n = CASIDX_TOKEN_WINDOW_SAFE;
-		while (n > 0 && ((unsigned char)atom[start + n] & 0xc0) == 0x80)
+		while (n > 1 && ((unsigned char)atom[start + n] & 0xc0) == 0x80)
 			n--;
 		add_lookup(ctx, atom + start, n, from_non_ascii);
 		start += n;

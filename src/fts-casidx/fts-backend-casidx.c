@@ -20,6 +20,7 @@
 #include "message-parser.h"
 #include "message-decoder.h"
 #include "rfc822-parser.h"
+#include "message-address.h"
 #include "fts-api-private.h"
 #include "cas-keymode.h"
 #include "casidx-tokenizer.h"
@@ -62,6 +63,12 @@ struct casidx_fts_backend_update_context {
 	uint32_t uid;
 	/* the UID whose HTML parts casidx_update_html() indexed */
 	uint32_t html_uid;
+	/* the current document's mail, opened for the raw text the FTS
+	   build does not hand over (casidx_update_mail()) */
+	struct mailbox_transaction_context *raw_trans;
+	struct mail *raw_mail;
+	/* address headers whose raw values the document got, ":name:" */
+	string_t *raw_hdrs_done;
 	enum casidx_field field;
 	/* what the current document got (casidx_query_add_token()) */
 	struct casidx_doc_state doc_state;
@@ -435,6 +442,34 @@ static void casidx_update_doc_end(struct casidx_fts_backend_update_context *ctx)
 		  casidx_index_writer_doc_limit(ctx->writer) / (1024 * 1024));
 }
 
+static void
+casidx_update_mail_close(struct casidx_fts_backend_update_context *ctx)
+{
+	if (ctx->raw_mail != NULL)
+		mail_free(&ctx->raw_mail);
+	if (ctx->raw_trans != NULL)
+		(void)mailbox_transaction_commit(&ctx->raw_trans);
+}
+
+/* The current document's mail (opened once per document), or NULL with
+   error_r. */
+static struct mail *
+casidx_update_mail(struct casidx_fts_backend_update_context *ctx,
+		   const char **error_r)
+{
+	if (ctx->raw_mail != NULL)
+		return ctx->raw_mail;
+	ctx->raw_trans = mailbox_transaction_begin(ctx->box, 0,
+						   "casidx raw text");
+	ctx->raw_mail = mail_alloc(ctx->raw_trans, 0, NULL);
+	if (!mail_set_uid(ctx->raw_mail, ctx->uid)) {
+		*error_r = "expunged";
+		casidx_update_mail_close(ctx);
+		return NULL;
+	}
+	return ctx->raw_mail;
+}
+
 static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 {
 	struct casidx_fts_backend *backend =
@@ -443,6 +478,7 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 	unsigned int flushes;
 	const char *error;
 
+	casidx_update_mail_close(ctx);
 	if (ctx->writer == NULL)
 		return;
 	casidx_update_doc_end(ctx);
@@ -472,6 +508,7 @@ fts_backend_casidx_update_deinit(struct fts_backend_update_context *_ctx)
 
 	casidx_update_commit(ctx);
 	ret = _ctx->failed ? -1 : 0;
+	str_free(&ctx->raw_hdrs_done);
 	i_free(ctx);
 	return ret;
 }
@@ -577,9 +614,13 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 		ctx->ctx.failed = TRUE;
 		return FALSE;
 	}
+	casidx_update_mail_close(ctx);
 	casidx_index_writer_add_doc(ctx->writer, uid);
 	ctx->uid = uid;
 	i_zero(&ctx->doc_state);
+	if (ctx->raw_hdrs_done == NULL)
+		ctx->raw_hdrs_done = str_new(default_pool, 64);
+	str_truncate(ctx->raw_hdrs_done, 0);
 	ctx->doc_open = TRUE;
 	return TRUE;
 }
@@ -708,33 +749,67 @@ static int casidx_update_html(struct casidx_fts_backend_update_context *ctx)
 	struct casidx_fts_backend *backend =
 		container_of(ctx->ctx.backend, struct casidx_fts_backend,
 			     backend);
-	struct mailbox_transaction_context *t;
 	struct istream *input;
 	struct mail *mail;
 	const char *error = NULL;
 	int ret = 0;
 
-	t = mailbox_transaction_begin(ctx->box, 0, "casidx html parts");
-	mail = mail_alloc(t, 0, NULL);
-	if (!mail_set_uid(mail, ctx->uid)) {
-		error = "expunged";
+	if ((mail = casidx_update_mail(ctx, &error)) == NULL)
 		ret = -1;
-	} else if (mail_get_stream_because(mail, NULL, NULL,
-					   "fts html indexing", &input) < 0) {
+	else if (mail_get_stream_because(mail, NULL, NULL,
+					 "fts html indexing", &input) < 0) {
 		error = mailbox_get_last_internal_error(ctx->box, NULL);
 		ret = -1;
 	} else T_BEGIN {
 		ret = casidx_update_html_stream(ctx, input, &error);
 		error = t_strdup(error);
 	} T_END;
-	mail_free(&mail);
-	(void)mailbox_transaction_commit(&t);
 	if (ret < 0) {
 		e_warning(backend->event, "%s: UID %u: couldn't read the "
 			  "HTML parts (%s): indexing their text only",
 			  mailbox_get_vname(ctx->box), ctx->uid, error);
 	}
 	return ret;
+}
+
+/* The raw values of an address header of the message (top level).
+   The FTS build hands the backend Dovecot's normalised address list,
+   without comments, group names' punctuation or quoting, while SEARCH
+   TEXT reads the header as it is ("To: unlisted-recipients:; (no
+   To-header on input)"). Indexed in the other-headers field, which only
+   TEXT reads: SEARCH TO/FROM/CC compare normalised addresses. */
+static void
+casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
+			  const char *name)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	const char *const *values, *error = NULL, *key;
+	struct mail *mail;
+
+	key = t_strdup_printf(":%s:", t_str_lcase(name));
+	if (strstr(str_c(ctx->raw_hdrs_done), key) != NULL)
+		return;
+	str_append(ctx->raw_hdrs_done, key);
+	ctx->field = CASIDX_FIELD_HEADER;
+	if ((mail = casidx_update_mail(ctx, &error)) == NULL ||
+	    mail_get_headers_utf8(mail, name, &values) < 0) {
+		if (error == NULL)
+			error = mailbox_get_last_internal_error(ctx->box, NULL);
+		e_warning(backend->event, "%s: UID %u: couldn't read the "
+			  "%s header (%s): TEXT searches it as maybe",
+			  mailbox_get_vname(ctx->box), ctx->uid, name, error);
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_state);
+		return;
+	}
+	for (; *values != NULL; values++) {
+		casidx_tokenizer_tokenize(backend->tok, *values,
+					  strlen(*values),
+					  casidx_update_token, ctx);
+	}
 }
 
 static bool
@@ -761,6 +836,10 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 	case FTS_BACKEND_BUILD_KEY_HDR:
 	case FTS_BACKEND_BUILD_KEY_MIME_HDR:
 		casidx_update_header_name(ctx, key->hdr_name);
+		if (key->type == FTS_BACKEND_BUILD_KEY_HDR &&
+		    message_header_is_address(key->hdr_name)) T_BEGIN {
+			casidx_update_raw_address(ctx, key->hdr_name);
+		} T_END;
 		ctx->field = key->type == FTS_BACKEND_BUILD_KEY_HDR ?
 			casidx_header_field(key->hdr_name) :
 			CASIDX_FIELD_HEADER;

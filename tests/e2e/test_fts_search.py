@@ -41,6 +41,11 @@ EXTRA = [
     "Content-Type: text/plain; charset=utf-8\r\n"
     "Content-Transfer-Encoding: 8bit\r\n\r\n"
     "東京都に住んでいます。 USRP B210 works.\r\n",
+    # an address header with a group and a comment: the FTS build hands
+    # over only the normalised addresses, TEXT reads the raw line
+    "From: Some One <one@example.com> (the first)\r\n"
+    "To: unlisted-recipients:; (no To-header on input)\r\n"
+    "Subject: group\r\n\r\nbody\r\n",
     "From: empty@example.com\r\n"
     "To: list@example.com\r\n"
     "Subject: \r\n\r\n",
@@ -82,6 +87,11 @@ QUERIES = [
     ["SUBJECT", "Grüße"],
     ["FROM", "Müller"],
     ["BODY", "東京"],
+    ["TEXT", "eader "],
+    ["TEXT", "no To-header on"],
+    ["TEXT", "the first"],
+    ["TO", "unlisted"],
+    ["FROM", "first"],
     ["BODY", "京"],
 ]
 
