@@ -459,9 +459,20 @@ casidx_update_mail(struct casidx_fts_backend_update_context *ctx,
 {
 	if (ctx->raw_mail != NULL)
 		return ctx->raw_mail;
+	/* the headers of message_header_is_address(), wanted up front so
+	   the header is parsed once for all of them */
+	static const char *const address_headers[] = {
+		"From", "Sender", "Reply-To", "To", "Cc", "Bcc",
+		"Resent-From", "Resent-Sender", "Resent-To", "Resent-Cc",
+		"Resent-Bcc", NULL
+	};
+	struct mailbox_header_lookup_ctx *headers;
+
 	ctx->raw_trans = mailbox_transaction_begin(ctx->box, 0,
 						   "casidx raw text");
-	ctx->raw_mail = mail_alloc(ctx->raw_trans, 0, NULL);
+	headers = mailbox_header_lookup_init(ctx->box, address_headers);
+	ctx->raw_mail = mail_alloc(ctx->raw_trans, 0, headers);
+	mailbox_header_lookup_unref(&headers);
 	if (!mail_set_uid(ctx->raw_mail, ctx->uid)) {
 		*error_r = "expunged";
 		casidx_update_mail_close(ctx);
