@@ -39,10 +39,25 @@ import storage
 USER = "ftsuser"
 
 # Query terms: frequent, mid and rare words of this corpus, plus one that
-# matches nothing.
+# matches nothing. Sent as UID SEARCH BODY.
 QUERIES = ["the", "error", "usrp", "firmware", "python", "linux", "money",
            "subscribe", "ettus", "gnuradio", "fpga", "unsubscribe",
            "spamassassin", "xyzzyquux"]
+# More searches, as (key, value): the cases of issue 17 (markup of HTML
+# parts, pieces of paths and long words, numbers, folding), and values
+# generated from the sample itself (generated_queries()). Their UIDs are
+# compared with Dovecot without FTS ("dovecot-nofts", the substring
+# semantics of IMAP): "uids_differ" counts the searches that differ.
+FIXED_SEARCHES = [("BODY", "http://"), ("BODY", "www."), ("BODY", "ab"),
+                  ("BODY", "free"), ("TEXT", "unsubscribe"),
+                  ("BODY", "instrumentation"), ("BODY", "memory"),
+                  ("BODY", "shadow"), ("BODY", "alloc"), ("BODY", "oops"),
+                  ("BODY", "0xffff"), ("BODY", "2019"),
+                  ("BODY", "munoz"), ("BODY", "sample rate"),
+                  ("BODY", "<div"), ("BODY", "href="), ("TEXT", "gnuradio"),
+                  ("SUBJECT", "usrp"), ("FROM", "gmail"),
+                  ("BODY", "café"), ("BODY", "東京")]
+N_GENERATED = 60
 
 # name: (storage mail_location, mail_plugins, plugin settings, index dir
 # under the user's home that holds only FTS data)
@@ -55,10 +70,41 @@ ENGINE_CONFIGS = {
                    "xapian-indexes"),
     "fts-lucene": ("sdbox:~/sdbox", ["fts", "fts_lucene"],
                    {"fts": "lucene"}, None),
+    # the oracle: Dovecot's own search, no index
+    "dovecot-nofts": ("sdbox:~/sdbox", [], {}, None),
     "squat": ("sdbox:~/sdbox", ["fts", "fts_squat"],
               {"fts": "squat"}, None),
 }
 ENGINES = list(ENGINE_CONFIGS) + ["sqlite-fts5"]
+
+
+def _main():
+    """Only the FTS suite, on a corpus sample: the numbers of
+    doc/benchmarks.md's FTS comparison. Prints one JSON object."""
+    import argparse
+    import json
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
+        __file__)), "..", "tests", "e2e"))
+    import dovecot_harness as harness
+    import bench
+    ap = argparse.ArgumentParser(description=_main.__doc__)
+    ap.add_argument("--messages", type=int, default=3000)
+    ap.add_argument("--engines", default="casidx,fts-lucene,fts-xapian")
+    ap.add_argument("--timeout", type=int, default=1800)
+    args = ap.parse_args()
+    _, paths = bench.corpus_messages(harness, args.messages)
+    msgs = []
+    for path in paths:
+        with open(path, "rb") as f:
+            msgs.append(f.read())
+    size = {"peer_timeout": args.timeout,
+            "fts_engines": args.engines.split(",")}
+    out = run_fts(harness, msgs, size,
+                  lambda m: print(m, file=sys.stderr, flush=True))
+    print(json.dumps(out, indent=1, default=list))
+    import report
+    for line in report.fts_nofts_lines(out):
+        print(line, file=sys.stderr)
 
 
 def _text_of(raw):
@@ -110,6 +156,64 @@ def run_fts5(messages, workdir):
     return res, results
 
 
+def generated_queries(messages, count=N_GENERATED, seed=7):
+    """count (key, value) searches cut from the sample's decoded text
+    parts, seeded: whole words, pieces of words, two words, words with
+    their punctuation, and non-ASCII pieces when the sample has them."""
+    import random
+    import re
+    rng = random.Random(seed)
+    out = []
+    texts = [t for t in (_text_of(m) for m in messages) if t.strip()]
+    tries = 0
+    while len(out) < count and texts and tries < count * 50:
+        tries += 1
+        text = rng.choice(texts)
+        kind = len(out) % 5
+        if kind == 4:
+            m = re.findall(r"[^\x00-\x7f\s]{2,6}", text)
+        elif kind == 3:
+            m = re.findall(r"[A-Za-z]{3,} [A-Za-z]{3,}", text)
+        elif kind == 2:
+            m = re.findall(r"[A-Za-z0-9]+[./:_-][A-Za-z0-9]+", text)
+        else:
+            m = re.findall(r"[A-Za-z0-9]{3,15}", text)
+        if not m:
+            continue
+        v = rng.choice(m)
+        if kind == 1 and len(v) > 4:
+            a = rng.randrange(0, len(v) - 3)
+            v = v[a:a + 3 + rng.randrange(0, 2)]
+        q = ("TEXT" if rng.random() < 0.2 else "BODY", v)
+        if q not in out and "\ufffd" not in v:
+            out.append(q)
+    return out
+
+
+def search_set(messages):
+    return ([("BODY", q) for q in QUERIES] + FIXED_SEARCHES
+            + generated_queries(messages))
+
+
+def _search_cmd(key, value):
+    data = value.encode("utf-8")
+    return "UID SEARCH CHARSET UTF-8 %s {%d+}\r\n%s" % (key, len(data),
+                                                         value)
+
+
+def _timed_search(c, cmd):
+    """(milliseconds, UID set) of one UID SEARCH command."""
+    found = []
+    t0 = time.perf_counter()
+    c.command(cmd, lambda parts: found.append(parts[0]))
+    ms = (time.perf_counter() - t0) * 1000
+    uids = set()
+    for line in found:
+        if line.startswith(b"* SEARCH"):
+            uids |= {int(x) for x in line.split()[2:]}
+    return ms, uids
+
+
 def _dir_bytes(path):
     total = 0
     for root, dirs, files in os.walk(path):
@@ -154,7 +258,7 @@ def _timed_doveadm(harness, dc, args):
     return dt, rss
 
 
-def run_engine(harness, name, messages, log, timeout):
+def run_engine(harness, name, messages, log, timeout, searches=None):
     loc, plugins, settings, index_dir = ENGINE_CONFIGS[name]
     settings = dict(settings)
     settings.setdefault("fts_autoindex", "no")
@@ -170,8 +274,11 @@ def run_engine(harness, name, messages, log, timeout):
                 c.append("INBOX", messages[i:i + 100])
         home = dc.home(USER)
         before = storage.disk_usage(home)[0]
-        dt, rss = _timed_doveadm(harness, dc,
-                                 ["index", "-u", USER, "INBOX"])
+        if plugins:
+            dt, rss = _timed_doveadm(harness, dc,
+                                     ["index", "-u", USER, "INBOX"])
+        else:
+            dt, rss = None, None
         after = storage.disk_usage(home)[0]
         if index_dir and os.path.isdir(os.path.join(home, index_dir)):
             index_bytes = _dir_bytes(os.path.join(home, index_dir))
@@ -183,21 +290,24 @@ def run_engine(harness, name, messages, log, timeout):
             c.login(USER, harness.PASSWORD)
             c.select("INBOX")
             for q in QUERIES:
-                found = []
-                t0 = time.perf_counter()
-                c.command('UID SEARCH BODY "%s"' % q,
-                          lambda parts: found.append(parts[0]))
-                lat.append((time.perf_counter() - t0) * 1000)
-                uids = set()
-                for line in found:
-                    if line.startswith(b"* SEARCH"):
-                        uids |= {int(x) for x in line.split()[2:]}
-                results[q] = uids
+                ms, results[q] = _timed_search(c, 'UID SEARCH BODY "%s"' % q)
+                lat.append(ms)
+            # the wider set: each search timed, UIDs kept for the
+            # comparison with dovecot-nofts
+            for key, value in searches or []:
+                ms, results[(key, value)] = _timed_search(
+                    c, _search_cmd(key, value))
+                lat.append(ms)
         lat.sort()
+        if dt is None:
+            return ({"query_p50_ms": percentile(lat, 50),
+                     "query_p90_ms": percentile(lat, 90),
+                     "query_p99_ms": percentile(lat, 99)}, results)
         return ({"index_msgs_per_s": len(messages) / dt,
                  "index_bytes_ratio": index_bytes
                  / sum(len(m) for m in messages),
                  "query_p50_ms": percentile(lat, 50),
+                 "query_p90_ms": percentile(lat, 90),
                  "query_p99_ms": percentile(lat, 99),
                  "peak_rss_kb": rss}, results)
 
@@ -219,10 +329,29 @@ def run_fts(harness, messages, size, log, workdir="/tmp"):
            "mail_bytes": sum(len(m) for m in msgs), "queries": QUERIES,
            "engines": {}}
     oracle_res, oracle = run_fts5(msgs, workdir)
+    searches = search_set(msgs)
+    out["searches"] = searches
+    out["search_kinds"] = {
+        "terms": len(QUERIES), "fixed": len(FIXED_SEARCHES),
+        "generated": len(searches) - len(QUERIES) - len(FIXED_SEARCHES)}
+    log("fts: dovecot-nofts (the substring oracle)")
+    nofts, nofts_results = run_engine(harness, "dovecot-nofts", msgs, log,
+                                      size["peer_timeout"], searches)
+    out["engines"]["dovecot-nofts"] = nofts
     for name in ENGINE_CONFIGS:
+        if name == "dovecot-nofts" or name not in size.get(
+                "fts_engines", ENGINE_CONFIGS):
+            continue
         log("fts: %s" % name)
         res, results = run_engine(harness, name, msgs, log,
-                                  size["peer_timeout"])
+                                  size["peer_timeout"], searches)
+        if results is not None and nofts_results is not None:
+            differ = [q for q in searches
+                      if results[q] != nofts_results[q]]
+            res["uids_differ"] = len(differ)
+            res["uids_missing"] = sum(
+                1 for q in differ if nofts_results[q] - results[q])
+            res["differ_examples"] = [list(q) for q in differ[:10]]
         if results is not None:
             same = [results[q] == oracle[q] for q in QUERIES]
             jac = [len(results[q] & oracle[q]) / len(results[q] | oracle[q])
@@ -236,3 +365,7 @@ def run_fts(harness, messages, size, log, workdir="/tmp"):
     oracle_res["hits"] = {q: len(oracle[q]) for q in QUERIES}
     out["engines"]["sqlite-fts5"] = oracle_res
     return out
+
+
+if __name__ == "__main__":
+    _main()

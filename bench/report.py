@@ -12,6 +12,33 @@ GOAL_DISK = 0.6   # casbox bytes on disk <= 0.6x the best peer
 GOAL_FETCH = 0.8  # casbox FETCH >= 0.8x sdbox
 
 
+def fts_nofts_lines(f):
+    """Markdown lines: every engine against Dovecot's own search
+    (bench/fts.py, dovecot-nofts), empty if that was not run."""
+    rows = [(e, r) for e, r in f.get("engines", {}).items()
+            if "uids_differ" in r or e == "dovecot-nofts"]
+    if len(rows) < 2:
+        return []
+    kinds = f.get("search_kinds", {})
+    lines = ["", "Against Dovecot's own search without FTS (`dovecot-nofts`,"
+             " the IMAP substring semantics), %d searches: the %d terms "
+             "above, %d written for issue 17 and %d values generated from "
+             "the sample (`bench/fts.py`, `search_set()`), each timed "
+             "(the terms twice); a search differs when its UIDs do." % (
+                 len(f.get("searches", [])), kinds.get("terms", 0),
+                 kinds.get("fixed", 0), kinds.get("generated", 0)), "",
+             "| engine | query p50 ms | p90 ms | p99 ms | searches whose "
+             "UIDs differ | of them missing messages |",
+             "|---|---|---|---|---|---|"]
+    for e, r in rows:
+        lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            e, _fmt(r.get("query_p50_ms")), _fmt(r.get("query_p90_ms")),
+            _fmt(r.get("query_p99_ms")),
+            r.get("uids_differ", "(oracle)"),
+            r.get("uids_missing", "")))
+    return lines
+
+
 def _fmt(v, digits=None):
     if v is None:
         return "n/a"
@@ -430,6 +457,8 @@ def write_markdown(results, path, plots):
                  _fmt(r["peak_rss_kb"] / 1024.0) if r.get("peak_rss_kb")
                  else "n/a",
                  _fmt(r.get("agreement"), 2), _fmt(r.get("jaccard"), 2)))
+        for line in fts_nofts_lines(f):
+            w(line)
         hits = [(e, r["hits"]) for e, r in f["engines"].items()
                 if r.get("hits")]
         if hits:

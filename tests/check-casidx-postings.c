@@ -890,6 +890,60 @@ START_TEST(test_index_corruption_rejected)
 }
 END_TEST
 
+static void copy_fixture(const char *name)
+{
+	const char *top = getenv("CASBOX_TOP_SRCDIR");
+	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v1/%s",
+		top == NULL ? CASBOX_SRCDIR : top, name);
+	unsigned char tmp[4096];
+	ssize_t n;
+	int in, out;
+
+	in = open(src, O_RDONLY);
+	ck_assert_msg(in >= 0, "open(%s) failed", src);
+	out = open(t_strdup_printf("%s/%s", test_dir, name),
+		   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(out, 0);
+	while ((n = read(in, tmp, sizeof(tmp))) > 0)
+		ck_assert_int_eq(write(out, tmp, n), n);
+	i_close_fd(&in);
+	i_close_fd(&out);
+}
+
+/* An index written by the format-1 code (tests/fixtures/casidx-v1) is
+   an old format: never read for answers, reported so the backend
+   rebuilds it with an info line, and a fresh index works after the
+   delete. */
+START_TEST(test_index_old_format_rebuilt)
+{
+	struct casidx_index *index;
+	const char *error = NULL;
+
+	copy_fixture("manifest");
+	copy_fixture("seg-00000001.cxs");
+	index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
+	ck_assert_ptr_ne(strstr(error, "old index format version 1"), NULL);
+	ck_assert(casidx_index_is_corrupted(index));
+	ck_assert(casidx_index_is_old_format(index));
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 0);
+	ck_assert_uint_eq(casidx_index_get_segment_count(index), 0);
+
+	ck_assert_int_eq(casidx_index_delete(index, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 0);
+	ck_assert(!casidx_index_is_old_format(index));
+	index_docs(index, 1, 2);
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 2);
+	casidx_index_deinit(&index);
+
+	/* the current format is not mistaken for an old one */
+	index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+	ck_assert(!casidx_index_is_old_format(index));
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 /* TRUE if some file of the index directory contains needle. */
 static bool dir_has(const char *needle)
 {
@@ -1104,6 +1158,7 @@ int main(void)
 	tcase_add_test(tci, test_index_uid_validity_change);
 	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
+	tcase_add_test(tci, test_index_old_format_rebuilt);
 	tcase_add_test(tci, test_index_encrypted);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	tcase_add_test(tci, test_index_overlapping_writers);

@@ -24,14 +24,20 @@ static struct casidx_tokenizer *tok;
 struct feed_ctx {
 	struct casidx_index_writer *w;
 	enum casidx_field field;
+	struct casidx_doc_state state;
 };
 
 static void feed_cb(const struct casidx_token *token, void *context)
 {
 	struct feed_ctx *ctx = context;
 
-	casidx_index_writer_add_term(ctx->w, ctx->field, token->term,
-				     token->term_len);
+	casidx_query_add_token(ctx->w, ctx->field, token, &ctx->state);
+}
+
+static void add_doc(struct feed_ctx *ctx, uint32_t uid)
+{
+	casidx_index_writer_add_doc(ctx->w, uid);
+	i_zero(&ctx->state);
 }
 
 static void add_field(struct feed_ctx *ctx, enum casidx_field field,
@@ -54,19 +60,19 @@ static void build_index(void)
 	tok = casidx_tokenizer_create();
 	idx = casidx_index_init(test_dir, &set);
 	ctx.w = casidx_index_writer_begin(idx);
-	casidx_index_writer_add_doc(ctx.w, 1);
+	add_doc(&ctx, 1);
 	add_field(&ctx, CASIDX_FIELD_SUBJECT, "Hello there");
 	add_field(&ctx, CASIDX_FIELD_BODY, "the world is big");
 	add_field(&ctx, CASIDX_FIELD_FROM, "Alice <alice@example.com>");
-	casidx_index_writer_add_doc(ctx.w, 2);
+	add_doc(&ctx, 2);
 	add_field(&ctx, CASIDX_FIELD_BODY, "hello world, hello again");
 	add_field(&ctx, CASIDX_FIELD_FROM, "Bob <bob@example.org>");
-	casidx_index_writer_add_doc(ctx.w, 3);
+	add_doc(&ctx, 3);
 	add_field(&ctx, CASIDX_FIELD_BODY, "un café crème, s'il vous plaît");
-	casidx_index_writer_add_doc(ctx.w, 4);
-	casidx_index_writer_add_doc(ctx.w, 5);
+	add_doc(&ctx, 4);
+	add_doc(&ctx, 5);
 	add_field(&ctx, CASIDX_FIELD_BODY, "shellfish and yellow helmets");
-	casidx_index_writer_add_doc(ctx.w, 6);
+	add_doc(&ctx, 6);
 	add_field(&ctx, CASIDX_FIELD_BODY, "hello from the expunged one");
 	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
 	ctx.w = casidx_index_writer_begin(idx);
@@ -126,6 +132,7 @@ static void check1(unsigned int mask, const char *value, bool not,
 
 #define BODY CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)
 #define FROM CASIDX_FIELD_MASK(CASIDX_FIELD_FROM)
+#define SUBJECT CASIDX_FIELD_MASK(CASIDX_FIELD_SUBJECT)
 #define ALL CASIDX_FIELD_MASK_ALL
 
 START_TEST(test_words_prefixes_substrings)
@@ -150,7 +157,9 @@ START_TEST(test_maybe_cases)
 	check1(BODY, "world,", FALSE, "", "1,2");
 	/* non-ASCII: folding may over-match */
 	check1(BODY, "café", FALSE, "", "3");
-	check1(BODY, "cafe", FALSE, "3", "");
+	/* "café" was folded to "cafe": an ASCII match in it is not proven
+	   (Dovecot's own search would not find "cafe" in "café") */
+	check1(BODY, "cafe", FALSE, "", "3");
 	/* address compound */
 	check1(FROM, "alice@example.com", FALSE, "", "1");
 	check1(FROM, "example", FALSE, "1,2", "");
@@ -166,11 +175,28 @@ START_TEST(test_many_tokens)
 	string_t *value = t_str_new(1024);
 	unsigned int i;
 
-	/* doc 2's words first, then words no message has: past the bound
-	   those are not looked at, so 2 stays a candidate */
+	/* doc 2's words and distinct pieces of them first, then words no
+	   message has: past the bound those are not looked at, so 2 stays
+	   a candidate */
+	static const char *const words[] = { "hello", "world", "again" };
+	unsigned int w, len, start, n = 3;
+	const char *piece;
+
 	str_append(value, "hello world again");
-	for (i = 3; i < CASIDX_QUERY_MAX_TOKENS; i++)
-		str_append(value, " hello");
+	for (w = 0; w < N_ELEMENTS(words); w++) {
+		for (len = 1; len < 5; len++) {
+			for (start = 0; start + len <= 5; start++) {
+				piece = t_strndup(words[w] + start, len);
+				if (n >= CASIDX_QUERY_MAX_TOKENS ||
+				    strstr(str_c(value), t_strconcat(
+					" ", piece, " ", NULL)) != NULL)
+					continue;
+				str_printfa(value, " %s ", piece);
+				n++;
+			}
+		}
+	}
+	ck_assert_uint_eq(n, CASIDX_QUERY_MAX_TOKENS);
 	str_append(value, " zzznothere qqqmissing");
 	check1(BODY, str_c(value), FALSE, "", "2");
 	/* NOT of it: 2 is not certainly excluded */
@@ -286,6 +312,82 @@ START_TEST(test_lazy_corruption_detected)
 }
 END_TEST
 
+/* Issue 17: nothing the text holds is lost. Encoded-looking runs mark
+   the field UNINDEXED (any ASCII search may be inside: maybe), long
+   words are windows (pieces found anywhere in them), folded words make
+   ASCII matches maybe, a long path is words. */
+START_TEST(test_exactness_markers)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 7);
+	add_field(&ctx, CASIDX_FIELD_BODY, "sig: aGVsbG8gd29ybGQgdGhpcyBpcy"
+		  "BhIGxvbmcgYmFzZTY0IHJ1bg== done");
+	add_doc(&ctx, 8);
+	add_field(&ctx, CASIDX_FIELD_BODY, "at /llvm/lib/Transforms/"
+		  "Instrumentation/MemorySanitizer.cpp:3236: oops "
+		  "0005-Initialize-the-mapping-of-KASan-shadow-memory.patch");
+	add_doc(&ctx, 9);
+	add_field(&ctx, CASIDX_FIELD_BODY, "Sr. Muñoz and Mr. Munoz");
+	add_doc(&ctx, 10);
+	add_field(&ctx, CASIDX_FIELD_BODY, "Señor Muñoz");
+	add_doc(&ctx, 11);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "aaaaaaaaaabbbbbbbbbbccccccccccdd"
+		  "ddddddddeeeeeeeeeeffffffffffgggggggggghhhhhhhhhhiiiiiiiiii");
+	/* more encoded text than a document keeps: marked */
+	add_doc(&ctx, 12);
+	T_BEGIN {
+		string_t *big = t_str_new(CASIDX_ENCODED_BODY_BUDGET * 2);
+		unsigned int i;
+
+		for (i = 0; str_len(big) < CASIDX_ENCODED_BODY_BUDGET * 2; i++)
+			str_printfa(big, "Zq%xWv9%uKp", i * 7919, i);
+		add_field(&ctx, CASIDX_FIELD_BODY, str_c(big));
+	} T_END;
+	/* encoded runs in headers are never kept */
+	add_field(&ctx, CASIDX_FIELD_HEADER, "b=aGVsbG8gd29ybGQgdGhpcyBpcyBhIGx"
+		  "vbmcgYmFzZTY0IHJ1bg==");
+	add_doc(&ctx, 13);
+	add_field(&ctx, CASIDX_FIELD_BODY, "I don\xE2\x80\x99t know");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* a kept encoded run is searchable like a word */
+	check1(BODY, "d29ybGQ", FALSE, "7", "12");
+	check1(BODY, "zzzz", FALSE, "", "12");
+	check1(SUBJECT, "zzzz", FALSE, "", "");
+	check1(BODY, "done", FALSE, "7", "12");
+	check1(BODY, "aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg==",
+	       FALSE, "", "7,12");
+	/* past the budget: maybe, in that field only */
+	check1(ALL, "d29ybGQ", FALSE, "7", "12");
+	check1(CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER), "d29ybGQ", FALSE, "",
+	       "12");
+	check1(CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER), "x", FALSE, "", "12");
+	/* words of a long path and a long file name */
+	check1(BODY, "instrumentation", FALSE, "8", "12");
+	check1(BODY, "memorysanitizer", FALSE, "8", "12");
+	check1(BODY, "3236", FALSE, "8", "12");
+	check1(BODY, "shadow", FALSE, "8", "12");
+	check1(BODY, "memory", FALSE, "8", "12");
+	check1(BODY, "KASan-shadow-memory.patch", FALSE, "", "8,12");
+	/* folded: "munoz" is literally in 9 but only folded in 10 (and
+	   could be inside 12's encoded text) */
+	check1(BODY, "munoz", FALSE, "", "9,10,12");
+	check1(BODY, "muñoz", FALSE, "", "9,10");
+	/* a word whose non-ASCII character left its ASCII letters as they
+	   were stays definite */
+	check1(BODY, "know", FALSE, "13", "12");
+	check1(BODY, "don", FALSE, "7,13", "12");
+	/* a 90-byte word: any piece of it, also across windows */
+	check1(SUBJECT, "hhhhhhiiii", FALSE, "11", "");
+	check1(SUBJECT, "ccccccccccddddddddddeeeeeeeeeeffff", FALSE, "", "11");
+	check1(SUBJECT, "cccccccccceeeeeeeeee", FALSE, "", "");
+}
+END_TEST
+
 /* A CJK run is indexed as bigrams plus its trailing unigram; a
    one-character query is answered by the substring scan over the
    dictionary, so it finds the character at any place of the run. */
@@ -295,11 +397,11 @@ START_TEST(test_cjk_single_char)
 	const char *error;
 
 	ctx.w = casidx_index_writer_begin(idx);
-	casidx_index_writer_add_doc(ctx.w, 7);
+	add_doc(&ctx, 7);
 	add_field(&ctx, CASIDX_FIELD_BODY, "東京都に住んでいます。");
-	casidx_index_writer_add_doc(ctx.w, 8);
+	add_doc(&ctx, 8);
 	add_field(&ctx, CASIDX_FIELD_BODY, "京");
-	casidx_index_writer_add_doc(ctx.w, 9);
+	add_doc(&ctx, 9);
 	add_field(&ctx, CASIDX_FIELD_SUBJECT, "北京大学");
 	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
 	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
@@ -337,6 +439,7 @@ int main(void)
 	tcase_add_test(tc, test_scores);
 	tcase_add_test(tc, test_lazy_corruption_detected);
 	tcase_add_test(tc, test_cjk_single_char);
+	tcase_add_test(tc, test_exactness_markers);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

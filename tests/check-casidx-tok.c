@@ -51,6 +51,12 @@ static void collect_cb(const struct casidx_token *t, void *context)
 		str_append(str, "/p");
 	if ((t->flags & CASIDX_TOKEN_FLAG_CJK) != 0)
 		str_append(str, "/c");
+	if ((t->flags & CASIDX_TOKEN_FLAG_ENCODED) != 0)
+		str_append(str, "/e");
+	if ((t->flags & CASIDX_TOKEN_FLAG_FOLDED) != 0)
+		str_append(str, "/f");
+	if ((t->flags & CASIDX_TOKEN_FLAG_WINDOW) != 0)
+		str_append(str, "/w");
 }
 
 static const char *tokens(const char *text, size_t len)
@@ -104,9 +110,10 @@ static const struct tok_case cases[] = {
 	{ "", "" },
 	/* Latin with accents: NFKC + case fold + accent fold */
 	{ "Café NAÏVE Ångström façade Straße Ǆemal ﬁnd",
-	  "cafe@0 naive@1 angstrom@2 facade@3 strasse@4 dzemal@5 find@6" },
-	{ "Tiếng Việt İstanbul", "tieng@0 viet@1 istanbul@2" },
-	{ "cafe\xCC\x81 e\xCC\x81t\xCC\x81\xC3\xA9", "cafe@0 ete@1" },
+	  "cafe@0/f naive@1/f angstrom@2/f facade@3/f strasse@4/f dzemal@5/f "
+	  "find@6/f" },
+	{ "Tiếng Việt İstanbul", "tieng@0/f viet@1/f istanbul@2/f" },
+	{ "cafe\xCC\x81 e\xCC\x81t\xCC\x81\xC3\xA9", "cafe@0 ete@1/f" },
 	/* Greek: final sigma folds to sigma, tonos dropped */
 	{ "ΟΔΥΣΣΕΥΣ Οδυσσεύς", "οδυσσευσ@0 οδυσσευσ@1" },
 	{ "λόγος ΛΟΓΟΣ", "λογοσ@0 λογοσ@1" },
@@ -143,7 +150,7 @@ static const struct tok_case cases[] = {
 	/* Emoji are words; NFKC_Casefold drops the ZWJ */
 	{ "party 🎉 👨‍👩‍👧 ok", "party@0 🎉@1 👨👩👧@2 ok@3" },
 	/* full-width Latin and digits */
-	{ "ＡＢＣ１２３", "abc123@0" },
+	{ "ＡＢＣ１２３", "abc123@0/f" },
 	/* e-mail addresses: whole, local part, domain, atoms */
 	{ "Mail John.Doe+tag@Example.COM now",
 	  "mail@0 john.doe+tag@example.com@1 john.doe+tag@1/p "
@@ -161,11 +168,16 @@ static const struct tok_case cases[] = {
 	{ "http://x.org/wiki/A_(b)",
 	  "http://x.org/wiki/a_(b)@0 x.org@0/p http@0/p x@0/p org@0/p "
 	  "wiki@0/p a@0/p b@0/p" },
-	/* base64 and hex runs are skipped, short or plain ones are not */
+	/* base64 runs are one lower-cased term (/e), hex, short or plain
+	   runs are words */
 	{ "x aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg== y",
-	  "x@0 y@1" },
+	  "x@0 agvsbg8gd29ybgqgdghpcybpcybhigxvbmcgymfzzty0ihj1bg==@1/e y@2" },
 	{ "sha d41d8cd98f00b204e9800998ecf8427e0123abcd end",
-	  "sha@0 end@1" },
+	  "sha@0 d41d8cd98f00b204e9800998ecf8427e0123abcd@1 end@2" },
+	/* a path is text however long */
+	{ "/llvm/lib/Transforms/Instrumentation/MemorySanitizer.cpp:3236:",
+	  "llvm@0 lib@1 transforms@2 instrumentation@3 "
+	  "memorysanitizer.cpp@4 memorysanitizer@4/p cpp@4/p 3236@5" },
 	{ "d41d8cd98f00b204", "d41d8cd98f00b204@0" },
 	{ "pneumonoultramicroscopicsilicovolcanoconiosis",
 	  "pneumonoultramicroscopicsilicovolcanoconiosis@0" },
@@ -184,11 +196,16 @@ static const struct tok_case cases[] = {
 	  "x@0 microsoft@1 exchange@2 diagnostics@3 untrusted@4 "
 	  "transport@5 headername@6" },
 	{ "x aGVsbG8-d29ybGQ_dGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg y",
-	  "x@0 y@1" },
+	  "x@0 agvsbg8-d29ybgq_dghpcybpcybhigxvbmcgymfzzty0ihj1bg@1/e y@2" },
 	{ "x QWxhZGRpbjpvcGVu-c2VzYW1lX2FuZF9zb21lX21vcmU_ZGF0YQ y",
-	  "x@0 y@1" },
+	  "x@0 qwxhzgrpbjpvcgvu-c2vzyw1lx2fuzf9zb21lx21vcmu_zgf0yq@1/e y@2" },
 	{ "x 3f2a9c7e-1b4d-4e8f-9a6b-2c5d7e9f1a3b4c5d6e7f8a9b y",
-	  "x@0 y@1" },
+	  "x@0 3f2a9c7e-1b4d-4e8f-9a6b-2c5d7e9f1a3b4c5d6e7f8a9b@1/e y@2" },
+	/* a word over 64 bytes: overlapping windows, every 32 bytes and
+	   one at the end */
+	{ "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789",
+	  "abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz01@0/w "
+	  "ijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789@0/w" },
 	/* invalid UTF-8 separates words */
 	{ "abc\xFF" "def \xC0\xAFghi \xED\xA0\x80jkl mno\xE4\xB8",
 	  "abc@0 def@1 ghi@2 jkl@3 mno@4" },

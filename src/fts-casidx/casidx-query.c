@@ -30,15 +30,19 @@ struct casidx_query_scores {
 	HASH_TABLE(void *, double *) map;
 };
 
+/* A piece of the search value looked up as a substring of terms. */
 struct query_token {
 	const char *term;
 	size_t len;
+	/* pure ASCII: it may lie inside a run that was not indexed */
+	bool ascii;
 };
 
 struct tokens_ctx {
 	pool_t pool;
 	ARRAY(struct query_token) tokens;
-	ARRAY(struct query_token) parts;
+	/* the value came out as a single token (value_is_definite()) */
+	unsigned int token_count;
 };
 
 /* A posting seen during a scan, scored once the scan has seen every
@@ -76,34 +80,139 @@ static roaring_bitmap_t *bitmap_create(void)
 	return bm;
 }
 
+static void add_lookup(struct tokens_ctx *ctx, const char *term, size_t len,
+		       bool from_non_ascii)
+{
+	struct query_token *qt;
+	size_t i;
+
+	/* only the first CASIDX_QUERY_MAX_TOKENS are looked up */
+	if (len == 0 || array_count(&ctx->tokens) >= CASIDX_QUERY_MAX_TOKENS)
+		return;
+	array_foreach_modifiable(&ctx->tokens, qt) {
+		if (qt->len == len && memcmp(qt->term, term, len) == 0)
+			return;
+	}
+	qt = array_append_space(&ctx->tokens);
+	qt->term = p_strndup(ctx->pool, term, len);
+	qt->len = len;
+	qt->ascii = !from_non_ascii;
+	for (i = 0; i < len && qt->ascii; i++) {
+		if ((unsigned char)term[i] >= 0x80)
+			qt->ascii = FALSE;
+	}
+}
+
+/* An atom longer than CASIDX_TOKEN_WINDOW_SAFE may cross the windows
+   the index cut a long term into: look up pieces that each lie inside
+   one window, from its start, every CASIDX_TOKEN_WINDOW_SAFE bytes, and
+   its end. */
+static void add_atom(struct tokens_ctx *ctx, const char *atom, size_t len,
+		     bool from_non_ascii)
+{
+	size_t start = 0, n;
+
+	if (len <= CASIDX_TOKEN_WINDOW_SAFE) {
+		add_lookup(ctx, atom, len, from_non_ascii);
+		return;
+	}
+	while (start + CASIDX_TOKEN_WINDOW_SAFE < len) {
+		n = CASIDX_TOKEN_WINDOW_SAFE;
+		while (n > 1 && ((unsigned char)atom[start + n] & 0xc0) == 0x80)
+			n--;
+		add_lookup(ctx, atom + start, n, from_non_ascii);
+		start += n;
+	}
+	start = len - CASIDX_TOKEN_WINDOW_SAFE;
+	while (start < len && ((unsigned char)atom[start] & 0xc0) == 0x80)
+		start++;
+	add_lookup(ctx, atom + start, len - start, from_non_ascii);
+}
+
+static inline bool is_ascii_punct(unsigned char c)
+{
+	return c < 0x80 && !i_isalnum(c);
+}
+
+/* A token's atoms: its runs between ASCII punctuation. Each atom of a
+   value that occurs in the text lies inside an atom of the text, and
+   every atom of indexed text is inside some term (doc/search-semantics.md),
+   so the lookups never miss a message that contains the value. */
 static void token_cb(const struct casidx_token *token, void *context)
 {
 	struct tokens_ctx *ctx = context;
-	struct query_token *qt;
+	size_t i = 0, start;
+	bool from_non_ascii;
 
-	if (token->term_len == 0)
-		return;
-	if ((token->flags & CASIDX_TOKEN_FLAG_PART) != 0)
-		qt = array_append_space(&ctx->parts);
-	else
-		qt = array_append_space(&ctx->tokens);
-	qt->term = p_strndup(ctx->pool, token->term, token->term_len);
-	qt->len = token->term_len;
+	if ((token->flags & CASIDX_TOKEN_FLAG_PART) == 0)
+		ctx->token_count++;
+	/* a word with non-ASCII characters and no ASCII punctuation (one
+	   atom) is no piece of a run of the base64 alphabet, even if it
+	   was folded to ASCII */
+	from_non_ascii = (token->flags & CASIDX_TOKEN_FLAG_FOLDED) != 0;
+	for (i = 0; i < token->term_len && from_non_ascii; i++) {
+		if (is_ascii_punct((unsigned char)token->term[i]))
+			from_non_ascii = FALSE;
+	}
+	i = 0;
+	while (i < token->term_len) {
+		while (i < token->term_len &&
+		       is_ascii_punct((unsigned char)token->term[i]))
+			i++;
+		start = i;
+		while (i < token->term_len &&
+		       !is_ascii_punct((unsigned char)token->term[i]))
+			i++;
+		add_atom(ctx, token->term + start, i - start, from_non_ascii);
+	}
 }
 
-/* Tokens of value. A compound (address, URL) contains its parts, so
-   its parts add nothing to a substring match: use them only if no
-   compound came out. */
 static void query_tokenize(struct casidx_tokenizer *tok, const char *value,
 			   pool_t pool, struct tokens_ctx *ctx_r)
 {
 	i_zero(ctx_r);
 	ctx_r->pool = pool;
 	p_array_init(&ctx_r->tokens, pool, 4);
-	p_array_init(&ctx_r->parts, pool, 4);
 	casidx_tokenizer_tokenize(tok, value, strlen(value), token_cb, ctx_r);
-	if (array_count(&ctx_r->tokens) == 0)
-		array_append_array(&ctx_r->tokens, &ctx_r->parts);
+}
+
+void casidx_query_add_marker(struct casidx_index_writer *writer,
+			     enum casidx_field field, const char *marker,
+			     struct casidx_doc_state *state)
+{
+	unsigned int bit = strcmp(marker, CASIDX_TERM_FOLDED) == 0 ? 1 : 0;
+	uint32_t mask = 1U << (field * 2 + bit);
+
+	if ((state->markers & mask) != 0)
+		return;
+	state->markers |= mask;
+	casidx_index_writer_add_term(writer, field, marker,
+				     CASIDX_TERM_MARKER_LEN);
+}
+
+void casidx_query_add_token(struct casidx_index_writer *writer,
+			    enum casidx_field field,
+			    const struct casidx_token *token,
+			    struct casidx_doc_state *state)
+{
+	size_t budget = field == CASIDX_FIELD_BODY ?
+		CASIDX_ENCODED_BODY_BUDGET : CASIDX_ENCODED_HEADER_BUDGET;
+
+	if ((token->flags & CASIDX_TOKEN_FLAG_ENCODED) != 0) {
+		if (state->encoded_bytes[field] + token->term_len > budget) {
+			state->encoded_bytes[field] = budget;
+			casidx_query_add_marker(writer, field,
+						CASIDX_TERM_UNINDEXED, state);
+			return;
+		}
+		state->encoded_bytes[field] += token->term_len;
+	}
+	casidx_index_writer_add_term(writer, field, token->term,
+				     token->term_len);
+	if ((token->flags & CASIDX_TOKEN_FLAG_FOLDED) != 0) {
+		casidx_query_add_marker(writer, field, CASIDX_TERM_FOLDED,
+					state);
+	}
 }
 
 bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
@@ -125,12 +234,15 @@ bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
    value occurs in the original text exactly where the token occurs in
    the term (see doc/search-semantics.md for the remaining edges). */
 static bool value_is_definite(const char *value,
-			      const struct query_token *tokens,
-			      unsigned int count)
+			      const struct tokens_ctx *tctx)
 {
+	const struct query_token *tokens;
+	unsigned int count;
 	size_t i;
 
-	if (count != 1 || tokens[0].len != strlen(value))
+	tokens = array_get(&tctx->tokens, &count);
+	if (count != 1 || tctx->token_count != 1 ||
+	    tokens[0].len != strlen(value))
 		return FALSE;
 	for (i = 0; value[i] != '\0'; i++) {
 		if (!i_isalnum(value[i]) || (unsigned char)value[i] >= 0x80)
@@ -233,7 +345,7 @@ static void scan_score_hits(struct scan_ctx *ctx)
 /* Docs having a term containing token in any field of mask. */
 static int query_token_docs(struct casidx_index *index,
 			    const struct query_token *token,
-			    unsigned int field_mask,
+			    enum casidx_match match, unsigned int field_mask,
 			    const roaring_bitmap_t *universe,
 			    struct casidx_query_scores *scores,
 			    roaring_bitmap_t **docs_r, const char **error_r)
@@ -260,8 +372,7 @@ static int query_token_docs(struct casidx_index *index,
 		p_array_init(&ctx.term_df, ctx.pool, 8);
 		p_array_init(&ctx.hits, ctx.pool, 64);
 		if (casidx_index_scan(index, field, token->term, token->len,
-				      CASIDX_MATCH_SUBSTRING, scan_cb, &ctx,
-				      error_r) < 0) {
+				      match, scan_cb, &ctx, error_r) < 0) {
 			hash_table_destroy(&ctx.term_idx);
 			pool_unref(&ctx.pool);
 			roaring_bitmap_free(ctx.docs);
@@ -276,8 +387,27 @@ static int query_token_docs(struct casidx_index *index,
 	return 0;
 }
 
+/* Docs of the fields of mask that carry a marker term. */
+static int query_marker_docs(struct casidx_index *index, const char *marker,
+			     unsigned int field_mask,
+			     const roaring_bitmap_t *universe,
+			     roaring_bitmap_t **docs_r, const char **error_r)
+{
+	struct query_token token = {
+		.term = marker, .len = CASIDX_TERM_MARKER_LEN,
+	};
+
+	return query_token_docs(index, &token, CASIDX_MATCH_EXACT, field_mask,
+				universe, NULL, docs_r, error_r);
+}
+
 /* Evaluate one leaf into definite/maybe (maybe includes definite),
-   with match_not already applied. */
+   with match_not applied. Each lookup token's candidates are the docs
+   with a term containing it, plus, for an ASCII token (it could lie in
+   a run of encoded data the index skipped), the docs marked UNINDEXED
+   in the leaf's fields. Definite only for a single ASCII word
+   (value_is_definite()), found in a term, in a doc without FOLDED
+   words in those fields. */
 static int query_leaf(struct casidx_index *index,
 		      struct casidx_tokenizer *tok,
 		      const struct casidx_query_leaf *leaf,
@@ -288,8 +418,10 @@ static int query_leaf(struct casidx_index *index,
 {
 	struct tokens_ctx tctx;
 	const struct query_token *tokens;
-	roaring_bitmap_t *set = NULL, *docs, *def, *inv;
+	roaring_bitmap_t *set = NULL, *docs, *def = NULL, *inv;
+	roaring_bitmap_t *unindexed = NULL, *folded;
 	unsigned int i, count;
+	bool definite;
 	pool_t pool;
 	int ret = 0;
 
@@ -297,38 +429,62 @@ static int query_leaf(struct casidx_index *index,
 	query_tokenize(tok, leaf->value, pool, &tctx);
 	tokens = array_get(&tctx.tokens, &count);
 	i_assert(count > 0);
-	/* Each token is a scan of the term dictionary (substrings), and
-	   a value of several tokens is only ever "maybe": Dovecot checks
-	   the candidates against the mail. So the first
+	definite = value_is_definite(leaf->value, &tctx);
+	if (query_marker_docs(index, CASIDX_TERM_UNINDEXED, leaf->field_mask,
+			      universe, &unindexed, error_r) < 0) {
+		pool_unref(&pool);
+		return -1;
+	}
+	/* Each token is a scan of the term dictionary, and a value of
+	   several tokens is only ever "maybe": Dovecot checks the
+	   candidates against the mail. So the first
 	   CASIDX_QUERY_MAX_TOKENS narrow it down well enough, and a search
 	   of thousands of words (64 kB of them took 4.5 s) costs no more
 	   than that; none is needed once no candidate is left. */
 	for (i = 0; i < count && i < CASIDX_QUERY_MAX_TOKENS; i++) {
-		if (query_token_docs(index, &tokens[i], leaf->field_mask,
-				     universe, leaf->match_not ? NULL : scores,
+		if (set != NULL && roaring_bitmap_is_empty(set))
+			break;
+		if (query_token_docs(index, &tokens[i], CASIDX_MATCH_SUBSTRING,
+				     leaf->field_mask, universe,
+				     leaf->match_not ? NULL : scores,
 				     &docs, error_r) < 0) {
 			ret = -1;
 			break;
 		}
+		if (definite)
+			def = roaring_bitmap_copy(docs);
+		if (tokens[i].ascii)
+			roaring_bitmap_or_inplace(docs, unindexed);
 		if (set == NULL)
 			set = docs;
 		else {
 			roaring_bitmap_and_inplace(set, docs);
 			roaring_bitmap_free(docs);
 		}
-		if (roaring_bitmap_is_empty(set))
-			break;
 	}
+	if (ret == 0 && def != NULL) {
+		if (query_marker_docs(index, CASIDX_TERM_FOLDED,
+				      leaf->field_mask, universe, &folded,
+				      error_r) < 0)
+			ret = -1;
+		else {
+			roaring_bitmap_andnot_inplace(def, folded);
+			roaring_bitmap_free(folded);
+		}
+	}
+	roaring_bitmap_free(unindexed);
+	pool_unref(&pool);
 	if (ret < 0) {
 		if (set != NULL)
 			roaring_bitmap_free(set);
-		pool_unref(&pool);
+		if (def != NULL)
+			roaring_bitmap_free(def);
 		return -1;
 	}
 	roaring_bitmap_and_inplace(set, universe);
-	def = value_is_definite(leaf->value, tokens, count) ?
-		roaring_bitmap_copy(set) : bitmap_create();
-	pool_unref(&pool);
+	if (def == NULL)
+		def = bitmap_create();
+	roaring_bitmap_and_inplace(def, set);
 
 	if (!leaf->match_not) {
 		*definite_r = def;

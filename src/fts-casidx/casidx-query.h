@@ -22,6 +22,7 @@
 #include "casidx-index.h"
 
 struct casidx_tokenizer;
+struct casidx_token;
 
 #define CASIDX_FIELD_MASK(field) (1U << (field))
 #define CASIDX_FIELD_MASK_ALL ((1U << CASIDX_FIELD_COUNT) - 1)
@@ -39,6 +40,34 @@ struct casidx_query_result {
 	/* BM25 scores of definite and maybe UIDs */
 	struct casidx_query_scores *scores;
 };
+
+/* Encoded-looking text kept per document and field, in bytes of
+   window terms: a PGP signature or a few encoded tokens in a body are
+   searchable exactly; past this (inline attachments) the field is
+   marked UNINDEXED. Headers keep none: every DKIM signature would add
+   ~1 kB of terms per message. */
+#define CASIDX_ENCODED_BODY_BUDGET 4096
+#define CASIDX_ENCODED_HEADER_BUDGET 0
+
+/* What the current document has been given: zero it at each new
+   document. */
+struct casidx_doc_state {
+	/* markers added: 1 << (field * 2) UNINDEXED, << 1 FOLDED */
+	uint32_t markers;
+	uint32_t encoded_bytes[CASIDX_FIELD_COUNT];
+};
+
+/* Index a token into the writer's current document the way lookups
+   expect it: its term, and the marker term (casidx-index.h) its flags
+   call for, once per field. */
+void casidx_query_add_token(struct casidx_index_writer *writer,
+			    enum casidx_field field,
+			    const struct casidx_token *token,
+			    struct casidx_doc_state *state);
+/* Add marker (CASIDX_TERM_UNINDEXED or _FOLDED) to field, once. */
+void casidx_query_add_marker(struct casidx_index_writer *writer,
+			     enum casidx_field field, const char *marker,
+			     struct casidx_doc_state *state);
 
 /* TRUE if value produces at least one token, i.e. the index can answer
    a leaf with it. Empty or punctuation-only values can't be answered. */

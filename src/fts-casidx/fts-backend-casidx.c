@@ -16,6 +16,11 @@
 #include "mail-storage.h"
 #include "mail-search.h"
 #include "mailbox-list.h"
+#include "istream.h"
+#include "message-parser.h"
+#include "message-decoder.h"
+#include "rfc822-parser.h"
+#include "message-address.h"
 #include "fts-api-private.h"
 #include "cas-keymode.h"
 #include "casidx-tokenizer.h"
@@ -66,8 +71,20 @@ struct casidx_fts_backend_update_context {
 	/* password mode: the box whose index opens at the first build
 	   key, not at set_mailbox (see casidx_update_open()) */
 	struct mailbox *pending_box;
+	/* the box being indexed (casidx_update_html() reads its mails) */
+	struct mailbox *box;
 	uint32_t uid;
+	/* the UID whose HTML parts casidx_update_html() indexed */
+	uint32_t html_uid;
+	/* the current document's mail, opened for the raw text the FTS
+	   build does not hand over (casidx_update_mail()) */
+	struct mailbox_transaction_context *raw_trans;
+	struct mail *raw_mail;
+	/* address headers whose raw values the document got, ":name:" */
+	string_t *raw_hdrs_done;
 	enum casidx_field field;
+	/* what the current document got (casidx_query_add_token()) */
+	struct casidx_doc_state doc_state;
 	bool doc_open;
 	bool key_open;
 
@@ -390,7 +407,12 @@ casidx_backend_get_fresh_index(struct casidx_fts_backend *backend,
 	}
 	/* derived data: drop it; get_last_uid() = 0 makes Dovecot search
 	   the mailbox itself and the indexer rebuild it */
-	e_error(backend->event, "%s - rebuilding the index", error);
+	if (casidx_index_is_old_format(*index_r)) {
+		e_info(backend->event, "%s - rebuilding the index in the "
+		       "current format", error);
+	} else {
+		e_error(backend->event, "%s - rebuilding the index", error);
+	}
 	if (casidx_index_delete(*index_r, &error) < 0 ||
 	    casidx_index_refresh(*index_r, &error) < 0) {
 		e_error(backend->event, "%s", error);
@@ -439,6 +461,45 @@ static void casidx_update_doc_end(struct casidx_fts_backend_update_context *ctx)
 		  casidx_index_writer_doc_limit(ctx->writer) / (1024 * 1024));
 }
 
+static void
+casidx_update_mail_close(struct casidx_fts_backend_update_context *ctx)
+{
+	if (ctx->raw_mail != NULL)
+		mail_free(&ctx->raw_mail);
+	if (ctx->raw_trans != NULL)
+		(void)mailbox_transaction_commit(&ctx->raw_trans);
+}
+
+/* The current document's mail (opened once per document), or NULL with
+   error_r. */
+static struct mail *
+casidx_update_mail(struct casidx_fts_backend_update_context *ctx,
+		   const char **error_r)
+{
+	if (ctx->raw_mail != NULL)
+		return ctx->raw_mail;
+	/* the headers of message_header_is_address(), wanted up front so
+	   the header is parsed once for all of them */
+	static const char *const address_headers[] = {
+		"From", "Sender", "Reply-To", "To", "Cc", "Bcc",
+		"Resent-From", "Resent-Sender", "Resent-To", "Resent-Cc",
+		"Resent-Bcc", NULL
+	};
+	struct mailbox_header_lookup_ctx *headers;
+
+	ctx->raw_trans = mailbox_transaction_begin(ctx->box, 0,
+						   "casidx raw text");
+	headers = mailbox_header_lookup_init(ctx->box, address_headers);
+	ctx->raw_mail = mail_alloc(ctx->raw_trans, 0, headers);
+	mailbox_header_lookup_unref(&headers);
+	if (!mail_set_uid(ctx->raw_mail, ctx->uid)) {
+		*error_r = "expunged";
+		casidx_update_mail_close(ctx);
+		return NULL;
+	}
+	return ctx->raw_mail;
+}
+
 static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 {
 	struct casidx_fts_backend *backend =
@@ -447,6 +508,7 @@ static void casidx_update_commit(struct casidx_fts_backend_update_context *ctx)
 	unsigned int budget_flushes, flushes;
 	const char *error;
 
+	casidx_update_mail_close(ctx);
 	if (ctx->writer == NULL)
 		return;
 	casidx_update_doc_end(ctx);
@@ -492,6 +554,7 @@ fts_backend_casidx_update_deinit(struct fts_backend_update_context *_ctx)
 
 	casidx_update_commit(ctx);
 	ret = _ctx->failed ? -1 : 0;
+	str_free(&ctx->raw_hdrs_done);
 	i_free(ctx);
 	return ret;
 }
@@ -512,6 +575,7 @@ casidx_update_open(struct casidx_fts_backend_update_context *ctx,
 		return;
 	}
 	ctx->index = index;
+	ctx->box = box;
 	ctx->writer = casidx_index_writer_begin(index);
 	ctx->event = event_create(backend->event);
 	event_add_str(ctx->event, "mailbox", mailbox_get_vname(box));
@@ -580,8 +644,8 @@ static void casidx_update_token(const struct casidx_token *token,
 {
 	struct casidx_fts_backend_update_context *ctx = context;
 
-	casidx_index_writer_add_term(ctx->writer, ctx->field,
-				     token->term, token->term_len);
+	casidx_query_add_token(ctx->writer, ctx->field, token,
+			       &ctx->doc_state);
 }
 
 static bool
@@ -600,8 +664,13 @@ casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 		ctx->ctx.failed = TRUE;
 		return FALSE;
 	}
+	casidx_update_mail_close(ctx);
 	casidx_index_writer_add_doc(ctx->writer, uid);
 	ctx->uid = uid;
+	i_zero(&ctx->doc_state);
+	if (ctx->raw_hdrs_done == NULL)
+		ctx->raw_hdrs_done = str_new(default_pool, 64);
+	str_truncate(ctx->raw_hdrs_done, 0);
 	ctx->doc_open = TRUE;
 	ctx->messages++;
 	return TRUE;
@@ -632,6 +701,168 @@ casidx_update_header_name(struct casidx_fts_backend_update_context *ctx,
 	} T_END;
 }
 
+static bool content_type_is_html(const struct message_header_line *hdr)
+{
+	struct rfc822_parser_context parser;
+	string_t *content_type = t_str_new(64);
+
+	rfc822_parser_init(&parser, hdr->full_value, hdr->full_value_len,
+			   NULL);
+	rfc822_skip_lwsp(&parser);
+	(void)rfc822_parse_content_type(&parser, content_type);
+	rfc822_parser_deinit(&parser);
+	return strcasecmp(str_c(content_type), "text/html") == 0;
+}
+
+static int
+casidx_update_html_stream(struct casidx_fts_backend_update_context *ctx,
+			  struct istream *input, const char **error_r)
+{
+	const struct message_parser_settings parser_set = {
+		.hdr_flags = MESSAGE_HEADER_PARSER_FLAG_CLEAN_ONELINE,
+	};
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct message_parser_ctx *parser;
+	struct message_decoder_context *decoder;
+	struct message_block raw, block;
+	struct message_part *prev_part = NULL, *parts;
+	bool html = FALSE, in_body = FALSE;
+	int ret;
+
+	ctx->field = CASIDX_FIELD_BODY;
+	parser = message_parser_init(pool_datastack_create(), input,
+				     &parser_set);
+	decoder = message_decoder_init(NULL, 0);
+	while ((ret = message_parser_parse_next_block(parser, &raw)) > 0) {
+		if (raw.part != prev_part) {
+			if (in_body) {
+				casidx_tokenizer_final(backend->tok,
+					casidx_update_token, ctx);
+			}
+			/* a new part's headers, or the rest of a multipart
+			   (never text) */
+			prev_part = raw.part;
+			html = in_body = FALSE;
+		}
+		if (raw.hdr != NULL) {
+			if (strcasecmp(raw.hdr->name, "Content-Type") == 0) {
+				if (raw.hdr->continues)
+					raw.hdr->use_full_value = TRUE;
+				else
+					html = content_type_is_html(raw.hdr);
+			}
+		} else if (raw.size == 0) {
+			if (html) {
+				casidx_tokenizer_reset(backend->tok);
+				in_body = TRUE;
+			}
+		} else if (!in_body) {
+			continue;
+		}
+		/* the decoder sees every header: it needs the charset and
+		   the transfer encoding */
+		if (!message_decoder_decode_next_block(decoder, &raw, &block))
+			continue;
+		if (in_body && block.hdr == NULL && block.size > 0) {
+			casidx_tokenizer_feed(backend->tok, block.data,
+					      block.size, casidx_update_token,
+					      ctx);
+		}
+	}
+	if (in_body)
+		casidx_tokenizer_final(backend->tok, casidx_update_token, ctx);
+	message_decoder_deinit(&decoder);
+	if (ret < 0 && input->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(input));
+		(void)message_parser_deinit_from_parts(&parser, &parts,
+						       error_r);
+		return -1;
+	}
+	/* broken MIME structure: Dovecot's search parses it the same way */
+	(void)message_parser_deinit_from_parts(&parser, &parts, error_r);
+	return 0;
+}
+
+/* Index the raw markup of every text/html part of the current message.
+   Dovecot's own search (message-search.c) reads an HTML part decoded
+   (transfer encoding, charset) but not converted: tags, attributes,
+   URLs and entities are all searchable. The FTS build hands the
+   backend html-to-text output instead, so the message is read again
+   here and parsed the way message_search_msg() does. Returns 0 if done,
+   -1 if the mail couldn't be read (the converted text is indexed
+   instead and the body marked unindexed). */
+static int casidx_update_html(struct casidx_fts_backend_update_context *ctx)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct istream *input;
+	struct mail *mail;
+	const char *error = NULL;
+	int ret = 0;
+
+	if ((mail = casidx_update_mail(ctx, &error)) == NULL)
+		ret = -1;
+	else if (mail_get_stream_because(mail, NULL, NULL,
+					 "fts html indexing", &input) < 0) {
+		error = mailbox_get_last_internal_error(ctx->box, NULL);
+		ret = -1;
+	} else T_BEGIN {
+		ret = casidx_update_html_stream(ctx, input, &error);
+		error = t_strdup(error);
+	} T_END;
+	if (ret < 0) {
+		e_warning(backend->event, "%s: UID %u: couldn't read the "
+			  "HTML parts (%s): indexing their text only",
+			  mailbox_get_vname(ctx->box), ctx->uid, error);
+	}
+	return ret;
+}
+
+/* The raw values of an address header of the message (top level).
+   The FTS build hands the backend Dovecot's normalised address list,
+   without comments, group names' punctuation or quoting, while SEARCH
+   TEXT reads the header as it is ("To: unlisted-recipients:; (no
+   To-header on input)"). Indexed in the other-headers field, which only
+   TEXT reads: SEARCH TO/FROM/CC compare normalised addresses. */
+static void
+casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
+			  const char *name)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	const char *const *values, *error = NULL, *key;
+	struct mail *mail;
+
+	key = t_strdup_printf(":%s:", t_str_lcase(name));
+	if (strstr(str_c(ctx->raw_hdrs_done), key) != NULL)
+		return;
+	str_append(ctx->raw_hdrs_done, key);
+	ctx->field = CASIDX_FIELD_HEADER;
+	if ((mail = casidx_update_mail(ctx, &error)) == NULL ||
+	    mail_get_headers_utf8(mail, name, &values) < 0) {
+		if (error == NULL)
+			error = mailbox_get_last_internal_error(ctx->box, NULL);
+		e_warning(backend->event, "%s: UID %u: couldn't read the "
+			  "%s header (%s): TEXT searches it as maybe",
+			  mailbox_get_vname(ctx->box), ctx->uid, name, error);
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_state);
+		return;
+	}
+	for (; *values != NULL; values++) {
+		casidx_tokenizer_tokenize(backend->tok, *values,
+					  strlen(*values),
+					  casidx_update_token, ctx);
+	}
+}
+
 static bool
 fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 					const struct fts_backend_build_key *key)
@@ -656,12 +887,30 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 	case FTS_BACKEND_BUILD_KEY_HDR:
 	case FTS_BACKEND_BUILD_KEY_MIME_HDR:
 		casidx_update_header_name(ctx, key->hdr_name);
+		if (key->type == FTS_BACKEND_BUILD_KEY_HDR &&
+		    message_header_is_address(key->hdr_name)) T_BEGIN {
+			casidx_update_raw_address(ctx, key->hdr_name);
+		} T_END;
 		ctx->field = key->type == FTS_BACKEND_BUILD_KEY_HDR ?
 			casidx_header_field(key->hdr_name) :
 			CASIDX_FIELD_HEADER;
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART:
 		ctx->field = CASIDX_FIELD_BODY;
+		if (strcasecmp(key->body_content_type, "text/html") != 0)
+			break;
+		/* all HTML parts of the message at the first one */
+		if (ctx->html_uid == key->uid)
+			return FALSE;
+		if (casidx_update_html(ctx) == 0) {
+			ctx->html_uid = key->uid;
+			return FALSE;
+		}
+		/* the converted text then, without the markup */
+		ctx->field = CASIDX_FIELD_BODY;
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_state);
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART_BINARY:
 		return FALSE;

@@ -24,6 +24,17 @@
 struct casidx_index;
 struct casidx_index_writer;
 
+/* Marker terms, added once per field of a document (tokens never hold
+   control characters, and no query token is a substring of these):
+   UNINDEXED  the field has text no term covers (a run skipped as encoded
+              data, or terms lost to the per-document memory bound), so
+              a search that finds nothing may still match there: "maybe"
+   FOLDED     the field has a word whose non-ASCII characters were
+              normalised, possibly into ASCII: an ASCII match is "maybe" */
+#define CASIDX_TERM_UNINDEXED "\x01\x01"
+#define CASIDX_TERM_FOLDED "\x01\x02"
+#define CASIDX_TERM_MARKER_LEN 2
+
 struct casidx_index_settings {
 	/* Flush a segment when the in-memory builder passes this. */
 	size_t memory_budget;
@@ -76,6 +87,9 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r);
    (checksum, format), not I/O: the caller should delete and rebuild the
    index. */
 bool casidx_index_is_corrupted(const struct casidx_index *index);
+/* TRUE if the corruption is an index written in an older format version
+   (also is_corrupted): derived data, the caller rebuilds it. */
+bool casidx_index_is_old_format(const struct casidx_index *index);
 /* Highest committed UID of the current snapshot. */
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
 /* UIDVALIDITY the snapshot's UIDs belong to, 0 if unknown. A caller

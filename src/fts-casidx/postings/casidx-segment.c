@@ -70,6 +70,11 @@ struct sparse_entry {
 	uint64_t offset, size;
 };
 
+struct arena_term {
+	uint32_t key_off, key_len, df, post_size;
+	uint64_t post_off;
+};
+
 struct casidx_segment {
 	int fd;
 	void *mmap_base;
@@ -83,6 +88,11 @@ struct casidx_segment {
 	roaring_bitmap_t *docs;
 	const unsigned char *doclens;
 	ARRAY(struct sparse_entry) sparse;
+
+	/* casidx_segment_find_substring(): the dictionary decoded once,
+	   every key NUL-terminated in arena_text, entries in key order */
+	buffer_t *arena_text;
+	ARRAY(struct arena_term) arena_terms;
 };
 
 struct casidx_segment_iter {
@@ -904,6 +914,12 @@ void casidx_segment_close(struct casidx_segment **_seg)
 			    seg->owned->used);
 		buffer_free(&seg->owned);
 	}
+	if (seg->arena_text != NULL) {
+		safe_memset(buffer_get_modifiable_data(seg->arena_text, NULL),
+			    0, seg->arena_text->used);
+		buffer_free(&seg->arena_text);
+		array_free(&seg->arena_terms);
+	}
 	i_close_fd(&seg->fd);
 	array_free(&seg->sparse);
 	i_free(seg);
@@ -1158,4 +1174,116 @@ int casidx_segment_read_postings(struct casidx_segment *seg,
 	}
 	*docs_r = bm;
 	return 1;
+}
+
+/* Decode and verify the whole dictionary into the arena (once). */
+static int seg_arena_build(struct casidx_segment *seg, const char **error_r)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	struct arena_term *t;
+	int ret;
+
+	seg->arena_text = buffer_create_dynamic(default_pool,
+		I_MAX(seg->footer[F_DICT_LEN], 64));
+	i_array_init(&seg->arena_terms, I_MAX(seg->footer[F_NTERMS], 1));
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	while ((ret = casidx_segment_iter_next(iter, &e)) > 0) {
+		t = array_append_space(&seg->arena_terms);
+		t->key_off = seg->arena_text->used;
+		t->key_len = e->key_len;
+		t->df = e->df;
+		t->post_off = e->post_offset;
+		t->post_size = e->post_size;
+		buffer_append(seg->arena_text, e->key, e->key_len);
+		buffer_append_c(seg->arena_text, '\0');
+	}
+	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0) {
+		safe_memset(buffer_get_modifiable_data(seg->arena_text, NULL),
+			    0, seg->arena_text->used);
+		buffer_free(&seg->arena_text);
+		array_free(&seg->arena_terms);
+		return -1;
+	}
+	return 0;
+}
+
+/* First arena term whose key is >= (field_char, then anything) or, with
+   after=TRUE, whose first byte is > field_char. */
+static unsigned int seg_arena_field_bound(const struct casidx_segment *seg,
+					  unsigned char field_char, bool after)
+{
+	const struct arena_term *terms;
+	const unsigned char *text = seg->arena_text->data;
+	unsigned int count, lo = 0, hi, mid;
+
+	terms = array_get(&seg->arena_terms, &count);
+	hi = count;
+	while (lo < hi) {
+		mid = (lo + hi) / 2;
+		if (text[terms[mid].key_off] < field_char ||
+		    (after && text[terms[mid].key_off] == field_char))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+int casidx_segment_find_substring(struct casidx_segment *seg,
+				  unsigned char field_char,
+				  const void *token, size_t token_len,
+				  casidx_segment_entry_callback_t *callback,
+				  void *context, const char **error_r)
+{
+	const struct arena_term *terms, *t;
+	const unsigned char *text, *p, *end, *hit;
+	struct casidx_term_entry entry;
+	unsigned int first, last, lo, hi, mid;
+	int ret, found = 0;
+
+	i_assert(token_len > 0);
+	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+		return -1;
+	terms = array_front(&seg->arena_terms);
+	first = seg_arena_field_bound(seg, field_char, FALSE);
+	last = seg_arena_field_bound(seg, field_char, TRUE);
+	if (first == last)
+		return 0;
+	text = seg->arena_text->data;
+	p = text + terms[first].key_off;
+	end = text + terms[last - 1].key_off + terms[last - 1].key_len;
+	lo = first;
+	while (p < end &&
+	       (hit = memmem(p, end - p, token, token_len)) != NULL) {
+		/* the term the hit is in: the last one starting at or
+		   before it (hits never span a NUL: tokens have none) */
+		hi = last;
+		while (lo + 1 < hi) {
+			mid = (lo + hi) / 2;
+			if (text + terms[mid].key_off <= hit)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		t = &terms[lo];
+		if (hit == text + t->key_off) {
+			/* started at the field char: not in the term */
+			p = hit + 1;
+			continue;
+		}
+		entry.key = text + t->key_off;
+		entry.key_len = t->key_len;
+		entry.df = t->df;
+		entry.post_offset = t->post_off;
+		entry.post_size = t->post_size;
+		if ((ret = callback(seg, &entry, context, error_r)) < 0)
+			return -1;
+		found = 1;
+		p = text + t->key_off + t->key_len + 1;
+		lo++;
+		if (lo >= last)
+			break;
+	}
+	return found;
 }

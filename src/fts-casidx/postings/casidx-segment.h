@@ -128,6 +128,24 @@ int casidx_segment_iter_next(struct casidx_segment_iter *iter,
 int casidx_segment_iter_deinit(struct casidx_segment_iter **iter,
 			       const char **error_r);
 
+/* Called for each matching term; returns 0, or -1 (with error_r) to
+   stop with an error. */
+typedef int casidx_segment_entry_callback_t(struct casidx_segment *seg,
+					    const struct casidx_term_entry *entry,
+					    void *context,
+					    const char **error_r);
+/* Every term of the field whose term (the key after the field char)
+   contains token, in key order. The first call decodes and verifies the
+   whole dictionary into memory (about its size plus 24 bytes a term,
+   kept until the segment is closed, wiped then), so the lookups of a
+   session are one memmem() over the field's terms instead of a decode
+   of every block. Returns 1 if any matched, 0 if none, -1 on error
+   (corruption or the callback's). */
+int casidx_segment_find_substring(struct casidx_segment *seg,
+				  unsigned char field_char,
+				  const void *token, size_t token_len,
+				  casidx_segment_entry_callback_t *callback,
+				  void *context, const char **error_r);
 /* Read a term's postings: docs_r (caller frees with roaring_bitmap_free)
    and tfs_r with one term frequency per doc in bitmap order. */
 int casidx_segment_read_postings(struct casidx_segment *seg,

@@ -166,19 +166,64 @@ static bool needs_fold(const UChar *s, int32_t len)
 	return FALSE;
 }
 
-static void emit_normalized(struct casidx_tok_icu *icu,
-			    struct casidx_tokenizer *tok,
-			    const UChar *seg, int32_t len, bool cjk)
+static inline bool u_ascii_alnum(UChar c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+		(c >= 'A' && c <= 'Z');
+}
+
+static inline UChar u_ascii_lower(UChar c)
+{
+	return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+/* Next maximal run of ASCII letters and digits at or after *pos. */
+static bool next_ascii_run(const UChar *s, int32_t len, int32_t *pos,
+			   int32_t *start_r, int32_t *end_r)
+{
+	while (*pos < len && !u_ascii_alnum(s[*pos]))
+		(*pos)++;
+	if (*pos == len)
+		return FALSE;
+	*start_r = *pos;
+	while (*pos < len && u_ascii_alnum(s[*pos]))
+		(*pos)++;
+	*end_r = *pos;
+	return TRUE;
+}
+
+/* TRUE if a and b have the same runs of ASCII letters and digits (case
+   aside): then every ASCII word found in the normalised b is in the
+   text a as it is, else the word is FOLDED. */
+static bool ascii_runs_equal(const UChar *a, int32_t alen,
+			     const UChar *b, int32_t blen)
+{
+	int32_t ap = 0, bp = 0, as, ae, bs, be, i;
+	bool amore, bmore;
+
+	for (;;) {
+		amore = next_ascii_run(a, alen, &ap, &as, &ae);
+		bmore = next_ascii_run(b, blen, &bp, &bs, &be);
+		if (!amore || !bmore)
+			return amore == bmore;
+		if (ae - as != be - bs)
+			return FALSE;
+		for (i = 0; i < ae - as; i++) {
+			if (u_ascii_lower(a[as + i]) != u_ascii_lower(b[bs + i]))
+				return FALSE;
+		}
+	}
+}
+
+static void emit_normalized_one(struct casidx_tok_icu *icu,
+				struct casidx_tokenizer *tok,
+				const UChar *seg, int32_t len, bool cjk)
 {
 	UErrorCode err = U_ZERO_ERROR;
 	const UChar *word;
 	int32_t wlen, cap, out;
+	bool folded;
 
-	if (!cjk && len > CASIDX_TOK_WORD_INPUT_MAX) {
-		len = CASIDX_TOK_WORD_INPUT_MAX;
-		if (U16_IS_TRAIL(seg[len]) && U16_IS_LEAD(seg[len - 1]))
-			len--;
-	}
 	wlen = normalize(icu->nfkc_cf, seg, len, icu->norm1);
 	word = icu->norm1->data;
 	if (!cjk && needs_fold(word, wlen)) {
@@ -189,11 +234,38 @@ static void emit_normalized(struct casidx_tok_icu *icu,
 				 icu->norm1);
 		word = icu->norm1->data;
 	}
+	folded = !cjk && !ascii_runs_equal(seg, len, word, wlen);
 	cap = wlen * 3 + 1;
 	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
 		    word, wlen, &err);
 	icu_check(err, "u_strToUTF8");
-	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk);
+	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk, folded);
+}
+
+/* A word longer than CASIDX_TOK_WORD_INPUT_MAX in overlapping chunks,
+   as the ASCII fast path does. */
+static void emit_normalized(struct casidx_tok_icu *icu,
+			    struct casidx_tokenizer *tok,
+			    const UChar *seg, int32_t len, bool cjk)
+{
+	int32_t start = 0, n;
+
+	if (cjk || len <= CASIDX_TOK_WORD_INPUT_MAX) {
+		emit_normalized_one(icu, tok, seg, len, cjk);
+		return;
+	}
+	for (;;) {
+		n = I_MIN(len - start, CASIDX_TOK_WORD_INPUT_MAX);
+		if (start + n < len && U16_IS_TRAIL(seg[start + n]) &&
+		    U16_IS_LEAD(seg[start + n - 1]))
+			n--;
+		emit_normalized_one(icu, tok, seg + start, n, FALSE);
+		if (start + n >= len)
+			break;
+		start += CASIDX_TOK_WORD_INPUT_MAX / 2;
+		if (U16_IS_TRAIL(seg[start]))
+			start++;
+	}
 }
 
 static bool script_is_cjk(UScriptCode script)

@@ -9,20 +9,29 @@
 /* A piece is a run of valid UTF-8 without ASCII whitespace. Longer runs
    are cut, deterministically from the text, near this many bytes. */
 #define CASIDX_TOK_PIECE_MAX 8192
-/* Words are normalised from at most this many UTF-16 units. */
+/* Words are normalised from at most this many UTF-16 units; a longer
+   ASCII word is emitted in overlapping chunks of this size, each
+   starting half a chunk after the previous one. */
 #define CASIDX_TOK_WORD_INPUT_MAX 256
-/* Runs of base64/hex alphabet at least this long may be skipped. */
+/* Runs of base64 alphabet at least this long may be skipped as encoded
+   data: when their character class (lower, upper, digit) changes at
+   least CASIDX_TOK_BASE64_CHANGES_PCT per cent of adjacent letter or
+   digit pairs. Random base64 does at ~64 %, hex at ~47 % (hex is kept:
+   all [0-9a-f] or all [0-9A-F]), words, paths, CamelCase and cipher
+   names at < 30 %. */
 #define CASIDX_TOK_BASE64_MIN 40
-#define CASIDX_TOK_BASE64_ALWAYS 60
+#define CASIDX_TOK_BASE64_CHANGES_PCT 40
 /* Compounds emit at most this many atom parts. */
 #define CASIDX_TOK_MAX_PARTS 32
 
 struct casidx_tok_icu;
 
 /* Called by the ICU adapter for each normalised word (cjk=FALSE) or for
-   each normalised run of CJK characters (cjk=TRUE). */
+   each normalised run of CJK characters (cjk=TRUE). folded: the input
+   had non-ASCII characters (CASIDX_TOKEN_FLAG_FOLDED). */
 void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
-				const char *word, size_t len, bool cjk);
+				const char *word, size_t len, bool cjk,
+				bool folded);
 
 struct casidx_tok_icu *casidx_tok_icu_create(void);
 void casidx_tok_icu_destroy(struct casidx_tok_icu **icu);

@@ -160,8 +160,9 @@ void casidx_tokenizer_reset(struct casidx_tokenizer *tok)
 	tok->position = 0;
 }
 
-/* Cut a term to CASIDX_TOKEN_MAX_BYTES at a UTF-8 character boundary. */
-static size_t term_truncate(const char *term, size_t len)
+/* Length of a window of term starting at term[0]: at most
+   CASIDX_TOKEN_MAX_BYTES, cut at a UTF-8 character boundary. */
+static size_t term_window_len(const char *term, size_t len)
 {
 	if (len <= CASIDX_TOKEN_MAX_BYTES)
 		return len;
@@ -171,18 +172,50 @@ static size_t term_truncate(const char *term, size_t len)
 	return len;
 }
 
-static void emit(struct casidx_tokenizer *tok, const char *term, size_t len,
-		 uint32_t position, enum casidx_token_flags flags)
+static inline bool utf8_is_cont(const char *p)
+{
+	return ((unsigned char)*p & 0xc0) == 0x80;
+}
+
+static void emit_one(struct casidx_tokenizer *tok, const char *term,
+		     size_t len, uint32_t position,
+		     enum casidx_token_flags flags)
 {
 	struct casidx_token token;
 
 	i_zero(&token);
 	token.term = term;
-	token.term_len = term_truncate(term, len);
+	token.term_len = len;
 	token.position = position;
 	token.flags = flags;
-	if (token.term_len > 0)
+	if (len > 0)
 		tok->callback(&token, tok->context);
+}
+
+/* A term; a longer one than CASIDX_TOKEN_MAX_BYTES as overlapping
+   windows (casidx-tokenizer.h), so no part of it is lost. */
+static void emit(struct casidx_tokenizer *tok, const char *term, size_t len,
+		 uint32_t position, enum casidx_token_flags flags)
+{
+	size_t start = 0, wlen, last;
+
+	if (len <= CASIDX_TOKEN_MAX_BYTES) {
+		emit_one(tok, term, len, position, flags);
+		return;
+	}
+	flags |= CASIDX_TOKEN_FLAG_WINDOW;
+	/* the last window ends at the end */
+	last = len - CASIDX_TOKEN_MAX_BYTES;
+	while (last < len && utf8_is_cont(term + last))
+		last++;
+	while (start < last) {
+		wlen = term_window_len(term + start, len - start);
+		emit_one(tok, term + start, wlen, position, flags);
+		start += CASIDX_TOKEN_WINDOW_STEP;
+		while (start < len && utf8_is_cont(term + start))
+			start++;
+	}
+	emit_one(tok, term + last, len - last, position, flags);
 }
 
 /* Alphabet of base64 (with the URL-safe variant and padding) and hex. */
@@ -234,30 +267,64 @@ static bool is_identifier_run(const unsigned char *data, size_t len)
 	return separated;
 }
 
-/* A run of the base64 alphabet that is no natural word: long and either
-   with a digit or symbol in it, or longer than any dictionary word;
-   hyphenated identifiers excepted. */
+static inline unsigned int char_kind(unsigned char c)
+{
+	if (c >= 'a' && c <= 'z')
+		return 1;
+	if (c >= 'A' && c <= 'Z')
+		return 2;
+	if (c >= '0' && c <= '9')
+		return 3;
+	return 0;
+}
+
+static bool is_hex_run(const unsigned char *data, size_t len)
+{
+	bool lower = FALSE, upper = FALSE;
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		if (data[i] >= 'a' && data[i] <= 'f')
+			lower = TRUE;
+		else if (data[i] >= 'A' && data[i] <= 'F')
+			upper = TRUE;
+		else if (data[i] < '0' || data[i] > '9')
+			return FALSE;
+	}
+	return !(lower && upper);
+}
+
+/* A run of the base64 alphabet that looks like encoded data rather than
+   text (casidx-tokenizer-private.h). Only a question of precision and
+   size: such a run is emitted whole (CASIDX_TOKEN_FLAG_ENCODED), and
+   the index keeps a bounded amount of it, marking the rest. */
 static bool is_base64_run(const unsigned char *data, size_t len)
 {
+	unsigned int kind, prev = 0, pairs = 0, changes = 0;
 	size_t i;
 
 	if (len < CASIDX_TOK_BASE64_MIN)
 		return FALSE;
-	if (is_identifier_run(data, len))
+	if (is_identifier_run(data, len) || is_hex_run(data, len))
 		return FALSE;
-	if (len >= CASIDX_TOK_BASE64_ALWAYS)
-		return TRUE;
 	for (i = 0; i < len; i++) {
-		if (!((data[i] >= 'a' && data[i] <= 'z') ||
-		      (data[i] >= 'A' && data[i] <= 'Z')))
-			return TRUE;
+		kind = char_kind(data[i]);
+		if (kind == 0)
+			continue;
+		if (prev != 0) {
+			pairs++;
+			if (kind != prev)
+				changes++;
+		}
+		prev = kind;
 	}
-	return FALSE;
+	return pairs > 0 &&
+		changes * 100 >= pairs * CASIDX_TOK_BASE64_CHANGES_PCT;
 }
 
 /* Emit the alphanumeric atoms of a word or compound as parts. */
 static void emit_parts(struct casidx_tokenizer *tok, const char *word,
-		       size_t len)
+		       size_t len, enum casidx_token_flags flags)
 {
 	size_t i = 0, start, count = 0;
 
@@ -270,7 +337,7 @@ static void emit_parts(struct casidx_tokenizer *tok, const char *word,
 		if (i > start && !is_base64_run((const void *)(word + start),
 						i - start)) {
 			emit(tok, word + start, i - start, tok->position,
-			     CASIDX_TOKEN_FLAG_PART);
+			     CASIDX_TOKEN_FLAG_PART | flags);
 			count++;
 		}
 	}
@@ -338,8 +405,12 @@ static void emit_cjk_run(struct casidx_tokenizer *tok, const char *run,
 }
 
 void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
-				const char *word, size_t len, bool cjk)
+				const char *word, size_t len, bool cjk,
+				bool folded)
 {
+	enum casidx_token_flags flags =
+		folded ? CASIDX_TOKEN_FLAG_FOLDED : 0;
+
 	if (cjk) {
 		emit_cjk_run(tok, word, len);
 		return;
@@ -352,9 +423,9 @@ void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
 		len--;
 	if (len == 0)
 		return;
-	emit(tok, word, len, tok->position, 0);
+	emit(tok, word, len, tok->position, flags);
 	if (has_inner_punct(word, len))
-		emit_parts(tok, word, len);
+		emit_parts(tok, word, len, flags);
 	tok->position++;
 }
 
@@ -435,16 +506,24 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 			continue;
 		}
 		end = i + ascii_word_end(data + i, len - i);
-		/* the same input cap as the ICU path applies */
-		wlen = I_MIN(end - i, CASIDX_TOK_WORD_INPUT_MAX);
-		alnum = FALSE;
-		term = buffer_get_space_unsafe(tok->term, 0, wlen);
-		for (j = 0; j < wlen; j++) {
-			term[j] = ascii_lower(data[i + j]);
-			alnum = alnum || ascii_is_alnum(data[i + j]);
+		/* the ICU path's input cap; a longer word in overlapping
+		   chunks (casidx-tokenizer-private.h) */
+		for (;;) {
+			wlen = I_MIN(end - i, CASIDX_TOK_WORD_INPUT_MAX);
+			alnum = FALSE;
+			term = buffer_get_space_unsafe(tok->term, 0, wlen);
+			for (j = 0; j < wlen; j++) {
+				term[j] = ascii_lower(data[i + j]);
+				alnum = alnum || ascii_is_alnum(data[i + j]);
+			}
+			if (alnum) {
+				casidx_tokenizer_emit_word(tok, term, wlen,
+							   FALSE, FALSE);
+			}
+			if (i + wlen >= end)
+				break;
+			i += CASIDX_TOK_WORD_INPUT_MAX / 2;
 		}
-		if (alnum)
-			casidx_tokenizer_emit_word(tok, term, wlen, FALSE);
 		i = end;
 	}
 }
@@ -559,7 +638,19 @@ static void segment_range(struct casidx_tokenizer *tok,
 	segment_unicode(tok, data, len);
 }
 
-/* Text between compounds: drop base64/hex runs, segment the rest.
+/* An encoded-looking run: lower-cased, as one term (in windows). */
+static void emit_encoded(struct casidx_tokenizer *tok,
+			 const unsigned char *data, size_t len)
+{
+	char *term = buffer_get_space_unsafe(tok->term, 0, len);
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		term[i] = ascii_lower(data[i]);
+	emit(tok, term, len, tok->position++, CASIDX_TOKEN_FLAG_ENCODED);
+}
+
+/* Text between compounds: encoded runs apart, segment the rest.
    ascii=TRUE says the range has no byte >= 0x80 (FALSE: unknown). */
 static void process_range(struct casidx_tokenizer *tok,
 			  const unsigned char *data, size_t len, bool ascii)
@@ -577,6 +668,7 @@ static void process_range(struct casidx_tokenizer *tok,
 		if (i - run >= CASIDX_TOK_BASE64_MIN &&
 		    is_base64_run(data + run, i - run)) {
 			segment_range(tok, data + start, run - start, ascii);
+			emit_encoded(tok, data + run, i - run);
 			start = i;
 		}
 	}
@@ -604,7 +696,7 @@ static void emit_compound(struct casidx_tokenizer *tok,
 		emit(tok, term + sub_start, sub_len, tok->position,
 		     CASIDX_TOKEN_FLAG_PART);
 	}
-	emit_parts(tok, term, len);
+	emit_parts(tok, term, len, 0);
 	tok->position++;
 }
 

@@ -7,10 +7,15 @@
    address/URL compounds, base64 skip, length cap) are in doc/tokenizer.md.
    Include lib.h first. */
 
-/* Hard cap on a normalised token. Longer terms are truncated at the last
-   UTF-8 character boundary at or below this (query terms the same way),
-   so a term of 61..64 bytes may be a truncated one. */
+/* Hard cap on a normalised token. A longer term is emitted as
+   overlapping windows of at most this many bytes, starting every
+   CASIDX_TOKEN_WINDOW_STEP bytes (at UTF-8 character boundaries) plus
+   one ending at its end, so every substring of it of at most
+   CASIDX_TOKEN_WINDOW_SAFE bytes lies inside one window. Nothing of a
+   long word, path or URL is dropped. */
 #define CASIDX_TOKEN_MAX_BYTES 64
+#define CASIDX_TOKEN_WINDOW_STEP 32
+#define CASIDX_TOKEN_WINDOW_SAFE 24
 
 enum casidx_token_flags {
 	/* a part of a compound (address/URL split) or of a word with inner
@@ -18,6 +23,20 @@ enum casidx_token_flags {
 	CASIDX_TOKEN_FLAG_PART = 0x01,
 	/* CJK bigram or single-char unigram */
 	CASIDX_TOKEN_FLAG_CJK = 0x02,
+	/* (a window of) a run of the base64 alphabet that looks like
+	   encoded data (doc/tokenizer.md), lower-cased, not segmented into
+	   words: the index keeps a bounded amount of it per document and
+	   marks the field UNINDEXED beyond that */
+	CASIDX_TOKEN_FLAG_ENCODED = 0x04,
+	/* Normalisation (NFKC, case and accent folding) changed more than
+	   the ASCII case of the word: it may have made ASCII of non-ASCII
+	   characters ("muñoz" -> "munoz") or dropped marks between ASCII
+	   letters, so an ASCII query found in it is not proven to be in the
+	   text. */
+	CASIDX_TOKEN_FLAG_FOLDED = 0x08,
+	/* one of the overlapping windows of a term longer than
+	   CASIDX_TOKEN_MAX_BYTES */
+	CASIDX_TOKEN_FLAG_WINDOW = 0x10,
 };
 
 struct casidx_token {
