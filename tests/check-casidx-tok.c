@@ -89,6 +89,9 @@ static const char *tokens_chunked(const char *text, size_t len,
 struct tok_case {
 	const char *input;
 	const char *expect;
+	/* where Unicode 16.0 (ICU 76, Debian 13) segments differently:
+	   what follows from ICU 76's own word boundaries */
+	const char *expect_unicode16;
 };
 
 static const struct tok_case cases[] = {
@@ -150,8 +153,9 @@ static const struct tok_case cases[] = {
 	  "example.com@1/p john@1/p doe@1/p tag@1/p example@1/p com@1/p "
 	  "now@2" },
 	{ "<root@localhost>,", "root@localhost@0 root@0/p localhost@0/p" },
-	/* '@' is ALetter in ICU 72, so a non-address keeps it */
-	{ "@user a@@b", "user@0 a@@b@1 a@1/p b@1/p" },
+	/* '@' is ALetter in ICU 72, so a non-address keeps it; ICU 76
+	   breaks "a@@b" into [a][@][@][b] */
+	{ "@user a@@b", "user@0 a@@b@1 a@1/p b@1/p", "user@0 a@1 b@2" },
 	/* URLs: whole (lower-cased), host, atoms; sentence punctuation
 	   trimmed, balanced parentheses kept */
 	{ "see https://Example.com/a?x=1.",
@@ -197,13 +201,16 @@ static const struct tok_case cases[] = {
 START_TEST(test_cases)
 {
 	const struct tok_case *c = &cases[_i];
+	const char *expect = c->expect;
 
+	if (c->expect_unicode16 != NULL && !casidx_tok_icu_ascii_rules_match())
+		expect = c->expect_unicode16;
 	T_BEGIN {
 		const char *got = tokens(c->input, strlen(c->input));
 
-		ck_assert_msg(strcmp(got, c->expect) == 0,
+		ck_assert_msg(strcmp(got, expect) == 0,
 			      "input '%s'\n got '%s'\nwant '%s'",
-			      c->input, got, c->expect);
+			      c->input, got, expect);
 	} T_END;
 }
 END_TEST

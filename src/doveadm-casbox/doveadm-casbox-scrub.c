@@ -15,6 +15,7 @@
 #include "casbox-store-quarantine.h"
 #include "casbox-recovery.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <sysexits.h>
 
@@ -691,8 +692,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 }
 
 static void cmd_casbox_scrub_init(struct doveadm_mail_cmd_context *ctx
-				  ATTR_UNUSED,
-				  const char *const args[] ATTR_UNUSED)
+				  ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("uid", "uid",
@@ -719,13 +719,12 @@ struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void)
 	struct casbox_scrub_cmd_context *ctx;
 
 	ctx = doveadm_mail_cmd_alloc(struct casbox_scrub_cmd_context);
-	ctx->ctx.getopt_args = "r";
-	ctx->ctx.v.parse_arg = cmd_casbox_scrub_parse_arg;
+	casbox_doveadm_set_parse_arg(&ctx->ctx, "r", cmd_casbox_scrub_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_scrub_init;
 	ctx->ctx.v.run = cmd_casbox_scrub_run;
 	/* every row names its user, also with -u (doveadm adds the sticky
 	   "username" column itself with -A, -F and wildcards) */
-	ctx->ctx.add_username_header = TRUE;
+	CASBOX_DOVEADM_ADD_USERNAME_HEADER(&ctx->ctx);
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return &ctx->ctx;
 }
