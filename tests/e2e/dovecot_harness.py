@@ -56,12 +56,47 @@ OUR_MAIL_MODULES = {
 }
 OUR_DOVEADM_MODULE = ("lib10_doveadm_casbox_plugin.so",
                       "src/doveadm-casbox/.libs")
+# Dovecot 2.4's config process learns plugin settings from modules in
+# its compiled-in settings dir (bind-mounted like the doveadm one).
+SETTINGS_MODULEDIR = SYSTEM_MODULEDIR + "/settings"
+OUR_SETTINGS_MODULES = {
+    "lib20_casbox_settings.so": "src/storage-casbox/.libs",
+    "lib21_fts_casidx_settings.so": "src/fts-casidx/.libs",
+}
 
 LOG_PROBLEM_RE = re.compile(r": (Error|Fatal|Panic): ")
 
 
 class HarnessError(Exception):
     pass
+
+
+_VERSION = None
+
+
+def dovecot_version():
+    """(major, minor) of the Dovecot that DOVECOT runs: (2, 3) on Debian
+    12, (2, 4) in the Debian 13 root (scripts/trixie-root)."""
+    global _VERSION
+    if _VERSION is None:
+        out = subprocess.run([DOVECOT, "--version"], capture_output=True,
+                             text=True, check=True).stdout
+        m = re.match(r"(\d+)\.(\d+)", out)
+        if m is None:
+            raise HarnessError("cannot parse dovecot --version: %r" % out)
+        _VERSION = (int(m.group(1)), int(m.group(2)))
+    return _VERSION
+
+
+def is_dovecot24():
+    return dovecot_version() >= (2, 4)
+
+
+def skip_unless_dovecot23(reason):
+    """unittest decorator: the test needs a Dovecot 2.3-only feature
+    (reason says which); on 2.4 it is skipped, the reason printed."""
+    import unittest
+    return unittest.skipIf(is_dovecot24(), "Dovecot 2.4: " + reason)
 
 
 def corpus_dir():
@@ -391,6 +426,30 @@ class Dovecot:
             raise HarnessError("doveadm loads plugins only from %s: run as "
                                "root or `make install` first"
                                % DOVEADM_MODULEDIR)
+        self.settings_moddir = None
+        if is_dovecot24():
+            self._stage_settings_modules()
+
+    def _stage_settings_modules(self):
+        """2.4: a private copy of the settings module dir with ours,
+        bind-mounted over the compiled-in one by self.command()."""
+        if self.doveadm_moddir is None:
+            raise HarnessError("Dovecot 2.4 tests need root and a private "
+                               "mount namespace (settings modules)")
+        staged = os.path.join(self.tmp, "settings-modules")
+        os.mkdir(staged)
+        os.makedirs(SETTINGS_MODULEDIR, exist_ok=True)
+        for path in glob.glob(os.path.join(SETTINGS_MODULEDIR, "*.so")):
+            if os.path.basename(path) not in OUR_SETTINGS_MODULES:
+                shutil.copyfile(path, os.path.join(
+                    staged, os.path.basename(path)))
+        for name, rel in OUR_SETTINGS_MODULES.items():
+            src = os.path.join(TOP_BUILDDIR, rel, name)
+            if not os.path.exists(src):
+                raise HarnessError("%s not built (looked at %s)"
+                                   % (name, src))
+            shutil.copyfile(src, os.path.join(staged, name))
+        self.settings_moddir = staged
 
     def userdb_text(self):
         if self.users is not None:
@@ -401,6 +460,9 @@ class Dovecot:
                 % (self.uid, self.gid, self.home_root))
 
     def config_text(self):
+        if is_dovecot24():
+            import dovecot_conf24
+            return dovecot_conf24.config_text(self)
         t = self.tmp
         plugins = " ".join(self.mail_plugins)
         settings = "".join("  %s = %s\n" % kv
@@ -499,9 +561,15 @@ plugin {{
         every Dovecot binary a test starts itself (e.g. with Popen)."""
         if getattr(self, "doveadm_moddir", None) is None:
             return list(argv)
+        if getattr(self, "settings_moddir", None) is None:
+            return ["unshare", "-m", "--", "sh", "-c",
+                    'mount --bind "$0" "$1" && shift && exec "$@"',
+                    self.doveadm_moddir, DOVEADM_MODULEDIR] + list(argv)
         return ["unshare", "-m", "--", "sh", "-c",
-                'mount --bind "$0" "$1" && shift && exec "$@"',
-                self.doveadm_moddir, DOVEADM_MODULEDIR] + list(argv)
+                'mount --bind "$0" "$1" && mount --bind "$2" "$3" && '
+                'shift 3 && exec "$@"',
+                self.doveadm_moddir, DOVEADM_MODULEDIR,
+                self.settings_moddir, SETTINGS_MODULEDIR] + list(argv)
 
     def doveadm_command(self, *args):
         """argv of a doveadm run against this instance (for Popen)."""
