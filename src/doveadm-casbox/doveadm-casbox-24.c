@@ -4,6 +4,8 @@
 #include "doveadm.h"
 #include "doveadm-cmd-parse.h"
 #include "doveadm-mail.h"
+#include "doveadm-print.h"
+#include "mail-user.h"
 #include "doveadm-casbox-dovecot.h"
 
 #include <unistd.h>
@@ -57,4 +59,20 @@ casbox_doveadm_param_array(struct doveadm_mail_cmd_context *ctx,
 	if (!doveadm_cmd_param_array(ctx->cctx, name, &args))
 		return empty;
 	return args;
+}
+
+void casbox_doveadm_username_init(struct doveadm_mail_cmd_context *ctx)
+{
+	if (ctx->iterate_single_user) {
+		doveadm_print_header("username", "Username",
+				     DOVEADM_PRINT_HEADER_FLAG_STICKY |
+				     DOVEADM_PRINT_HEADER_FLAG_HIDE_TITLE);
+	}
+}
+
+void casbox_doveadm_username_run(struct doveadm_mail_cmd_context *ctx,
+				 struct mail_user *user)
+{
+	if (ctx->iterate_single_user)
+		doveadm_print_sticky("username", user->username);
 }

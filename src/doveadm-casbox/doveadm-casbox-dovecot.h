@@ -9,6 +9,8 @@
 
 #include "doveadm-mail.h"
 
+struct mail_user;
+
 typedef bool casbox_doveadm_parse_arg_t(struct doveadm_mail_cmd_context *ctx,
 					int c);
 
@@ -17,9 +19,13 @@ typedef bool casbox_doveadm_parse_arg_t(struct doveadm_mail_cmd_context *ctx,
 #  define CASBOX_DOVEADM_INIT_PARAMS
 #  define CASBOX_DOVEADM_ARGS(ctx, name) \
 	casbox_doveadm_param_array(ctx, name)
-/* 2.4 has no add_username_header: its username column appears with -A,
-   -F and wildcards only. */
-#  define CASBOX_DOVEADM_ADD_USERNAME_HEADER(ctx)
+/* A "username" column also for a single user (-u user), as 2.3's
+   add_username_header gives: 2.4 adds doveadm's own only with -A, -F
+   and wildcards. Call _init() first in init(), _run() first in run(). */
+#  define CASBOX_DOVEADM_USERNAME_ALLOC(ctx)
+void casbox_doveadm_username_init(struct doveadm_mail_cmd_context *ctx);
+void casbox_doveadm_username_run(struct doveadm_mail_cmd_context *ctx,
+				 struct mail_user *user);
 /* Call parse_arg(ctx, c) for each option of opts given (optarg set),
    from the command's preinit(), as 2.3's doveadm did before init(). */
 void casbox_doveadm_set_parse_arg(struct doveadm_mail_cmd_context *ctx,
@@ -32,8 +38,10 @@ casbox_doveadm_param_array(struct doveadm_mail_cmd_context *ctx,
 #else
 #  define CASBOX_DOVEADM_INIT_PARAMS , const char *const args[] ATTR_UNUSED
 #  define CASBOX_DOVEADM_ARGS(ctx, name) (args)
-#  define CASBOX_DOVEADM_ADD_USERNAME_HEADER(ctx) \
+#  define CASBOX_DOVEADM_USERNAME_ALLOC(ctx) \
 	(ctx)->add_username_header = TRUE
+#  define casbox_doveadm_username_init(ctx)
+#  define casbox_doveadm_username_run(ctx, user)
 #  define casbox_doveadm_set_parse_arg(ctx, opts, fn) \
 	STMT_START { \
 		(ctx)->getopt_args = (opts); \

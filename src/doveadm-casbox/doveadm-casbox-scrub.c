@@ -654,6 +654,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
+	casbox_doveadm_username_run(_ctx, user);
 	ret = casbox_admin_open(user, &scrub.adm, &error);
 	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
 		casbox_scrub_row(&scrub, "-", 0, "lsm", t_strdup_printf(
@@ -694,6 +695,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 static void cmd_casbox_scrub_init(struct doveadm_mail_cmd_context *ctx
 				  ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
+	casbox_doveadm_username_init(ctx);
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("uid", "uid",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
@@ -724,7 +726,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void)
 	ctx->ctx.v.run = cmd_casbox_scrub_run;
 	/* every row names its user, also with -u (doveadm adds the sticky
 	   "username" column itself with -A, -F and wildcards) */
-	CASBOX_DOVEADM_ADD_USERNAME_HEADER(&ctx->ctx);
+	CASBOX_DOVEADM_USERNAME_ALLOC(&ctx->ctx);
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return &ctx->ctx;
 }
