@@ -22,15 +22,8 @@ casidx_key_settings_get(struct mail_user *user,
 			const char **error_r)
 {
 	const struct casbox_24_settings *set;
-	struct event *event;
-	int ret;
 
-	event = event_create(user->event);
-	settings_event_add_filter_name(event, CASBOX_SETTINGS_FILTER);
-	ret = settings_get(event, &casbox_setting_parser_info, 0,
-			   &set, error_r);
-	event_unref(&event);
-	if (ret < 0)
+	if (casbox_24_settings_get(user, &set, error_r) < 0)
 		return -1;
 	set_r->key_file = casidx_str(set->key_file);
 	set_r->key_mode = casidx_str(set->key_mode);

@@ -4,7 +4,9 @@
    the settings module directory to learn these keys. */
 
 #include "lib.h"
+#include "settings.h"
 #include "settings-parser.h"
+#include "mail-user.h"
 #include "casbox-storage.h"
 #include "casbox-settings.h"
 #include "casbox-settings-24.h"
@@ -65,3 +67,18 @@ const struct setting_parser_info casbox_setting_parser_info = {
 	.struct_size = sizeof(struct casbox_24_settings),
 	.pool_offset1 = 1 + offsetof(struct casbox_24_settings, pool),
 };
+
+int casbox_24_settings_get(struct mail_user *user,
+			   const struct casbox_24_settings **set_r,
+			   const char **error_r)
+{
+	struct event *event;
+	int ret;
+
+	event = event_create(user->event);
+	settings_event_add_filter_name(event, CASBOX_SETTINGS_FILTER);
+	ret = settings_get(event, &casbox_setting_parser_info, 0,
+			   set_r, error_r);
+	event_unref(&event);
+	return ret;
+}

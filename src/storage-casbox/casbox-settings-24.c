@@ -35,15 +35,8 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 			 const char **error_r)
 {
 	const struct casbox_24_settings *set;
-	struct event *event;
-	int ret;
 
-	event = event_create(user->event);
-	settings_event_add_filter_name(event, CASBOX_SETTINGS_FILTER);
-	ret = settings_get(event, &casbox_setting_parser_info, 0,
-			   &set, error_r);
-	event_unref(&event);
-	if (ret < 0)
+	if (casbox_24_settings_get(user, &set, error_r) < 0)
 		return -1;
 	casbox_settings_copy(set, user, pool, set_r);
 	/* the enum's values are exactly cas_key_mode_parse()'s */

@@ -25,4 +25,13 @@ struct casbox_24_settings {
 
 extern const struct setting_parser_info casbox_setting_parser_info;
 
+struct mail_user;
+
+/* The user's casbox settings (top level and casbox { }), for the storage
+   and for the FTS backend, which reads the key settings too. Free with
+   settings_free(). Returns 0 ok, -1 error. */
+int casbox_24_settings_get(struct mail_user *user,
+			   const struct casbox_24_settings **set_r,
+			   const char **error_r);
+
 #endif

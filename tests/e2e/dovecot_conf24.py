@@ -41,9 +41,9 @@ SAME_NAME = re.compile(r"^(casbox_[a-z_]+|fts_autoindex)$")
 EXTRA_SAME = re.compile(r"^\s*(lmtp_add_received_header|mail_debug|"
                         r"mail_fsync|lock_method|recipient_delimiter|"
                         r"imap_metadata|doveadm_password|doveadm_port|"
-                        r"port|special_use|mail_save_crlf|"
+                        r"port|special_use|mail_save_crlf|process_limit|"
                         r"mail_max_userip_connections)\s*=|"
-                        r"^\s*(protocol \w+|service doveadm|inet_listener"
+                        r"^\s*(protocol \w+|service \w+|inet_listener"
                         r"( \w+)?|namespace \w+|mailbox \w+)\s*\{\s*$|"
                         r"^\s*\}\s*$")
 

@@ -460,14 +460,8 @@ class Dovecot:
         self.doveadm_moddir = None
         if (self.root and not self.system_doveadm_plugin
                 and private_mounts_available()):
-            staged = os.path.join(self.tmp, "doveadm-modules")
-            os.mkdir(staged)
-            for path in glob.glob(os.path.join(DOVEADM_MODULEDIR, "*.so")):
-                if os.path.basename(path) != name:
-                    shutil.copyfile(path, os.path.join(
-                        staged, os.path.basename(path)))
-            shutil.copyfile(src, os.path.join(staged, name))
-            self.doveadm_moddir = staged
+            self.doveadm_moddir = self._stage_dir(
+                "doveadm-modules", DOVEADM_MODULEDIR, {name: rel})
         elif self.root:
             _atomic_copy(src, dest)
         elif not os.path.exists(dest):
@@ -476,28 +470,32 @@ class Dovecot:
                                % DOVEADM_MODULEDIR)
         self.settings_moddir = None
         if is_dovecot24():
-            self._stage_settings_modules()
+            # the config process's settings modules (2.4), in the same
+            # mount namespace
+            if self.doveadm_moddir is None:
+                raise HarnessError("Dovecot 2.4 tests need root and a "
+                                   "private mount namespace")
+            os.makedirs(SETTINGS_MODULEDIR, exist_ok=True)
+            self.settings_moddir = self._stage_dir(
+                "settings-modules", SETTINGS_MODULEDIR, OUR_SETTINGS_MODULES)
 
-    def _stage_settings_modules(self):
-        """2.4: a private copy of the settings module dir with ours,
-        bind-mounted over the compiled-in one by self.command()."""
-        if self.doveadm_moddir is None:
-            raise HarnessError("Dovecot 2.4 tests need root and a private "
-                               "mount namespace (settings modules)")
-        staged = os.path.join(self.tmp, "settings-modules")
+    def _stage_dir(self, sub, system_dir, ours):
+        """A private copy of system_dir's modules with ours ({file name:
+        build dir}) from the build tree instead, for self.command() to
+        bind-mount over system_dir."""
+        staged = os.path.join(self.tmp, sub)
         os.mkdir(staged)
-        os.makedirs(SETTINGS_MODULEDIR, exist_ok=True)
-        for path in glob.glob(os.path.join(SETTINGS_MODULEDIR, "*.so")):
-            if os.path.basename(path) not in OUR_SETTINGS_MODULES:
+        for path in glob.glob(os.path.join(system_dir, "*.so")):
+            if os.path.basename(path) not in ours:
                 shutil.copyfile(path, os.path.join(
                     staged, os.path.basename(path)))
-        for name, rel in OUR_SETTINGS_MODULES.items():
+        for name, rel in ours.items():
             src = os.path.join(TOP_BUILDDIR, rel, name)
             if not os.path.exists(src):
                 raise HarnessError("%s not built (looked at %s)"
                                    % (name, src))
             shutil.copyfile(src, os.path.join(staged, name))
-        self.settings_moddir = staged
+        return staged
 
     def userdb_text(self):
         if self.users is not None:
