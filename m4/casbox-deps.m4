@@ -10,9 +10,15 @@ AC_DEFUN([CASBOX_DOVECOT_HEADERS], [
 	AC_MSG_CHECKING([Dovecot version])
 	DOVECOT_VERSION_STR=`sed -n 's/^#define DOVECOT_VERSION "\(.*\)"/\1/p' "$dovecot_pkgincludedir/config.h"`
 	AC_MSG_RESULT([$DOVECOT_VERSION_STR])
-	AS_CASE([$DOVECOT_VERSION_STR], [2.3.*], [],
-		[AC_MSG_ERROR([casbox needs Dovecot 2.3 (found "$DOVECOT_VERSION_STR")])])
+	dnl The Dovecot glue has a 2.3 and a 2.4 form (*-23.c / *-24.c);
+	dnl everything below it is the same for both.
+	AS_CASE([$DOVECOT_VERSION_STR],
+		[2.3.*], [CASBOX_DOVECOT_API=23],
+		[2.4.*], [CASBOX_DOVECOT_API=24],
+		[AC_MSG_ERROR([casbox needs Dovecot 2.3 or 2.4 (found "$DOVECOT_VERSION_STR")])])
 	AC_SUBST([DOVECOT_VERSION_STR])
+	AC_SUBST([CASBOX_DOVECOT_API])
+	AM_CONDITIONAL([DOVECOT_24], [test "$CASBOX_DOVECOT_API" = 24])
 	CPPFLAGS="$old_CPPFLAGS"
 ])
 

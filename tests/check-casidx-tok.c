@@ -157,7 +157,8 @@ static const struct tok_case cases[] = {
 	  "example.com@1/p john@1/p doe@1/p tag@1/p example@1/p com@1/p "
 	  "now@2" },
 	{ "<root@localhost>,", "root@localhost@0 root@0/p localhost@0/p" },
-	/* '@' is ALetter in ICU 72, so a non-address keeps it */
+	/* '@' is ALetter in ICU 72, so a non-address keeps it (ICU 76:
+	   see cases_unicode16) */
 	{ "@user a@@b", "user@0 a@@b@1 a@1/p b@1/p" },
 	/* URLs: whole (lower-cased), host, atoms; sentence punctuation
 	   trimmed, balanced parentheses kept */
@@ -211,16 +212,37 @@ static const struct tok_case cases[] = {
 	  "abc@0 def@1 ghi@2 jkl@3 mno@4" },
 };
 
+/* Where Unicode 16.0 (ICU 76, Debian 13) segments differently from ICU
+   72: what follows from ICU 76's own word boundaries ("a@@b" is
+   [a][@][@][b] there). */
+static const struct tok_case cases_unicode16[] = {
+	{ "@user a@@b", "user@0 a@1 b@2" },
+};
+
+static const char *tok_case_expect(const struct tok_case *c)
+{
+	unsigned int i;
+
+	if (casidx_tok_icu_ascii_rules_match())
+		return c->expect;
+	for (i = 0; i < N_ELEMENTS(cases_unicode16); i++) {
+		if (strcmp(cases_unicode16[i].input, c->input) == 0)
+			return cases_unicode16[i].expect;
+	}
+	return c->expect;
+}
+
 START_TEST(test_cases)
 {
 	const struct tok_case *c = &cases[_i];
+	const char *expect = tok_case_expect(c);
 
 	T_BEGIN {
 		const char *got = tokens(c->input, strlen(c->input));
 
-		ck_assert_msg(strcmp(got, c->expect) == 0,
+		ck_assert_msg(strcmp(got, expect) == 0,
 			      "input '%s'\n got '%s'\nwant '%s'",
-			      c->input, got, c->expect);
+			      c->input, got, expect);
 	} T_END;
 }
 END_TEST

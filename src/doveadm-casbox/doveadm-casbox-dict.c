@@ -11,6 +11,7 @@
 #include "doveadm-mail.h"
 #include "casbox-lsm.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <sysexits.h>
 #include <sodium.h>
@@ -222,8 +223,7 @@ cmd_casbox_dict_train_run(struct doveadm_mail_cmd_context *ctx,
 }
 
 static void
-cmd_casbox_dict_train_init(struct doveadm_mail_cmd_context *ctx ATTR_UNUSED,
-			   const char *const args[] ATTR_UNUSED)
+cmd_casbox_dict_train_init(struct doveadm_mail_cmd_context *ctx ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	doveadm_print_header_simple("dict_id");
 	doveadm_print_header_simple("samples");

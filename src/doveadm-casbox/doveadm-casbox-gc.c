@@ -36,6 +36,7 @@
 #include "casbox-lsm.h"
 #include "casbox-recovery.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -1085,8 +1086,7 @@ cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
 }
 
 static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
-			       ATTR_UNUSED,
-			       const char *const args[] ATTR_UNUSED)
+			       ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	unsigned int i;
 
@@ -1113,8 +1113,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void)
 	struct casbox_gc_cmd_context *ctx;
 
 	ctx = doveadm_mail_cmd_alloc(struct casbox_gc_cmd_context);
-	ctx->ctx.getopt_args = "a";
-	ctx->ctx.v.parse_arg = cmd_casbox_gc_parse_arg;
+	casbox_doveadm_set_parse_arg(&ctx->ctx, "a", cmd_casbox_gc_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_gc_init;
 	ctx->ctx.v.run = cmd_casbox_gc_run;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);

@@ -13,6 +13,7 @@
 #include "casbox-lsm.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 #include "cas-userkey.h"
 
 #include <fcntl.h>
@@ -538,8 +539,7 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 }
 
 static void cmd_casbox_key_init(struct doveadm_mail_cmd_context *ctx
-				ATTR_UNUSED,
-				const char *const args[] ATTR_UNUSED)
+				ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	doveadm_print_header_simple("key_file");
 	doveadm_print_header_simple("result");
@@ -576,8 +576,7 @@ cmd_casbox_key_alloc(int (*run)(struct doveadm_mail_cmd_context *,
 	struct casbox_key_cmd_context *ctx;
 
 	ctx = doveadm_mail_cmd_alloc(struct casbox_key_cmd_context);
-	ctx->ctx.getopt_args = "y";
-	ctx->ctx.v.parse_arg = cmd_casbox_key_parse_arg;
+	casbox_doveadm_set_parse_arg(&ctx->ctx, "y", cmd_casbox_key_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_key_init;
 	ctx->ctx.v.run = run;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
@@ -595,8 +594,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void)
 }
 
 static void cmd_casbox_key_rotate_init(struct doveadm_mail_cmd_context *ctx
-				       ATTR_UNUSED,
-				       const char *const args[] ATTR_UNUSED)
+				       ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	doveadm_print_header_simple("key_file");
 	doveadm_print_header_simple("old_key_id");
@@ -613,7 +611,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void)
 	struct doveadm_mail_cmd_context *ctx;
 
 	ctx = cmd_casbox_key_alloc(cmd_casbox_key_rotate_run);
-	ctx->getopt_args = "b:";
+	casbox_doveadm_set_parse_arg(ctx, "b:", cmd_casbox_key_parse_arg);
 	ctx->v.init = cmd_casbox_key_rotate_init;
 	return ctx;
 }
@@ -669,8 +667,7 @@ cmd_casbox_key_export_public_run(struct doveadm_mail_cmd_context *ctx,
 
 static void
 cmd_casbox_key_export_public_init(struct doveadm_mail_cmd_context *ctx
-				  ATTR_UNUSED,
-				  const char *const args[] ATTR_UNUSED)
+				  ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	doveadm_print_header_simple("key_file");
 	doveadm_print_header_simple("key_id");

@@ -10,6 +10,7 @@
 #include "doveadm-mail.h"
 #include "cas-userkey.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <sysexits.h>
 #include <unistd.h>
@@ -85,8 +86,7 @@ static int casbox_keypw_read_input(struct casbox_keypw_cmd_context *ctx,
 }
 
 static void
-cmd_casbox_key_password_init(struct doveadm_mail_cmd_context *_ctx,
-			     const char *const args[] ATTR_UNUSED)
+cmd_casbox_key_password_init(struct doveadm_mail_cmd_context *_ctx CASBOX_DOVEADM_INIT_PARAMS)
 {
 	struct casbox_keypw_cmd_context *ctx =
 		container_of(_ctx, struct casbox_keypw_cmd_context, ctx);

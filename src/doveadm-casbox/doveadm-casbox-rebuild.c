@@ -12,6 +12,7 @@
 #include "doveadm-mailbox-list-iter.h"
 #include "casbox-storage.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <sysexits.h>
 
@@ -108,15 +109,16 @@ cmd_casbox_rebuild_run(struct doveadm_mail_cmd_context *ctx,
 }
 
 static void
-cmd_casbox_rebuild_init(struct doveadm_mail_cmd_context *ctx,
-			const char *const args[])
+cmd_casbox_rebuild_init(struct doveadm_mail_cmd_context *ctx
+			CASBOX_DOVEADM_INIT_PARAMS)
 {
 	struct casbox_rebuild_cmd_context *rctx =
 		container_of(ctx, struct casbox_rebuild_cmd_context, ctx);
 	static const char *const all[] = { "*", NULL };
+	const char *const *boxes = CASBOX_DOVEADM_ARGS(ctx, "mailbox-mask");
 
 	if (rctx->from_packs) {
-		if (args[0] != NULL) {
+		if (boxes[0] != NULL) {
 			i_fatal_status(EX_USAGE, "casbox rebuild --from-packs "
 				       "rebuilds every mailbox: no mailbox "
 				       "names");
@@ -124,9 +126,9 @@ cmd_casbox_rebuild_init(struct doveadm_mail_cmd_context *ctx,
 		casbox_frompacks_init_header();
 		return;
 	}
-	if (args[0] == NULL)
-		args = all;
-	ctx->search_args = doveadm_mail_mailbox_search_args_build(args);
+	if (boxes[0] == NULL)
+		boxes = all;
+	ctx->search_args = doveadm_mail_mailbox_search_args_build(boxes);
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header_simple("messages");
 	doveadm_print_header_simple("result");
@@ -149,8 +151,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_rebuild_alloc(void)
 	struct casbox_rebuild_cmd_context *ctx;
 
 	ctx = doveadm_mail_cmd_alloc(struct casbox_rebuild_cmd_context);
-	ctx->ctx.getopt_args = "p";
-	ctx->ctx.v.parse_arg = cmd_casbox_rebuild_parse_arg;
+	casbox_doveadm_set_parse_arg(&ctx->ctx, "p", cmd_casbox_rebuild_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_rebuild_init;
 	ctx->ctx.v.run = cmd_casbox_rebuild_run;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);

@@ -16,6 +16,7 @@
 #include "casbox-recovery.h"
 #include "casbox-events.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 #include <sysexits.h>
 
@@ -664,6 +665,7 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 	int ret;
 
 	i_zero(&scrub);
+	casbox_doveadm_username_run(_ctx, user);
 	scrub.event = casbox_event_create(user->event);
 	ret = casbox_admin_open(user, &scrub.adm, &error);
 	if (ret < 0 && casbox_scrub_open_error_is_damage(error)) {
@@ -716,9 +718,9 @@ cmd_casbox_scrub_run(struct doveadm_mail_cmd_context *_ctx,
 }
 
 static void cmd_casbox_scrub_init(struct doveadm_mail_cmd_context *ctx
-				  ATTR_UNUSED,
-				  const char *const args[] ATTR_UNUSED)
+				  ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
+	casbox_doveadm_username_init(ctx);
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("uid", "uid",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
@@ -744,13 +746,12 @@ struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void)
 	struct casbox_scrub_cmd_context *ctx;
 
 	ctx = doveadm_mail_cmd_alloc(struct casbox_scrub_cmd_context);
-	ctx->ctx.getopt_args = "r";
-	ctx->ctx.v.parse_arg = cmd_casbox_scrub_parse_arg;
+	casbox_doveadm_set_parse_arg(&ctx->ctx, "r", cmd_casbox_scrub_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_scrub_init;
 	ctx->ctx.v.run = cmd_casbox_scrub_run;
 	/* every row names its user, also with -u (doveadm adds the sticky
 	   "username" column itself with -A, -F and wildcards) */
-	ctx->ctx.add_username_header = TRUE;
+	CASBOX_DOVEADM_USERNAME_ALLOC(&ctx->ctx);
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return &ctx->ctx;
 }

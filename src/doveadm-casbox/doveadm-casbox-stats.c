@@ -7,6 +7,7 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "doveadm-casbox.h"
+#include "doveadm-casbox-dovecot.h"
 
 static const char *casbox_stats_ratio(uint64_t num, uint64_t denom)
 {
@@ -145,8 +146,7 @@ cmd_casbox_stats_run(struct doveadm_mail_cmd_context *ctx,
 }
 
 static void cmd_casbox_stats_init(struct doveadm_mail_cmd_context *ctx
-				  ATTR_UNUSED,
-				  const char *const args[] ATTR_UNUSED)
+				  ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
 {
 	static const char *const fields[] = {
 		"messages", "logical_bytes", "stored_bytes", "unique_blobs",

@@ -26,6 +26,8 @@
 #include "casidx-tokenizer.h"
 #include "casidx-index.h"
 #include "casidx-query.h"
+#include "fts-casidx-settings.h"
+#include "fts-casidx-dovecot.h"
 #include "fts-casidx-plugin.h"
 
 #include <dirent.h>
@@ -106,20 +108,18 @@ static struct fts_backend *fts_backend_casidx_alloc(void)
 /* fts_casidx_encrypt = auto (default: encrypt iff casbox_key_file is
    set) | yes (casbox_key_file required) | no. */
 static int
-casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
-			     struct mail_user *user, const char **error_r)
+casidx_settings_check_encrypt(struct casidx_fts_backend *backend,
+			      struct mail_user *user,
+			      const struct fts_casidx_settings *set,
+			      const char **error_r)
 {
-	const char *mode, *key_path;
+	const char *key_path = set->key_file;
 
-	mode = mail_user_plugin_getenv(user, "fts_casidx_encrypt");
-	key_path = mail_user_plugin_getenv(user, "casbox_key_file");
-	if (key_path != NULL && key_path[0] == '\0')
-		key_path = NULL;
-	if (mode == NULL || strcmp(mode, "auto") == 0)
+	if (strcmp(set->encrypt, "auto") == 0)
 		;
-	else if (strcmp(mode, "no") == 0)
+	else if (strcmp(set->encrypt, "no") == 0)
 		key_path = NULL;
-	else if (strcmp(mode, "yes") == 0) {
+	else if (strcmp(set->encrypt, "yes") == 0) {
 		if (key_path == NULL) {
 			*error_r = "fts_casidx_encrypt=yes, "
 				"but casbox_key_file is not set";
@@ -128,7 +128,7 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 	} else {
 		*error_r = t_strdup_printf(
 			"Invalid fts_casidx_encrypt: %s (auto, yes or no)",
-			mode);
+			set->encrypt);
 		return -1;
 	}
 	/* "~/" as the casbox storage reads it (casbox_settings_read()),
@@ -137,11 +137,11 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 		key_path = mail_user_home_expand(user, key_path);
 	backend->key_path = i_strdup(key_path);
 
-	mode = mail_user_plugin_getenv(user, "casbox_key_mode");
-	if (mode != NULL && mode[0] != '\0' &&
-	    cas_key_mode_parse(mode, &backend->key_mode) < 0) {
+	if (set->key_mode != NULL &&
+	    cas_key_mode_parse(set->key_mode, &backend->key_mode) < 0) {
 		*error_r = t_strdup_printf("Invalid casbox_key_mode: %s "
-					   "(server or password)", mode);
+					   "(server or password)",
+					   set->key_mode);
 		return -1;
 	}
 	if (backend->key_mode == CAS_KEY_MODE_PASSWORD && key_path == NULL) {
@@ -152,27 +152,7 @@ casidx_settings_read_encrypt(struct casidx_fts_backend *backend,
 			"casbox_key_file must be set";
 		return -1;
 	}
-	key_path = mail_user_plugin_getenv(user, "casbox_key_password");
-	if (key_path != NULL && key_path[0] != '\0')
-		backend->key_password = i_strdup(key_path);
-	return 0;
-}
-
-/* A positive integer setting: dest is left alone when unset.
-   Returns 0 ok, -1 invalid. */
-static int casidx_setting_uint(struct mail_user *user, const char *name,
-			       unsigned int *dest, const char **error_r)
-{
-	const char *value = mail_user_plugin_getenv(user, name);
-	unsigned int num;
-
-	if (value == NULL)
-		return 0;
-	if (str_to_uint(value, &num) < 0 || num == 0) {
-		*error_r = t_strdup_printf("Invalid %s: %s", name, value);
-		return -1;
-	}
-	*dest = num;
+	backend->key_password = i_strdup(set->key_password);
 	return 0;
 }
 
@@ -180,27 +160,20 @@ static int
 casidx_settings_read(struct casidx_fts_backend *backend,
 		     struct mail_user *user, const char **error_r)
 {
-	const char *value;
-	uoff_t size;
+	struct fts_casidx_settings set;
 
-	value = mail_user_plugin_getenv(user, "fts_casidx_memory_budget");
-	if (value != NULL) {
-		if (settings_get_size(value, &size, error_r) < 0 ||
-		    size < 1024*1024) {
-			*error_r = t_strdup_printf(
-				"Invalid fts_casidx_memory_budget: %s", value);
-			return -1;
-		}
-		backend->set.memory_budget = size;
-	}
-	if (casidx_setting_uint(user, "fts_casidx_merge_segments",
-				&backend->set.merge_threshold, error_r) < 0 ||
-	    casidx_setting_uint(user, "fts_casidx_lock_timeout",
-				&backend->set.lock_timeout_secs, error_r) < 0)
+	if (fts_casidx_settings_get(&backend->backend, user, &set,
+				    error_r) < 0)
 		return -1;
-	backend->set.no_fsync =
-		mail_user_plugin_getenv_bool(user, "fts_casidx_no_fsync");
-	return casidx_settings_read_encrypt(backend, user, error_r);
+	if (set.index.memory_budget != 0 &&
+	    set.index.memory_budget < 1024*1024) {
+		*error_r = t_strdup_printf(
+			"Invalid fts_casidx_memory_budget: %zu"
+			" (at least 1M)", set.index.memory_budget);
+		return -1;
+	}
+	backend->set = set.index;
+	return casidx_settings_check_encrypt(backend, user, &set, error_r);
 }
 
 static int
@@ -211,16 +184,18 @@ fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
 	struct mail_namespace *ns = _backend->ns;
 	const char *root;
 
-	if (casidx_settings_read(backend, ns->user, error_r) < 0) {
+	if (fts_casidx_backend_user_init(_backend, error_r) < 0 ||
+	    casidx_settings_read(backend, ns->user, error_r) < 0) {
 		*error_r = t_strconcat(CASIDX_LOG_PREFIX, *error_r, NULL);
 		return -1;
 	}
 	root = mailbox_list_get_root_forced(ns->list,
 					    MAILBOX_LIST_PATH_TYPE_INDEX);
 	backend->root = i_strconcat(root, "/"CASIDX_DIR_NAME, NULL);
-	backend->event = event_create(ns->user->event);
+	backend->event = event_create(CASIDX_EVENT_PARENT(_backend));
 	event_add_category(backend->event, &event_category_casidx);
-	event_set_forced_debug(backend->event, ns->user->mail_debug);
+	event_set_forced_debug(backend->event,
+			       CASIDX_USER_MAIL_DEBUG(ns->user));
 	event_set_append_log_prefix(backend->event, CASIDX_LOG_PREFIX);
 	backend->tok = casidx_tokenizer_create();
 	backend->pool = pool_alloconly_create("casidx backend", 1024);

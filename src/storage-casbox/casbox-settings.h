@@ -48,11 +48,27 @@ struct casbox_settings {
 	struct event *event;
 };
 
-/* Fill set_r from the user's plugin settings (defaults for missing
-   ones). Returns 0 ok, -1 invalid value (error_r names the setting). */
+/* Fill set_r from the user's settings (defaults for missing ones):
+   Dovecot 2.3's plugin {} block (casbox-settings-23.c) or 2.4's typed
+   settings (casbox-settings-24.c), same names and defaults in both.
+   Returns 0 ok, -1 invalid value (error_r names the setting). */
 int casbox_settings_read(struct mail_user *user, pool_t pool,
 			 struct casbox_settings *set_r,
 			 const char **error_r);
+/* Check the ranges and combinations of set (for both readers); a
+   zstd_level of 0 becomes the default. Returns 0 ok, -1 invalid. */
+int casbox_settings_check(struct casbox_settings *set, const char **error_r);
+
+static inline void casbox_settings_defaults(struct casbox_settings *set_r)
+{
+	i_zero(set_r);
+	set_r->key_mode = CAS_KEY_MODE_SERVER;
+	set_r->zstd_level = CASBOX_DEFAULT_ZSTD_LEVEL;
+	set_r->part_split_size = CASBOX_DEFAULT_PART_SPLIT_SIZE;
+	set_r->pack_size = CASBOX_DEFAULT_PACK_SIZE;
+	set_r->lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE;
+	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
+}
 /* The key settings as cas-keymode.h takes them (inline: the store
    code uses it without linking lib-storage). */
 static inline void

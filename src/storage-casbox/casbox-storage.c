@@ -18,6 +18,7 @@
 #include "casbox-mail.h"
 #include "casbox-sync.h"
 #include "casbox-sync-rebuild.h"
+#include "casbox-dovecot.h"
 
 #include <sys/stat.h>
 
@@ -63,7 +64,7 @@ casbox_storage_create(struct mail_storage *_storage,
 					     MAILBOX_LIST_PATH_TYPE_DIR));
 	/* one store per root: COPY shares blobs only inside it */
 	_storage->unique_root_dir = p_strdup(_storage->pool,
-					     ns->list->set.root_dir);
+					     CASBOX_LIST_ROOT_DIR(ns->list));
 	return 0;
 }
 
@@ -99,20 +100,6 @@ int casbox_storage_get_store(struct casbox_storage *storage,
 	}
 	*store_r = storage->store;
 	return 0;
-}
-
-static void
-casbox_storage_get_list_settings(const struct mail_namespace *ns ATTR_UNUSED,
-				 struct mailbox_list_settings *set)
-{
-	if (set->layout == NULL)
-		set->layout = MAILBOX_LIST_NAME_FS;
-	if (set->subscription_fname == NULL)
-		set->subscription_fname = CASBOX_SUBSCRIPTION_FILE_NAME;
-	if (*set->maildir_name == '\0')
-		set->maildir_name = CASBOX_MAILDIR_NAME;
-	if (*set->mailbox_dir_name == '\0')
-		set->mailbox_dir_name = CASBOX_MAILBOX_DIR_NAME;
 }
 
 static struct mailbox *
@@ -755,11 +742,12 @@ struct mail_storage casbox_storage = {
 		MAIL_STORAGE_CLASS_FLAG_HAVE_MAIL_GUIDS |
 		MAIL_STORAGE_CLASS_FLAG_HAVE_MAIL_SAVE_GUIDS,
 	.event_category = &event_category_casbox,
+	CASBOX_STORAGE_CLASS_24
 	.v = {
 		.alloc = casbox_storage_alloc,
 		.create = casbox_storage_create,
 		.destroy = casbox_storage_destroy,
-		.get_list_settings = casbox_storage_get_list_settings,
+		CASBOX_STORAGE_VFUNCS_23
 		.mailbox_alloc = casbox_mailbox_alloc,
 		.list_index_rebuild = mail_storage_list_index_rebuild,
 	},

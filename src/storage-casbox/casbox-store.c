@@ -1426,7 +1426,7 @@ int casbox_store_open_packs_keyless(struct casbox_store *store,
 		return -1;
 	}
 	while (dir != NULL && (d = readdir(dir)) != NULL) {
-		if (str_begins(d->d_name, "dict-"))
+		if (strncmp(d->d_name, "dict-", 5) == 0)
 			have_dicts = TRUE;
 	}
 	if (dir != NULL)

@@ -14,7 +14,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from dovecot_harness import TOP_SRCDIR  # noqa: E402
+from dovecot_harness import TOP_SRCDIR, skip_unless_dovecot23  # noqa: E402
 
 BENCH = os.path.join(TOP_SRCDIR, "bench")
 sys.path.insert(0, BENCH)
@@ -25,6 +25,8 @@ TINY_MESSAGES = 12
 TINY_LARGE = 60
 
 
+@skip_unless_dovecot23("bench/ measures against the peers of Debian 12's 2.3 "
+                       "(zlib, fts-lucene, fts-xapian 1.5 settings)")
 class BenchSmoke(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -10,7 +10,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, TOP_SRCDIR  # noqa: E402
+from dovecot_harness import Dovecot, TOP_SRCDIR, dovecot_version  # noqa: E402,E501
 
 MSG = (b"From: Alice <alice@example.com>\r\n"
        b"To: user1@example.com\r\n"
@@ -54,14 +54,25 @@ class PluginsLoad(unittest.TestCase):
             # that delivered (lmtp processes stay for reuse).
             ours = {"lib20_casbox_plugin.so", "lib21_fts_casidx_plugin.so"}
             self.assertLessEqual(ours, mapped_modules(dc, "imap"))
-            self.assertLessEqual(ours, mapped_modules(dc, "lmtp"))
+            if dovecot_version() >= (2, 4):
+                # 2.4's lmtp process does not stay after the delivery:
+                # its mail_debug lines name what it loaded
+                for name in ours:
+                    self.assertTrue(dc.wait_log(
+                        r"lmtp\([^)]*\)<\d+><[^>]*>: Debug: Module loaded: "
+                        r"\S+/" + re.escape(name)), name)
+            else:
+                self.assertLessEqual(ours, mapped_modules(dc, "lmtp"))
             imap.logout()
 
             out = dc.doveadm("-f", "tab", "casbox", "version").stdout
             rows = dict(line.split("\t", 1)
                         for line in out.splitlines()[1:])
             self.assertEqual(rows["casbox"], "0.1.0")
-            self.assertTrue(rows["dovecot-abi"].startswith("2.3.ABIv19"))
+            # the ABI of the Dovecot that runs (2.3.ABIv19 on Debian 12,
+            # 2.4.ABIv1 on Debian 13)
+            self.assertTrue(rows["dovecot-abi"].startswith(
+                "%d.%d.ABIv" % dovecot_version()))
             self.assertIn("zstd", rows)
             self.assertIn("libsodium", rows)
 

@@ -35,7 +35,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (Dovecot, PASSWORD, corpus_files, ok,  # noqa: E402
                               load, crlf, distinctive_strings,
-                              files_under, found_in)
+                              files_under, found_in, HarnessError,
+                              dovecot_version)
 
 SETTINGS = {
     "casbox_key_file": "%h/casbox.ukey",
@@ -674,6 +675,14 @@ class KeyPasswordTest(unittest.TestCase):
             self.assertIn("casbox_key_mode is server", res.stderr)
 
     def test_bad_key_mode(self):
+        if dovecot_version() >= (2, 4):
+            # a typed setting: 2.4 refuses the configuration itself
+            with self.assertRaisesRegex(
+                    HarnessError, "casbox_key_mode: Invalid value: pasword"):
+                with Dovecot(plugin_settings=dict(
+                        SETTINGS, casbox_key_mode="pasword")):
+                    pass
+            return
         with Dovecot(plugin_settings=dict(SETTINGS,
                                           casbox_key_mode="pasword")) as dc:
             dc.allow_log(r"casbox_key_mode: invalid value 'pasword'")

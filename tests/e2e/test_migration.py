@@ -28,7 +28,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, ok, load  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_files, ok, load,  # noqa: E402
+                             location_override)
 import mailbox_dump  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
@@ -435,7 +436,7 @@ class SingleServer(unittest.TestCase):
         with Instance(FORMATS["maildir"]) as dc:
             before = self.fill_users(dc)
             for user in self.USERS:
-                dc.doveadm("-o", "mail_location=" + FORMATS["casbox"],
+                dc.doveadm(*location_override(FORMATS["casbox"]),
                            "backup", "-R", "-u", user, dc.dsync_url())
             for user in self.USERS:
                 after = mailbox_dump.dump_user(dc, user, FORMATS["casbox"],
@@ -445,7 +446,7 @@ class SingleServer(unittest.TestCase):
             # an incremental run after new mail brings only the new mail
             dc.lmtp_deliver("migr1",
                             b"Subject: late\r\n\r\nlate mail\r\n")
-            dc.doveadm("-o", "mail_location=" + FORMATS["casbox"],
+            dc.doveadm(*location_override(FORMATS["casbox"]),
                        "backup", "-R", "-u", "migr1", dc.dsync_url())
             src = mailbox_dump.dump_user(dc, "migr1", with_imap=False)
             dst = mailbox_dump.dump_user(dc, "migr1", FORMATS["casbox"],
@@ -464,7 +465,7 @@ class SingleServer(unittest.TestCase):
         with Instance(FORMATS["maildir"]) as dc:
             before = self.fill_users(dc)
             for user in self.USERS:
-                dc.doveadm("-o", "mail_location=" + FORMATS["casbox"],
+                dc.doveadm(*location_override(FORMATS["casbox"]),
                            "backup", "-R", "-u", user, FORMATS["maildir"])
             for user in self.USERS:
                 after = mailbox_dump.dump_user(dc, user, FORMATS["casbox"],

@@ -48,7 +48,8 @@ class Server(Instance):
         # open forever (as in Dovecot.start)
         out_path = os.path.join(self.tmp, "restart.out")
         with open(out_path, "w+") as out:
-            res = subprocess.run([DOVECOT, "-c", self.conf_path],
+            res = subprocess.run(self.command(DOVECOT, "-c",
+                                              self.conf_path),
                                  stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, timeout=120)
             out.seek(0)

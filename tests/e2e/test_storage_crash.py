@@ -15,7 +15,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, ok, crlf  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_files, ok, crlf,  # noqa: E402
+                             lmtp_send)
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
@@ -95,8 +96,8 @@ class StorageCrashTest(unittest.TestCase):
                     with smtplib.LMTP("127.0.0.1", dc.lmtp_port,
                                       timeout=60) as lmtp:
                         for i in range(first, min(first + 10, len(msgs))):
-                            if not lmtp.sendmail("s@example.com",
-                                                 ["user1"], msgs[i]):
+                            if not lmtp_send(lmtp, "s@example.com",
+                                             "user1", msgs[i]):
                                 acked.append(i)
                 except (OSError, smtplib.SMTPException):
                     pass  # killed mid-delivery: the rest not acknowledged

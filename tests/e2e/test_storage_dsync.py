@@ -7,7 +7,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_files,  # noqa: E402
+                             location_override)
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 # date.saved is not compared: dsync in 2.3.19 does not carry it even
@@ -22,13 +23,13 @@ class StorageDsyncTest(unittest.TestCase):
     maxDiff = None
 
     def fetch(self, dc, location, box):
-        args = ["-o", "mail_location=" + location] if location else []
+        args = location_override(location) if location else []
         r = dc.doveadm(*args, "fetch", "-u", "user1", FIELDS, "mailbox",
                        box, "all")
         return r.stdout
 
     def status(self, dc, location, box):
-        args = ["-o", "mail_location=" + location] if location else []
+        args = location_override(location) if location else []
         return dc.doveadm(*args, "mailbox", "status", "-u", "user1",
                           STATUS, box).stdout
 
@@ -36,7 +37,7 @@ class StorageDsyncTest(unittest.TestCase):
         paths = corpus_files("mime-edge", limit=25)
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
                      plugin_settings=KEYS) as dc:
-            sd = ["-o", "mail_location=sdbox:~/sdbox"]
+            sd = location_override("sdbox:~/sdbox")
             dc.doveadm(*sd, "mailbox", "create", "-u", "user1", "Work")
             n = 0
             for i, path in enumerate(paths):

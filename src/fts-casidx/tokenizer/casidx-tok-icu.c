@@ -39,6 +39,14 @@ static void icu_check(UErrorCode err, const char *func)
 	i_panic("ICU %s failed: %s", func, u_errorName(err));
 }
 
+bool casidx_tok_icu_ascii_rules_match(void)
+{
+	UVersionInfo version;
+
+	u_getUnicodeVersion(version);
+	return version[0] == 15 && version[1] == 0;
+}
+
 struct casidx_tok_icu *casidx_tok_icu_create(void)
 {
 	struct casidx_tok_icu *icu;

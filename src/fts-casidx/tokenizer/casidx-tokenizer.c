@@ -130,7 +130,7 @@ struct casidx_tokenizer *casidx_tokenizer_create(void)
 	tok->term = buffer_create_dynamic(default_pool, 128);
 	tok->pair = buffer_create_dynamic(default_pool, 16);
 	tok->icu = casidx_tok_icu_create();
-	tok->ascii_fast_path = TRUE;
+	tok->ascii_fast_path = casidx_tok_icu_ascii_rules_match();
 	return tok;
 }
 
@@ -151,7 +151,7 @@ void casidx_tokenizer_destroy(struct casidx_tokenizer **_tok)
 void casidx_tokenizer_set_ascii_fast_path(struct casidx_tokenizer *tok,
 					  bool enable)
 {
-	tok->ascii_fast_path = enable;
+	tok->ascii_fast_path = enable && casidx_tok_icu_ascii_rules_match();
 }
 
 void casidx_tokenizer_reset(struct casidx_tokenizer *tok)

@@ -1,4 +1,4 @@
-/* fts-casidx: plugin entry points and per-user setup. */
+/* fts-casidx: plugin entry points and per-user setup, Dovecot 2.3 form. */
 
 #include "lib.h"
 #include "mail-storage-hooks.h"
@@ -40,6 +40,13 @@ static void fts_casidx_mail_user_created(struct mail_user *user)
 	user->vlast = &fuser->module_ctx.super;
 	v->deinit = fts_casidx_mail_user_deinit;
 	MODULE_CONTEXT_SET(user, fts_casidx_user_module, fuser);
+}
+
+int fts_casidx_backend_user_init(struct fts_backend *backend ATTR_UNUSED,
+				 const char **error_r ATTR_UNUSED)
+{
+	/* done in fts_casidx_mail_user_created() */
+	return 0;
 }
 
 static struct mail_storage_hooks fts_casidx_mail_storage_hooks = {

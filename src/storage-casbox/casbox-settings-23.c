@@ -1,0 +1,85 @@
+/* casbox: settings from Dovecot 2.3's plugin {} block. */
+
+#include "lib.h"
+#include "strnum.h"
+#include "settings-parser.h"
+#include "mail-user.h"
+#include "casbox-settings.h"
+
+/* Sizes and numbers: unset or empty keeps the default; the ranges are
+   checked by casbox_settings_check(). */
+static int
+casbox_setting_size(struct mail_user *user, const char *name,
+		    uoff_t *size, const char **error_r)
+{
+	const char *value = mail_user_plugin_getenv(user, name);
+	const char *error;
+
+	if (value == NULL || *value == '\0')
+		return 0;
+	if (settings_get_size(value, size, &error) < 0) {
+		*error_r = t_strdup_printf("%s: %s", name, error);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+casbox_setting_uint(struct mail_user *user, const char *name,
+		    unsigned int *num, const char **error_r)
+{
+	const char *value = mail_user_plugin_getenv(user, name);
+
+	if (value == NULL || *value == '\0')
+		return 0;
+	if (str_to_uint(value, num) < 0 || *num > INT_MAX) {
+		*error_r = t_strdup_printf("%s: invalid value '%s'",
+					   name, value);
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_settings_read(struct mail_user *user, pool_t pool,
+			 struct casbox_settings *set_r,
+			 const char **error_r)
+{
+	const char *value;
+	unsigned int level = CASBOX_DEFAULT_ZSTD_LEVEL;
+
+	casbox_settings_defaults(set_r);
+	value = mail_user_plugin_getenv(user, "casbox_key_file");
+	if (value != NULL && *value != '\0') {
+		set_r->key_file =
+			p_strdup(pool, mail_user_home_expand(user, value));
+	}
+	set_r->key_autocreate =
+		mail_user_plugin_getenv_bool(user, "casbox_key_autocreate");
+	set_r->cache_plaintext =
+		mail_user_plugin_getenv_bool(user, "casbox_cache_plaintext");
+	value = mail_user_plugin_getenv(user, "casbox_key_mode");
+	if (value != NULL && *value != '\0' &&
+	    cas_key_mode_parse(value, &set_r->key_mode) < 0) {
+		*error_r = t_strdup_printf("casbox_key_mode: invalid value "
+					   "'%s' (expected server or password)",
+					   value);
+		return -1;
+	}
+	value = mail_user_plugin_getenv(user, "casbox_key_password");
+	if (value != NULL && *value != '\0')
+		set_r->key_password = p_strdup(pool, value);
+
+	if (casbox_setting_uint(user, "casbox_zstd_level", &level,
+				error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_part_split_size",
+				&set_r->part_split_size, error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_pack_size",
+				&set_r->pack_size, error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_lsm_wal_size",
+				&set_r->lsm_wal_size, error_r) < 0 ||
+	    casbox_setting_uint(user, "casbox_gc_dead_ratio",
+				&set_r->gc_dead_ratio, error_r) < 0)
+		return -1;
+	set_r->zstd_level = (int)level;
+	return casbox_settings_check(set_r, error_r);
+}
