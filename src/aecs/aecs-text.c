@@ -7,6 +7,12 @@
 #include "unichar.h"
 #include "aecs-text.h"
 
+/* Dovecot 2.3's str_begins() is 2.4's str_begins_with(): one spelling */
+static inline bool aecs_begins(const char *str, const char *prefix)
+{
+	return strncmp(str, prefix, strlen(prefix)) == 0;
+}
+
 /* a signature separator "--" (without its space) counts only this
    close to the end */
 #define AECS_SIG_BARE_MAX_LINES 15
@@ -93,9 +99,9 @@ static bool aecs_line_original_message(const char *const *lines,
 		return TRUE;
 	/* Outlook's reply header: "From: ..." directly followed by
 	   "Sent: ..." */
-	return str_begins(lines[i], "From: ") && i + 1 < count &&
-		(str_begins(lines[i + 1], "Sent: ") ||
-		 str_begins(lines[i + 1], "Date: "));
+	return aecs_begins(lines[i], "From: ") && i + 1 < count &&
+		(aecs_begins(lines[i + 1], "Sent: ") ||
+		 aecs_begins(lines[i + 1], "Date: "));
 }
 
 static bool aecs_line_footer(const char *const *lines, unsigned int i,
@@ -190,7 +196,7 @@ const char *aecs_text_clean(const char *text, bool *fallback_r)
 		    aecs_quote_follows(lines, i, count))
 			continue;
 		/* "On Mon, 1 Jan 2001, Someone <a@b>\n wrote:" */
-		if (str_begins(line, "On ") && i + 1 < count &&
+		if (aecs_begins(line, "On ") && i + 1 < count &&
 		    aecs_line_attribution(aecs_rtrim(lines[i + 1])) &&
 		    aecs_quote_follows(lines, i + 1, count)) {
 			i++;

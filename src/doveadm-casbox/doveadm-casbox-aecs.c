@@ -11,6 +11,7 @@
 #include "mail-storage.h"
 #include "mail-namespace.h"
 #include "mail-search-build.h"
+#include "doveadm-casbox-dovecot.h"
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
@@ -29,6 +30,8 @@ struct aecs_export_cmd_context {
 	const char *db_path, *sql_path, *blobs_dir, *mailbox_id_opt;
 	unsigned int forai_max_chars;
 	bool no_search;
+	/* the mailbox names given, or NULL: all of them */
+	const char *const *mailboxes;
 	struct aecs_db *db;
 
 	/* per user */
@@ -789,7 +792,7 @@ static int cmd_casbox_aecs_export_run(struct doveadm_mail_cmd_context *ctx,
 	if (doveadm_mailbox_list_iter_deinit(&iter) < 0)
 		ret = -1;
 	/* with mailbox names given, the others are not looked at */
-	if (ret == 0 && ctx->args[0] == NULL)
+	if (ret == 0 && ectx->mailboxes == NULL)
 		ret = aecs_export_vanished(ectx, seen);
 	hash_table_destroy(&seen);
 	hash_table_destroy(&ectx->touched);
@@ -797,12 +800,14 @@ static int cmd_casbox_aecs_export_run(struct doveadm_mail_cmd_context *ctx,
 	return ret;
 }
 
-static void cmd_casbox_aecs_export_init(struct doveadm_mail_cmd_context *ctx,
-					const char *const args[])
+static void cmd_casbox_aecs_export_init(struct doveadm_mail_cmd_context *ctx
+					CASBOX_DOVEADM_INIT_PARAMS)
 {
 	struct aecs_export_cmd_context *ectx =
 		container_of(ctx, struct aecs_export_cmd_context, ctx);
 	static const char *const all[] = { "*", NULL };
+	const char *const *names = CASBOX_DOVEADM_ARGS(ctx, "mailbox-mask");
+
 	if ((ectx->db_path == NULL) == (ectx->sql_path == NULL)) {
 		i_fatal_status(EX_USAGE, "casbox aecs export: give one of "
 			       "--db FILE or --sql FILE");
@@ -812,8 +817,9 @@ static void cmd_casbox_aecs_export_init(struct doveadm_mail_cmd_context *ctx,
 		i_fatal_status(EX_USAGE, "casbox aecs export: --mailbox-id "
 			       "is for one user (-u without wildcards)");
 	}
+	ectx->mailboxes = names[0] == NULL ? NULL : names;
 	ctx->search_args = doveadm_mail_mailbox_search_args_build(
-		args[0] == NULL ? all : args);
+		names[0] == NULL ? all : names);
 	doveadm_print_header_simple("mailbox_id");
 	doveadm_print_header_simple("mailbox");
 	doveadm_print_header("exported", "exported",
@@ -888,8 +894,8 @@ struct doveadm_mail_cmd_context *cmd_casbox_aecs_export_alloc(void)
 
 	ectx = doveadm_mail_cmd_alloc(struct aecs_export_cmd_context);
 	ectx->forai_max_chars = AECS_FORAI_DEFAULT_MAX_CHARS;
-	ectx->ctx.getopt_args = "d:s:b:i:m:n";
-	ectx->ctx.v.parse_arg = cmd_casbox_aecs_export_parse_arg;
+	casbox_doveadm_set_parse_arg(&ectx->ctx, "d:s:b:i:m:n",
+				     cmd_casbox_aecs_export_parse_arg);
 	ectx->ctx.v.init = cmd_casbox_aecs_export_init;
 	ectx->ctx.v.deinit = cmd_casbox_aecs_export_deinit;
 	ectx->ctx.v.run = cmd_casbox_aecs_export_run;
