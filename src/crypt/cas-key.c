@@ -51,8 +51,10 @@
 #define CAS_KEY_FILE_MAX_SIZE CAS_KEY_FILE_V2_SIZE(CAS_KEY_FILE_MAX_SLOTS)
 
 /* slots a key ring holds in memory: the file's, plus slots a reload
-   dropped, kept for unwrapping streams opened before it */
-#define CAS_KEYRING_MAX_SLOTS (CAS_KEY_FILE_MAX_SLOTS + 2)
+   dropped, kept for unwrapping streams opened before it. A long IMAP
+   session can see several rotations between opening a message and
+   reading it (32 bytes a slot). */
+#define CAS_KEYRING_MAX_SLOTS (CAS_KEY_FILE_MAX_SLOTS + 14)
 
 /* crypto_kdf context (8 bytes) and sub-key ids */
 #define CAS_KDF_CONTEXT "CASBOXK1"

@@ -735,10 +735,24 @@ casbox_store_part_record(struct casbox_store *store,
 	return 1;
 }
 
-/* gc unlinks a pack only after committing its blobs' new places, so a
-   pack missing at open means a newer record; twice in a row would take
-   two gc runs on the same blob while one message is opened. */
-#define CASBOX_STORE_PACK_GONE_RETRIES 3
+/* Whether the ring has the slot a server-wrapped DEK names (sealed
+   DEKs of password mode name none). */
+static bool
+casbox_store_dek_slot_known(struct casbox_store *store,
+			    const struct casbox_blob_record *brec)
+{
+	return brec->dek_kind != CAS_DEK_KIND_SERVER_WRAP ||
+		cas_keyring_has_key_id(store->keyring,
+			cas_dek_wrapped_key_id(brec->wrapped_dek));
+}
+
+/* A blob record is read again (after refreshing the LSM) when its pack
+   is gone at open or its DEK names a slot the key ring lacks: gc
+   unlinks a pack only after committing its blobs' new places, and key
+   rotation drops a slot only after rewrapping every record, so the
+   record read again is current; twice in a row would take two gc runs
+   or rotations while one message is opened. */
+#define CASBOX_STORE_OPEN_RETRIES 3
 
 /* Returns 1 ok, 0 blob not in the store, -1 error. */
 static int
@@ -754,13 +768,24 @@ casbox_store_part_open(struct casbox_store *store,
 		ret = casbox_store_part_record(store, part, &brec, error_r);
 		if (ret <= 0)
 			return ret;
+		if (!casbox_store_dek_slot_known(store, &brec) &&
+		    try < CASBOX_STORE_OPEN_RETRIES) {
+			/* key rotation rewrapped the record and dropped its
+			   old slot between our LSM and key file refreshes:
+			   the ring never loaded that slot. The record has
+			   a slot of the key file as it is now. */
+			if (casbox_lsm_refresh(store->lsm, error_r) < 0 ||
+			    casbox_store_refresh_keys(store, error_r) < 0)
+				return -1;
+			continue;
+		}
 		/* the pack is opened now, not at the first read: a gc
 		   that unlinks it later cannot take it from the stream */
 		ret = casbox_pack_blob_open_pinned(store->packs, &part->id,
 						   &brec, input_r, error_r);
 		if (ret != 0)
 			return ret;
-		if (try == CASBOX_STORE_PACK_GONE_RETRIES ||
+		if (try == CASBOX_STORE_OPEN_RETRIES ||
 		    casbox_lsm_refresh(store->lsm, error_r) < 0)
 			return -1;
 	}
