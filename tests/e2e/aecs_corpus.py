@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 
-from dovecot_harness import corpus_dir
+from dovecot_harness import corpus_dir, is_dovecot24
 
 
 def corpus_folders(tops):
@@ -54,8 +54,10 @@ def fill(dc, folders, user="user1"):
             with open(path, "rb") as f:
                 loaded[box].append(f.read())
     chown_tree(dc, home)
-    dc.doveadm("import", "-u", user, "-s",
-               "maildir:~/aecs-src:LAYOUT=maildir++", "", "all")
+    # 2.4 takes driver:path only (maildir++ is its maildir default)
+    source = ("maildir:~/aecs-src" if is_dovecot24() else
+              "maildir:~/aecs-src:LAYOUT=maildir++")
+    dc.doveadm("import", "-u", user, "-s", source, "", "all")
     shutil.rmtree(src)
     return loaded
 
