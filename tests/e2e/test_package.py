@@ -25,6 +25,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (  # noqa: E402
+    skip_unless_dovecot23,
     DOVEADM_MODULEDIR, SYSTEM_MODULEDIR, TOP_BUILDDIR, TOP_SRCDIR, Dovecot,
     corpus_files, crlf, lock_system_modules, ok)
 
@@ -114,6 +115,9 @@ def mapped_modules(pid):
 
 @unittest.skipUnless(os.geteuid() == 0,
                      "installs a .deb into the system: needs root")
+@skip_unless_dovecot23("the .deb is built and tested for Debian 12's "
+                       "Dovecot 2.3 only: it does not ship the 2.4 "
+                       "settings modules yet")
 class PackageTest(unittest.TestCase):
 
     @classmethod
