@@ -12,6 +12,7 @@
 #include "hex-binary.h"
 #include "casbox-lsm.h"
 #include "casbox-records.h"
+#include "casbox-store-safety.h"
 #include "casbox-pack.h"
 
 #include <stdio.h>
@@ -75,6 +76,31 @@ static void check_flags_owner(const unsigned char *key, size_t key_size)
 							   key_size - 1));
 		orphan_flags = TRUE;
 	}
+}
+
+/* A retained (expunged, restorable) message: its parts are references. */
+static void dump_retained(const unsigned char *key, size_t key_size,
+			  const unsigned char *value, size_t value_size)
+{
+	struct casbox_retained_record rec;
+	const struct casbox_msg_part *part;
+	guid_128_t guid;
+	const char *error;
+	uint32_t uid;
+
+	if (casbox_key_retained_parse(key, key_size, guid, &uid) < 0 ||
+	    casbox_retained_record_import(value, value_size,
+					  pool_datastack_create(), &rec,
+					  &error) < 0) {
+		printf("bad-retained-record\n");
+		return;
+	}
+	printf("x %s %u expunged=%lld size=%llu parts=%u guid=%s\n",
+	       guid_128_to_string(guid), uid, (long long)rec.expunged,
+	       (unsigned long long)rec.msg.physical_size,
+	       array_count(&rec.msg.parts), rec.msg.guid);
+	array_foreach(&rec.msg.parts, part)
+		blob_get(part->id.id)->counted++;
 }
 
 static void dump_message(const unsigned char *key, size_t key_size,
@@ -173,6 +199,8 @@ int main(int argc, char *argv[])
 				    &value, &value_size)) T_BEGIN {
 		if (key[0] == CASBOX_KEY_MESSAGE)
 			dump_message(key, key_size, value, value_size);
+		else if (key[0] == CASBOX_KEY_RETAINED)
+			dump_retained(key, key_size, value, value_size);
 		else if (key[0] == CASBOX_KEY_BLOB &&
 			 key_size == 1 + CAS_BLOB_ID_SIZE) {
 			if (casbox_blob_value_import(value, value_size,

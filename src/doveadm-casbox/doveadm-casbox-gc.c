@@ -35,6 +35,8 @@
 #include "safe-memset.h"
 #include "casbox-lsm.h"
 #include "casbox-recovery.h"
+#include "casbox-store-safety.h"
+#include "ioloop.h"
 #include "doveadm-casbox.h"
 #include "doveadm-casbox-dovecot.h"
 
@@ -96,6 +98,8 @@ struct casbox_gc {
 	unsigned int records_dropped, packs_deleted;
 	unsigned int recovery_kept, recovery_dropped, dek_updates;
 	unsigned int recovery_written;
+	/* casbox_gc_expire(): retained mail and dup records released */
+	struct casbox_expire_result expired;
 };
 
 static const char *casbox_gc_msg_key(const guid_128_t mailbox_guid,
@@ -951,12 +955,26 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 	return 0;
 }
 
+/* Release retained mail past casbox_expunge_retention and dup records
+   past casbox_duplicate_window first: the blobs of the released mail
+   are dead for the census that follows, so this run reclaims them. */
+static int casbox_gc_expire(struct casbox_gc *gc, const char **error_r)
+{
+	const struct casbox_settings *set = &gc->adm->set;
+
+	return casbox_store_safety_expire(gc->adm->store, ioloop_time,
+					  set->expunge_retention,
+					  set->duplicate_window, &gc->expired,
+					  error_r);
+}
+
 static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 {
 	struct casbox_admin *adm = gc->adm;
 	int ret;
 
 	if (casbox_admin_open_keys(adm, error_r) < 0 ||
+	    casbox_gc_expire(gc, error_r) < 0 ||
 	    casbox_census_build(adm->store, NULL, NULL, &gc->census,
 				error_r) < 0)
 		return -1;
@@ -988,7 +1006,8 @@ static const char *const casbox_gc_fields[] = {
 	"packs_selected", "packs_deleted", "blobs_moved",
 	"records_dropped", "bytes_selected", "bytes_written",
 	"bytes_reclaimed", "recovery_kept", "recovery_dropped",
-	"dek_updates", "recovery_written",
+	"dek_updates", "recovery_written", "retained_released",
+	"retained_bytes_released", "duplicates_expired",
 };
 #define CASBOX_GC_FIELD_COUNT N_ELEMENTS(casbox_gc_fields)
 
@@ -1019,6 +1038,9 @@ static void casbox_gc_values(struct casbox_gc *gc,
 	values_r[i++] = gc->recovery_dropped;
 	values_r[i++] = gc->dek_updates;
 	values_r[i++] = gc->recovery_written;
+	values_r[i++] = gc->expired.retained_released;
+	values_r[i++] = gc->expired.retained_bytes_released;
+	values_r[i++] = gc->expired.dups_released;
 	i_assert(i == CASBOX_GC_FIELD_COUNT);
 }
 

@@ -75,6 +75,12 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 			     &t, sizeof(t));
 	casbox_save_add_copy(ctx, seq, &rec, src_mbox->mailbox_guid,
 			     mail->uid);
+	if (ctx->moving) {
+		if (!array_is_created(&src_mbox->moved_uids))
+			p_array_init(&src_mbox->moved_uids,
+				     src_mbox->box.pool, 8);
+		seq_range_array_add(&src_mbox->moved_uids, mail->uid);
+	}
 	return 1;
 }
 

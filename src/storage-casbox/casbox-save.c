@@ -24,6 +24,8 @@
 #include "casbox-sync.h"
 #include "casbox-save.h"
 #include "casbox-spool.h"
+#include "casbox-store-safety.h"
+#include "mail-cache.h"
 
 /* Saved messages are held until commit (casbox-spool.h). Up to this
    many bytes per transaction stay in memory; the rest of a big message
@@ -38,6 +40,10 @@ struct casbox_save_mail {
 	/* copies: where the sealed metadata is read from at commit */
 	guid_128_t src_mailbox_guid;
 	uint32_t src_uid;
+	/* deliveries (LMTP, LDA) with casbox_duplicate_window: the key
+	   that tells a redelivery of the same message */
+	bool have_dup;
+	struct casbox_dup_key dup;
 };
 
 struct casbox_save_context {
@@ -269,6 +275,17 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 	return 0;
 }
 
+/* LMTP and LDA deliver; IMAP APPEND, COPY, dsync and doveadm save run in
+   other services and are never suppressed. */
+static bool casbox_save_is_delivery(struct casbox_save_context *ctx)
+{
+	const char *service = ctx->mbox->box.storage->user->service;
+
+	return ctx->mbox->storage->set.duplicate_window > 0 &&
+		service != NULL &&
+		(strcmp(service, "lmtp") == 0 || strcmp(service, "lda") == 0);
+}
+
 static int
 casbox_save_finish_mail(struct casbox_save_context *ctx,
 			struct casbox_save_mail *smail, uoff_t size)
@@ -310,9 +327,13 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 
 	if (casbox_storage_get_store(storage, &store) < 0)
 		return -1;
+	smail->have_dup = casbox_save_is_delivery(ctx);
 	if (casbox_store_open_keys(store, &error) < 0 ||
 	    casbox_save_split(ctx, store, smail->input, rec->physical_size,
-			      rec, &error) < 0) {
+			      rec, &error) < 0 ||
+	    (smail->have_dup &&
+	     casbox_dup_key_compute(casbox_store_get_keyring(store),
+				    smail->input, &smail->dup, &error) < 0)) {
 		mail_set_critical(_ctx->dest_mail, CASBOX_LOG_PREFIX"%s",
 				  error);
 		return -1;
@@ -562,6 +583,19 @@ static uint64_t casbox_save_modseq_bound(struct casbox_save_context *ctx)
 	return bound;
 }
 
+static void
+casbox_save_put_dup(struct casbox_store_txn *txn, struct casbox_mailbox *mbox,
+		    uint32_t uid, const struct casbox_save_mail *smail)
+{
+	struct casbox_dup_record drec;
+
+	i_zero(&drec);
+	drec.delivered = ioloop_time;
+	drec.uid = uid;
+	drec.guid = smail->rec.guid;
+	casbox_store_txn_dup_put(txn, mbox->mailbox_guid, &smail->dup, &drec);
+}
+
 /* Write every saved mail's blobs and record in one durable batch. */
 /* A full disk or filesystem quota is the user's "mailbox is full"
    (IMAP [OVERQUOTA], LMTP 452/552), as for sdbox; anything else is an
@@ -623,6 +657,8 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 			ret = casbox_save_add_msg(store, txn,
 						  mbox->mailbox_guid, uid,
 						  smail, &error);
+			if (ret == 0 && smail->have_dup)
+				casbox_save_put_dup(txn, mbox, uid, smail);
 			source_gone = ret < 0 && smail->input == NULL &&
 				errno == ENOENT;
 			/* a COPY of 100,000 mails is more than one batch;
@@ -707,11 +743,88 @@ static void casbox_save_event_fields(struct casbox_save_context *ctx)
 		      ctx->pack_bytes_before);
 }
 
+/* Is the delivery in ctx (one mail, as LMTP and LDA save) a redelivery
+   of a message this mailbox got less than casbox_duplicate_window ago?
+   Called under the index sync lock, which every save into the mailbox
+   holds from its dup lookup to its LSM commit: of two deliveries of one
+   message at once, the second sees the first's record. Returns the UID
+   of the first copy, 0 not a duplicate, -1 error. */
+static int64_t
+casbox_save_find_duplicate(struct casbox_save_context *ctx,
+			   const struct mail_index_header *hdr,
+			   struct casbox_dup_record *drec_r)
+{
+	struct casbox_mailbox *mbox = ctx->mbox;
+	const struct casbox_save_mail *smail;
+	struct casbox_msg_record rec;
+	const char *error;
+	int ret;
+
+	if (array_count(&ctx->mails) != 1)
+		return 0;
+	smail = array_front(&ctx->mails);
+	if (!smail->have_dup)
+		return 0;
+	ret = casbox_store_dup_lookup(mbox->storage->store, mbox->mailbox_guid,
+				      &smail->dup, pool_datastack_create(),
+				      drec_r, &error);
+	if (ret > 0 && drec_r->uid < hdr->next_uid) {
+		/* the UID is the first copy's, not one an orphan release
+		   handed out again */
+		ret = casbox_store_msg_lookup(mbox->storage->store,
+					      mbox->mailbox_guid, drec_r->uid,
+					      pool_datastack_create(), &rec,
+					      &error);
+		if (ret > 0 && strcmp(rec.guid, drec_r->guid) != 0)
+			return 0;
+		if (ret == 0)
+			ret = 1; /* expunged since: still a redelivery */
+	} else if (ret > 0) {
+		/* never acknowledged (its orphan release is due) */
+		return 0;
+	}
+	if (ret < 0) {
+		mailbox_set_critical(&mbox->box, CASBOX_LOG_PREFIX
+				     "Duplicate lookup failed: %s", error);
+		return -1;
+	}
+	if (ret == 0 || drec_r->delivered > ioloop_time ||
+	    ioloop_time - drec_r->delivered >=
+	    (time_t)mbox->storage->set.duplicate_window)
+		return 0;
+	return drec_r->uid;
+}
+
+/* Drop the (only, last) append of a duplicate delivery and report the
+   first copy's UID as the saved one, so LMTP answers 250 and a caller
+   that opens the saved mail (several recipients) gets the first copy. */
+static void
+casbox_save_suppress(struct casbox_save_context *ctx,
+		     const struct mail_index_header *hdr,
+		     const struct casbox_dup_record *drec)
+{
+	struct mailbox_transaction_context *_t = ctx->ctx.transaction;
+	const struct casbox_save_mail *smail = array_front(&ctx->mails);
+
+	e_info(ctx->mbox->box.event, CASBOX_LOG_PREFIX
+	       "Duplicate delivery suppressed: the same message was "
+	       "delivered as UID %u %ld s ago (casbox_duplicate_window "
+	       "= %u s)", drec->uid, (long)(ioloop_time - drec->delivered),
+	       ctx->mbox->storage->set.duplicate_window);
+	mail_index_expunge(ctx->trans, smail->seq);
+	mail_cache_transaction_reset(_t->cache_trans);
+	casbox_save_free_mails(ctx);
+	seq_range_array_add(&_t->changes->saved_uids, drec->uid);
+	_t->changes->uid_validity = hdr->uid_validity;
+	(void)casbox_sync_finish(&ctx->sync_ctx, FALSE);
+}
+
 int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct mailbox_transaction_context *_t = _ctx->transaction;
 	const struct mail_index_header *hdr;
+	int64_t dup_uid;
 
 	i_assert(ctx->finished);
 
@@ -728,6 +841,19 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	}
 
 	hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
+	T_BEGIN {
+		struct casbox_dup_record drec;
+
+		dup_uid = casbox_save_find_duplicate(ctx, hdr, &drec);
+		if (dup_uid > 0)
+			casbox_save_suppress(ctx, hdr, &drec);
+	} T_END;
+	if (dup_uid < 0) {
+		casbox_transaction_save_rollback(_ctx);
+		return -1;
+	}
+	if (dup_uid > 0)
+		return 0;
 	mail_index_append_finish_uids(ctx->trans, hdr->next_uid,
 				      &_t->changes->saved_uids);
 	if (casbox_save_write_records(ctx, hdr,

@@ -40,6 +40,23 @@ casbox_setting_uint(struct mail_user *user, const char *name,
 	return 0;
 }
 
+/* Dovecot time units (s, min, h, d, w); a bare number is seconds. */
+static int
+casbox_setting_time(struct mail_user *user, const char *name,
+		    unsigned int *secs, const char **error_r)
+{
+	const char *value = mail_user_plugin_getenv(user, name);
+	const char *error;
+
+	if (value == NULL || *value == '\0')
+		return 0;
+	if (settings_get_time(value, secs, &error) < 0) {
+		*error_r = t_strdup_printf("%s: %s", name, error);
+		return -1;
+	}
+	return 0;
+}
+
 int casbox_settings_read(struct mail_user *user, pool_t pool,
 			 struct casbox_settings *set_r,
 			 const char **error_r)
@@ -78,7 +95,11 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	    casbox_setting_size(user, "casbox_lsm_wal_size",
 				&set_r->lsm_wal_size, error_r) < 0 ||
 	    casbox_setting_uint(user, "casbox_gc_dead_ratio",
-				&set_r->gc_dead_ratio, error_r) < 0)
+				&set_r->gc_dead_ratio, error_r) < 0 ||
+	    casbox_setting_time(user, "casbox_duplicate_window",
+				&set_r->duplicate_window, error_r) < 0 ||
+	    casbox_setting_time(user, "casbox_expunge_retention",
+				&set_r->expunge_retention, error_r) < 0)
 		return -1;
 	set_r->zstd_level = (int)level;
 	return casbox_settings_check(set_r, error_r);

@@ -28,6 +28,8 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	set_r->pack_size = src->pack_size;
 	set_r->lsm_wal_size = src->lsm_wal_size;
 	set_r->gc_dead_ratio = src->gc_dead_ratio;
+	set_r->duplicate_window = src->duplicate_window;
+	set_r->expunge_retention = src->expunge_retention;
 }
 
 int casbox_settings_read(struct mail_user *user, pool_t pool,

@@ -15,6 +15,14 @@ struct mail_user;
    WAL flushes into a table much sooner than the LSM's own default (4 MiB,
    LevelDB's write buffer), which suits one long-lived handle. */
 #define CASBOX_DEFAULT_LSM_WAL_SIZE (256 * 1024)
+/* LMTP/LDA deliveries of a message already delivered to the same
+   mailbox this recently are acknowledged without a second copy
+   (doc/casbox-storage.md, "Duplicate deliveries"): one day covers an
+   MTA's retries after a lost reply. */
+#define CASBOX_DEFAULT_DUPLICATE_WINDOW (24 * 60 * 60)
+/* Expunged mail stays restorable this long (0 = released at once, as
+   before): off by default, since it keeps deleted mail on disk. */
+#define CASBOX_DEFAULT_EXPUNGE_RETENTION 0
 
 struct casbox_settings {
 	/* Path of the user's key file (%-variables already expanded by
@@ -41,6 +49,10 @@ struct casbox_settings {
 	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
 	   are then parsed from the (encrypted) blobs when asked for. */
 	bool cache_plaintext;
+	/* casbox_duplicate_window, seconds (0 = no duplicate suppression) */
+	unsigned int duplicate_window;
+	/* casbox_expunge_retention, seconds (0 = expunges release at once) */
+	unsigned int expunge_retention;
 	/* Not a setting: the event the store's named events (LSM flush
 	   and compaction, doc/events.md) are children of, set by whoever
 	   opens the store (the storage's event, doveadm's command event).
@@ -68,6 +80,8 @@ static inline void casbox_settings_defaults(struct casbox_settings *set_r)
 	set_r->pack_size = CASBOX_DEFAULT_PACK_SIZE;
 	set_r->lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE;
 	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
+	set_r->duplicate_window = CASBOX_DEFAULT_DUPLICATE_WINDOW;
+	set_r->expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION;
 }
 /* The key settings as cas-keymode.h takes them (inline: the store
    code uses it without linking lib-storage). */

@@ -54,6 +54,10 @@ struct casbox_mailbox {
 	/* the GUID the mailbox shows (metadata, dsync); never empty once
 	   the mailbox is open */
 	guid_128_t public_guid;
+	/* UIDs this process moved out with MOVE (casbox-copy.c): their
+	   expunges release the records instead of retaining them, since
+	   the mail lives on in the destination */
+	ARRAY_TYPE(seq_range) moved_uids;
 };
 
 #define CASBOX_STORAGE(s) (container_of(s, struct casbox_storage, storage))

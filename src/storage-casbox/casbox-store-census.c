@@ -8,6 +8,7 @@
 #include "casbox-lsm.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
+#include "casbox-store-safety.h"
 #include "casbox-store-quarantine.h"
 
 #include <dirent.h>
@@ -107,6 +108,37 @@ casbox_census_message(struct casbox_census *census,
 		blob->counted++;
 		census->referenced_plain_bytes += part->size;
 	}
+}
+
+/* A retained message (undelete window) references its blobs as a
+   message record does, but is not mail the user sees. */
+static void
+casbox_census_retained(struct casbox_census *census,
+		       const unsigned char *key, size_t key_size,
+		       const unsigned char *value, size_t value_size,
+		       casbox_census_damage_callback_t *damage, void *context)
+{
+	struct casbox_retained_record rec;
+	const struct casbox_msg_part *part;
+	guid_128_t guid;
+	const char *error;
+	uint32_t uid;
+
+	if (casbox_key_retained_parse(key, key_size, guid, &uid) < 0 ||
+	    casbox_retained_record_import(value, value_size,
+					  pool_datastack_create(), &rec,
+					  &error) < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed retained record");
+		return;
+	}
+	census->retained_messages++;
+	census->retained_bytes += rec.msg.physical_size;
+	array_foreach(&rec.msg.parts, part)
+		casbox_census_blob_get(census, &part->id)->counted++;
 }
 
 static void
@@ -254,6 +286,9 @@ int casbox_census_build(struct casbox_store *store,
 		} else if (key[0] == CASBOX_KEY_BLOB) {
 			casbox_census_blob(census, key, key_size, value,
 					   value_size, damage, context);
+		} else if (key[0] == CASBOX_KEY_RETAINED) {
+			casbox_census_retained(census, key, key_size, value,
+					       value_size, damage, context);
 		} else if (key[0] == CASBOX_KEY_QUARANTINE) {
 			casbox_census_quarantine(census, key, key_size, value,
 						 value_size, damage, context);

@@ -76,6 +76,9 @@ struct casbox_census {
 	uint64_t logical_bytes;
 	/* sum of part sizes over all message records (before dedup) */
 	uint64_t referenced_plain_bytes;
+	/* retained (expunged, restorable) messages and their sizes; their
+	   parts count as references (counted) but not in the above */
+	uint64_t retained_messages, retained_bytes;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_census_blob *) blobs;
 	ARRAY(struct casbox_census_blob *) blob_list;
 	HASH_TABLE(struct casbox_census_loc *,

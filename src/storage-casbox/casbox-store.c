@@ -13,6 +13,7 @@
 #include "casbox-settings.h"
 #include "casbox-recovery.h"
 #include "casbox-store.h"
+#include "casbox-store-safety.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -1269,6 +1270,85 @@ int casbox_store_txn_expunge(struct casbox_store_txn *txn,
 		return -1;
 	casbox_lsm_batch_delete(txn->batch, key->data, key->used);
 	return 0;
+}
+
+/* The retained record at key, if any, with its references released.
+   Returns 0 ok, -1 error. */
+static int
+casbox_store_txn_drop_retained(struct casbox_store_txn *txn,
+			       const buffer_t *key, const char **error_r)
+{
+	struct casbox_retained_record old;
+	buffer_t *value = t_buffer_create(256);
+	int ret;
+
+	ret = casbox_store_lsm_get(txn->store, key, value, FALSE, error_r);
+	if (ret <= 0)
+		return ret;
+	if (casbox_retained_record_import(value->data, value->used,
+					  pool_datastack_create(), &old,
+					  error_r) < 0 ||
+	    casbox_store_txn_unref_parts(txn, &old.msg, error_r) < 0)
+		return -1;
+	casbox_lsm_batch_delete(txn->batch, key->data, key->used);
+	return 0;
+}
+
+int casbox_store_txn_retain(struct casbox_store_txn *txn,
+			    const guid_128_t mailbox_guid, uint32_t uid,
+			    const char *mailbox_name, time_t expunged,
+			    const char **error_r)
+{
+	struct casbox_retained_record rrec;
+	struct casbox_msg_record rec;
+	buffer_t *key, *xkey, *value;
+	int ret;
+
+	key = t_buffer_create(32);
+	casbox_key_message(key, mailbox_guid, uid);
+	ret = casbox_store_txn_get_msg(txn, key, &rec, error_r);
+	if (ret <= 0)
+		return ret;
+	if (casbox_store_msg_overlay_flags(txn->store, mailbox_guid, uid,
+					   pool_datastack_create(), &rec,
+					   error_r) < 0)
+		return -1;
+	xkey = t_buffer_create(32);
+	casbox_key_retained(xkey, mailbox_guid, uid);
+	if (casbox_store_txn_drop_retained(txn, xkey, error_r) < 0 ||
+	    casbox_store_txn_drop_flags(txn, mailbox_guid, uid, error_r) < 0)
+		return -1;
+	i_zero(&rrec);
+	rrec.expunged = expunged;
+	rrec.mailbox_name = mailbox_name;
+	casbox_msg_record_dup_lean(pool_datastack_create(), &rec, &rrec.msg);
+	value = t_buffer_create(256);
+	casbox_retained_record_export(&rrec, value);
+	casbox_lsm_batch_put(txn->batch, xkey->data, xkey->used,
+			     value->data, value->used);
+	casbox_lsm_batch_delete(txn->batch, key->data, key->used);
+	return 0;
+}
+
+int casbox_store_txn_release_retained(struct casbox_store_txn *txn,
+				      const guid_128_t mailbox_guid,
+				      uint32_t uid, const char **error_r)
+{
+	buffer_t *key = t_buffer_create(32);
+
+	casbox_key_retained(key, mailbox_guid, uid);
+	return casbox_store_txn_drop_retained(txn, key, error_r);
+}
+
+struct casbox_lsm_batch *
+casbox_store_txn_get_batch(struct casbox_store_txn *txn)
+{
+	return txn->batch;
+}
+
+struct casbox_store *casbox_store_txn_get_store(struct casbox_store_txn *txn)
+{
+	return txn->store;
 }
 
 int casbox_store_txn_update_flags(struct casbox_store_txn *txn,

@@ -176,6 +176,24 @@ void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
 int casbox_store_txn_expunge(struct casbox_store_txn *txn,
 			     const guid_128_t mailbox_guid, uint32_t uid,
 			     const char **error_r);
+/* Move a message record (with its flag record applied, without its
+   sealed metadata) to a retained record ('x', casbox-store-safety.h)
+   expunged at the given time, keeping its blobs' references: an expunge
+   inside casbox_expunge_retention. A retained record already under the
+   key (a rebuild from the packs resurrected and re-expunged the UID) is
+   released first. Missing is ok. */
+int casbox_store_txn_retain(struct casbox_store_txn *txn,
+			    const guid_128_t mailbox_guid, uint32_t uid,
+			    const char *mailbox_name, time_t expunged,
+			    const char **error_r);
+/* Remove a retained record and release its blobs. Missing is ok. */
+int casbox_store_txn_release_retained(struct casbox_store_txn *txn,
+				      const guid_128_t mailbox_guid,
+				      uint32_t uid, const char **error_r);
+/* For the record modules beside this one (casbox-store-safety.c). */
+struct casbox_lsm_batch *
+casbox_store_txn_get_batch(struct casbox_store_txn *txn);
+struct casbox_store *casbox_store_txn_get_store(struct casbox_store_txn *txn);
 /* Mirror the index's flags/keywords/modseq of a message that has a
    record: into its flag record (a few dozen bytes), not the message
    record. A message without a record is skipped (returns 0). */

@@ -7,10 +7,12 @@
 #include "lib.h"
 #include "casbox-storage.h"
 #include "array.h"
+#include "ioloop.h"
 #include "mail-index-modseq.h"
 #include "mailbox-recent-flags.h"
 #include "casbox-plugin.h"
 #include "casbox-store.h"
+#include "casbox-store-safety.h"
 #include "casbox-sync.h"
 #include "casbox-sync-rebuild.h"
 
@@ -199,6 +201,12 @@ casbox_sync_release_uids(struct casbox_mailbox *mbox, uint32_t next_uid,
 				ret = -1;
 		} T_END_PASS_STR_IF(ret < 0, error_r);
 	}
+	/* their deliveries were never acknowledged: a retry is no
+	   duplicate */
+	if (ret == 0 && array_count(&uids) > 0 &&
+	    casbox_store_txn_dup_release_from(txn, mbox->mailbox_guid,
+					      next_uid, error_r) < 0)
+		ret = -1;
 	if (ret < 0 || array_count(&uids) == 0) {
 		casbox_store_txn_rollback(&txn);
 		return ret;
@@ -378,6 +386,25 @@ casbox_sync_mirror_flags(struct casbox_sync_context *ctx,
 	return ret;
 }
 
+/* An expunge inside casbox_expunge_retention keeps the message as a
+   retained record (undelete), unless this process moved it out. */
+static int
+casbox_sync_expunge_one(struct casbox_mailbox *mbox,
+			struct casbox_store_txn *txn, uint32_t uid,
+			const char **error_r)
+{
+	bool moved = array_is_created(&mbox->moved_uids) &&
+		seq_range_array_remove(&mbox->moved_uids, uid);
+
+	if (mbox->storage->set.expunge_retention == 0 || moved) {
+		return casbox_store_txn_expunge(txn, mbox->mailbox_guid, uid,
+						error_r);
+	}
+	return casbox_store_txn_retain(txn, mbox->mailbox_guid, uid,
+				       mailbox_get_vname(&mbox->box),
+				       ioloop_time, error_r);
+}
+
 /* After the index commit: release expunged messages' records and blobs,
    and mirror changed flags. */
 static int casbox_sync_update_store(struct casbox_sync_context *ctx)
@@ -407,8 +434,8 @@ static int casbox_sync_update_store(struct casbox_sync_context *ctx)
 	seq_range_array_iter_init(&iter, &ctx->expunged_uids);
 	while (ret == 0 && seq_range_array_iter_nth(&iter, n++, &uid)) {
 		T_BEGIN {
-			ret = casbox_store_txn_expunge(txn,
-				mbox->mailbox_guid, uid, &error);
+			ret = casbox_sync_expunge_one(mbox, txn, uid,
+						      &error);
 			if (ret == 0 &&
 			    casbox_store_txn_checkpoint(txn, &error) < 0)
 				ret = -1;

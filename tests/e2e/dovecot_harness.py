@@ -305,6 +305,12 @@ class Dovecot:
         self.mail_plugins = list(mail_plugins if mail_plugins is not None
                                  else ["casbox"])
         self.plugin_settings = dict(plugin_settings or {})
+        if "casbox" in self.mail_plugins and modules == "build":
+            # Duplicate-delivery suppression is on by default (1d); most
+            # tests deliver the same corpus message more than once on
+            # purpose (dedup, crash and rebuild tests) and count copies.
+            # Tests of the suppression set it themselves.
+            self.plugin_settings.setdefault("casbox_duplicate_window", "0")
         self.extra_conf = extra_conf
         # lines inside passdb {}, e.g. override_fields to hand the login
         # password to the mail process (casbox_key_mode = password)

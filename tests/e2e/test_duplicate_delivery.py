@@ -1,0 +1,188 @@
+"""casbox_duplicate_window: an LMTP redelivery of a message the mailbox
+already got is acknowledged (250) without a second copy; a log line says
+so. IMAP APPEND and COPY are never suppressed, another recipient gets
+its own copy, the same Message-ID with another body is stored, two LMTP
+sessions delivering one message at once store one copy, and after the
+window a redelivery is stored again (doc/casbox-storage.md, "Duplicate
+deliveries")."""
+
+import os
+import smtplib
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import (Dovecot, files_under, is_dovecot24,  # noqa
+                             lmtp_send, ok)
+
+SETTINGS = {"casbox_key_file": "%h/casbox.key",
+            "casbox_key_autocreate": "yes",
+            "casbox_duplicate_window": "1d"}
+SUPPRESSED = r"Duplicate delivery suppressed"
+
+
+def message(n, body=None, msgid=None):
+    msgid = msgid or "<dup-%d@example.com>" % n
+    body = body or "Body of message %d, written once.\r\n" % n
+    return ("From: a@example.com\r\nTo: user1@example.com\r\n"
+            "Subject: dup test %d\r\nMessage-ID: %s\r\n"
+            "Date: Mon, 30 Nov 2026 10:00:00 +0000\r\n\r\n%s"
+            % (n, msgid, body)).encode()
+
+
+def with_received(msg, hop):
+    """msg as a second MTA route hands it over: one more trace field."""
+    return (b"Received: from mta%d.example.net by mx.example.com; "
+            b"Mon, 30 Nov 2026 10:0%d:00 +0000\r\n" % (hop, hop)) + msg
+
+
+def fetch_bodies(dc, user, mailbox="INBOX"):
+    imap = dc.imap_login(user)
+    ok(imap.select(mailbox))
+    typ, data = imap.uid("FETCH", "1:*", "(BODY.PEEK[TEXT])")
+    imap.logout()
+    return [item[1] for item in data if isinstance(item, tuple)]
+
+
+def deliver_lost_reply(dc, user, msg):
+    """Hand msg to LMTP and hang up before reading the reply to DATA
+    (the sender's timeout): the message is saved, the sender does not
+    know it."""
+    lmtp = smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=60)
+    lmtp.ehlo()
+    lmtp.mail("sender@example.com")
+    lmtp.rcpt(user)
+    if is_dovecot24():
+        lmtp.send(b"BDAT %d LAST\r\n" % len(msg) + msg)
+    else:
+        code, _ = lmtp.docmd("DATA")
+        assert code == 354, code
+        lmtp.send(msg + b".\r\n")
+    lmtp.close()
+
+
+def deliver_two(dc, users, msg):
+    """One LMTP transaction for several recipients; their reply codes."""
+    with smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=60) as lmtp:
+        lmtp.ehlo()
+        lmtp.mail("s@example.com")
+        for user in users:
+            assert lmtp.rcpt(user)[0] == 250
+        if is_dovecot24():
+            lmtp.send(b"BDAT %d LAST\r\n" % len(msg) + msg)
+        else:
+            assert lmtp.docmd("DATA")[0] == 354
+            lmtp.send(msg + b".\r\n")
+        return [lmtp.getreply()[0] for _ in users]
+
+
+class DuplicateDeliveryTest(unittest.TestCase):
+
+    def test_redelivery_suppressed(self):
+        with Dovecot(plugin_settings=SETTINGS) as dc:
+            m1 = message(1)
+            deliver_lost_reply(dc, "user1", m1)
+            self.assertIsNotNone(dc.wait_log(r"saved mail to INBOX"))
+            # the retry, through another hop of the sender's MTA
+            dc.lmtp_deliver("user1", with_received(m1, 2))
+            self.assertIsNotNone(dc.wait_log(SUPPRESSED))
+            dc.lmtp_deliver("user1", m1)
+            self.assertEqual(dc.wait_log_count(SUPPRESSED, 2), 2)
+            bodies = fetch_bodies(dc, "user1")
+            self.assertEqual(bodies, [m1.split(b"\r\n\r\n", 1)[1]])
+
+            # same Message-ID, another body: not a redelivery
+            m2 = message(1, body="A different body.\r\n")
+            dc.lmtp_deliver("user1", m2)
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
+
+            # IMAP APPEND and COPY of the same bytes are stored
+            imap = dc.imap_login("user1")
+            ok(imap.append("INBOX", None, None, m1))
+            ok(imap.select("INBOX"))
+            ok(imap.uid("COPY", "1", "INBOX"))
+            imap.logout()
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 4)
+            self.assertEqual(dc.wait_log_count(SUPPRESSED, 2), 2)
+
+            # the key is a MAC: no Message-ID under the root
+            root = os.path.join(dc.home("user1"), "casbox")
+            for path in files_under(root):
+                with open(path, "rb") as f:
+                    self.assertNotIn(b"dup-1@example.com", f.read(), path)
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_recipients_and_mailboxes(self):
+        with Dovecot(plugin_settings=SETTINGS) as dc:
+            m = message(3)
+            # two recipients in one transaction: the second gets a copy
+            # of the first saved mail (save_dest_mail in lib-lda)
+            for _ in range(2):
+                self.assertEqual(deliver_two(dc, ["user1", "user2"], m),
+                                 [250, 250])
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 1)
+            self.assertEqual(len(fetch_bodies(dc, "user2")), 1)
+            self.assertEqual(dc.wait_log_count(SUPPRESSED, 2), 2)
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_concurrent_deliveries_store_one_copy(self):
+        with Dovecot(plugin_settings=SETTINGS) as dc:
+            rounds = 6
+            for n in range(rounds):
+                m = message(100 + n)
+                barrier = threading.Barrier(2)
+                errors = []
+
+                def send(msg=m):
+                    try:
+                        with smtplib.LMTP("127.0.0.1", dc.lmtp_port,
+                                          timeout=60) as lmtp:
+                            lmtp.ehlo()
+                            barrier.wait()
+                            refused = lmtp_send(lmtp, "s@example.com",
+                                                "user1", msg)
+                            if refused:
+                                errors.append(refused)
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(e)
+                threads = [threading.Thread(target=send) for _ in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                self.assertEqual(errors, [])
+            bodies = fetch_bodies(dc, "user1")
+            self.assertEqual(len(bodies), rounds)
+            self.assertEqual(len(set(bodies)), rounds)
+            self.assertEqual(dc.wait_log_count(SUPPRESSED, rounds), rounds)
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_window_expiry(self):
+        settings = dict(SETTINGS, casbox_duplicate_window="2s")
+        with Dovecot(plugin_settings=settings) as dc:
+            m = message(7)
+            dc.lmtp_deliver("user1", m)
+            first = time.time()
+            dc.lmtp_deliver("user1", m)
+            self.assertIsNotNone(dc.wait_log(SUPPRESSED))
+            # what is tested is the clock passing the window, not an
+            # event to wait for: the next second boundary after it
+            while time.time() < int(first) + 3:
+                time.sleep(0.1)
+            dc.lmtp_deliver("user1", m)
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
+            self.assertEqual(dc.wait_log_count(SUPPRESSED, 1), 1)
+
+    def test_off(self):
+        settings = dict(SETTINGS, casbox_duplicate_window="0")
+        with Dovecot(plugin_settings=settings) as dc:
+            m = message(9)
+            dc.lmtp_deliver_many("user1", [m, m])
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
+            self.assertNotIn("Duplicate delivery", dc.log_text())
+
+
+if __name__ == "__main__":
+    unittest.main()
