@@ -102,6 +102,10 @@ static void casbox_stats_print(struct casbox_admin *adm,
 	doveadm_print_num(casbox_admin_dir_size(
 		t_strconcat(adm->root_dir, "/lsm", NULL)));
 	doveadm_print(casbox_stats_wrap_key_ids(census));
+	/* expunged mail kept for undelete: not in messages/logical_bytes
+	   (nor in quota), but its blobs are in stored_bytes */
+	doveadm_print_num(census->retained_messages);
+	doveadm_print_num(census->retained_bytes);
 }
 
 static int
@@ -151,7 +155,8 @@ static void cmd_casbox_stats_init(struct doveadm_mail_cmd_context *ctx
 	static const char *const fields[] = {
 		"messages", "logical_bytes", "stored_bytes", "unique_blobs",
 		"dedup_ratio", "compression_ratio", "packs", "dead_ratio",
-		"lsm_bytes", "wrap_key_ids",
+		"lsm_bytes", "wrap_key_ids", "retained_messages",
+		"retained_bytes",
 	};
 	unsigned int i;
 

@@ -123,6 +123,7 @@ int casbox_admin_set_keyword(struct mail_user *user, const char *keyword,
 struct doveadm_mail_cmd_context *cmd_casbox_stats_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_undelete_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void);

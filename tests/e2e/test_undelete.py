@@ -1,0 +1,285 @@
+"""casbox_expunge_retention and doveadm casbox undelete: expunged mail
+stays restorable for the window; undelete restores it byte-exact with
+its flags (but \\Deleted), keywords, dates and GUID under new UIDs, into
+its mailbox (recreated after a DELETE) or --to another; gc during the
+window keeps it, after the window releases and reclaims it; MOVE leaves
+nothing retained; stats shows retained bytes apart from the user's; a
+kill -9 in the middle of an undelete loses and duplicates nothing; with
+Dovecot's lazy_expunge both nets hold the mail (doc/casbox-storage.md,
+"Undelete window")."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dovecot_harness import (Dovecot, corpus_files, ok,  # noqa: E402
+                             skip_unless_dovecot23)
+
+KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+RETAIN = dict(KEYS, casbox_expunge_retention="1d")
+
+
+def table(dc, *args):
+    res = dc.doveadm("-f", "tab", "casbox", *args)
+    lines = res.stdout.rstrip("\n").split("\n")
+    if lines == [""]:
+        return []
+    return [dict(zip(lines[0].split("\t"), ln.split("\t")))
+            for ln in lines[1:]]
+
+
+def corpus(n, step=37):
+    msgs = []
+    for path in corpus_files("usrp-users-3000", limit=n, step=step):
+        with open(path, "rb") as f:
+            msgs.append(f.read())
+    return msgs
+
+
+def fetch(dc, user, mailbox="INBOX"):
+    """{uid: (guid, flags, internaldate, BODY[])} of a mailbox."""
+    imap = dc.imap_login(user)
+    ok(imap.select(mailbox))
+    data = ok(imap.uid("FETCH", "1:*", "(UID FLAGS INTERNALDATE "
+                       "BODY.PEEK[])"))
+    imap.logout()
+    res = dc.doveadm("-f", "tab", "fetch", "-u", user, "uid guid",
+                     "mailbox", mailbox)
+    guids = {}
+    for ln in res.stdout.strip().split("\n")[1:]:
+        if ln:
+            uid, guid = ln.split("\t")
+            guids[int(uid)] = guid
+    out = {}
+    for item in data:
+        if not isinstance(item, tuple):
+            continue
+        head = item[0].decode()
+        uid = int(head.split("UID ")[1].split()[0])
+        flags = head.split("FLAGS (")[1].split(")")[0].split()
+        date = head.split('INTERNALDATE "')[1].split('"')[0]
+        out[uid] = (guids.get(uid), sorted(f for f in flags
+                                           if f != "\\Recent"),
+                    date, item[1])
+    return out
+
+
+def lf_size(body):
+    """The physical size casbox stores (LF line ends, as sdbox)."""
+    return len(body.replace(b"\r\n", b"\n"))
+
+
+def expunge(dc, user, uids, mailbox="INBOX"):
+    imap = dc.imap_login(user)
+    ok(imap.select(mailbox))
+    ok(imap.uid("STORE", ",".join(map(str, uids)), "+FLAGS",
+                "(\\Deleted)"))
+    ok(imap.expunge())
+    imap.logout()
+
+
+def stats(dc, user):
+    return table(dc, "stats", "-u", user)[0]
+
+
+class UndeleteTest(unittest.TestCase):
+
+    def test_expunge_then_undelete(self):
+        msgs = corpus(6)
+        with Dovecot(plugin_settings=RETAIN) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            ok(imap.uid("STORE", "2", "+FLAGS", "(\\Seen \\Flagged)"))
+            ok(imap.uid("STORE", "3", "+FLAGS", "($Important)"))
+            imap.logout()
+            before = fetch(dc, "user1")
+            expunge(dc, "user1", [2, 3, 5])
+            self.assertEqual(sorted(fetch(dc, "user1")), [1, 4, 6])
+
+            listed = table(dc, "undelete", "-u", "user1", "--list")
+            self.assertEqual(sorted(int(r["uid"]) for r in listed),
+                             [2, 3, 5])
+            self.assertEqual({r["mailbox"] for r in listed}, {"INBOX"})
+            self.assertEqual({r["guid"] for r in listed},
+                             {before[u][0] for u in (2, 3, 5)})
+            s = stats(dc, "user1")
+            self.assertEqual(s["messages"], "3")
+            self.assertEqual(s["retained_messages"], "3")
+            self.assertEqual(int(s["retained_bytes"]),
+                             sum(lf_size(before[u][3]) for u in (2, 3, 5)))
+
+            # gc inside the window keeps them
+            gc = table(dc, "gc", "-u", "user1")[0]
+            self.assertEqual(gc["retained_released"], "0")
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+            done = table(dc, "undelete", "-u", "user1")
+            self.assertEqual(sorted(int(r["uid"]) for r in done),
+                             [2, 3, 5])
+            self.assertEqual({r["result"] for r in done}, {"restored"})
+            after = fetch(dc, "user1")
+            self.assertEqual(len(after), 6)
+            new = {after[u][0]: after[u] for u in after
+                   if u not in (1, 4, 6)}
+            self.assertTrue(all(u > 6 for u in after
+                                if u not in (1, 4, 6)))
+            for u in (2, 3, 5):
+                guid, flags, date, body = before[u]
+                self.assertIn(guid, new)
+                self.assertEqual(new[guid][3], body)
+                self.assertEqual(new[guid][2], date)
+                self.assertEqual(new[guid][1],
+                                 [f for f in flags if f != "\\Deleted"])
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            self.assertEqual(stats(dc, "user1")["retained_messages"], "0")
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_window_passes_gc_reclaims(self):
+        msgs = corpus(8)
+        with Dovecot(plugin_settings=dict(
+                KEYS, casbox_expunge_retention="2s")) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            size = sum(lf_size(v[3]) for v in fetch(dc, "user1").values())
+            expunge(dc, "user1", list(range(1, 9)))
+            start = time.time()
+            self.assertEqual(len(table(dc, "undelete", "-u", "user1",
+                                       "--list")), 8)
+            # the clock passing the window is what is tested
+            while time.time() < int(start) + 3:
+                time.sleep(0.1)
+            gc = table(dc, "gc", "-u", "user1")[0]
+            self.assertEqual(gc["retained_released"], "8")
+            self.assertEqual(int(gc["retained_bytes_released"]), size)
+            self.assertGreater(int(gc["bytes_reclaimed"]), 0)
+            s = stats(dc, "user1")
+            self.assertEqual(s["retained_messages"], "0")
+            self.assertEqual(s["unique_blobs"], "0")
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_off_move_and_filters(self):
+        msgs = corpus(4)
+        with Dovecot(plugin_settings=KEYS) as dc:
+            # casbox_expunge_retention = 0 (default): as before
+            dc.lmtp_deliver_many("user1", msgs[:1])
+            expunge(dc, "user1", [1])
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+        with Dovecot(plugin_settings=RETAIN) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.create("Work"))
+            ok(imap.select("INBOX"))
+            ok(imap.uid("MOVE", "1", "Work"))
+            imap.logout()
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            before = fetch(dc, "user1")
+            expunge(dc, "user1", [2, 3])
+            for opt in (["--before", "2000-01-01"], ["--since", "1d"],
+                        ["--mailbox", "Work"],
+                        ["--since", str(int(time.time()) + 3600)]):
+                n = len(table(dc, "undelete", "-u", "user1", "--list",
+                              *opt))
+                self.assertEqual(n, 2 if opt[1] == "1d" else 0, opt)
+            # one by GUID, into another mailbox
+            done = table(dc, "undelete", "-u", "user1", "--to",
+                         "Restored", before[3][0])
+            self.assertEqual([r["restored_to"] for r in done],
+                             ["Restored"])
+            got = fetch(dc, "user1", "Restored")
+            self.assertEqual([v[3] for v in got.values()], [before[3][3]])
+            self.assertEqual(len(table(dc, "undelete", "-u", "user1",
+                                       "--list")), 1)
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_deleted_mailbox(self):
+        msgs = corpus(3)
+        with Dovecot(plugin_settings=RETAIN) as dc:
+            imap = dc.imap_login("user1")
+            ok(imap.create("Work"))
+            for m in msgs:
+                ok(imap.append("Work", "(\\Seen)", None, m))
+            imap.logout()
+            before = fetch(dc, "user1", "Work")
+            imap = dc.imap_login("user1")
+            ok(imap.delete("Work"))
+            imap.logout()
+            listed = table(dc, "undelete", "-u", "user1", "--list")
+            self.assertEqual([r["mailbox"] for r in listed], ["Work"] * 3)
+            table(dc, "undelete", "-u", "user1", "--mailbox", "Work")
+            after = fetch(dc, "user1", "Work")
+            self.assertEqual(sorted(v[3] for v in after.values()),
+                             sorted(v[3] for v in before.values()))
+            self.assertEqual({tuple(v[1]) for v in after.values()},
+                             {("\\Seen",)})
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+    def test_kill9_during_undelete(self):
+        msgs = corpus(60, step=11)
+        with Dovecot(plugin_settings=RETAIN) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            before = fetch(dc, "user1")
+            expunge(dc, "user1", sorted(before))
+            proc = subprocess.Popen(dc.doveadm_command(
+                "casbox", "undelete", "-u", "user1"),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+            # kill once the first restored message is visible
+            restored = 0
+            while proc.poll() is None and restored == 0:
+                restored = len(fetch(dc, "user1"))
+            killed = proc.poll() is None
+            if killed:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            table(dc, "undelete", "-u", "user1")
+            after = fetch(dc, "user1")
+            self.assertEqual(sorted(v[0] for v in after.values()),
+                             sorted(v[0] for v in before.values()))
+            self.assertEqual(sorted(v[3] for v in after.values()),
+                             sorted(v[3] for v in before.values()))
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            self.assertEqual(dc.casbox_audit("user1"), [])
+            print("killed mid-run: %s" % killed, file=sys.stderr)
+
+    @skip_unless_dovecot23("the harness writes lazy_expunge's 2.3 "
+                           "setting only (2.4: lazy_expunge_mailbox)")
+    def test_with_lazy_expunge(self):
+        msgs = corpus(3)
+        settings = dict(RETAIN, lazy_expunge=".EXPUNGED")
+        with Dovecot(plugin_settings=settings,
+                     mail_plugins=["casbox", "lazy_expunge"]) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            before = fetch(dc, "user1")
+            expunge(dc, "user1", [1, 2])
+            lazy = fetch(dc, "user1", ".EXPUNGED")
+            self.assertEqual(sorted(v[3] for v in lazy.values()),
+                             sorted(before[u][3] for u in (1, 2)))
+            # lazy_expunge moves the mail there: nothing to retain
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            # what is expunged from its mailbox is retained: a second
+            # net behind lazy_expunge's
+            expunge(dc, "user1", sorted(lazy), ".EXPUNGED")
+            self.assertEqual(fetch(dc, "user1", ".EXPUNGED"), {})
+            listed = table(dc, "undelete", "-u", "user1", "--list")
+            self.assertEqual([r["mailbox"] for r in listed],
+                             [".EXPUNGED"] * 2)
+            table(dc, "undelete", "-u", "user1", "--to", "INBOX")
+            self.assertEqual(sorted(v[3] for v in fetch(
+                dc, "user1").values()), sorted(v[3] for v in
+                                               before.values()))
+            self.assertEqual(dc.casbox_audit("user1"), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
