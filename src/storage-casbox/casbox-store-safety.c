@@ -205,8 +205,17 @@ void casbox_retained_record_export(const struct casbox_retained_record *rec,
 {
 	wr_u8(dest, CASBOX_SAFETY_RECORD_VERSION);
 	wr_u64(dest, (uint64_t)rec->expunged);
+	size_t len_pos, start;
+
 	wr_str16(dest, rec->mailbox_name);
+	/* the message record's optional tails make its end ambiguous: a
+	   length lets a truncated record fail */
+	len_pos = dest->used;
+	wr_u32(dest, 0);
+	start = dest->used;
 	casbox_msg_record_export(&rec->msg, dest);
+	cpu32_to_be_unaligned(dest->used - start,
+			      buffer_get_space_unsafe(dest, len_pos, 4));
 }
 
 int casbox_retained_record_import(const void *data, size_t size,
@@ -218,6 +227,7 @@ int casbox_retained_record_import(const void *data, size_t size,
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
 	uint8_t version;
+	uint32_t len;
 
 	i_zero(rec_r);
 	version = rd_u8(&rd, "version");
@@ -225,6 +235,9 @@ int casbox_retained_record_import(const void *data, size_t size,
 		rd.error = t_strdup_printf("unknown version %u", version);
 	rec_r->expunged = (time_t)rd_u64(&rd, "expunged");
 	rec_r->mailbox_name = rd_str16(&rd, pool, "mailbox name");
+	len = rd_u32(&rd, "message record length");
+	if (rd.error == NULL && (size_t)(rd.end - rd.p) != len)
+		rd.error = "message record length mismatch";
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("retained record: ", rd.error, NULL);
 		return -1;

@@ -10,8 +10,9 @@
                                             u32 uid | u16 len | GUID string
    'x' | mailbox guid (16) | uid (u32)      u8 version (1) | i64 expunged |
                                             u16 len | mailbox name |
-                                            message record ('m' value, with
-                                            the flag record applied)
+                                            u32 len | message record ('m'
+                                            value, the flag record applied,
+                                            no sealed metadata)
 
    The dup key is a keyed BLAKE2b-256 (the blob-id key, which LMTP has in
    both key modes) of "casbox-dup1" NUL, then the message without its trace

@@ -251,6 +251,43 @@ class UndeleteTest(unittest.TestCase):
             self.assertEqual(dc.casbox_audit("user1"), [])
             print("killed mid-run: %s" % killed, file=sys.stderr)
 
+    def test_quota_counts_what_users_see(self):
+        """quota count (vsizes) with the window equals sdbox's without it
+        (the oracle) after the expunge, and its pre-expunge value after
+        the undelete."""
+        msgs = corpus(4)
+        conf = {"quota": "count:User quota", "quota_vsizes": "yes",
+                "quota_rule": "*:storage=100M"}
+        # no Received line: its length could differ between instances
+        extra = ("lmtp_add_received_header = no\n"
+                 "protocol imap {\n  mail_plugins = $mail_plugins "
+                 "imap_quota\n}\n")
+
+        def usage(dc):
+            imap = dc.imap_login("user1")
+            data = ok(imap.getquotaroot("INBOX"))
+            imap.logout()
+            text = b" ".join(x if isinstance(x, bytes) else b""
+                             for x in data[1]).decode()
+            return int(text.split("STORAGE ")[1].split()[0])
+
+        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=["quota"],
+                     plugin_settings=conf, extra_conf=extra) as sd:
+            sd.lmtp_deliver_many("user1", msgs)
+            want_full = usage(sd)
+            expunge(sd, "user1", [1, 2])
+            want_after = usage(sd)
+        with Dovecot(mail_plugins=["casbox", "quota"],
+                     plugin_settings=dict(RETAIN, **conf),
+                     extra_conf=extra) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            self.assertEqual(usage(dc), want_full)
+            expunge(dc, "user1", [1, 2])
+            self.assertEqual(usage(dc), want_after)
+            self.assertLess(want_after, want_full)
+            table(dc, "undelete", "-u", "user1")
+            self.assertEqual(usage(dc), want_full)
+
     @skip_unless_dovecot23("the harness writes lazy_expunge's 2.3 "
                            "setting only (2.4: lazy_expunge_mailbox)")
     def test_with_lazy_expunge(self):
