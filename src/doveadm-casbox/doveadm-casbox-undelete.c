@@ -15,7 +15,6 @@
 #include "strnum.h"
 #include "str.h"
 #include "time-util.h"
-#include "settings-parser.h"
 #include "mail-namespace.h"
 #include "mail-search-build.h"
 #include "mail-storage-private.h"
@@ -394,13 +393,46 @@ cmd_casbox_undelete_init(struct doveadm_mail_cmd_context *_ctx
 	}
 }
 
+/* An interval in Dovecot's time units (2.3's settings_get_time() and
+   2.4's str_parse_get_interval() differ in name only). Returns 0 ok,
+   -1 not one. */
+static int casbox_undelete_parse_interval(const char *value,
+					  unsigned int *secs_r)
+{
+	static const struct {
+		const char *unit;
+		unsigned int secs;
+	} units[] = {
+		{ "s", 1 }, { "sec", 1 }, { "secs", 1 }, { "min", 60 },
+		{ "mins", 60 }, { "h", 3600 }, { "hour", 3600 },
+		{ "hours", 3600 }, { "d", 86400 }, { "day", 86400 },
+		{ "days", 86400 }, { "w", 604800 }, { "week", 604800 },
+		{ "weeks", 604800 },
+	};
+	const char *end;
+	uintmax_t num;
+	unsigned int i;
+
+	if (str_parse_uintmax(value, &num, &end) < 0)
+		return -1;
+	while (*end == ' ')
+		end++;
+	for (i = 0; i < N_ELEMENTS(units); i++) {
+		if (strcmp(end, units[i].unit) == 0 &&
+		    num <= UINT_MAX / units[i].secs) {
+			*secs_r = num * units[i].secs;
+			return 0;
+		}
+	}
+	return -1;
+}
+
 /* A Unix time, a date (YYYY-MM-DD, local time) or an interval back from
    now in Dovecot's units (2h, 7d). */
 static time_t casbox_undelete_parse_time(const char *opt, const char *value)
 {
 	unsigned int secs;
 	struct tm tm;
-	const char *error;
 	time_t t;
 	int n = 0;
 
@@ -414,7 +446,7 @@ static time_t casbox_undelete_parse_time(const char *opt, const char *value)
 		tm.tm_isdst = -1;
 		return mktime(&tm);
 	}
-	if (settings_get_time(value, &secs, &error) == 0)
+	if (casbox_undelete_parse_interval(value, &secs) == 0)
 		return ioloop_time - (time_t)secs;
 	i_fatal_status(EX_USAGE, "casbox undelete: --%s: not a Unix time, "
 		       "YYYY-MM-DD or interval (2h, 7d): '%s'", opt, value);
