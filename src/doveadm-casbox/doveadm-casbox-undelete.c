@@ -25,6 +25,7 @@
 #include "casbox-store-safety.h"
 #include "doveadm-casbox.h"
 #include "doveadm-casbox-dovecot.h"
+#include "doveadm-casbox-undelete.h"
 
 #include <sysexits.h>
 #include <stdio.h>
@@ -35,7 +36,8 @@ struct casbox_undelete_cmd_context {
 	bool list;
 	const char *mailbox, *to;
 	time_t since, before;
-	const char *const *guids;
+	/* NULL = all */
+	struct mail_search_args *query;
 };
 
 /* One retained message chosen for listing or restoring. */
@@ -53,7 +55,7 @@ struct casbox_undelete_collect {
 
 static bool
 casbox_undelete_wanted(const struct casbox_undelete_cmd_context *ctx,
-		       const struct casbox_retained_record *rec)
+		       uint32_t uid, const struct casbox_retained_record *rec)
 {
 	if (ctx->mailbox != NULL && strcmp(ctx->mailbox,
 					   rec->mailbox_name) != 0)
@@ -62,10 +64,8 @@ casbox_undelete_wanted(const struct casbox_undelete_cmd_context *ctx,
 		return FALSE;
 	if (ctx->before != 0 && rec->expunged >= ctx->before)
 		return FALSE;
-	if (ctx->guids != NULL && ctx->guids[0] != NULL &&
-	    !str_array_find(ctx->guids, rec->msg.guid))
-		return FALSE;
-	return TRUE;
+	return ctx->query == NULL ||
+		casbox_undelete_query_match(ctx->query->args, uid, rec);
 }
 
 static void
@@ -75,7 +75,7 @@ casbox_undelete_collect_cb(void *context, const guid_128_t mailbox_guid,
 {
 	struct casbox_undelete_collect *coll = context;
 	struct casbox_undelete_item *item;
-	if (!casbox_undelete_wanted(coll->ctx, rec))
+	if (!casbox_undelete_wanted(coll->ctx, uid, rec))
 		return;
 	item = array_append_space(&coll->items);
 	guid_128_copy(item->mailbox_guid, mailbox_guid);
@@ -378,9 +378,18 @@ cmd_casbox_undelete_init(struct doveadm_mail_cmd_context *_ctx
 		NULL
 	};
 	const char *const *fields = ctx->list ? list_fields : restore_fields;
+	const char *const *query = CASBOX_DOVEADM_ARGS(_ctx, "query");
+	const char *error;
 
 	casbox_doveadm_username_init(_ctx);
-	ctx->guids = CASBOX_DOVEADM_ARGS(_ctx, "guid");
+	if (query[0] != NULL) {
+		ctx->query = doveadm_mail_build_search_args(query);
+		if (casbox_undelete_query_check(ctx->query->args,
+						&error) < 0) {
+			i_fatal_status(EX_USAGE, "casbox undelete: search "
+				       "query: %s", error);
+		}
+	}
 	for (; *fields != NULL; fields++) {
 		if (strcmp(*fields, "uid") == 0 ||
 		    strcmp(*fields, "size") == 0 ||
@@ -479,6 +488,15 @@ cmd_casbox_undelete_parse_arg(struct doveadm_mail_cmd_context *_ctx, int c)
 	}
 }
 
+static void cmd_casbox_undelete_deinit(struct doveadm_mail_cmd_context *_ctx)
+{
+	struct casbox_undelete_cmd_context *ctx =
+		container_of(_ctx, struct casbox_undelete_cmd_context, ctx);
+
+	if (ctx->query != NULL)
+		mail_search_args_unref(&ctx->query);
+}
+
 struct doveadm_mail_cmd_context *cmd_casbox_undelete_alloc(void)
 {
 	struct casbox_undelete_cmd_context *ctx;
@@ -489,6 +507,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_undelete_alloc(void)
 				     cmd_casbox_undelete_parse_arg);
 	ctx->ctx.v.init = cmd_casbox_undelete_init;
 	ctx->ctx.v.run = cmd_casbox_undelete_run;
+	ctx->ctx.v.deinit = cmd_casbox_undelete_deinit;
 	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
 	return &ctx->ctx;
 }

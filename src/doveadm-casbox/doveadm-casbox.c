@@ -64,7 +64,7 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		.mail_cmd = cmd_casbox_undelete_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>] [--list] "
 			"[--mailbox <name>] [--since <time>] "
-			"[--before <time>] [--to <name>] [<guid> ...]",
+			"[--before <time>] [--to <name>] [<search query>]",
 		DOVEADM_CMD_PARAMS_START
 		DOVEADM_CMD_MAIL_COMMON
 		DOVEADM_CMD_PARAM('l', "list", CMD_PARAM_BOOL, 0)
@@ -72,7 +72,7 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAM('s', "since", CMD_PARAM_STR, 0)
 		DOVEADM_CMD_PARAM('b', "before", CMD_PARAM_STR, 0)
 		DOVEADM_CMD_PARAM('t', "to", CMD_PARAM_STR, 0)
-		DOVEADM_CMD_PARAM('\0', "guid", CMD_PARAM_ARRAY,
+		DOVEADM_CMD_PARAM('\0', "query", CMD_PARAM_ARRAY,
 				  CMD_PARAM_FLAG_POSITIONAL)
 		DOVEADM_CMD_PARAMS_END
 	},

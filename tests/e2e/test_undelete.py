@@ -189,9 +189,27 @@ class UndeleteTest(unittest.TestCase):
                 n = len(table(dc, "undelete", "-u", "user1", "--list",
                               *opt))
                 self.assertEqual(n, 2 if opt[1] == "1d" else 0, opt)
+            # search queries on what the record holds
+            for query, want in ((["guid", before[2][0]], 1),
+                                (["guid", before[2][0], "OR", "guid",
+                                  before[3][0]], 2),
+                                (["NOT", "guid", before[2][0]], 1),
+                                (["uid", "3"], 1),
+                                (["mailbox", "INBOX", "deleted"], 2),
+                                (["seen"], 0),
+                                (["larger", "1"], 2),
+                                (["savedsince", "1h"], 2),
+                                (["savedbefore", "1h"], 0)):
+                n = len(table(dc, "undelete", "-u", "user1", "--list",
+                              *query))
+                self.assertEqual(n, want, query)
+            res = dc.doveadm("casbox", "undelete", "-u", "user1", "--list",
+                             "subject", "x", check=False)
+            self.assertEqual(res.returncode, 64, res.stderr)
+            self.assertIn("header searches", res.stderr)
             # one by GUID, into another mailbox
             done = table(dc, "undelete", "-u", "user1", "--to",
-                         "Restored", before[3][0])
+                         "Restored", "guid", before[3][0])
             self.assertEqual([r["restored_to"] for r in done],
                              ["Restored"])
             got = fetch(dc, "user1", "Restored")
