@@ -137,8 +137,10 @@ casbox_census_retained(struct casbox_census *census,
 	}
 	census->retained_messages++;
 	census->retained_bytes += rec.msg.physical_size;
-	array_foreach(&rec.msg.parts, part)
+	array_foreach(&rec.msg.parts, part) {
 		casbox_census_blob_get(census, &part->id)->counted++;
+		census->referenced_plain_bytes += part->size;
+	}
 }
 
 static void

@@ -74,10 +74,12 @@ struct casbox_census {
 	uint64_t messages;
 	/* sum of message sizes */
 	uint64_t logical_bytes;
-	/* sum of part sizes over all message records (before dedup) */
+	/* sum of part sizes over all message and retained records (before
+	   dedup) */
 	uint64_t referenced_plain_bytes;
 	/* retained (expunged, restorable) messages and their sizes; their
-	   parts count as references (counted) but not in the above */
+	   parts count as references (counted, referenced_plain_bytes) but
+	   not in messages and logical_bytes */
 	uint64_t retained_messages, retained_bytes;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_census_blob *) blobs;
 	ARRAY(struct casbox_census_blob *) blob_list;

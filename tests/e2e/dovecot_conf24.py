@@ -96,6 +96,9 @@ def plugin_settings(settings):
             fts.append("%s = %s" % (key, value))
         elif SAME_NAME.match(key):
             top.append("%s = %s" % (key, value))
+        elif key == "lazy_expunge" and not value.endswith("/"):
+            # 2.3's mailbox form (no namespace prefix)
+            top.append("lazy_expunge_mailbox = %s" % value)
         elif key == "fts_enforced":
             # 2.3 yes/body: answer from the index only, never by
             # reading the mails

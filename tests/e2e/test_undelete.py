@@ -16,8 +16,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import (Dovecot, corpus_files, ok,  # noqa: E402
-                             skip_unless_dovecot23)
+from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 RETAIN = dict(KEYS, casbox_expunge_retention="1d")
@@ -306,8 +305,6 @@ class UndeleteTest(unittest.TestCase):
             table(dc, "undelete", "-u", "user1")
             self.assertEqual(usage(dc), want_full)
 
-    @skip_unless_dovecot23("the harness writes lazy_expunge's 2.3 "
-                           "setting only (2.4: lazy_expunge_mailbox)")
     def test_with_lazy_expunge(self):
         msgs = corpus(3)
         settings = dict(RETAIN, lazy_expunge=".EXPUNGED")
