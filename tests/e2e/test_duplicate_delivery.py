@@ -16,6 +16,9 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (Dovecot, files_under, is_dovecot24,  # noqa
                              lmtp_send, ok)
+from test_storage_orphans import (STRACE, LmtpSession,  # noqa: E402
+                                  msg as orphan_msg, record_uids,
+                                  storage_dump)
 
 SETTINGS = {"casbox_key_file": "%h/casbox.key",
             "casbox_key_autocreate": "yes",
@@ -174,6 +177,33 @@ class DuplicateDeliveryTest(unittest.TestCase):
             dc.lmtp_deliver("user1", m)
             self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
             self.assertEqual(dc.wait_log_count(SUPPRESSED, 1), 1)
+
+    @unittest.skipIf(STRACE is None, "strace not installed")
+    def test_retry_after_crash_before_index_commit(self):
+        """A delivery killed after its LSM commit (record and dup record
+        written) but before its index commit was never acknowledged: the
+        retry must be stored, not suppressed."""
+        conf = ("lmtp_add_received_header = no\n"
+                "service lmtp {\n  process_limit = 1\n}\n")
+        with Dovecot(plugin_settings=SETTINGS, extra_conf=conf) as dc:
+            dc.allow_log(r"killed with signal 9")
+            dc.lmtp_deliver("user1", orphan_msg(1))
+            sess = LmtpSession(dc, "signal=SIGKILL:when=2")
+            with self.assertRaises((smtplib.SMTPException, OSError)):
+                sess.lmtp.sendmail("s@example.com", ["user1"],
+                                   orphan_msg(2))
+            sess.close()
+            self.assertEqual(record_uids(storage_dump(dc).stdout), [1, 2])
+            dc.lmtp_deliver("user1", orphan_msg(2))
+            bodies = fetch_bodies(dc, "user1")
+            self.assertEqual(len(bodies), 2)
+            self.assertTrue(bodies[1].endswith(orphan_msg(2)[-200:]))
+            self.assertNotIn("Duplicate delivery", dc.log_text())
+            # and that copy's record protects it from now on
+            dc.lmtp_deliver("user1", orphan_msg(2))
+            self.assertIsNotNone(dc.wait_log(SUPPRESSED))
+            self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
+            self.assertEqual(dc.casbox_audit("user1"), [])
 
     def test_off(self):
         settings = dict(SETTINGS, casbox_duplicate_window="0")
