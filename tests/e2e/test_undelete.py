@@ -9,6 +9,7 @@ Dovecot's lazy_expunge both nets hold the mail (doc/casbox-storage.md,
 "Undelete window")."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -304,6 +305,56 @@ class UndeleteTest(unittest.TestCase):
             self.assertLess(want_after, want_full)
             table(dc, "undelete", "-u", "user1")
             self.assertEqual(usage(dc), want_full)
+
+    def test_old_store(self):
+        """A store written before the safety records opens and gets
+        them from now on (tests/fixtures/casbox-v1/README.md)."""
+        import dovecot_harness
+        fixture = os.path.join(dovecot_harness.TOP_SRCDIR, "tests",
+                               "fixtures", "casbox-v1")
+        # sent: what was delivered; served: what that build's IMAP
+        # answered for it (with LMTP's Return-Path and Delivered-To)
+        def read(name):
+            with open(os.path.join(fixture, name), "rb") as f:
+                return f.read()
+        mail = {n: read("msg%d.eml" % n) for n in (1, 3, 4)}
+        served = {n: read("served%d.eml" % n) for n in (1, 3, 4)}
+        settings = dict(RETAIN, casbox_duplicate_window="1d")
+        with Dovecot(plugin_settings=settings,
+                     extra_conf="lmtp_add_received_header = no\n") as dc:
+            home = dc.home("user1")
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(os.path.join(fixture, "home"), home)
+            for root, dirs, files in os.walk(home):
+                for name in dirs + files:
+                    os.chown(os.path.join(root, name), dc.uid, dc.gid)
+            os.chown(home, dc.uid, dc.gid)
+            os.chmod(os.path.join(home, "casbox.key"), 0o600)
+            inbox = fetch(dc, "user1")
+            self.assertEqual(sorted(inbox), [1, 3])
+            self.assertEqual(inbox[1][3], served[1])
+            self.assertEqual(inbox[3][3], served[3])
+            self.assertTrue(served[3].endswith(mail[3]))
+            self.assertEqual(inbox[3][1], ["\\Flagged"])
+            work = fetch(dc, "user1", "Work")
+            self.assertEqual([v[3] for v in work.values()], [served[4]])
+            self.assertEqual(list(work.values())[0][1],
+                             ["$Fixture", "\\Seen"])
+            self.assertEqual(table(dc, "undelete", "-u", "user1",
+                                   "--list"), [])
+            self.assertEqual(dc.casbox_audit("user1"), [])
+            # no dup record came with msg1: stored, then suppressed
+            dc.lmtp_deliver("user1", mail[1])
+            dc.lmtp_deliver("user1", mail[1])
+            self.assertIsNotNone(dc.wait_log("Duplicate delivery "
+                                             "suppressed"))
+            self.assertEqual(len(fetch(dc, "user1")), 3)
+            expunge(dc, "user1", [3])
+            table(dc, "undelete", "-u", "user1")
+            after = fetch(dc, "user1")
+            self.assertEqual([v[3] for v in after.values()
+                              if v[3] == served[3]], [served[3]])
+            self.assertEqual(dc.casbox_audit("user1"), [])
 
     def test_with_lazy_expunge(self):
         msgs = corpus(3)
