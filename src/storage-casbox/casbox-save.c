@@ -747,9 +747,9 @@ static void casbox_save_event_fields(struct casbox_save_context *ctx)
    of a message this mailbox got less than casbox_duplicate_window ago?
    Called under the index sync lock, which every save into the mailbox
    holds from its dup lookup to its LSM commit: of two deliveries of one
-   message at once, the second sees the first's record. Returns the UID
-   of the first copy, 0 not a duplicate, -1 error. */
-static int64_t
+   message at once, the second sees the first's record. Returns 1 a
+   duplicate (drec_r: the first copy), 0 not one, -1 error. */
+static int
 casbox_save_find_duplicate(struct casbox_save_context *ctx,
 			   const struct mail_index_header *hdr,
 			   struct casbox_dup_record *drec_r)
@@ -792,7 +792,7 @@ casbox_save_find_duplicate(struct casbox_save_context *ctx,
 	    ioloop_time - drec_r->delivered >=
 	    (time_t)mbox->storage->set.duplicate_window)
 		return 0;
-	return drec_r->uid;
+	return 1;
 }
 
 /* Drop the (only, last) append of a duplicate delivery and report the
@@ -824,7 +824,7 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct mailbox_transaction_context *_t = _ctx->transaction;
 	const struct mail_index_header *hdr;
-	int64_t dup_uid;
+	int dup;
 
 	i_assert(ctx->finished);
 
@@ -844,15 +844,15 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	T_BEGIN {
 		struct casbox_dup_record drec;
 
-		dup_uid = casbox_save_find_duplicate(ctx, hdr, &drec);
-		if (dup_uid > 0)
+		dup = casbox_save_find_duplicate(ctx, hdr, &drec);
+		if (dup > 0)
 			casbox_save_suppress(ctx, hdr, &drec);
 	} T_END;
-	if (dup_uid < 0) {
+	if (dup < 0) {
 		casbox_transaction_save_rollback(_ctx);
 		return -1;
 	}
-	if (dup_uid > 0)
+	if (dup > 0)
 		return 0;
 	mail_index_append_finish_uids(ctx->trans, hdr->next_uid,
 				      &_t->changes->saved_uids);
