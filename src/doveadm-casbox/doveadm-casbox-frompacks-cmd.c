@@ -188,44 +188,15 @@ static void frompacks_print(struct casbox_frompacks *fp)
 static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 			       struct casbox_admin *adm)
 {
-	static const char *const names[] = { "password", NULL };
 	struct casbox_key_input *input = NULL;
-	struct casbox_key_line line;
 	const char *error;
 	int ret;
 
-	if (adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
-		/* one password, one user, from a local doveadm's stdin
-		   (a doveadm server has no stdin; a terminal echoes) */
-		error = !ctx->iterate_single_user ?
-			"one user only (-u user, no wildcard, no -A or -F)" :
-			ctx->cctx->conn_type != DOVEADM_CONNECTION_TYPE_CLI ?
-			"stdin is not forwarded to a doveadm server (-S)" :
-			isatty(STDIN_FILENO) == 1 ?
-			"stdin is a terminal, which would echo the password: "
-			"pipe it in" : NULL;
-		if (error != NULL) {
-			i_error("casbox rebuild --from-packs: %s: "
-				"casbox_key_mode=password reads the user's "
-				"password from stdin: %s", adm->root_dir,
-				error);
-			ctx->exit_code = EX_USAGE;
-			return -1;
-		}
-		if (casbox_key_input_read_fd(STDIN_FILENO, &input,
-					     &error) < 0 ||
-		    casbox_key_input_lines(input, names, &line, 1,
-					   &error) < 0) {
-			casbox_key_input_free(&input);
-			i_error("casbox rebuild --from-packs: %s: "
-				"casbox_key_mode=password needs the user's "
-				"password on stdin (one line): %s",
-				adm->root_dir, error);
-			ctx->exit_code = EX_NOINPUT;
-			return -1;
-		}
-		adm->key_password = casbox_key_line_str(input, &line);
-	}
+	if (adm->set.key_mode == CAS_KEY_MODE_PASSWORD &&
+	    casbox_key_read_user_password(ctx, "casbox rebuild --from-packs",
+					  adm->root_dir, &input,
+					  &adm->key_password) < 0)
+		return -1;
 	ret = casbox_admin_open_keys(adm, &error);
 	adm->key_password = NULL;
 	casbox_key_input_free(&input);

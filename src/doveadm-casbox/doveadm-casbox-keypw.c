@@ -262,3 +262,41 @@ int casbox_key_init_read_password(struct doveadm_mail_cmd_context *ctx,
 	}
 	return 0;
 }
+
+int casbox_key_read_user_password(struct doveadm_mail_cmd_context *ctx,
+				  const char *cmd, const char *root_dir,
+				  struct casbox_key_input **input_r,
+				  const char **password_r)
+{
+	static const char *const names[] = { "password", NULL };
+	struct casbox_key_line line;
+	const char *error;
+
+	*input_r = NULL;
+	/* one password, one user, from a local doveadm's stdin (a doveadm
+	   server has no stdin; a terminal echoes) */
+	error = !ctx->iterate_single_user ?
+		"one user only (-u user, no wildcard, no -A or -F)" :
+		!casbox_keypw_cli(ctx) ?
+		"stdin is not forwarded to a doveadm server (-S)" :
+		isatty(STDIN_FILENO) == 1 ?
+		"stdin is a terminal, which would echo the password: "
+		"pipe it in" : NULL;
+	if (error != NULL) {
+		i_error("%s: %s: casbox_key_mode=password reads the user's "
+			"password from stdin: %s", cmd, root_dir, error);
+		ctx->exit_code = EX_USAGE;
+		return -1;
+	}
+	if (casbox_key_input_read_fd(STDIN_FILENO, input_r, &error) < 0 ||
+	    casbox_key_input_lines(*input_r, names, &line, 1, &error) < 0) {
+		casbox_key_input_free(input_r);
+		i_error("%s: %s: casbox_key_mode=password needs the user's "
+			"password on stdin (one line): %s", cmd, root_dir,
+			error);
+		ctx->exit_code = EX_NOINPUT;
+		return -1;
+	}
+	*password_r = casbox_key_line_str(*input_r, &line);
+	return 0;
+}

@@ -314,6 +314,49 @@ casbox_undelete_restore(struct casbox_undelete_cmd_context *ctx,
 	return 0;
 }
 
+/* Password mode: a restore reads the messages, which needs the user
+   key unlocked; this process has no casbox_key_password (a login gives
+   it), so it reads the user's password from stdin as rebuild
+   --from-packs does, and unlocks the store's key ring with it before
+   anything is restored. --list reads only records and needs none.
+   Returns 0 ok, -1 error (logged, exit status set). */
+static int
+casbox_undelete_unlock(struct doveadm_mail_cmd_context *_ctx,
+		       struct casbox_storage *storage,
+		       struct casbox_store *store)
+{
+	struct casbox_key_input *input = NULL;
+	const char *error;
+	int ret;
+
+	if (storage->set.key_mode != CAS_KEY_MODE_PASSWORD ||
+	    storage->set.key_password != NULL)
+		return 0;
+	if (casbox_key_read_user_password(_ctx, "casbox undelete",
+					  storage->root_dir, &input,
+					  &storage->set.key_password) < 0)
+		return -1;
+	/* the store's settings are storage->set: the key ring keeps the
+	   unlocked key, not the password, which is wiped right after */
+	ret = casbox_store_open_keys(store, &error);
+	storage->set.key_password = NULL;
+	casbox_key_input_free(&input);
+	if (ret == 0 && casbox_store_key_locked(store)) {
+		/* loaded without the password before (not expected) */
+		error = "user key is locked";
+		ret = -1;
+	}
+	if (ret < 0) {
+		i_error("casbox undelete: %s: %s", storage->root_dir, error);
+		if (strstr(error, "wrong password") != NULL)
+			_ctx->exit_code = EX_DATAERR;
+		else
+			doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
+		return -1;
+	}
+	return 0;
+}
+
 static int
 cmd_casbox_undelete_run(struct doveadm_mail_cmd_context *_ctx,
 			struct mail_user *user)
@@ -339,6 +382,8 @@ cmd_casbox_undelete_run(struct doveadm_mail_cmd_context *_ctx,
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
 		return -1;
 	}
+	if (!ctx->list && casbox_undelete_unlock(_ctx, storage, store) < 0)
+		return -1;
 	i_zero(&coll);
 	coll.ctx = ctx;
 	coll.pool = pool_alloconly_create("casbox undelete", 4096);

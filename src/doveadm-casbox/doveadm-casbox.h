@@ -187,5 +187,15 @@ int casbox_key_init_read_password(struct doveadm_mail_cmd_context *ctx,
 				  struct casbox_key_input **input_r,
 				  struct casbox_key_line *line_r,
 				  const char **error_r);
+/* Password mode (rebuild --from-packs, undelete): read the user's
+   password, one line, from a local doveadm's stdin. Refused (EX_USAGE)
+   for several users, over a doveadm server (-S) and from a terminal;
+   unusable input is EX_NOINPUT. On failure logs "cmd: root_dir: ..."
+   (never the input) and sets ctx->exit_code. Returns 0 ok (password_r
+   points into *input_r, which the caller frees, wiping it), -1 error. */
+int casbox_key_read_user_password(struct doveadm_mail_cmd_context *ctx,
+				  const char *cmd, const char *root_dir,
+				  struct casbox_key_input **input_r,
+				  const char **password_r);
 
 #endif

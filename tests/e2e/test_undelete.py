@@ -9,6 +9,7 @@ Dovecot's lazy_expunge both nets hold the mail (doc/casbox-storage.md,
 "Undelete window")."""
 
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -17,10 +18,17 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, ok  # noqa: E402
+from dovecot_harness import (Dovecot, PASSWORD, corpus_files,  # noqa
+                             ok)
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 RETAIN = dict(KEYS, casbox_expunge_retention="1d")
+# casbox_key_mode = password: IMAP logins hand the password to the mail
+# process; doveadm has none and reads it from stdin
+PW_RETAIN = {"casbox_key_file": "%h/casbox.ukey",
+             "casbox_key_autocreate": "yes", "casbox_key_mode": "password",
+             "casbox_expunge_retention": "1d"}
+PASS_PW = "override_fields = userdb_casbox_key_password=%w"
 
 
 def table(dc, *args):
@@ -382,6 +390,94 @@ class UndeleteTest(unittest.TestCase):
                 dc, "user1").values()), sorted(v[3] for v in
                                                before.values()))
             self.assertEqual(dc.casbox_audit("user1"), [])
+
+
+class UndeletePasswordTest(unittest.TestCase):
+    """casbox_key_mode = password: --list needs no password; a restore
+    reads it from stdin as rebuild --from-packs does (doc/doveadm.md):
+    refused without it, with a wrong one or from a terminal, and then
+    nothing is restored; with it the mail comes back byte-exact."""
+
+    def test_password_restore(self):
+        msgs = corpus(4)
+        with Dovecot(plugin_settings=PW_RETAIN, passdb_extra=PASS_PW,
+                     users=["user1", "other"]) as dc:
+            # the first login creates the user key file
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            imap.logout()
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            ok(imap.uid("STORE", "2", "+FLAGS", "(\\Seen $Work)"))
+            imap.logout()
+            before = fetch(dc, "user1")
+            expunge(dc, "user1", [2, 3])
+
+            def retained():
+                return sorted(int(r["uid"]) for r in table(
+                    dc, "undelete", "-u", "user1", "--list"))
+
+            self.assertEqual(retained(), [2, 3])
+
+            def undelete(stdin, *args):
+                return dc.doveadm("-f", "tab", "casbox", "undelete",
+                                  "-u", "user1", *args, check=False,
+                                  input=stdin)
+
+            for stdin, code, why in (
+                    ("", 66, "no input"),
+                    ("\n", 66, "is empty"),
+                    ("one\ntwo\n", 66, "more than 1 line"),
+                    ("not-the-password\n", 65, "wrong password")):
+                r = undelete(stdin)
+                self.assertEqual(r.returncode, code, (stdin, r.stderr))
+                self.assertIn("casbox undelete: ", r.stderr)
+                self.assertIn(why, r.stderr)
+                self.assertEqual(r.stdout.count("\n"), 1, r.stdout)
+                self.assertEqual(sorted(fetch(dc, "user1")), [1, 4])
+                self.assertEqual(retained(), [2, 3])
+            # a terminal would echo the password: refused before a read
+            master, slave = pty.openpty()
+            try:
+                r = subprocess.run(dc.doveadm_command(
+                    "casbox", "undelete", "-u", "user1"),
+                    stdin=slave, capture_output=True, text=True,
+                    timeout=300)
+            finally:
+                os.close(slave)
+                os.close(master)
+            self.assertEqual(r.returncode, 64, r.stderr)
+            self.assertIn("stdin is a terminal", r.stderr)
+            # one user's password cannot serve all users
+            r = dc.doveadm("casbox", "undelete", "-A", check=False,
+                           input=PASSWORD + "\n")
+            self.assertEqual(r.returncode, 64, r.stderr)
+            self.assertIn("one user only", r.stderr)
+            self.assertEqual(retained(), [2, 3])
+
+            r = undelete(PASSWORD + "\r\n")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rows = [dict(zip(r.stdout.split("\n")[0].split("\t"),
+                             ln.split("\t")))
+                    for ln in r.stdout.strip().split("\n")[1:]]
+            self.assertEqual(sorted(int(x["uid"]) for x in rows), [2, 3])
+            self.assertEqual({x["result"] for x in rows}, {"restored"})
+            self.assertNotIn(PASSWORD, r.stdout + r.stderr)
+            self.assertEqual(retained(), [])
+            after = fetch(dc, "user1")
+            self.assertEqual(len(after), 4)
+            new = {v[0]: v for u, v in after.items() if u > 4}
+            for u in (2, 3):
+                guid, flags, date, body = before[u]
+                self.assertEqual(new[guid][3], body)
+                self.assertEqual(new[guid][2], date)
+                self.assertEqual(new[guid][1],
+                                 [f for f in flags if f != "\\Deleted"])
+            self.assertIn("$Work", new[before[2][0]][1])
+            self.assertEqual(dc.casbox_audit("user1"), [])
+            dc.stop()
+            self.assertNotIn(PASSWORD, dc.log_text())
 
 
 if __name__ == "__main__":
