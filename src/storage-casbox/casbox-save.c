@@ -805,12 +805,22 @@ casbox_save_suppress(struct casbox_save_context *ctx,
 {
 	struct mailbox_transaction_context *_t = ctx->ctx.transaction;
 	const struct casbox_save_mail *smail = array_front(&ctx->mails);
+	long age = (long)(ioloop_time - drec->delivered);
+	struct event *event;
 
-	e_info(ctx->mbox->box.event, CASBOX_LOG_PREFIX
+	/* the named event (doc/events.md) is the log line; the dup key
+	   and the content hash stay out of it */
+	event = event_create(ctx->mbox->box.event);
+	event_set_name(event, "casbox_duplicate_suppressed");
+	event_add_int(event, "original_uid", drec->uid);
+	event_add_int(event, "size", smail->rec.physical_size);
+	event_add_int(event, "age", age);
+	e_info(event, CASBOX_LOG_PREFIX
 	       "Duplicate delivery suppressed: the same message was "
 	       "delivered as UID %u %ld s ago (casbox_duplicate_window "
-	       "= %u s)", drec->uid, (long)(ioloop_time - drec->delivered),
+	       "= %u s)", drec->uid, age,
 	       ctx->mbox->storage->set.duplicate_window);
+	event_unref(&event);
 	mail_index_expunge(ctx->trans, smail->seq);
 	mail_cache_transaction_reset(_t->cache_trans);
 	casbox_save_free_mails(ctx);

@@ -29,6 +29,8 @@ FIELDS = {
     "casbox_save": ("casbox_save_finished",
                     "messages copied bytes blobs_written written_bytes "
                     "blobs_deduplicated deduplicated_bytes stored_bytes"),
+    "casbox_duplicate": ("casbox_duplicate_suppressed",
+                         "original_uid size age"),
     "casbox_mail_read": ("casbox_mail_read_finished",
                          "bytes chunks decoded_bytes"),
     "casbox_lsm_flush": ("casbox_lsm_flush_finished",
@@ -82,6 +84,10 @@ def metric_blocks(http_port):
                     "  group_by = bytes:exponential:%d:%d:2\n}\n"
                     % (HIST_MIN, HIST_MAX)) + (
         # every event has its category, under Dovecot's
+        # the event carries the mailbox (from its parent)
+        "metric casbox_duplicate_inbox {\n"
+        "  filter = event=casbox_duplicate_suppressed AND mailbox=INBOX\n"
+        "}\n"
         "metric casbox_in_storage {\n"
         "  filter = category=storage AND category=casbox AND "
         "event=casbox_*\n}\n"
@@ -182,6 +188,7 @@ class EventsTest(unittest.TestCase):
                      plugin_settings={"casbox_key_file": "%h/casbox.key",
                                       "casbox_key_autocreate": "yes",
                                       "casbox_lsm_wal_size": "64k",
+                                      "casbox_duplicate_window": "1d",
                                       "fts": "casidx"},
                      extra_conf=conf) as dc:
             self.dc = dc
@@ -217,6 +224,29 @@ class EventsTest(unittest.TestCase):
                          + save["deduplicated_bytes"][1], save["bytes"][1])
         self.assertGreater(save["blobs_written"][1], 0)
         self.assertGreater(save["stored_bytes"][1], 0)
+
+        # a redelivery of the third mail: suppressed, one event naming
+        # its first copy (UID 3) and the size stock Dovecot's delivery
+        # event gives it; no save event, no second copy
+        dc.lmtp_deliver(USER, lmtp_msgs[2])
+        st1 = self.wait_count("lmtp_delivery", n + 1)
+        st1 = self.wait_count("casbox_duplicate", 1)
+        dup = st1["casbox_duplicate"]
+        self.assertEqual(dup["original_uid"], (1, 3))
+        self.assertEqual(dup["size"][1],
+                         self.delta(st, st1, "lmtp_delivery",
+                                    "message_vsize")[1])
+        self.assertGreater(dup["size"][1], len(lmtp_msgs[2]))
+        self.assertLess(dup["age"][1], 600)
+        self.assertEqual(st1["casbox_duplicate_inbox"]["duration"][0], 1)
+        self.assertEqual(st1["casbox_save"]["duration"][0], n)
+        imap = dc.imap_login(USER)
+        self.assertEqual(int(ok(imap.select("INBOX"))[0]), n)
+        imap.logout()
+        # the event is the log line
+        self.assertIsNotNone(dc.wait_log(
+            r"Duplicate delivery suppressed: the same message was "
+            r"delivered as UID 3 \d+ s ago"))
 
         # APPEND: the stored sizes are the corpus bytes
         imap = dc.imap_login(USER)
