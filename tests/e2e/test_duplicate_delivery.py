@@ -15,7 +15,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import (Dovecot, files_under, is_dovecot24,  # noqa
-                             lmtp_send, ok)
+                             lmtp_send, ok, skip_unless_dovecot23)
 from test_storage_orphans import (STRACE, LmtpSession,  # noqa: E402
                                   msg as orphan_msg, record_uids,
                                   storage_dump)
@@ -204,6 +204,46 @@ class DuplicateDeliveryTest(unittest.TestCase):
             self.assertIsNotNone(dc.wait_log(SUPPRESSED))
             self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
             self.assertEqual(dc.casbox_audit("user1"), [])
+
+    @skip_unless_dovecot23("the quota plugin's settings are 2.3 syntax "
+                           "(the 2.4 config writer does not translate "
+                           "them)")
+    def test_over_quota_redelivery_refused(self):
+        """The known gap (doc/casbox-storage.md "Known gaps"): Dovecot's
+        quota plugin refuses the redelivery in save_begin, before the
+        commit where casbox finds the duplicate. Default: 552, a bounce
+        for mail the user has; quota_full_tempfail = yes: 452, and the
+        retry once there is room is suppressed, never a second copy."""
+        settings = dict(SETTINGS, quota="count:User quota",
+                        quota_vsizes="yes", quota_rule="*:messages=2")
+        m1, m2 = message(11), message(12)
+        for tempfail, code in ((False, 552), (True, 452)):
+            conf = "quota_full_tempfail = yes\n" if tempfail else ""
+            with Dovecot(plugin_settings=settings, extra_conf=conf,
+                         mail_plugins=["casbox", "quota"]) as dc:
+                dc.lmtp_deliver_many("user1", [m1, m2])
+                with smtplib.LMTP("127.0.0.1", dc.lmtp_port,
+                                  timeout=60) as lmtp:
+                    lmtp.ehlo()
+                    with self.assertRaises(smtplib.SMTPDataError) as cm:
+                        lmtp_send(lmtp, "s@example.com", "user1", m2)
+                self.assertEqual(cm.exception.smtp_code, code)
+                self.assertIn(b"Quota exceeded", cm.exception.smtp_error)
+                self.assertNotIn(SUPPRESSED, dc.log_text())
+                self.assertEqual(len(fetch_bodies(dc, "user1")), 2)
+                if not tempfail:
+                    continue
+                # room again: the MTA's retry is a suppressed duplicate
+                imap = dc.imap_login("user1")
+                ok(imap.select("INBOX"))
+                ok(imap.uid("STORE", "1", "+FLAGS", "(\\Deleted)"))
+                ok(imap.expunge())
+                imap.logout()
+                dc.lmtp_deliver("user1", m2)
+                self.assertIsNotNone(dc.wait_log(SUPPRESSED))
+                self.assertEqual(fetch_bodies(dc, "user1"),
+                                 [m2.split(b"\r\n\r\n", 1)[1]])
+                self.assertEqual(dc.casbox_audit("user1"), [])
 
     def test_off(self):
         settings = dict(SETTINGS, casbox_duplicate_window="0")
