@@ -386,7 +386,7 @@ void crashfs_power_loss(enum crashfs_loss loss)
 	cfs_scan();
 }
 
-const struct casbox_lsm_io crashfs_io = {
+const struct cas_io crashfs_io = {
 	.open = crashfs_open,
 	.close = crashfs_close,
 	.pread = crashfs_pread,

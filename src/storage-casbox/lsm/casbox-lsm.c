@@ -597,7 +597,7 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->set = *set;
 	lsm->dir = i_strdup(set->dir);
 	lsm->set.dir = lsm->dir;
-	lsm->io = set->io != NULL ? set->io : &casbox_lsm_io_posix;
+	lsm->io = set->io != NULL ? set->io : &cas_io_posix;
 	lsm->event = event_create(set->event);
 	lsm->set.event = NULL;
 	lsm->lock_timeout_secs = set->lock_timeout_secs != 0 ?
