@@ -8,7 +8,7 @@
    fsync() and the names as of the last fsync_dir(). crashfs_power_loss()
    rewrites the directory to that durable state (optionally keeping a
    random part of unsynced appends), the way a crashed kernel would.
-   Faults: crash at the Nth counted operation (pwrite, fsync, rename,
+   Faults: crash at the Nth counted operation (pwrite, fsync, rename, link,
    fsync_dir), optionally writing a random prefix first (torn write);
    after a crash every operation fails with EIO until power loss.
    ENOSPC after a byte budget. Not thread-safe; one directory at a time. */

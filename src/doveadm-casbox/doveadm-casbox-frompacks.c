@@ -26,6 +26,7 @@
 #include "istream.h"
 #include "ioloop.h"
 #include "safe-memset.h"
+#include "cas-durable.h"
 #include "casbox-lsm.h"
 #include "doveadm-casbox-frompacks.h"
 
@@ -594,20 +595,6 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 	}
 }
 
-static int fsync_path(const char *path, const char **error_r)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd == -1 || fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
-		if (fd != -1)
-			i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
-	return 0;
-}
-
 /* Write the new LSM at new_dir. Returns 0 ok, -1 error. */
 static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 			       const char **error_r)
@@ -667,7 +654,7 @@ static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 		return -1;
 	}
 	if (fp->adm->fsync_mode != FSYNC_MODE_NEVER)
-		return fsync_path(root, error_r);
+		return cas_durable_fsync_dir(NULL, root, error_r);
 	return 0;
 }
 

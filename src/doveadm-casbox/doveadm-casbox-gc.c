@@ -33,6 +33,7 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "safe-memset.h"
+#include "cas-durable.h"
 #include "casbox-lsm.h"
 #include "casbox-recovery.h"
 #include "doveadm-casbox.h"
@@ -925,7 +926,6 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 	const char *dir = t_strconcat(gc->adm->root_dir, "/packs", NULL);
 	const struct casbox_gc_pack *cand;
 	const char *path;
-	int fd;
 
 	array_foreach(&gc->candidates, cand) {
 		if (cand->keep)
@@ -940,15 +940,7 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 	}
 	if (gc->packs_deleted == 0 || gc->adm->fsync_mode == FSYNC_MODE_NEVER)
 		return 0;
-	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd == -1 || fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		if (fd != -1)
-			i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
-	return 0;
+	return cas_durable_fsync_dir(NULL, dir, error_r);
 }
 
 static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)

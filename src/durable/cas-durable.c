@@ -36,38 +36,35 @@ int cas_durable_fsync_parent(const struct cas_io *io, const char *path,
 	return cas_durable_fsync_dir(io, cas_durable_dir_of(path), error_r);
 }
 
-static int io_write_full(const struct cas_io *io, int fd, const void *data,
-			 size_t size)
-{
-	off_t pos = 0;
-	ssize_t ret;
+struct cas_durable_file {
+	struct cas_durable_write_settings set;
+	const struct cas_io *io;
+	char *path, *tmp_path;
+	int fd;
+	uoff_t offset;
+};
 
-	while (size > 0) {
-		ret = io->pwrite(fd, data, size, pos);
-		if (ret < 0)
-			return -1;
-		if (ret == 0) {
-			errno = ENOSPC;
-			return -1;
-		}
-		data = CONST_PTR_OFFSET(data, ret);
-		size -= ret;
-		pos += ret;
-	}
-	return 0;
-}
-
-/* The temporary file, complete and (unless no_fsync) synced. */
-static int
-durable_write_tmp(const char *tmp, const void *data, size_t size,
-		  const struct cas_durable_write_settings *set,
-		  const char **error_r)
+int cas_durable_file_create(const char *path,
+			    const struct cas_durable_write_settings *set,
+			    struct cas_durable_file **file_r,
+			    const char **error_r)
 {
 	const struct cas_io *io = io_or_posix(set->io);
 	const struct stat *st = set->like;
+	struct cas_durable_file *file;
 	int flags = O_WRONLY | O_CREAT | O_CLOEXEC;
-	int fd, ret = -1;
+	unsigned char rnd[8];
+	const char *tmp;
+	int fd;
 
+	*file_r = NULL;
+	if (set->tmp_path != NULL)
+		tmp = set->tmp_path;
+	else {
+		random_fill(rnd, sizeof(rnd));
+		tmp = t_strdup_printf("%s.%s.tmp", path,
+				      binary_to_hex(rnd, sizeof(rnd)));
+	}
 	flags |= set->tmp_truncate ? O_TRUNC : O_EXCL;
 	fd = io->open(tmp, flags, set->mode != 0 ? set->mode : 0600);
 	if (fd == -1) {
@@ -75,22 +72,130 @@ durable_write_tmp(const char *tmp, const void *data, size_t size,
 					   set->tmp_truncate ? "" : ", O_EXCL");
 		return -1;
 	}
+	file = i_new(struct cas_durable_file, 1);
+	file->set = *set;
+	file->set.tmp_path = NULL;
+	file->set.like = NULL;
+	file->io = io;
+	file->path = i_strdup(path);
+	file->tmp_path = i_strdup(tmp);
+	file->fd = fd;
 	if (st != NULL && (st->st_uid != geteuid() ||
 			   st->st_gid != getegid()) &&
 	    fchown(fd, st->st_uid, st->st_gid) < 0)
 		*error_r = t_strdup_printf("fchown(%s) failed: %m", tmp);
 	else if (st != NULL && fchmod(fd, st->st_mode & 07777) < 0)
 		*error_r = t_strdup_printf("fchmod(%s) failed: %m", tmp);
-	else if (io_write_full(io, fd, data, size) < 0)
-		*error_r = t_strdup_printf("write(%s) failed: %m", tmp);
-	else if (!set->no_fsync && io->fsync(fd) < 0)
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", tmp);
-	else
-		ret = 0;
-	if (io->close(fd) < 0 && ret == 0) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", tmp);
+	else {
+		*file_r = file;
+		return 0;
+	}
+	cas_durable_file_abort(&file);
+	return -1;
+}
+
+int cas_durable_file_write(struct cas_durable_file *file, const void *data,
+			   size_t size, const char **error_r)
+{
+	ssize_t ret;
+
+	while (size > 0) {
+		ret = file->io->pwrite(file->fd, data, size, file->offset);
+		if (ret == 0)
+			errno = ENOSPC;
+		if (ret <= 0) {
+			*error_r = t_strdup_printf("write(%s) failed: %m",
+						   file->tmp_path);
+			return -1;
+		}
+		data = CONST_PTR_OFFSET(data, ret);
+		size -= ret;
+		file->offset += ret;
+	}
+	return 0;
+}
+
+static void durable_file_free(struct cas_durable_file *file)
+{
+	i_free(file->path);
+	i_free(file->tmp_path);
+	i_free(file);
+}
+
+void cas_durable_file_abort(struct cas_durable_file **_file)
+{
+	struct cas_durable_file *file = *_file;
+
+	if (file == NULL)
+		return;
+	*_file = NULL;
+	if (file->fd != -1)
+		(void)file->io->close(file->fd);
+	if (file->io->unlink(file->tmp_path) < 0 && errno != ENOENT)
+		i_error("unlink(%s) failed: %m", file->tmp_path);
+	durable_file_free(file);
+}
+
+static int durable_file_finish(struct cas_durable_file *file,
+			       const char **error_r)
+{
+	const struct cas_io *io = file->io;
+	int ret = 0;
+
+	if (!file->set.no_fsync && io->fsync(file->fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m",
+					   file->tmp_path);
 		ret = -1;
 	}
+	if (io->close(file->fd) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("close(%s) failed: %m",
+					   file->tmp_path);
+		ret = -1;
+	}
+	file->fd = -1;
+	if (ret < 0)
+		return -1;
+	if (!file->set.no_replace) {
+		if (io->rename(file->tmp_path, file->path) < 0) {
+			*error_r = t_strdup_printf("rename(%s, %s) failed: %m",
+						   file->tmp_path, file->path);
+			return -1;
+		}
+		return 0;
+	}
+	/* link() never replaces an existing file */
+	if (io->link(file->tmp_path, file->path) < 0) {
+		*error_r = t_strdup_printf("link(%s, %s) failed: %m",
+					   file->tmp_path, file->path);
+		return -1;
+	}
+	if (io->unlink(file->tmp_path) < 0 && errno != ENOENT) {
+		*error_r = t_strdup_printf("unlink(%s) failed: %m",
+					   file->tmp_path);
+		return -1;
+	}
+	return 0;
+}
+
+int cas_durable_file_commit(struct cas_durable_file **_file,
+			    const char **error_r)
+{
+	struct cas_durable_file *file = *_file;
+	int ret;
+
+	*_file = NULL;
+	if (durable_file_finish(file, error_r) < 0) {
+		int old_errno = errno;
+
+		cas_durable_file_abort(&file);
+		errno = old_errno;
+		return -1;
+	}
+	ret = 0;
+	if (!file->set.no_fsync && !file->set.no_dir_fsync &&
+	    cas_durable_fsync_parent(file->io, file->path, error_r) < 0)
+		ret = -1;
+	durable_file_free(file);
 	return ret;
 }
 
@@ -99,45 +204,15 @@ int cas_durable_write_atomic(const char *path, const void *data,
 			     const struct cas_durable_write_settings *set,
 			     const char **error_r)
 {
-	const struct cas_io *io = io_or_posix(set->io);
-	unsigned char rnd[8];
-	const char *tmp;
-	int ret = -1;
+	struct cas_durable_file *file;
 
-	if (set->tmp_path != NULL)
-		tmp = set->tmp_path;
-	else {
-		random_fill(rnd, sizeof(rnd));
-		tmp = t_strdup_printf("%s.%s.tmp", path,
-				      binary_to_hex(rnd, sizeof(rnd)));
+	if (cas_durable_file_create(path, set, &file, error_r) < 0)
+		return -1;
+	if (cas_durable_file_write(file, data, size, error_r) < 0) {
+		cas_durable_file_abort(&file);
+		return -1;
 	}
-	if (durable_write_tmp(tmp, data, size, set, error_r) < 0) {
-		/* fall through to the unlink */
-	} else if (!set->no_replace) {
-		if (io->rename(tmp, path) < 0) {
-			*error_r = t_strdup_printf(
-				"rename(%s, %s) failed: %m", tmp, path);
-		} else {
-			ret = 0;
-		}
-	} else {
-		/* link() never replaces an existing file */
-		if (io->link(tmp, path) < 0) {
-			*error_r = t_strdup_printf(
-				"link(%s, %s) failed: %m", tmp, path);
-		} else {
-			ret = 0;
-		}
-	}
-	if ((ret < 0 || set->no_replace) && io->unlink(tmp) < 0 &&
-	    errno != ENOENT && ret == 0) {
-		*error_r = t_strdup_printf("unlink(%s) failed: %m", tmp);
-		ret = -1;
-	}
-	if (ret == 0 && !set->no_fsync &&
-	    cas_durable_fsync_parent(io, path, error_r) < 0)
-		ret = -1;
-	return ret;
+	return cas_durable_file_commit(&file, error_r);
 }
 
 int cas_durable_read_file(const struct cas_io *io, const char *path,

@@ -25,6 +25,10 @@ struct cas_durable_write_settings {
 	/* skip the file and directory fsyncs (mail_fsync=never, casidx's
 	   no_fsync): still atomic, no longer durable */
 	bool no_fsync;
+	/* fsync the file but not the directory: the caller fsyncs it
+	   later, before anything names the file (casidx segments before
+	   the manifest that lists them) */
+	bool no_dir_fsync;
 	/* the temporary name: "<path>.<16 hex>.tmp" by default, this
 	   exact name if set (then created with O_EXCL, or O_TRUNC when
 	   tmp_truncate is TRUE) */
@@ -41,6 +45,22 @@ int cas_durable_write_atomic(const char *path, const void *data,
 			     size_t size,
 			     const struct cas_durable_write_settings *set,
 			     const char **error_r);
+
+/* The same, streamed: create opens the temporary file, write appends to
+   it, commit syncs and moves it into place (as above) and frees it,
+   abort removes it. Both end the file (NULL afterwards). Returns 0 ok,
+   -1 error; a failed commit removed the temporary file, and leaves
+   errno as the failed call set it (EEXIST: no_replace and path exists). */
+struct cas_durable_file;
+int cas_durable_file_create(const char *path,
+			    const struct cas_durable_write_settings *set,
+			    struct cas_durable_file **file_r,
+			    const char **error_r);
+int cas_durable_file_write(struct cas_durable_file *file, const void *data,
+			   size_t size, const char **error_r);
+int cas_durable_file_commit(struct cas_durable_file **file,
+			    const char **error_r);
+void cas_durable_file_abort(struct cas_durable_file **file);
 
 /* fsync the directory dir, making the creations, renames and unlinks in
    it durable. Returns 0 ok, -1 error. */

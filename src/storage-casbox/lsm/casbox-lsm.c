@@ -7,6 +7,7 @@
 #include "buffer.h"
 #include "mkdir-parents.h"
 #include "file-dotlock.h"
+#include "cas-durable.h"
 #include "casbox-lsm-state.h"
 
 #include <fcntl.h>
@@ -518,18 +519,9 @@ int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
 /* The store directory itself may be new: make its entry durable. */
 static int lsm_fsync_parent(struct casbox_lsm *lsm, const char **error_r)
 {
-	const char *p = strrchr(lsm->dir, '/');
-	const char *parent;
-
 	if (!lsm->set.fsync)
 		return 0;
-	parent = p == NULL ? "." : (p == lsm->dir ? "/" :
-				    t_strdup_until(lsm->dir, p));
-	if (lsm->io->fsync_dir(parent) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", parent);
-		return -1;
-	}
-	return 0;
+	return cas_durable_fsync_parent(lsm->io, lsm->dir, error_r);
 }
 
 static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
