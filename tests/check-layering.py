@@ -134,6 +134,31 @@ def symbol_violations(builddir):
     return found
 
 
+PLUGIN = "src/storage-casbox/.libs/lib20_casbox_plugin.so"
+DOVEADM = MODULES[0][0]
+
+
+def dyn_symbols(path, which):
+    out = subprocess.run(["nm", "-D", which, path], check=True,
+                         capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def export_errors(builddir):
+    """The doveadm plugin resolves its casbox symbols from
+    lib20_casbox_plugin.so (loaded first, RTLD_GLOBAL): each must be
+    exported there (casbox-plugin.map), or doveadm fails to load it."""
+    exported = dyn_symbols(os.path.join(builddir, PLUGIN), "--defined-only")
+    needed = {sym for sym in dyn_symbols(os.path.join(builddir, DOVEADM),
+                                         "--undefined-only")
+              if sym.startswith(("cas_", "casbox_"))}
+    print(f"layering: lib20_casbox_plugin.so exports {len(exported)} "
+          f"symbols; the doveadm plugin needs {len(needed)} of them")
+    return [f"FAIL doveadm needs {sym}, not exported by "
+            f"lib20_casbox_plugin.so (casbox-plugin.map)"
+            for sym in sorted(needed - exported)]
+
+
 def read_allow(srcdir):
     path = os.path.join(srcdir, "tests", "layering-allow.txt")
     allow = set()
@@ -194,7 +219,10 @@ def main():
     for v in gone:
         print(f"FAIL no longer a violation, remove from "
               f"tests/layering-allow.txt: {v}")
-    return 1 if new or gone else 0
+    errors = export_errors(builddir)
+    for e in errors:
+        print(e)
+    return 1 if new or gone or errors else 0
 
 
 if __name__ == "__main__":
