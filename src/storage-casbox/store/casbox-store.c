@@ -1469,3 +1469,13 @@ int casbox_store_open_packs_keyless(struct casbox_store *store,
 	}
 	return 1;
 }
+
+uint64_t casbox_store_get_chunks_decoded(void)
+{
+	return casbox_pack_get_chunks_decoded();
+}
+
+uint64_t casbox_store_get_bytes_decoded(void)
+{
+	return casbox_pack_get_bytes_decoded();
+}

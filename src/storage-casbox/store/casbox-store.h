@@ -239,4 +239,29 @@ struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store);
 int casbox_store_open_packs_keyless(struct casbox_store *store,
 				    const char **error_r);
 
+/* Chunks this process has decoded (authenticated and decompressed) so
+   far, over all stores, and their plaintext bytes: statistics for the
+   debug log and tests of what a read touched. */
+uint64_t casbox_store_get_chunks_decoded(void);
+uint64_t casbox_store_get_bytes_decoded(void);
+
+/* dict train: a zstd dictionary from up to max_samples of the store's
+   small blobs (those the pack store would compress with a dictionary),
+   one in holdout_every held out (up to max_heldout) and compressed
+   without and with the new dictionary. Needs casbox_store_open_keys().
+   The samples are wiped after use. Returns 0 ok, -1 error (too few small
+   blobs says so). */
+struct casbox_store_dict_train_result {
+	uint32_t dict_id;
+	unsigned int samples, heldout;
+	/* of the held-out blobs */
+	uint64_t plain_bytes, without_bytes, with_bytes;
+};
+int casbox_store_dict_train(struct casbox_store *store,
+			    unsigned int max_samples,
+			    unsigned int holdout_every,
+			    unsigned int max_heldout,
+			    struct casbox_store_dict_train_result *res_r,
+			    const char **error_r);
+
 #endif
