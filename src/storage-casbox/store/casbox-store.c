@@ -157,9 +157,8 @@ void casbox_store_close(struct casbox_store **_store)
 	pool_unref(&store->pool);
 }
 
-/* TRUE if the store holds anything a new key would make unreadable. */
-static int casbox_store_has_data(struct casbox_store *store, bool *have_r,
-				 const char **error_r)
+int casbox_store_has_data(struct casbox_store *store, bool *have_r,
+			  const char **error_r)
 {
 	static const unsigned char prefixes[] = {
 		CASBOX_KEY_KEYRING, CASBOX_KEY_BLOB, CASBOX_KEY_MESSAGE
@@ -1478,4 +1477,32 @@ uint64_t casbox_store_get_chunks_decoded(void)
 uint64_t casbox_store_get_bytes_decoded(void)
 {
 	return casbox_pack_get_bytes_decoded();
+}
+
+struct casbox_store_write_lock {
+	struct casbox_lsm_batch *batch;
+};
+
+int casbox_store_write_lock(struct casbox_store *store,
+			    struct casbox_store_write_lock **lock_r,
+			    const char **error_r)
+{
+	struct casbox_lsm_batch *batch;
+
+	*lock_r = NULL;
+	/* a batch holds the LSM write lock from begin to its end */
+	if (casbox_lsm_batch_begin(store->lsm, &batch, error_r) < 0)
+		return -1;
+	*lock_r = i_new(struct casbox_store_write_lock, 1);
+	(*lock_r)->batch = batch;
+	return 0;
+}
+
+void casbox_store_write_unlock(struct casbox_store_write_lock **_lock)
+{
+	struct casbox_store_write_lock *lock = *_lock;
+
+	*_lock = NULL;
+	casbox_lsm_batch_rollback(&lock->batch);
+	i_free(lock);
 }

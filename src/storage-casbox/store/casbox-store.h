@@ -264,4 +264,22 @@ int casbox_store_dict_train(struct casbox_store *store,
 			    struct casbox_store_dict_train_result *res_r,
 			    const char **error_r);
 
+/* The one "has data" rule: TRUE if the store holds anything a new key
+   could not read: a key ('K'), blob or message record in the LSM, or
+   any file in packs/ (a pack, or a dictionary, which is sealed with the
+   key). Before a key is created for a store (casbox_key_autocreate,
+   doveadm casbox key init). Returns 0 ok, -1 error. */
+int casbox_store_has_data(struct casbox_store *store, bool *have_r,
+			  const char **error_r);
+
+/* Hold the store's write lock (the LSM's, which every writer of records
+   takes) without writing anything: key rotation rewrites the key file
+   under it, so no writer wraps a DEK with a key slot that is going away.
+   Returns 0 ok, -1 error (lock timeout included). */
+struct casbox_store_write_lock;
+int casbox_store_write_lock(struct casbox_store *store,
+			    struct casbox_store_write_lock **lock_r,
+			    const char **error_r);
+void casbox_store_write_unlock(struct casbox_store_write_lock **lock);
+
 #endif
