@@ -31,6 +31,9 @@ struct casbox_store {
 	const char *unlock_error;
 	struct casbox_pack_store *packs;
 	struct casbox_store_stats stats;
+	/* opened without its LSM (casbox_store_open_nolsm()): the password
+	   for the key (not owned), NULL: the settings' */
+	const char *nolsm_password;
 };
 
 /* A blob touched by a transaction: its current refcount and location. */
@@ -77,6 +80,41 @@ casbox_store_lsm_get(struct casbox_store *store, const buffer_t *key,
 			      error_r);
 }
 
+static struct casbox_store *
+casbox_store_alloc(const char *root_dir, const struct casbox_settings *set,
+		   enum fsync_mode fsync_mode,
+		   enum file_lock_method lock_method)
+{
+	struct casbox_store *store;
+	pool_t pool;
+
+	pool = pool_alloconly_create("casbox store", 512);
+	store = p_new(pool, struct casbox_store, 1);
+	store->pool = pool;
+	store->root_dir = p_strdup(pool, root_dir);
+	store->set = set;
+	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
+	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
+	store->lock_method = lock_method;
+	return store;
+}
+
+void casbox_store_open_nolsm(const char *root_dir,
+			     const struct casbox_settings *set,
+			     enum fsync_mode fsync_mode,
+			     enum file_lock_method lock_method,
+			     struct casbox_store **store_r)
+{
+	*store_r = casbox_store_alloc(root_dir, set, fsync_mode, lock_method);
+}
+
+void casbox_store_set_key_password(struct casbox_store *store,
+				   const char *password)
+{
+	i_assert(store->lsm == NULL);
+	store->nolsm_password = password;
+}
+
 int casbox_store_open(const char *root_dir,
 		      const struct casbox_settings *set,
 		      enum fsync_mode fsync_mode,
@@ -88,14 +126,8 @@ int casbox_store_open(const char *root_dir,
 	const char *error;
 	pool_t pool;
 
-	pool = pool_alloconly_create("casbox store", 512);
-	store = p_new(pool, struct casbox_store, 1);
-	store->pool = pool;
-	store->root_dir = p_strdup(pool, root_dir);
-	store->set = set;
-	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
-	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
-	store->lock_method = lock_method;
+	store = casbox_store_alloc(root_dir, set, fsync_mode, lock_method);
+	pool = store->pool;
 
 	i_zero(&lsm_set);
 	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
@@ -153,7 +185,8 @@ void casbox_store_close(struct casbox_store **_store)
 		casbox_pack_store_close(&store->packs);
 	if (store->keyring != NULL)
 		cas_keyring_free(&store->keyring);
-	casbox_lsm_close(&store->lsm);
+	if (store->lsm != NULL)
+		casbox_lsm_close(&store->lsm);
 	pool_unref(&store->pool);
 }
 
@@ -208,6 +241,8 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		return -1;
 	}
 	casbox_settings_key(store->set, &key_set);
+	if (store->lsm == NULL && key_set.mode == CAS_KEY_MODE_PASSWORD)
+		key_set.password = store->nolsm_password;
 	if (store->unlock_error != NULL) {
 		*error_r = store->unlock_error;
 		return -1;
@@ -224,6 +259,12 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 			store->unlock_error =
 				p_strdup(store->pool, *error_r);
 		}
+		return -1;
+	}
+	if (store->lsm == NULL) {
+		/* without the LSM nothing tells whether the store has
+		   data: never create a key then */
+		*error_r = t_strdup_printf("key file %s does not exist", path);
 		return -1;
 	}
 	if (casbox_store_has_data(store, &have_data, error_r) < 0)
@@ -310,7 +351,10 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 	if (store->keyring == NULL) {
 		if (casbox_store_load_keyring(store, error_r) < 0)
 			return -1;
-		if (casbox_store_check_key_id(store, error_r) < 0) {
+		/* without the LSM there is no 'K' record: the sealed
+		   records the caller opens check the key */
+		if (store->lsm != NULL &&
+		    casbox_store_check_key_id(store, error_r) < 0) {
 			cas_keyring_free(&store->keyring);
 			return -1;
 		}

@@ -41,6 +41,20 @@ void casbox_store_close(struct casbox_store **store);
    for a store with data, or a key that is not the store's, are errors
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
+/* A store without its LSM (rebuild --from-packs, where the LSM may be
+   missing or unreadable): only casbox_store_open_keys() (which then
+   never creates a key and has no 'K' record to check it against: the
+   sealed records the caller opens do), the get_*() functions and close. */
+void casbox_store_open_nolsm(const char *root_dir,
+			     const struct casbox_settings *set,
+			     enum fsync_mode fsync_mode,
+			     enum file_lock_method lock_method,
+			     struct casbox_store **store_r);
+/* Such a store's password-mode key password (not owned, never logged),
+   instead of the settings' one; NULL: the public part only. Call before
+   casbox_store_open_keys(). */
+void casbox_store_set_key_password(struct casbox_store *store,
+				   const char *password);
 /* TRUE if the store is in password key mode and this process cannot
    open its DEKs: no password, or unlocking with it failed. */
 bool casbox_store_key_locked(struct casbox_store *store);
