@@ -13,7 +13,7 @@
 #include "casbox-pack.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
-#include "doveadm-casbox-progress.h"
+#include "casbox-store-progress.h"
 
 struct mail_user;
 struct mailbox_list;

@@ -1550,3 +1550,19 @@ void casbox_store_write_unlock(struct casbox_store_write_lock **_lock)
 	casbox_lsm_batch_rollback(&lock->batch);
 	i_free(lock);
 }
+
+const struct casbox_settings *
+casbox_store_get_settings(struct casbox_store *store)
+{
+	return store->set;
+}
+
+bool casbox_store_get_fsync(struct casbox_store *store)
+{
+	return store->fsync;
+}
+
+enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store)
+{
+	return store->lock_method;
+}

@@ -296,4 +296,11 @@ int casbox_store_write_lock(struct casbox_store *store,
 			    const char **error_r);
 void casbox_store_write_unlock(struct casbox_store_write_lock **lock);
 
+/* How the store was opened: its settings (as given to the open), whether
+   it fsyncs (mail_fsync is not "never") and its lock method. */
+const struct casbox_settings *
+casbox_store_get_settings(struct casbox_store *store);
+bool casbox_store_get_fsync(struct casbox_store *store);
+enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store);
+
 #endif

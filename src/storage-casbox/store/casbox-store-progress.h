@@ -1,7 +1,7 @@
-#ifndef DOVEADM_CASBOX_PROGRESS_H
-#define DOVEADM_CASBOX_PROGRESS_H
+#ifndef CASBOX_STORE_PROGRESS_H
+#define CASBOX_STORE_PROGRESS_H
 
-/* Progress of long doveadm casbox runs (scrub, gc, rebuild --from-packs,
+/* casbox-store-progress: progress of long store runs for doveadm casbox (scrub, gc, rebuild --from-packs,
    key rotate), on stderr and only when stderr is a terminal: one line,
    rewritten in place at most ten times a second, ended by
    casbox_admin_progress_end(). Run from cron or a script (stderr a file

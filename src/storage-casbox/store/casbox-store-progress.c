@@ -1,8 +1,8 @@
-/* doveadm casbox: progress lines on a terminal (doveadm-casbox-progress.h). */
+/* casbox-store-progress: progress lines on a terminal (casbox-store-progress.h). */
 
 #include "lib.h"
 #include "time-util.h"
-#include "doveadm-casbox-progress.h"
+#include "casbox-store-progress.h"
 
 #include <stdio.h>
 #include <unistd.h>
