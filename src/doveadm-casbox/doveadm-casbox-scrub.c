@@ -12,7 +12,7 @@
 #include "doveadm-mail.h"
 #include "safe-memset.h"
 #include "casbox-lsm.h"
-#include "casbox-store-quarantine.h"
+#include "casbox-store-repair.h"
 #include "casbox-recovery.h"
 #include "casbox-events.h"
 #include "doveadm-casbox.h"
@@ -426,24 +426,10 @@ static void casbox_scrub_repair_row(struct casbox_scrub *scrub,
 
 static void
 casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
-			  struct casbox_lsm_batch *batch,
+			  struct casbox_store_repair *repair,
 			  const struct casbox_census_blob *fresh)
 {
-	struct casbox_blob_value bval;
-	buffer_t *key, *value, *rec;
-
-	key = t_buffer_create(40);
-	casbox_key_blob(key, &fresh->id);
-	rec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
-	casbox_blob_record_export(&fresh->rec, rec);
-	i_zero(&bval);
-	bval.refcount = fresh->counted;
-	bval.pack_record = rec->data;
-	bval.pack_record_size = rec->used;
-	value = t_buffer_create(128);
-	casbox_blob_value_export(&bval, value);
-	casbox_lsm_batch_put(batch, key->data, key->used,
-			     value->data, value->used);
+	casbox_store_repair_refcount(repair, fresh);
 	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, t_strdup_printf(
 		"refcount %u -> %u", fresh->refcount, fresh->counted));
 }
@@ -452,13 +438,12 @@ casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
    record stays, so the messages still exist and can be restored. */
 static void
 casbox_scrub_quarantine(struct casbox_scrub *scrub,
-			struct casbox_lsm_batch *batch,
+			struct casbox_store_repair *repair,
 			const struct casbox_census_blob *fresh,
 			const struct casbox_census_blob *checked)
 {
 	struct casbox_quarantine_record qrec;
 	const char *path, *error, *action;
-	buffer_t *key, *value;
 
 	i_zero(&qrec);
 	qrec.time = ioloop_time;
@@ -481,12 +466,7 @@ casbox_scrub_quarantine(struct casbox_scrub *scrub,
 	} else {
 		action = "quarantined (no readable blob record)";
 	}
-	key = t_buffer_create(40);
-	casbox_quarantine_key(key, &fresh->id);
-	value = t_buffer_create(128);
-	casbox_quarantine_record_export(&qrec, value);
-	casbox_lsm_batch_put(batch, key->data, key->used,
-			     value->data, value->used);
+	casbox_store_repair_quarantine(repair, &fresh->id, &qrec);
 	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, action);
 }
 
@@ -505,35 +485,29 @@ casbox_scrub_same_frame(const struct casbox_census_blob *fresh,
 
 static void
 casbox_scrub_repair_blob(struct casbox_scrub *scrub,
-			 struct casbox_lsm_batch *batch,
+			 struct casbox_store_repair *repair,
 			 const struct casbox_census_blob *fresh,
 			 const struct casbox_census_blob *checked)
 {
-	buffer_t *key;
-
 	if (fresh->have_record && !fresh->record_bad &&
 	    fresh->refcount != fresh->counted)
-		casbox_scrub_fix_refcount(scrub, batch, fresh);
+		casbox_scrub_fix_refcount(scrub, repair, fresh);
 	/* only what the check found, and only if no save or gc moved
 	   the blob since */
 	if (checked == NULL || !casbox_scrub_same_frame(fresh, checked))
 		return;
 	if ((checked->damage != NULL || !checked->have_record) &&
 	    fresh->counted > 0 && fresh->quarantined == NULL)
-		casbox_scrub_quarantine(scrub, batch, fresh, checked);
+		casbox_scrub_quarantine(scrub, repair, fresh, checked);
 	else if (checked->damage == NULL && checked->have_record &&
 		 fresh->quarantined != NULL && scrub->decoded) {
-		key = t_buffer_create(40);
-		casbox_quarantine_key(key, &fresh->id);
-		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_store_repair_release(repair, &fresh->id);
 		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
 			"released from quarantine: reads intact");
 	} else if (!fresh->have_record && fresh->counted == 0 &&
 		   fresh->quarantined != NULL) {
 		/* the frame copy stays in quarantine/ */
-		key = t_buffer_create(40);
-		casbox_quarantine_key(key, &fresh->id);
-		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_store_repair_release(repair, &fresh->id);
 		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
 			"released from quarantine: no message uses it");
 	}
@@ -589,7 +563,7 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 			       const char **error_r)
 {
 	struct casbox_census *fresh;
-	struct casbox_lsm_batch *batch;
+	struct casbox_store_repair *repair;
 	struct casbox_census_blob *blob, *checked;
 
 	if (scrub->lsm_damaged) {
@@ -601,19 +575,20 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 			  scrub->adm->root_dir);
 		return 0;
 	}
-	if (casbox_lsm_batch_begin(scrub->adm->lsm, &batch, error_r) < 0)
+	if (casbox_store_repair_begin(scrub->adm->store, &repair,
+				      error_r) < 0)
 		return -1;
 	if (casbox_census_build(scrub->adm->store, NULL, NULL, &fresh,
 				error_r) < 0) {
-		casbox_lsm_batch_rollback(&batch);
+		casbox_store_repair_rollback(&repair);
 		return -1;
 	}
 	array_foreach_elem(&fresh->blob_list, blob) T_BEGIN {
 		checked = hash_table_lookup(scrub->census->blobs, &blob->id);
-		casbox_scrub_repair_blob(scrub, batch, blob, checked);
+		casbox_scrub_repair_blob(scrub, repair, blob, checked);
 	} T_END;
 	casbox_census_free(&fresh);
-	if (casbox_lsm_batch_commit(&batch, error_r) < 0)
+	if (casbox_store_repair_commit(&repair, error_r) < 0)
 		return -1;
 	/* after the commit: the mailbox sync takes the LSM lock itself */
 	if (scrub->adm->user == NULL)
