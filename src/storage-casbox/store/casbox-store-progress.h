@@ -1,8 +1,8 @@
 #ifndef CASBOX_STORE_PROGRESS_H
 #define CASBOX_STORE_PROGRESS_H
 
-/* casbox-store-progress: progress of long store runs for doveadm casbox (scrub, gc, rebuild --from-packs,
-   key rotate), on stderr and only when stderr is a terminal: one line,
+/* casbox-store-progress: progress of long store runs for doveadm casbox
+   (scrub, gc, rebuild --from-packs, key rotate), on stderr and only when stderr is a terminal: one line,
    rewritten in place at most ten times a second, ended by
    casbox_admin_progress_end(). Run from cron or a script (stderr a file
    or a pipe), nothing is printed. Needs only Dovecot's liblib. */

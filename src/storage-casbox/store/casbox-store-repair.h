@@ -23,8 +23,8 @@ void casbox_store_repair_refcount(struct casbox_store_repair *repair,
 /* Record the blob as quarantined (readers then fail early, scrubs
    report it as known damage). */
 void casbox_store_repair_quarantine(struct casbox_store_repair *repair,
-				    const struct cas_blob_id *id,
-				    const struct casbox_quarantine_record *qrec);
+		const struct cas_blob_id *id,
+		const struct casbox_quarantine_record *qrec);
 /* Drop the blob's quarantine record. */
 void casbox_store_repair_release(struct casbox_store_repair *repair,
 				 const struct cas_blob_id *id);

@@ -341,6 +341,42 @@ static int casbox_store_check_key_id(struct casbox_store *store,
 	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
 }
 
+/* The one place the pack settings are filled from the store's. */
+static void casbox_store_pack_settings(struct casbox_store *store,
+				       struct casbox_pack_settings *set_r)
+{
+	i_zero(set_r);
+	set_r->dir = t_strconcat(store->root_dir, "/packs", NULL);
+	set_r->fsync = store->fsync;
+	set_r->max_pack_size = store->set->pack_size;
+	set_r->zstd_level = store->set->zstd_level;
+}
+
+int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r)
+{
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_store *packs;
+	struct casbox_pack_txn *txn;
+	const char *error;
+
+	casbox_store_pack_settings(store, &pack_set);
+	/* any existing pack counts as full: txn_begin creates the next */
+	pack_set.max_pack_size = 1;
+	if (casbox_pack_store_open(&pack_set, store->keyring, &packs,
+				   &error) < 0) {
+		*error_r = t_strdup_printf("starting a new pack: %s", error);
+		return -1;
+	}
+	if (casbox_pack_txn_begin(packs, &txn, &error) < 0 ||
+	    casbox_pack_txn_commit(&txn, &error) < 0) {
+		*error_r = t_strdup_printf("starting a new pack: %s", error);
+		casbox_pack_store_close(&packs);
+		return -1;
+	}
+	casbox_pack_store_close(&packs);
+	return 0;
+}
+
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 {
 	struct casbox_pack_settings pack_set;
@@ -359,11 +395,7 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 			return -1;
 		}
 	}
-	i_zero(&pack_set);
-	pack_set.dir = t_strconcat(store->root_dir, "/packs", NULL);
-	pack_set.fsync = store->fsync;
-	pack_set.max_pack_size = store->set->pack_size;
-	pack_set.zstd_level = store->set->zstd_level;
+	casbox_store_pack_settings(store, &pack_set);
 	if (casbox_pack_store_open(&pack_set, store->keyring,
 				   &store->packs, &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
@@ -1502,9 +1534,7 @@ int casbox_store_open_packs_keyless(struct casbox_store *store,
 	/* the pack store opens the dictionaries, which needs the key */
 	if (have_dicts)
 		return 0;
-	i_zero(&pack_set);
-	pack_set.dir = dir_path;
-	pack_set.fsync = store->fsync;
+	casbox_store_pack_settings(store, &pack_set);
 	if (casbox_pack_store_open(&pack_set, NULL, &store->packs,
 				   &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", dir_path, error);

@@ -41,6 +41,10 @@ void casbox_store_close(struct casbox_store **store);
    for a store with data, or a key that is not the store's, are errors
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
+/* Start a new pack: saves and gc's copies then append there, not to a
+   pack gc is about to delete. Needs casbox_store_open_keys(). Returns 0
+   ok, -1 error. */
+int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r);
 /* A store without its LSM (rebuild --from-packs, where the LSM may be
    missing or unreadable): only casbox_store_open_keys() (which then
    never creates a key and has no 'K' record to check it against: the
