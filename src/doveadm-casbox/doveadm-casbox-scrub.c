@@ -323,8 +323,7 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	if ((ret = casbox_scrub_open_packs(scrub, &key_error, error_r)) < 0)
 		return -1;
 	if (ret > 0) {
-		scrub->census->progress = casbox_admin_census_progress;
-		scrub->census->progress_context = (void *)"scrub";
+		casbox_admin_census_show_progress(scrub->census, "scrub");
 		ret = casbox_census_scan_packs(adm->store, scrub->census,
 					       casbox_scrub_row, scrub,
 					       error_r);

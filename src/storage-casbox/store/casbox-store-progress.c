@@ -137,3 +137,10 @@ void casbox_admin_census_progress(void *context, uint64_t frames,
 			bytes_done, bytes_total);
 	} T_END;
 }
+
+void casbox_admin_census_show_progress(struct casbox_census *census,
+				       const char *what)
+{
+	census->progress = casbox_admin_census_progress;
+	census->progress_context = (void *)what;
+}

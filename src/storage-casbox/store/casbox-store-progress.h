@@ -44,5 +44,11 @@ void casbox_admin_scan_progress_frame(struct casbox_admin_scan_progress *p,
    context = the "what" string (e.g. "scrub"). */
 void casbox_admin_census_progress(void *context, uint64_t frames,
 				  uint64_t bytes_done, uint64_t bytes_total);
+/* Show census's pack scan progress as "<what>: ..." lines (sets
+   census->progress to the above). A call, so the doveadm plugin takes
+   no function address from lib20_casbox_plugin.so (it must load with
+   lazy binding before the symbols resolve). */
+void casbox_admin_census_show_progress(struct casbox_census *census,
+				       const char *what);
 
 #endif
