@@ -46,7 +46,7 @@ static void test_dir_teardown(void)
 		i_error("%s", error);
 }
 
-static int lsm_open_io(const struct casbox_lsm_io *io,
+static int lsm_open_io(const struct cas_io *io,
 		       struct casbox_lsm **lsm_r, const char **error_r)
 {
 	struct casbox_lsm_settings set = {

@@ -301,6 +301,24 @@ static int crashfs_rename(const char *from, const char *to)
 	return 0;
 }
 
+static int crashfs_link(const char *from, const char *to)
+{
+	struct crashfs_file *file, *new_file;
+
+	if (cfs_op_crashes())
+		return cfs_fail_eio();
+	if (link(from, to) < 0)
+		return -1;
+	/* a second name for the same content: tracked as its own file,
+	   synced as far as the first one is */
+	file = cfs_file_by_name(from);
+	new_file = cfs_file_add(to);
+	if (file != NULL)
+		buffer_append_buf(new_file->synced, file->synced, 0,
+				  SIZE_MAX);
+	return 0;
+}
+
 static int crashfs_unlink(const char *path)
 {
 	struct crashfs_file *file;
@@ -386,7 +404,7 @@ void crashfs_power_loss(enum crashfs_loss loss)
 	cfs_scan();
 }
 
-const struct casbox_lsm_io crashfs_io = {
+const struct cas_io crashfs_io = {
 	.open = crashfs_open,
 	.close = crashfs_close,
 	.pread = crashfs_pread,
@@ -396,6 +414,7 @@ const struct casbox_lsm_io crashfs_io = {
 	.fstat = crashfs_fstat,
 	.stat = crashfs_stat,
 	.rename = crashfs_rename,
+	.link = crashfs_link,
 	.unlink = crashfs_unlink,
 	.mkdir = crashfs_mkdir,
 	.fsync_dir = crashfs_fsync_dir,

@@ -1,19 +1,19 @@
 #ifndef CRASHFS_H
 #define CRASHFS_H
 
-/* crashfs: a casbox_lsm_io table over one real directory that remembers
+/* crashfs: a cas_io table (src/durable/cas-io.h) over one real directory that remembers
    what a power loss would keep, and injects faults.
 
    It tracks every file in the directory: the content as of its last
    fsync() and the names as of the last fsync_dir(). crashfs_power_loss()
    rewrites the directory to that durable state (optionally keeping a
    random part of unsynced appends), the way a crashed kernel would.
-   Faults: crash at the Nth counted operation (pwrite, fsync, rename,
+   Faults: crash at the Nth counted operation (pwrite, fsync, rename, link,
    fsync_dir), optionally writing a random prefix first (torn write);
    after a crash every operation fails with EIO until power loss.
    ENOSPC after a byte budget. Not thread-safe; one directory at a time. */
 
-#include "casbox-lsm-io.h"
+#include "cas-io.h"
 
 enum crashfs_fault {
 	/* the Nth operation fails and nothing of it lands */
@@ -29,7 +29,7 @@ enum crashfs_loss {
 	CRASHFS_LOSS_KEEP_SOME,
 };
 
-extern const struct casbox_lsm_io crashfs_io;
+extern const struct cas_io crashfs_io;
 
 /* Start tracking dir; its existing files count as durable. */
 void crashfs_init(const char *dir, unsigned int seed);

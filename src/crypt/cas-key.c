@@ -29,6 +29,7 @@
 #include "cas-keyfile.h"
 #include "cas-key.h"
 #include "cas-userkey.h"
+#include "cas-keymode.h"
 
 #include <sodium.h>
 #include <fcntl.h>
@@ -90,7 +91,49 @@ struct cas_keyring {
 	struct stat st;
 	/* password mode: the user key does everything, secrets is NULL */
 	struct cas_userkey *userkey;
+	/* what differs between the key modes */
+	const struct cas_keyring_backend *backend;
 };
+
+/* A key ring's backend: the server key (a KEK in the key file wraps the
+   DEKs; slots for rotation) or the password-mode user key (a key pair;
+   DEKs sealed to its public key, opened with the password). Each key
+   ring has one from its creation; no function branches on the mode. */
+struct cas_keyring_backend {
+	void (*free)(struct cas_keyring *keyring);
+	uint32_t (*wrap_key_id)(const struct cas_keyring *keyring);
+	bool (*has_key_id)(const struct cas_keyring *keyring,
+			   uint32_t key_id);
+	int (*refresh)(struct cas_keyring *keyring, const char *path,
+		       bool *changed_r, const char **error_r);
+	void (*blob_id_init)(const struct cas_keyring *keyring,
+			     struct cas_blob_id_ctx *ctx);
+	void (*record_seal)(const struct cas_keyring *keyring,
+			    const void *aad, size_t aad_size,
+			    const void *data, size_t size, buffer_t *sealed);
+	int (*record_open)(const struct cas_keyring *keyring,
+			   const void *aad, size_t aad_size,
+			   const void *sealed, size_t sealed_size,
+			   buffer_t *plain, const char **error_r);
+	bool (*can_decrypt)(const struct cas_keyring *keyring);
+	int (*dek_protect)(const struct cas_keyring *keyring,
+			   const struct cas_blob_id *id,
+			   const unsigned char dek[CAS_DEK_SIZE],
+			   uint8_t *kind_r,
+			   unsigned char stored_r[CAS_STORED_DEK_MAX_SIZE],
+			   const char **error_r);
+	/* kind is the other mode's: error_r names both */
+	int (*dek_open)(const struct cas_keyring *keyring,
+			const struct cas_blob_id *id, uint8_t kind,
+			const unsigned char *stored,
+			unsigned char dek_r[CAS_DEK_SIZE],
+			const char **error_r);
+	int (*dek_verify)(const struct cas_keyring *keyring,
+			  const struct cas_blob_id *id, uint8_t kind,
+			  const unsigned char *stored, const char **error_r);
+};
+static const struct cas_keyring_backend cas_keyring_server;
+static const struct cas_keyring_backend cas_keyring_password;
 
 static void cas_sodium_init(void)
 {
@@ -151,6 +194,7 @@ static struct cas_keyring *cas_keyring_from_kek(const unsigned char *kek)
 	struct cas_keyring *keyring;
 
 	keyring = i_new(struct cas_keyring, 1);
+	keyring->backend = &cas_keyring_server;
 	keyring->secrets = cas_keyring_secrets_alloc();
 	memcpy(keyring->secrets->root, kek, CAS_KEK_SIZE);
 	cas_keyring_derive(keyring->secrets, &keyring->key_id,
@@ -259,6 +303,7 @@ static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
 	}
 
 	keyring = i_new(struct cas_keyring, 1);
+	keyring->backend = &cas_keyring_server;
 	keyring->secrets = cas_keyring_secrets_alloc();
 	memcpy(keyring->secrets->root, file + 8, CAS_KEK_SIZE);
 	cas_keyring_derive(keyring->secrets, &keyring->key_id, derived_wrap);
@@ -429,12 +474,19 @@ void cas_keyring_free(struct cas_keyring **_keyring)
 	if (keyring == NULL)
 		return;
 	*_keyring = NULL;
-	if (keyring->userkey != NULL)
-		cas_userkey_free(&keyring->userkey);
-	/* sodium_free() wipes the memory */
-	if (keyring->secrets != NULL)
-		sodium_free(keyring->secrets);
+	keyring->backend->free(keyring);
 	i_free(keyring);
+}
+
+static void cas_keyring_server_free(struct cas_keyring *keyring)
+{
+	/* sodium_free() wipes the memory */
+	sodium_free(keyring->secrets);
+}
+
+static void cas_keyring_password_free(struct cas_keyring *keyring)
+{
+	cas_userkey_free(&keyring->userkey);
 }
 
 uint32_t cas_keyring_key_id(const struct cas_keyring *keyring)
@@ -444,9 +496,20 @@ uint32_t cas_keyring_key_id(const struct cas_keyring *keyring)
 
 uint32_t cas_keyring_wrap_key_id(const struct cas_keyring *keyring)
 {
-	if (keyring->userkey != NULL)
-		return keyring->key_id;
+	return keyring->backend->wrap_key_id(keyring);
+}
+
+static uint32_t
+cas_keyring_server_wrap_key_id(const struct cas_keyring *keyring)
+{
 	return keyring->slot_key_ids[keyring->current];
+}
+
+/* the key pair's id: it seals every DEK */
+static uint32_t
+cas_keyring_password_key_id(const struct cas_keyring *keyring)
+{
+	return keyring->key_id;
 }
 
 unsigned int cas_keyring_slot_count(const struct cas_keyring *keyring)
@@ -471,11 +534,23 @@ bool cas_keyring_retiring_key_id(const struct cas_keyring *keyring,
 bool cas_keyring_has_key_id(const struct cas_keyring *keyring,
 			    uint32_t key_id)
 {
+	return keyring->backend->has_key_id(keyring, key_id);
+}
+
+static bool
+cas_keyring_password_has_key_id(const struct cas_keyring *keyring,
+				uint32_t key_id)
+{
+	return key_id == keyring->key_id;
+}
+
+static bool
+cas_keyring_server_has_key_id(const struct cas_keyring *keyring,
+			      uint32_t key_id)
+{
 	unsigned int i;
 	bool found = FALSE;
 
-	if (keyring->userkey != NULL)
-		return key_id == keyring->key_id;
 	for (i = 0; i < keyring->slot_count; i++)
 		found = found || keyring->slot_key_ids[i] == key_id;
 	return found;
@@ -632,18 +707,31 @@ static bool cas_keyring_same_file(const struct cas_keyring *keyring,
 int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 			bool *changed_r, const char **error_r)
 {
+	*changed_r = FALSE;
+	return keyring->backend->refresh(keyring, path, changed_r, error_r);
+}
+
+static int
+cas_keyring_password_refresh(struct cas_keyring *keyring ATTR_UNUSED,
+			     const char *path ATTR_UNUSED,
+			     bool *changed_r ATTR_UNUSED,
+			     const char **error_r ATTR_UNUSED)
+{
+	/* a user key file changes only by a password change, which keeps
+	   the key pair and the delivery key */
+	return 1;
+}
+
+static int
+cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
+			   bool *changed_r, const char **error_r)
+{
 	struct cas_keyring *fresh;
 	struct cas_keyring_secrets *secrets;
 	unsigned int i, n;
 	struct stat st;
 	int ret;
 
-	*changed_r = FALSE;
-	if (keyring->userkey != NULL) {
-		/* a user key file changes only by a password change,
-		   which keeps the key pair and the delivery key */
-		return 1;
-	}
 	if (stat(path, &st) < 0) {
 		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
 		return -1;
@@ -694,10 +782,20 @@ int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 void cas_blob_id_init(const struct cas_keyring *keyring,
 		      struct cas_blob_id_ctx *ctx)
 {
-	if (keyring->userkey != NULL) {
-		cas_userkey_blob_id_init(keyring->userkey, ctx);
-		return;
-	}
+	keyring->backend->blob_id_init(keyring, ctx);
+}
+
+static void
+cas_keyring_password_blob_id_init(const struct cas_keyring *keyring,
+				  struct cas_blob_id_ctx *ctx)
+{
+	cas_userkey_blob_id_init(keyring->userkey, ctx);
+}
+
+static void
+cas_keyring_server_blob_id_init(const struct cas_keyring *keyring,
+				struct cas_blob_id_ctx *ctx)
+{
 	i_assert(crypto_generichash_statebytes() <= sizeof(ctx->state));
 	crypto_generichash_init((crypto_generichash_state *)ctx->state,
 				keyring->secrets->blob_id, CAS_KEK_SIZE,
@@ -794,7 +892,7 @@ void cas_dek_wrap(const struct cas_keyring *keyring,
 	unsigned char *nonce = wrapped_r + 4;
 
 	/* password mode seals instead: cas_keyring_dek_protect() */
-	i_assert(keyring->userkey == NULL);
+	i_assert(keyring->backend == &cas_keyring_server);
 	/* new wraps always use the current slot */
 	cas_dek_aad(cas_keyring_wrap_key_id(keyring), id, aad);
 	memcpy(wrapped_r, aad + 7, 4);
@@ -820,7 +918,7 @@ int cas_dek_unwrap(const struct cas_keyring *keyring,
 	uint32_t key_id;
 
 	sodium_memzero(dek_r, CAS_DEK_SIZE);
-	if (keyring->userkey != NULL) {
+	if (keyring->backend != &cas_keyring_server) {
 		*error_r = "DEK wrapped by a server key, "
 			"but this key ring is in password mode";
 		return -1;
@@ -920,14 +1018,29 @@ void cas_record_seal(const struct cas_keyring *keyring,
 		     const void *aad, size_t aad_size,
 		     const void *data, size_t size, buffer_t *sealed)
 {
-	if (keyring->userkey != NULL) {
-		/* asserts the key is unlocked: see cas_keyring_can_decrypt() */
-		cas_userkey_record_seal(keyring->userkey, aad, aad_size,
-					data, size, sealed);
-		return;
-	}
+	keyring->backend->record_seal(keyring, aad, aad_size, data, size,
+				      sealed);
+}
+
+static void
+cas_keyring_server_record_seal(const struct cas_keyring *keyring,
+			       const void *aad, size_t aad_size,
+			       const void *data, size_t size,
+			       buffer_t *sealed)
+{
 	cas_record_seal_key(keyring->secrets->index, aad, aad_size,
 			    data, size, sealed);
+}
+
+static void
+cas_keyring_password_record_seal(const struct cas_keyring *keyring,
+				 const void *aad, size_t aad_size,
+				 const void *data, size_t size,
+				 buffer_t *sealed)
+{
+	/* asserts the key is unlocked: see cas_keyring_can_decrypt() */
+	cas_userkey_record_seal(keyring->userkey, aad, aad_size,
+				data, size, sealed);
 }
 
 int cas_record_open(const struct cas_keyring *keyring,
@@ -935,13 +1048,28 @@ int cas_record_open(const struct cas_keyring *keyring,
 		    const void *sealed, size_t sealed_size,
 		    buffer_t *plain, const char **error_r)
 {
-	if (keyring->userkey != NULL) {
-		return cas_userkey_record_open(keyring->userkey, aad,
-					       aad_size, sealed, sealed_size,
-					       plain, error_r);
-	}
+	return keyring->backend->record_open(keyring, aad, aad_size, sealed,
+					     sealed_size, plain, error_r);
+}
+
+static int
+cas_keyring_server_record_open(const struct cas_keyring *keyring,
+			       const void *aad, size_t aad_size,
+			       const void *sealed, size_t sealed_size,
+			       buffer_t *plain, const char **error_r)
+{
 	return cas_record_open_key(keyring->secrets->index, aad, aad_size,
 				   sealed, sealed_size, plain, error_r);
+}
+
+static int
+cas_keyring_password_record_open(const struct cas_keyring *keyring,
+				 const void *aad, size_t aad_size,
+				 const void *sealed, size_t sealed_size,
+				 buffer_t *plain, const char **error_r)
+{
+	return cas_userkey_record_open(keyring->userkey, aad, aad_size,
+				       sealed, sealed_size, plain, error_r);
 }
 
 /* Raw AEAD with a caller-held key (the blob codec's per-blob DEK). */
@@ -977,6 +1105,7 @@ cas_keyring_create_from_userkey(struct cas_userkey **userkey)
 
 	i_assert(*userkey != NULL);
 	keyring = i_new(struct cas_keyring, 1);
+	keyring->backend = &cas_keyring_password;
 	keyring->userkey = *userkey;
 	/* cas_keyring_key_id() then names the key pair */
 	keyring->key_id = cas_userkey_key_id(*userkey);
@@ -992,6 +1121,176 @@ cas_keyring_get_userkey(const struct cas_keyring *keyring)
 
 bool cas_keyring_can_decrypt(const struct cas_keyring *keyring)
 {
-	return keyring->userkey == NULL ||
-		cas_userkey_is_unlocked(keyring->userkey);
+	return keyring->backend->can_decrypt(keyring);
 }
+
+static bool
+cas_keyring_server_can_decrypt(const struct cas_keyring *keyring ATTR_UNUSED)
+{
+	return TRUE;
+}
+
+static bool
+cas_keyring_password_can_decrypt(const struct cas_keyring *keyring)
+{
+	return cas_userkey_is_unlocked(keyring->userkey);
+}
+
+/* ---- protecting blob DEKs (cas-keymode.h) ---- */
+
+int cas_keyring_dek_protect(const struct cas_keyring *keyring,
+			    const struct cas_blob_id *id,
+			    const unsigned char dek[CAS_DEK_SIZE],
+			    uint8_t *kind_r,
+			    unsigned char stored_r[CAS_STORED_DEK_MAX_SIZE],
+			    const char **error_r)
+{
+	return keyring->backend->dek_protect(keyring, id, dek, kind_r,
+					     stored_r, error_r);
+}
+
+static int
+cas_keyring_server_dek_protect(const struct cas_keyring *keyring,
+			       const struct cas_blob_id *id,
+			       const unsigned char dek[CAS_DEK_SIZE],
+			       uint8_t *kind_r,
+			       unsigned char stored_r[CAS_STORED_DEK_MAX_SIZE],
+			       const char **error_r ATTR_UNUSED)
+{
+	*kind_r = CAS_DEK_KIND_SERVER_WRAP;
+	cas_dek_wrap(keyring, id, dek, stored_r);
+	return 1;
+}
+
+static int
+cas_keyring_password_dek_protect(const struct cas_keyring *keyring,
+		const struct cas_blob_id *id,
+		const unsigned char dek[CAS_DEK_SIZE], uint8_t *kind_r,
+		unsigned char stored_r[CAS_STORED_DEK_MAX_SIZE],
+		const char **error_r)
+{
+	*kind_r = CAS_DEK_KIND_SEALED;
+	if (cas_dek_seal_to_public(keyring->userkey, id, dek, stored_r) < 0) {
+		*error_r = "sealing the DEK failed: "
+			"the user key file's public key is unusable";
+		return -1;
+	}
+	return 1;
+}
+
+int cas_keyring_dek_open(const struct cas_keyring *keyring,
+			 const struct cas_blob_id *id, uint8_t kind,
+			 const unsigned char *stored,
+			 unsigned char dek_r[CAS_DEK_SIZE],
+			 const char **error_r)
+{
+	sodium_memzero(dek_r, CAS_DEK_SIZE);
+	if (kind != CAS_DEK_KIND_SERVER_WRAP && kind != CAS_DEK_KIND_SEALED) {
+		*error_r = t_strdup_printf("unknown DEK kind 0x%02x", kind);
+		return -1;
+	}
+	return keyring->backend->dek_open(keyring, id, kind, stored, dek_r,
+					  error_r);
+}
+
+static int
+cas_keyring_server_dek_open(const struct cas_keyring *keyring,
+			    const struct cas_blob_id *id, uint8_t kind,
+			    const unsigned char *stored,
+			    unsigned char dek_r[CAS_DEK_SIZE],
+			    const char **error_r)
+{
+	if (kind != CAS_DEK_KIND_SERVER_WRAP) {
+		*error_r = "DEK is sealed to a user key "
+			"(casbox_key_mode=password), but the store "
+			"uses a server key";
+		return -1;
+	}
+	return cas_dek_unwrap(keyring, id, stored, dek_r, error_r);
+}
+
+static int
+cas_keyring_password_dek_open(const struct cas_keyring *keyring,
+			      const struct cas_blob_id *id, uint8_t kind,
+			      const unsigned char *stored,
+			      unsigned char dek_r[CAS_DEK_SIZE],
+			      const char **error_r)
+{
+	if (kind != CAS_DEK_KIND_SEALED) {
+		*error_r = "DEK is wrapped by a server key "
+			"(casbox_key_mode=server), but the store "
+			"uses a password-mode user key";
+		return -1;
+	}
+	if (!cas_userkey_is_unlocked(keyring->userkey)) {
+		*error_r = "user key is locked: casbox_key_mode="
+			"password needs the user's password "
+			"(casbox_key_password, set from %w at "
+			"IMAP/POP3 login) to read mail";
+		return -1;
+	}
+	return cas_dek_open_sealed(keyring->userkey, id, stored, dek_r,
+				   error_r);
+}
+
+int cas_keyring_dek_verify(const struct cas_keyring *keyring,
+			   const struct cas_blob_id *id, uint8_t kind,
+			   const unsigned char *stored, const char **error_r)
+{
+	return keyring->backend->dek_verify(keyring, id, kind, stored,
+					    error_r);
+}
+
+static int
+cas_keyring_server_dek_verify(const struct cas_keyring *keyring ATTR_UNUSED,
+			      const struct cas_blob_id *id ATTR_UNUSED,
+			      uint8_t kind ATTR_UNUSED,
+			      const unsigned char *stored ATTR_UNUSED,
+			      const char **error_r ATTR_UNUSED)
+{
+	/* a wrapped DEK can be checked only by opening it */
+	return 0;
+}
+
+static int
+cas_keyring_password_dek_verify(const struct cas_keyring *keyring,
+				const struct cas_blob_id *id, uint8_t kind,
+				const unsigned char *stored,
+				const char **error_r)
+{
+	if (kind != CAS_DEK_KIND_SEALED) {
+		*error_r = t_strdup_printf("DEK of kind 0x%02x, but the "
+					   "store uses a password-mode user "
+					   "key", kind);
+		return -1;
+	}
+	return cas_dek_sealed_verify(keyring->userkey, id, stored, error_r);
+}
+
+static const struct cas_keyring_backend cas_keyring_server = {
+	.free = cas_keyring_server_free,
+	.wrap_key_id = cas_keyring_server_wrap_key_id,
+	.has_key_id = cas_keyring_server_has_key_id,
+	.refresh = cas_keyring_server_refresh,
+	.blob_id_init = cas_keyring_server_blob_id_init,
+	.record_seal = cas_keyring_server_record_seal,
+	.record_open = cas_keyring_server_record_open,
+	.can_decrypt = cas_keyring_server_can_decrypt,
+	.dek_protect = cas_keyring_server_dek_protect,
+	.dek_open = cas_keyring_server_dek_open,
+	.dek_verify = cas_keyring_server_dek_verify,
+};
+
+static const struct cas_keyring_backend cas_keyring_password = {
+	.free = cas_keyring_password_free,
+	.wrap_key_id = cas_keyring_password_key_id,
+	.has_key_id = cas_keyring_password_has_key_id,
+	.refresh = cas_keyring_password_refresh,
+	.blob_id_init = cas_keyring_password_blob_id_init,
+	.record_seal = cas_keyring_password_record_seal,
+	.record_open = cas_keyring_password_record_open,
+	.can_decrypt = cas_keyring_password_can_decrypt,
+	.dek_protect = cas_keyring_password_dek_protect,
+	.dek_open = cas_keyring_password_dek_open,
+	.dek_verify = cas_keyring_password_dek_verify,
+};

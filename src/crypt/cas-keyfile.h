@@ -3,8 +3,10 @@
 
 #include <sys/stat.h>
 
-/* cas-keyfile: how key files (CASKEY*, CASUKEY*) reach disk. One place
-   for the crash-safe write both key modes need. */
+/* cas-keyfile: how key files (CASKEY*, CASUKEY*) reach disk: the key
+   file rules (mode 0600, never over an existing key at creation,
+   shredding what a replacement unlinks) over cas-durable's atomic
+   write. */
 
 /* Write data as the new content of path without ever exposing half a
    file: a uniquely named temporary file next to path (O_EXCL), with
@@ -19,6 +21,13 @@
 int cas_keyfile_write_atomic(const char *path, const void *data,
 			     size_t size, const struct stat *st,
 			     bool replace, const char **error_r);
+/* The same through an I/O table (NULL = POSIX), for the crash
+   simulator. */
+struct cas_io;
+int cas_keyfile_write_atomic_io(const struct cas_io *io, const char *path,
+				const void *data, size_t size,
+				const struct stat *st, bool replace,
+				const char **error_r);
 /* fsync the directory that holds path. Returns 0 ok, -1 error. */
 int cas_keyfile_fsync_dir(const char *path, const char **error_r);
 

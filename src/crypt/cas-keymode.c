@@ -33,16 +33,36 @@ static bool cas_key_settings_have_password(const struct cas_key_settings *set)
 	return set->password != NULL && set->password[0] != '\0';
 }
 
-int cas_keyring_load_mode(const struct cas_key_settings *set,
-			  struct cas_keyring **keyring_r,
-			  const char **error_r)
+/* How each key mode's key file is loaded and created: the key ring it
+   gives carries its mode's backend (cas-key.c) from then on. */
+struct cas_key_mode_file {
+	int (*load)(const struct cas_key_settings *set,
+		    struct cas_keyring **keyring_r, const char **error_r);
+	int (*create)(const struct cas_key_settings *set,
+		      struct cas_keyring **keyring_r, const char **error_r);
+};
+
+static int cas_key_server_load(const struct cas_key_settings *set,
+			       struct cas_keyring **keyring_r,
+			       const char **error_r)
+{
+	return cas_keyring_load(set->path, keyring_r, error_r);
+}
+
+static int cas_key_server_create(const struct cas_key_settings *set,
+				 struct cas_keyring **keyring_r,
+				 const char **error_r)
+{
+	return cas_keyring_create(set->path, keyring_r, error_r);
+}
+
+static int cas_key_password_load(const struct cas_key_settings *set,
+				 struct cas_keyring **keyring_r,
+				 const char **error_r)
 {
 	struct cas_userkey *userkey;
 	int ret;
 
-	*keyring_r = NULL;
-	if (set->mode == CAS_KEY_MODE_SERVER)
-		return cas_keyring_load(set->path, keyring_r, error_r);
 	if (cas_key_settings_have_password(set)) {
 		ret = cas_userkey_unlock(set->path, set->password,
 					 strlen(set->password), &userkey,
@@ -55,15 +75,12 @@ int cas_keyring_load_mode(const struct cas_key_settings *set,
 	return ret;
 }
 
-int cas_keyring_create_mode(const struct cas_key_settings *set,
-			    struct cas_keyring **keyring_r,
-			    const char **error_r)
+static int cas_key_password_create(const struct cas_key_settings *set,
+				   struct cas_keyring **keyring_r,
+				   const char **error_r)
 {
 	struct cas_userkey *userkey;
 
-	*keyring_r = NULL;
-	if (set->mode == CAS_KEY_MODE_SERVER)
-		return cas_keyring_create(set->path, keyring_r, error_r);
 	if (!cas_key_settings_have_password(set)) {
 		*error_r = t_strdup_printf(
 			"user key file %s can only be created with the "
@@ -78,6 +95,40 @@ int cas_keyring_create_mode(const struct cas_key_settings *set,
 		return -1;
 	*keyring_r = cas_keyring_create_from_userkey(&userkey);
 	return 1;
+}
+
+static const struct cas_key_mode_file cas_key_mode_files[] = {
+	[CAS_KEY_MODE_SERVER] = {
+		.load = cas_key_server_load,
+		.create = cas_key_server_create,
+	},
+	[CAS_KEY_MODE_PASSWORD] = {
+		.load = cas_key_password_load,
+		.create = cas_key_password_create,
+	},
+};
+
+static const struct cas_key_mode_file *
+cas_key_mode_file(enum cas_key_mode mode)
+{
+	i_assert(mode < N_ELEMENTS(cas_key_mode_files));
+	return &cas_key_mode_files[mode];
+}
+
+int cas_keyring_load_mode(const struct cas_key_settings *set,
+			  struct cas_keyring **keyring_r,
+			  const char **error_r)
+{
+	*keyring_r = NULL;
+	return cas_key_mode_file(set->mode)->load(set, keyring_r, error_r);
+}
+
+int cas_keyring_create_mode(const struct cas_key_settings *set,
+			    struct cas_keyring **keyring_r,
+			    const char **error_r)
+{
+	*keyring_r = NULL;
+	return cas_key_mode_file(set->mode)->create(set, keyring_r, error_r);
 }
 
 size_t cas_dek_kind_size(uint8_t kind)
@@ -105,81 +156,3 @@ uint32_t cas_stored_dek_key_id(uint8_t kind, const unsigned char *stored)
 	return 0;
 }
 
-int cas_keyring_dek_protect(const struct cas_keyring *keyring,
-			    const struct cas_blob_id *id,
-			    const unsigned char dek[CAS_DEK_SIZE],
-			    uint8_t *kind_r,
-			    unsigned char stored_r[CAS_STORED_DEK_MAX_SIZE],
-			    const char **error_r)
-{
-	const struct cas_userkey *userkey = cas_keyring_get_userkey(keyring);
-
-	if (userkey == NULL) {
-		*kind_r = CAS_DEK_KIND_SERVER_WRAP;
-		cas_dek_wrap(keyring, id, dek, stored_r);
-		return 1;
-	}
-	*kind_r = CAS_DEK_KIND_SEALED;
-	if (cas_dek_seal_to_public(userkey, id, dek, stored_r) < 0) {
-		*error_r = "sealing the DEK failed: "
-			"the user key file's public key is unusable";
-		return -1;
-	}
-	return 1;
-}
-
-int cas_keyring_dek_open(const struct cas_keyring *keyring,
-			 const struct cas_blob_id *id, uint8_t kind,
-			 const unsigned char *stored,
-			 unsigned char dek_r[CAS_DEK_SIZE],
-			 const char **error_r)
-{
-	const struct cas_userkey *userkey = cas_keyring_get_userkey(keyring);
-
-	sodium_memzero(dek_r, CAS_DEK_SIZE);
-	switch (kind) {
-	case CAS_DEK_KIND_SERVER_WRAP:
-		if (userkey != NULL) {
-			*error_r = "DEK is wrapped by a server key "
-				"(casbox_key_mode=server), but the store "
-				"uses a password-mode user key";
-			return -1;
-		}
-		return cas_dek_unwrap(keyring, id, stored, dek_r, error_r);
-	case CAS_DEK_KIND_SEALED:
-		if (userkey == NULL) {
-			*error_r = "DEK is sealed to a user key "
-				"(casbox_key_mode=password), but the store "
-				"uses a server key";
-			return -1;
-		}
-		if (!cas_userkey_is_unlocked(userkey)) {
-			*error_r = "user key is locked: casbox_key_mode="
-				"password needs the user's password "
-				"(casbox_key_password, set from %w at "
-				"IMAP/POP3 login) to read mail";
-			return -1;
-		}
-		return cas_dek_open_sealed(userkey, id, stored, dek_r,
-					   error_r);
-	}
-	*error_r = t_strdup_printf("unknown DEK kind 0x%02x", kind);
-	return -1;
-}
-
-int cas_keyring_dek_verify(const struct cas_keyring *keyring,
-			   const struct cas_blob_id *id, uint8_t kind,
-			   const unsigned char *stored, const char **error_r)
-{
-	const struct cas_userkey *userkey = cas_keyring_get_userkey(keyring);
-
-	if (userkey == NULL)
-		return 0;
-	if (kind != CAS_DEK_KIND_SEALED) {
-		*error_r = t_strdup_printf("DEK of kind 0x%02x, but the "
-					   "store uses a password-mode user "
-					   "key", kind);
-		return -1;
-	}
-	return cas_dek_sealed_verify(userkey, id, stored, error_r);
-}

@@ -11,7 +11,7 @@
 #include "doveadm-mail.h"
 #include "casbox-storage.h"
 #include "casbox-store.h"
-#include "doveadm-casbox-frompacks.h"
+#include "casbox-store-frompacks.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
@@ -231,7 +231,7 @@ int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 		return -1;
 	}
 	if (ret > 0) {
-		fp = casbox_frompacks_init(adm);
+		fp = casbox_frompacks_init(adm->store);
 		ret = casbox_frompacks_rebuild_lsm(fp, &error);
 	}
 	if (ret < 0) {

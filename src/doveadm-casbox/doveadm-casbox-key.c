@@ -10,7 +10,6 @@
 #include "doveadm-mail.h"
 #include "strnum.h"
 #include "cas-keyfile.h"
-#include "casbox-lsm.h"
 #include "casbox-store-rekey.h"
 #include "doveadm-casbox.h"
 #include "doveadm-casbox-dovecot.h"
@@ -55,38 +54,6 @@ struct casbox_rotate {
 	bool slot_added;
 	bool finished;
 };
-
-/* Does the store hold anything a new key could not read? */
-static int casbox_key_store_has_data(struct casbox_admin *adm, bool *have_r,
-				     const char **error_r)
-{
-	static const unsigned char prefixes[] = {
-		CASBOX_KEY_KEYRING, CASBOX_KEY_BLOB, CASBOX_KEY_MESSAGE
-	};
-	ARRAY_TYPE(casbox_census_pack) packs;
-	struct casbox_lsm_iter *iter;
-	const unsigned char *key, *value;
-	size_t key_size, value_size;
-	unsigned int i;
-
-	*have_r = FALSE;
-	if (casbox_lsm_refresh(adm->lsm, error_r) < 0)
-		return -1;
-	for (i = 0; i < N_ELEMENTS(prefixes) && !*have_r; i++) {
-		iter = casbox_lsm_iter_init(adm->lsm, &prefixes[i], 1);
-		if (casbox_lsm_iter_next(iter, &key, &key_size,
-					 &value, &value_size))
-			*have_r = TRUE;
-		if (casbox_lsm_iter_deinit(&iter, error_r) < 0)
-			return -1;
-	}
-	if (casbox_census_list_packs(adm->root_dir, pool_datastack_create(),
-				     &packs, error_r) < 0)
-		return -1;
-	if (array_count(&packs) > 0)
-		*have_r = TRUE;
-	return 0;
-}
 
 static int casbox_key_mkdir_parent(const char *path, const char **error_r)
 {
@@ -148,7 +115,7 @@ static int casbox_key_init(struct doveadm_mail_cmd_context *ctx,
 		set = adm->set;
 		/* the settings' strings go with adm */
 		set.key_file = t_strdup(set.key_file);
-		ret = casbox_key_store_has_data(adm, &have_data, error_r);
+		ret = casbox_store_has_data(adm->store, &have_data, error_r);
 		casbox_admin_close(&adm);
 		if (ret < 0)
 			return -1;
@@ -291,13 +258,13 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 			       const char **error_r)
 {
 	struct casbox_admin *adm = rot->adm;
-	struct casbox_lsm_batch *batch;
+	struct casbox_store_write_lock *lock;
 	const char *error;
 	unsigned int stale;
 	int ret = 0;
 
 
-	if (casbox_lsm_batch_begin(adm->lsm, &batch, error_r) < 0)
+	if (casbox_store_write_lock(adm->store, &lock, error_r) < 0)
 		return -1;
 	/* a run killed while writing the key file leaves its temporary
 	   file (key material) behind: only rotation writes this file, and
@@ -320,7 +287,7 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 			ret = -1;
 		}
 	}
-	casbox_lsm_batch_rollback(&batch);
+	casbox_store_write_unlock(&lock);
 	if (ret < 0)
 		return -1;
 	rot->new_key_id = cas_keyring_wrap_key_id(adm->keyring);
@@ -389,13 +356,13 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 				const char **error_r)
 {
 	struct casbox_admin *adm = rot->adm;
-	struct casbox_lsm_batch *batch;
+	struct casbox_store_write_lock *lock;
 	uint64_t foreign;
 	uint32_t old_key_id;
 	const char *error;
 	int ret = 1;
 
-	if (casbox_lsm_batch_begin(adm->lsm, &batch, error_r) < 0)
+	if (casbox_store_write_lock(adm->store, &lock, error_r) < 0)
 		return -1;
 	if (casbox_admin_refresh_keys(adm, error_r) < 0)
 		ret = -1;
@@ -431,7 +398,7 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 			rot->finished = TRUE;
 		}
 	}
-	casbox_lsm_batch_rollback(&batch);
+	casbox_store_write_unlock(&lock);
 	return ret;
 }
 

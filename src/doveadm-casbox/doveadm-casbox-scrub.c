@@ -11,8 +11,7 @@
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
 #include "safe-memset.h"
-#include "casbox-lsm.h"
-#include "casbox-store-quarantine.h"
+#include "casbox-store-repair.h"
 #include "casbox-recovery.h"
 #include "casbox-events.h"
 #include "doveadm-casbox.h"
@@ -124,23 +123,7 @@ static void casbox_scrub_lsm_damage(void *context, const char *file,
 static void casbox_scrub_decode(struct casbox_scrub *scrub,
 				struct casbox_census_blob *blob)
 {
-	struct istream *input;
-	const unsigned char *data;
-	size_t size;
-
-	input = casbox_pack_blob_open(scrub->adm->packs, &blob->id,
-				      &blob->rec);
-	while (i_stream_read_more(input, &data, &size) > 0)
-		i_stream_skip(input, size);
-	if (input->stream_errno != 0) {
-		blob->damage = p_strdup(scrub->census->pool,
-					i_stream_get_error(input));
-	} else if (input->v_offset != blob->rec.plain_size) {
-		blob->damage = p_strdup_printf(scrub->census->pool,
-			"decoded %"PRIuUOFF_T" bytes, the record says %"
-			PRIu64, input->v_offset, blob->rec.plain_size);
-	}
-	i_stream_unref(&input);
+	casbox_census_decode_blob(scrub->adm->store, scrub->census, blob);
 }
 
 /* Password mode without the password: the frames' CRCs were checked by
@@ -211,47 +194,12 @@ static void casbox_scrub_add_msg(struct casbox_scrub *scrub,
    checked without opening it). */
 static void casbox_scrub_metas(struct casbox_scrub *scrub)
 {
-	struct casbox_pack_store *packs = scrub->adm->packs;
 	const struct casbox_census_meta *meta;
-	struct casbox_recovery_record rrec;
-	struct casbox_recovery_mailbox mrec;
-	struct casbox_dek_update upd;
-	enum casbox_meta_kind kind;
-	buffer_t *sealed, *plain;
 	const char *error;
-	int ret;
 
 	array_foreach(&scrub->census->metas, meta) T_BEGIN {
-		sealed = t_buffer_create(512);
-		plain = t_buffer_create(512);
-		if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset,
-					  &kind, sealed, &error) < 0)
-			ret = -1;
-		else if (!cas_keyring_can_decrypt(scrub->adm->keyring)) {
-			ret = casbox_pack_meta_verify(packs, kind,
-				sealed->data, sealed->used, &error) < 0 ?
-				-1 : 0;
-		} else if (casbox_pack_meta_open(packs, kind, sealed->data,
-						 sealed->used, plain,
-						 &error) < 0)
-			ret = -1;
-		else if (kind == CASBOX_META_KIND_RECOVERY) {
-			ret = casbox_recovery_record_import(plain->data,
-				plain->used, pool_datastack_create(), &rrec,
-				&error);
-		} else if (kind == CASBOX_META_KIND_MAILBOX) {
-			ret = casbox_recovery_mailbox_import(plain->data,
-				plain->used, pool_datastack_create(), &mrec,
-				&error);
-		} else {
-			ret = casbox_dek_update_import(plain->data,
-				plain->used, &upd, &error);
-		}
-		if (plain->used > 0) {
-			safe_memset(buffer_get_modifiable_data(plain, NULL),
-				    0, plain->used);
-		}
-		if (ret < 0) {
+		if (casbox_census_check_meta(scrub->adm->store, meta,
+					     &error) < 0) {
 			casbox_scrub_row(scrub, "-", 0, t_strdup_printf(
 				"%s@%"PRIu64, casbox_admin_pack_path(
 					scrub->adm, meta->pack_id),
@@ -262,26 +210,18 @@ static void casbox_scrub_metas(struct casbox_scrub *scrub)
 }
 
 /* One row per message part that cannot be read. */
-static void casbox_scrub_message(struct casbox_scrub *scrub,
-				 const unsigned char *key, size_t key_size,
-				 const unsigned char *value,
-				 size_t value_size)
+static void casbox_scrub_message(void *context, const guid_128_t guid,
+				 uint32_t uid,
+				 const struct casbox_msg_record *rec)
 {
+	struct casbox_scrub *scrub = context;
 	const struct casbox_msg_part *part;
 	struct casbox_census_blob *blob;
-	struct casbox_msg_record rec;
-	const char *error, *mailbox;
+	const char *mailbox;
 	bool damaged = FALSE, quarantined = FALSE;
-	guid_128_t guid;
-	uint32_t uid;
 
-	if (casbox_key_message_parse(key, key_size, guid, &uid) < 0 ||
-	    casbox_msg_record_import(value, value_size,
-				     pool_datastack_create(), &rec,
-				     &error) < 0)
-		return; /* reported by the census */
 	mailbox = casbox_census_mailbox_name(scrub->census, guid);
-	array_foreach(&rec.parts, part) {
+	array_foreach(&rec->parts, part) {
 		blob = hash_table_lookup(scrub->census->blobs, &part->id);
 		i_assert(blob != NULL);
 		if (!blob->have_record) {
@@ -308,17 +248,9 @@ static void casbox_scrub_message(struct casbox_scrub *scrub,
 static int casbox_scrub_messages(struct casbox_scrub *scrub,
 				 const char **error_r)
 {
-	unsigned char prefix = CASBOX_KEY_MESSAGE;
-	struct casbox_lsm_iter *iter;
-	const unsigned char *key, *value;
-	size_t key_size, value_size;
-
-	iter = casbox_lsm_iter_init(scrub->adm->lsm, &prefix, 1);
-	while (casbox_lsm_iter_next(iter, &key, &key_size,
-				    &value, &value_size)) T_BEGIN {
-		casbox_scrub_message(scrub, key, key_size, value, value_size);
-	} T_END;
-	return casbox_lsm_iter_deinit(&iter, error_r);
+	/* the records that do not decode are reported by the census */
+	return casbox_census_foreach_msg(scrub->adm->store,
+					 casbox_scrub_message, scrub, error_r);
 }
 
 /* Refcounts against the references counted, and damaged blobs that no
@@ -375,8 +307,8 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	const char *key_error;
 	int ret;
 
-	if (casbox_lsm_verify(adm->lsm, casbox_scrub_lsm_damage, scrub,
-			      error_r) < 0)
+	if (casbox_census_verify_lsm(adm->store, casbox_scrub_lsm_damage,
+				     scrub, error_r) < 0)
 		return -1;
 	if (casbox_census_build(adm->store, casbox_scrub_row, scrub,
 				&scrub->census, error_r) < 0) {
@@ -391,8 +323,7 @@ static int casbox_scrub_check(struct casbox_scrub *scrub,
 	if ((ret = casbox_scrub_open_packs(scrub, &key_error, error_r)) < 0)
 		return -1;
 	if (ret > 0) {
-		scrub->census->progress = casbox_admin_census_progress;
-		scrub->census->progress_context = (void *)"scrub";
+		casbox_admin_census_show_progress(scrub->census, "scrub");
 		ret = casbox_census_scan_packs(adm->store, scrub->census,
 					       casbox_scrub_row, scrub,
 					       error_r);
@@ -426,24 +357,10 @@ static void casbox_scrub_repair_row(struct casbox_scrub *scrub,
 
 static void
 casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
-			  struct casbox_lsm_batch *batch,
+			  struct casbox_store_repair *repair,
 			  const struct casbox_census_blob *fresh)
 {
-	struct casbox_blob_value bval;
-	buffer_t *key, *value, *rec;
-
-	key = t_buffer_create(40);
-	casbox_key_blob(key, &fresh->id);
-	rec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
-	casbox_blob_record_export(&fresh->rec, rec);
-	i_zero(&bval);
-	bval.refcount = fresh->counted;
-	bval.pack_record = rec->data;
-	bval.pack_record_size = rec->used;
-	value = t_buffer_create(128);
-	casbox_blob_value_export(&bval, value);
-	casbox_lsm_batch_put(batch, key->data, key->used,
-			     value->data, value->used);
+	casbox_store_repair_refcount(repair, fresh);
 	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, t_strdup_printf(
 		"refcount %u -> %u", fresh->refcount, fresh->counted));
 }
@@ -452,13 +369,12 @@ casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
    record stays, so the messages still exist and can be restored. */
 static void
 casbox_scrub_quarantine(struct casbox_scrub *scrub,
-			struct casbox_lsm_batch *batch,
+			struct casbox_store_repair *repair,
 			const struct casbox_census_blob *fresh,
 			const struct casbox_census_blob *checked)
 {
 	struct casbox_quarantine_record qrec;
 	const char *path, *error, *action;
-	buffer_t *key, *value;
 
 	i_zero(&qrec);
 	qrec.time = ioloop_time;
@@ -481,12 +397,7 @@ casbox_scrub_quarantine(struct casbox_scrub *scrub,
 	} else {
 		action = "quarantined (no readable blob record)";
 	}
-	key = t_buffer_create(40);
-	casbox_quarantine_key(key, &fresh->id);
-	value = t_buffer_create(128);
-	casbox_quarantine_record_export(&qrec, value);
-	casbox_lsm_batch_put(batch, key->data, key->used,
-			     value->data, value->used);
+	casbox_store_repair_quarantine(repair, &fresh->id, &qrec);
 	casbox_scrub_repair_row(scrub, "-", 0, &fresh->id, action);
 }
 
@@ -505,35 +416,29 @@ casbox_scrub_same_frame(const struct casbox_census_blob *fresh,
 
 static void
 casbox_scrub_repair_blob(struct casbox_scrub *scrub,
-			 struct casbox_lsm_batch *batch,
+			 struct casbox_store_repair *repair,
 			 const struct casbox_census_blob *fresh,
 			 const struct casbox_census_blob *checked)
 {
-	buffer_t *key;
-
 	if (fresh->have_record && !fresh->record_bad &&
 	    fresh->refcount != fresh->counted)
-		casbox_scrub_fix_refcount(scrub, batch, fresh);
+		casbox_scrub_fix_refcount(scrub, repair, fresh);
 	/* only what the check found, and only if no save or gc moved
 	   the blob since */
 	if (checked == NULL || !casbox_scrub_same_frame(fresh, checked))
 		return;
 	if ((checked->damage != NULL || !checked->have_record) &&
 	    fresh->counted > 0 && fresh->quarantined == NULL)
-		casbox_scrub_quarantine(scrub, batch, fresh, checked);
+		casbox_scrub_quarantine(scrub, repair, fresh, checked);
 	else if (checked->damage == NULL && checked->have_record &&
 		 fresh->quarantined != NULL && scrub->decoded) {
-		key = t_buffer_create(40);
-		casbox_quarantine_key(key, &fresh->id);
-		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_store_repair_release(repair, &fresh->id);
 		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
 			"released from quarantine: reads intact");
 	} else if (!fresh->have_record && fresh->counted == 0 &&
 		   fresh->quarantined != NULL) {
 		/* the frame copy stays in quarantine/ */
-		key = t_buffer_create(40);
-		casbox_quarantine_key(key, &fresh->id);
-		casbox_lsm_batch_delete(batch, key->data, key->used);
+		casbox_store_repair_release(repair, &fresh->id);
 		casbox_scrub_repair_row(scrub, "-", 0, &fresh->id,
 			"released from quarantine: no message uses it");
 	}
@@ -589,7 +494,7 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 			       const char **error_r)
 {
 	struct casbox_census *fresh;
-	struct casbox_lsm_batch *batch;
+	struct casbox_store_repair *repair;
 	struct casbox_census_blob *blob, *checked;
 
 	if (scrub->lsm_damaged) {
@@ -601,19 +506,20 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 			  scrub->adm->root_dir);
 		return 0;
 	}
-	if (casbox_lsm_batch_begin(scrub->adm->lsm, &batch, error_r) < 0)
+	if (casbox_store_repair_begin(scrub->adm->store, &repair,
+				      error_r) < 0)
 		return -1;
 	if (casbox_census_build(scrub->adm->store, NULL, NULL, &fresh,
 				error_r) < 0) {
-		casbox_lsm_batch_rollback(&batch);
+		casbox_store_repair_rollback(&repair);
 		return -1;
 	}
 	array_foreach_elem(&fresh->blob_list, blob) T_BEGIN {
 		checked = hash_table_lookup(scrub->census->blobs, &blob->id);
-		casbox_scrub_repair_blob(scrub, batch, blob, checked);
+		casbox_scrub_repair_blob(scrub, repair, blob, checked);
 	} T_END;
 	casbox_census_free(&fresh);
-	if (casbox_lsm_batch_commit(&batch, error_r) < 0)
+	if (casbox_store_repair_commit(&repair, error_r) < 0)
 		return -1;
 	/* after the commit: the mailbox sync takes the LSM lock itself */
 	if (scrub->adm->user == NULL)

@@ -53,6 +53,8 @@ int casbox_admin_open_root_full(const char *root_dir,
 	adm->event = event_create(set->event);
 	adm->set.event = adm->event;
 	if (!open_lsm) {
+		casbox_store_open_nolsm(root_dir, &adm->set, fsync_mode,
+					lock_method, &adm->store);
 		*adm_r = adm;
 		return 1;
 	}
@@ -68,55 +70,10 @@ int casbox_admin_open_root_full(const char *root_dir,
 	return 1;
 }
 
-/* Without the LSM (rebuild --from-packs) there is no casbox_store and no
-   'K' record to check the key against: the sealed records the rebuild
-   must open check it. */
-static int casbox_admin_open_keys_nolsm(struct casbox_admin *adm,
-					const char **error_r)
-{
-	struct casbox_pack_settings pack_set;
-	struct cas_key_settings key_set;
-	const char *error;
-	int ret;
-
-	if (adm->packs != NULL)
-		return 1;
-	if (adm->set.key_file == NULL) {
-		*error_r = "casbox_key_file setting is not set";
-		return -1;
-	}
-	casbox_settings_key(&adm->set, &key_set);
-	if (key_set.mode == CAS_KEY_MODE_PASSWORD)
-		key_set.password = adm->key_password;
-	ret = cas_keyring_load_mode(&key_set, &adm->keyring, &error);
-	if (ret <= 0) {
-		/* the loaders name the file themselves */
-		*error_r = ret == 0 ?
-			t_strdup_printf("key file %s does not exist",
-					adm->set.key_file) :
-			strstr(error, adm->set.key_file) != NULL ? error :
-			t_strdup_printf("key file %s: %s",
-					adm->set.key_file, error);
-		return -1;
-	}
-	i_zero(&pack_set);
-	pack_set.dir = t_strconcat(adm->root_dir, "/packs", NULL);
-	pack_set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
-	pack_set.max_pack_size = adm->set.pack_size;
-	pack_set.zstd_level = adm->set.zstd_level;
-	if (casbox_pack_store_open(&pack_set, adm->keyring, &adm->packs,
-				   &error) < 0) {
-		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir,
-					   error);
-		return -1;
-	}
-	return 1;
-}
-
 int casbox_admin_open_keys(struct casbox_admin *adm, const char **error_r)
 {
-	if (adm->store == NULL)
-		return casbox_admin_open_keys_nolsm(adm, error_r);
+	if (adm->lsm == NULL)
+		casbox_store_set_key_password(adm->store, adm->key_password);
 	if (casbox_store_open_keys(adm->store, error_r) < 0)
 		return -1;
 	adm->keyring = casbox_store_get_keyring(adm->store);
@@ -148,14 +105,7 @@ void casbox_admin_close(struct casbox_admin **_adm)
 	struct casbox_admin *adm = *_adm;
 
 	*_adm = NULL;
-	if (adm->store != NULL)
-		casbox_store_close(&adm->store);
-	else {
-		if (adm->packs != NULL)
-			casbox_pack_store_close(&adm->packs);
-		if (adm->keyring != NULL)
-			cas_keyring_free(&adm->keyring);
-	}
+	casbox_store_close(&adm->store);
 	event_unref(&adm->event);
 	pool_unref(&adm->pool);
 	if (adm->set_pool != NULL)

@@ -10,10 +10,10 @@
 #include "file-lock.h"
 #include "casbox-settings.h"
 #include "casbox-records.h"
-#include "casbox-pack.h"
+struct casbox_pack_store;
 #include "casbox-store.h"
 #include "casbox-store-census.h"
-#include "doveadm-casbox-progress.h"
+#include "casbox-store-progress.h"
 
 struct mail_user;
 struct mailbox_list;

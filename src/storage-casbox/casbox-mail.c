@@ -11,7 +11,6 @@
 #include "casbox-store.h"
 #include "casbox-store-quarantine.h"
 #include "casbox-save.h"
-#include "casbox-pack.h"
 #include "casbox-meta.h"
 #include "casbox-mail.h"
 
@@ -57,8 +56,8 @@ static void casbox_mail_read_begin(struct casbox_mail *mail)
 {
 	mail->read_event = event_create(mail_event(&mail->imail.mail.mail));
 	event_set_name(mail->read_event, "casbox_mail_read_finished");
-	mail->chunks_at_open = casbox_pack_get_chunks_decoded();
-	mail->bytes_at_open = casbox_pack_get_bytes_decoded();
+	mail->chunks_at_open = casbox_store_get_chunks_decoded();
+	mail->bytes_at_open = casbox_store_get_bytes_decoded();
 }
 
 /* How many chunks reading this mail decoded (with mail_debug: the
@@ -67,7 +66,7 @@ static void casbox_mail_read_begin(struct casbox_mail *mail)
 static void casbox_mail_read_finish(struct casbox_mail *mail)
 {
 	struct mail *_mail = &mail->imail.mail.mail;
-	uint64_t chunks = casbox_pack_get_chunks_decoded() -
+	uint64_t chunks = casbox_store_get_chunks_decoded() -
 		mail->chunks_at_open;
 
 	if (mail->have_rec && mail->rec_uid == _mail->uid)
@@ -75,7 +74,7 @@ static void casbox_mail_read_finish(struct casbox_mail *mail)
 			      mail->rec.physical_size);
 	event_add_int(mail->read_event, "chunks", chunks);
 	event_add_int(mail->read_event, "decoded_bytes",
-		      casbox_pack_get_bytes_decoded() - mail->bytes_at_open);
+		      casbox_store_get_bytes_decoded() - mail->bytes_at_open);
 	e_debug(mail->read_event, CASBOX_LOG_PREFIX
 		"uid=%u: decoded %"PRIu64" chunks", _mail->uid, chunks);
 	event_unref(&mail->read_event);

@@ -72,7 +72,7 @@ static void fuzz_make_seed(const char *path, unsigned int count,
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (fd == -1)
 		i_fatal("open(%s) failed: %m", path);
-	builder = casbox_lsm_table_builder_init(&casbox_lsm_io_posix, fd,
+	builder = casbox_lsm_table_builder_init(&cas_io_posix, fd,
 						path);
 	for (i = 0; i < count; i++) {
 		key = t_strdup_printf("mbox/uid%06u", i);

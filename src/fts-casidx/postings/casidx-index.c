@@ -11,6 +11,7 @@
 #include "write-full.h"
 #include "safe-memset.h"
 #include "cas-crc32c.h"
+#include "cas-durable.h"
 #include "casidx-crypt.h"
 #include "casidx-index.h"
 
@@ -246,33 +247,31 @@ static int manifest_read(struct casidx_index *index, struct manifest *m,
 	return 1;
 }
 
-static int fsync_dir(const char *dir, const char **error_r)
+/* segment files and the manifest: path.tmp, fdatasync, rename */
+static int index_file_write(struct casidx_index *index, const char *path,
+			    const void *data, size_t size, bool dir_fsync,
+			    const char **error_r)
 {
-	int fd = open(dir, O_RDONLY);
+	const struct cas_durable_write_settings set = {
+		.io = index->set.io,
+		.tmp_path = t_strdup_printf("%s.tmp", path),
+		.tmp_truncate = TRUE,
+		.no_fsync = index->set.no_fsync,
+		/* segments: the manifest's directory fsync covers them */
+		.no_dir_fsync = !dir_fsync,
+	};
 
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
-		return -1;
-	}
-	if (fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
-	return 0;
+	return cas_durable_write_atomic(path, data, size, &set, error_r);
 }
 
 static int manifest_write(struct casidx_index *index,
 			  const struct manifest *m, const char **error_r)
 {
 	const char *path = t_strdup_printf("%s/"MANIFEST_NAME, index->dir);
-	const char *tmp_path = t_strdup_printf("%s.tmp", path);
 	buffer_t *buf = t_buffer_create(256);
 	const uint32_t *ids, *docs;
 	unsigned int i, count, docs_count;
 	size_t exp_len;
-	int fd, ret = 0;
 
 	buffer_append(buf, MANIFEST_MAGIC, 8);
 	put_u32(buf, MANIFEST_VERSION);
@@ -298,34 +297,8 @@ static int manifest_write(struct casidx_index *index,
 		buffer_append_space_unsafe(buf, exp_len));
 	put_u32(buf, cas_crc32c(buf->data, buf->used));
 
-	fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
-		return -1;
-	}
-	if (write_full(fd, buf->data, buf->used) < 0) {
-		*error_r = t_strdup_printf("write(%s) failed: %m", tmp_path);
-		ret = -1;
-	} else if (!index->set.no_fsync && fdatasync(fd) < 0) {
-		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
-					   tmp_path);
-		ret = -1;
-	}
-	if (close(fd) < 0 && ret == 0) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
-		ret = -1;
-	}
-	if (ret == 0 && rename(tmp_path, path) < 0) {
-		*error_r = t_strdup_printf("rename(%s) failed: %m", tmp_path);
-		ret = -1;
-	}
-	if (ret < 0) {
-		i_unlink_if_exists(tmp_path);
-		return -1;
-	}
-	if (!index->set.no_fsync)
-		return fsync_dir(index->dir, error_r);
-	return 0;
+	return index_file_write(index, path, buf->data, buf->used, TRUE,
+				error_r);
 }
 
 struct casidx_index *
@@ -439,20 +412,22 @@ static int index_seg_write(struct casidx_index *index, uint32_t id,
 	buffer_t *plain, *sealed;
 	int ret;
 
-	if (index->keyring == NULL) {
-		return casidx_builder_write(builder, seg_path(index, id),
-					    !index->set.no_fsync, error_r);
-	}
 	plain = buffer_create_dynamic(default_pool, 1024*64);
 	casidx_builder_serialize(builder, plain);
+	if (index->keyring == NULL) {
+		ret = index_file_write(index, seg_path(index, id), plain->data,
+				       plain->used, FALSE, error_r);
+		buffer_free(&plain);
+		return ret;
+	}
 	sealed = buffer_create_dynamic(default_pool,
 				       plain->used + CASIDX_CRYPT_OVERHEAD);
 	casidx_crypt_seal(index->keyring, index->box_guid, seg_name(id),
 			  plain->data, plain->used, sealed);
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
 	buffer_free(&plain);
-	ret = casidx_file_write(seg_path(index, id), sealed->data,
-				sealed->used, !index->set.no_fsync, error_r);
+	ret = index_file_write(index, seg_path(index, id), sealed->data,
+			       sealed->used, FALSE, error_r);
 	buffer_free(&sealed);
 	return ret;
 }

@@ -35,6 +35,8 @@ struct casidx_index_writer;
 #define CASIDX_TERM_FOLDED "\x01\x02"
 #define CASIDX_TERM_MARKER_LEN 2
 
+struct cas_io;
+
 struct casidx_index_settings {
 	/* Flush a segment when the in-memory builder passes this. */
 	size_t memory_budget;
@@ -46,6 +48,9 @@ struct casidx_index_settings {
 	uint64_t merge_max_bytes;
 	unsigned int lock_timeout_secs;
 	bool no_fsync;
+	/* the segment and manifest writes go through this table (NULL =
+	   POSIX; the crash simulator in tests) */
+	const struct cas_io *io;
 };
 
 enum casidx_match {

@@ -10,6 +10,7 @@
 #include "write-full.h"
 #include "safe-memset.h"
 #include "cas-crc32c.h"
+#include "cas-durable.h"
 #include "casidx-segment.h"
 
 #include <fcntl.h>
@@ -641,35 +642,14 @@ void casidx_builder_serialize(struct casidx_builder *builder,
 int casidx_file_write(const char *path, const void *data, size_t size,
 		      bool fsync_file, const char **error_r)
 {
-	const char *tmp_path;
-	int fd, ret = 0;
+	const struct cas_durable_write_settings set = {
+		.tmp_path = t_strdup_printf("%s.tmp", path),
+		.tmp_truncate = TRUE,
+		.no_fsync = !fsync_file,
+		.no_dir_fsync = TRUE,
+	};
 
-	tmp_path = t_strdup_printf("%s.tmp", path);
-	fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
-		return -1;
-	}
-	if (write_full(fd, data, size) < 0) {
-		*error_r = t_strdup_printf("write(%s) failed: %m", tmp_path);
-		ret = -1;
-	} else if (fsync_file && fdatasync(fd) < 0) {
-		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
-					   tmp_path);
-		ret = -1;
-	}
-	if (close(fd) < 0 && ret == 0) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
-		ret = -1;
-	}
-	if (ret == 0 && rename(tmp_path, path) < 0) {
-		*error_r = t_strdup_printf("rename(%s, %s) failed: %m",
-					   tmp_path, path);
-		ret = -1;
-	}
-	if (ret < 0)
-		i_unlink_if_exists(tmp_path);
-	return ret;
+	return cas_durable_write_atomic(path, data, size, &set, error_r);
 }
 
 int casidx_builder_write(struct casidx_builder *builder, const char *path,

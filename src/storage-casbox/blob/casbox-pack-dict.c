@@ -8,6 +8,7 @@
 #include "array.h"
 #include "buffer.h"
 #include "write-full.h"
+#include "cas-durable.h"
 #include "casbox-pack-private.h"
 
 #include <sodium.h>
@@ -70,34 +71,16 @@ casbox_pack_dict_read(struct casbox_pack_store *store, uint32_t id,
 		      buffer_t *sealed, const char **error_r)
 {
 	const char *path = casbox_dict_path(store, id);
-	struct stat st;
-	int fd, ret = 0;
+	int ret;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
+	ret = cas_durable_read_file(store->io, path, CASBOX_DICT_MAX_SIZE + 64,
+				    sealed, error_r);
+	if (ret == 0) {
+		errno = ENOENT;
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	if (fstat(fd, &st) < 0) {
-		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
-		ret = -1;
-	} else if (st.st_size > CASBOX_DICT_MAX_SIZE + 64) {
-		*error_r = t_strdup_printf("%s: too large (%lld bytes)", path,
-					   (long long)st.st_size);
-		ret = -1;
-	} else {
-		void *p = buffer_append_space_unsafe(sealed, st.st_size);
-		ssize_t n = pread(fd, p, st.st_size, 0);
-
-		if (n != st.st_size) {
-			*error_r = n < 0 ?
-				t_strdup_printf("read(%s) failed: %m", path) :
-				t_strdup_printf("read(%s): short read", path);
-			ret = -1;
-		}
-	}
-	i_close_fd(&fd);
-	return ret;
+	return ret < 0 ? -1 : 0;
 }
 
 static void casbox_pack_dict_load(struct casbox_pack_store *store,
@@ -179,48 +162,35 @@ static int
 casbox_pack_dict_write(struct casbox_pack_store *store, const void *dict,
 		       size_t size, uint32_t *id_r, const char **error_r)
 {
+	struct cas_durable_write_settings wset = {
+		.io = store->io,
+		/* link(): the next free id even if another process trains
+		   at the same time, and never half a dictionary under its
+		   name */
+		.no_replace = TRUE,
+		/* the directory fsync makes the name durable before any
+		   frame that uses it can be committed */
+		.no_fsync = !store->set.fsync,
+	};
 	buffer_t *sealed;
 	const char *path, *aad;
 	uint32_t id = store->cur_dict_id;
-	int fd, ret = 0;
+	int ret;
 
-	/* O_EXCL picks the next free id even if another process trains
-	   at the same time */
+	sealed = buffer_create_dynamic(default_pool, size + 64);
 	do {
 		id++;
 		path = casbox_dict_path(store, id);
-		fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	} while (fd == -1 && errno == EEXIST);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", path);
-		return -1;
-	}
-	aad = casbox_dict_aad(id);
-	sealed = buffer_create_dynamic(default_pool, size + 64);
-	cas_record_seal(store->keyring, aad, strlen(aad), dict, size, sealed);
-	if (write_full(fd, sealed->data, sealed->used) < 0)
-		*error_r = t_strdup_printf("write(%s) failed: %m", path);
-	else if (fsync(fd) < 0)
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
-	else
-		ret = 1;
+		aad = casbox_dict_aad(id);
+		buffer_set_used_size(sealed, 0);
+		cas_record_seal(store->keyring, aad, strlen(aad), dict, size,
+				sealed);
+		ret = cas_durable_write_atomic(path, sealed->data, sealed->used,
+					       &wset, error_r);
+	} while (ret < 0 && errno == EEXIST);
 	buffer_free(&sealed);
-	i_close_fd(&fd);
-	if (ret < 0) {
-		i_unlink(path);
+	if (ret < 0)
 		return -1;
-	}
-	/* the directory fsync makes the name durable before any frame
-	   that uses it can be committed */
-	fd = open(store->set.dir, O_RDONLY | O_CLOEXEC);
-	if (fd == -1 || fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m",
-					   store->set.dir);
-		if (fd != -1)
-			i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
 	*id_r = id;
 	return 0;
 }

@@ -35,6 +35,8 @@ struct casbox_blob_scratch {
 struct casbox_pack_store {
 	pool_t pool;
 	struct casbox_pack_settings set;
+	/* set.io, or cas_io_posix */
+	const struct cas_io *io;
 	const struct cas_keyring *keyring;
 
 	ARRAY(struct casbox_pack_dict) dicts;

@@ -13,6 +13,7 @@
 #include "write-full.h"
 #include "byteorder.h"
 #include "cas-crc32c.h"
+#include "cas-durable.h"
 #include "casbox-pack-private.h"
 
 #include <sodium.h>
@@ -67,21 +68,39 @@ const char *casbox_pack_path(struct casbox_pack_store *store,
 	return t_strdup_printf("%s/pack-%08u.cbp", store->set.dir, pack_id);
 }
 
-static int fsync_dir(const char *dir, const char **error_r)
+/* The pack file writes, through the store's I/O table (crashfs in the
+   crash tests). */
+static int pack_pwrite_full(struct casbox_pack_store *store, int fd,
+			    const void *data, size_t size, uoff_t offset)
 {
-	int fd, ret = 0;
+	ssize_t ret;
 
-	fd = open(dir, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", dir);
-		return -1;
+	while (size > 0) {
+		ret = store->io->pwrite(fd, data, size, offset);
+		if (ret < 0)
+			return -1;
+		if (ret == 0) {
+			errno = ENOSPC;
+			return -1;
+		}
+		data = CONST_PTR_OFFSET(data, ret);
+		size -= ret;
+		offset += ret;
 	}
-	if (fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		ret = -1;
-	}
-	i_close_fd(&fd);
-	return ret;
+	return 0;
+}
+
+static int txn_pwrite(struct casbox_pack_txn *txn, const void *data,
+		      size_t size, uoff_t offset)
+{
+	return pack_pwrite_full(txn->store, txn->fd, data, size, offset);
+}
+
+static void pack_close_fd(struct casbox_pack_store *store, int *fd)
+{
+	if (store->io->close(*fd) < 0)
+		i_error("close(pack) failed: %m");
+	*fd = -1;
 }
 
 int casbox_pack_store_open(const struct casbox_pack_settings *set,
@@ -101,6 +120,7 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 	store = p_new(pool, struct casbox_pack_store, 1);
 	store->pool = pool;
 	store->set = *set;
+	store->io = set->io != NULL ? set->io : &cas_io_posix;
 	store->set.dir = p_strdup(pool, set->dir);
 	if (store->set.max_pack_size == 0)
 		store->set.max_pack_size = CASBOX_PACK_DEFAULT_MAX_SIZE;
@@ -189,23 +209,28 @@ casbox_pack_create(struct casbox_pack_txn *txn, uint32_t pack_id,
 	const char *path = casbox_pack_path(store, pack_id);
 	int fd;
 
-	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	fd = store->io->open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s, O_EXCL) failed: %m",
 					   path);
 		return -1;
 	}
 	casbox_pack_header_write(pack_id, hdr);
-	if (pwrite_full(fd, hdr, sizeof(hdr), 0) < 0) {
+	if (pack_pwrite_full(store, fd, hdr, sizeof(hdr), 0) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m", path);
-		i_close_fd(&fd);
-		i_unlink(path);
+		pack_close_fd(store, &fd);
+		if (store->io->unlink(path) < 0)
+			i_error("unlink(%s) failed: %m", path);
+		return -1;
+	}
+	if (store->set.fsync && store->io->fsync(fd) < 0) {
+		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
+		pack_close_fd(store, &fd);
 		return -1;
 	}
 	if (store->set.fsync &&
-	    (fdatasync(fd) < 0 || fsync_dir(store->set.dir, error_r) < 0)) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
-		i_close_fd(&fd);
+	    cas_durable_fsync_dir(store->io, store->set.dir, error_r) < 0) {
+		pack_close_fd(store, &fd);
 		return -1;
 	}
 	txn->fd = fd;
@@ -258,19 +283,19 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 	store->last_pack_id = I_MAX(store->last_pack_id, id);
 
 	path = casbox_pack_path(store, id);
-	txn->fd = open(path, O_RDWR | O_CLOEXEC);
+	txn->fd = store->io->open(path, O_RDWR | O_CLOEXEC, 0);
 	if (txn->fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	if (fstat(txn->fd, &st) < 0) {
+	if (store->io->fstat(txn->fd, &st) < 0) {
 		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
 		return -1;
 	}
 	if ((uint64_t)st.st_size < CASBOX_PACK_HEADER_SIZE ||
 	    (uint64_t)st.st_size >= store->set.max_pack_size) {
 		/* full, or its creation never completed: start a new one */
-		i_close_fd(&txn->fd);
+		pack_close_fd(store, &txn->fd);
 		return casbox_pack_create(txn, id + 1, error_r);
 	}
 	txn->pack_id = id;
@@ -318,7 +343,7 @@ static void casbox_pack_txn_free(struct casbox_pack_txn *txn)
 	if (txn->local_lock_idx != -1)
 		casbox_pack_local_locks[txn->local_lock_idx].used = FALSE;
 	if (txn->fd != -1)
-		i_close_fd(&txn->fd);
+		pack_close_fd(txn->store, &txn->fd);
 	if (txn->lock != NULL)
 		file_unlock(&txn->lock);
 	if (txn->lock_fd != -1)
@@ -390,11 +415,11 @@ static int casbox_pack_rotate(struct casbox_pack_txn *txn,
 {
 	const char *path = casbox_pack_path(txn->store, txn->pack_id);
 
-	if (txn->store->set.fsync && fdatasync(txn->fd) < 0) {
+	if (txn->store->set.fsync && txn->store->io->fsync(txn->fd) < 0) {
 		*error_r = t_strdup_printf("fdatasync(%s) failed: %m", path);
 		return -1;
 	}
-	i_close_fd(&txn->fd);
+	pack_close_fd(txn->store, &txn->fd);
 	return casbox_pack_create(txn, txn->pack_id + 1, error_r);
 }
 
@@ -482,7 +507,7 @@ casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
 			 txn->stored);
 	stored = clen + CAS_AEAD_TAG_SIZE;
 	crc = cas_crc32c_mask(cas_crc32c(txn->stored, stored));
-	if (pwrite_full(txn->fd, txn->stored, stored, ctx->pos) < 0) {
+	if (txn_pwrite(txn, txn->stored, stored, ctx->pos) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(store, txn->pack_id));
 		return -1;
@@ -527,9 +552,9 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 	hdr.id = *ctx->id;
 	i_assert(hdr.chunk_count == casbox_frame_chunk_count(hdr.plain_size));
 	casbox_frame_header_write(&hdr, hdr_buf);
-	if (pwrite_full(txn->fd, txn->table->data, txn->table->used,
+	if (txn_pwrite(txn, txn->table->data, txn->table->used,
 			ctx->pos) < 0 ||
-	    pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
+	    txn_pwrite(txn, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 		return -1;
@@ -615,7 +640,7 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 	if (ret < 0) {
 		/* drop the partial frame; we hold the lock */
 		i_zero(rec_r);
-		if (ftruncate(txn->fd, frame_off) < 0) {
+		if (txn->store->io->ftruncate(txn->fd, frame_off) < 0) {
 			i_error("ftruncate(%s) failed: %m",
 				casbox_pack_path(txn->store, txn->pack_id));
 		}
@@ -783,12 +808,12 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 	casbox_meta_header_write(&hdr, hdr_buf);
 	frame_off = txn->offset;
 	/* body first, header last: a torn frame has no valid header */
-	if (pwrite_full(txn->fd, sealed, size,
+	if (txn_pwrite(txn, sealed, size,
 			frame_off + CASBOX_META_HEADER_SIZE) < 0 ||
-	    pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
+	    txn_pwrite(txn, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
-		if (ftruncate(txn->fd, frame_off) < 0) {
+		if (txn->store->io->ftruncate(txn->fd, frame_off) < 0) {
 			i_error("ftruncate(%s) failed: %m",
 				casbox_pack_path(txn->store, txn->pack_id));
 		}
@@ -931,7 +956,7 @@ int casbox_pack_txn_commit(struct casbox_pack_txn **_txn,
 	int ret = 1;
 
 	*_txn = NULL;
-	if (txn->store->set.fsync && fdatasync(txn->fd) < 0) {
+	if (txn->store->set.fsync && txn->store->io->fsync(txn->fd) < 0) {
 		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 		ret = -1;
@@ -951,7 +976,8 @@ void casbox_pack_txn_rollback(struct casbox_pack_txn **_txn)
 
 	*_txn = NULL;
 	/* frames already in earlier (rotated) packs stay as garbage for gc */
-	if (txn->fd != -1 && ftruncate(txn->fd, txn->start_offset) < 0) {
+	if (txn->fd != -1 &&
+	    txn->store->io->ftruncate(txn->fd, txn->start_offset) < 0) {
 		i_error("ftruncate(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 	}
@@ -1040,7 +1066,7 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
 				": chunk %u: CRC mismatch", src_path,
 				src_rec->offset, i);
 			ret = -1;
-		} else if (pwrite_full(txn->fd, txn->stored,
+		} else if (txn_pwrite(txn, txn->stored,
 				       chunks[i].stored_size,
 				       frame_off + chunks[i].offset) < 0) {
 			*error_r = t_strdup_printf("write(%s) failed: %m",
@@ -1049,9 +1075,9 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
 		}
 	}
 	if (ret == 0 &&
-	    (pwrite_full(txn->fd, table, table_size,
+	    (txn_pwrite(txn, table, table_size,
 			 frame_off + hdr.frame_size - table_size) < 0 ||
-	     pwrite_full(txn->fd, hdr_buf, sizeof(hdr_buf), frame_off) < 0)) {
+	     txn_pwrite(txn, hdr_buf, sizeof(hdr_buf), frame_off) < 0)) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 		ret = -1;
@@ -1087,7 +1113,7 @@ int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
 	i_close_fd(&src_fd);
 	if (ret < 0) {
 		/* drop the partial frame; we hold the lock */
-		if (ftruncate(txn->fd, frame_off) < 0) {
+		if (txn->store->io->ftruncate(txn->fd, frame_off) < 0) {
 			i_error("ftruncate(%s) failed: %m",
 				casbox_pack_path(txn->store, txn->pack_id));
 		}

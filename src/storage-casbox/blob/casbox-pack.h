@@ -40,9 +40,14 @@ struct casbox_blob_record {
 	};
 };
 
+struct cas_io;
+
 struct casbox_pack_settings {
 	const char *dir;	/* <root>/packs, created if missing */
 	bool fsync;		/* FALSE only for mail_fsync=never */
+	/* the pack and dictionary file writes go through this table
+	   (NULL = cas_io_posix; the crash simulator in tests) */
+	const struct cas_io *io;
 	/* rotate to a new pack past this (0 = 64 MiB) */
 	uint64_t max_pack_size;
 	int zstd_level;		/* 0 = default (3) */

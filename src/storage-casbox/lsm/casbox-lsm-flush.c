@@ -13,6 +13,7 @@
 #include "array.h"
 #include "buffer.h"
 #include "strnum.h"
+#include "cas-durable.h"
 #include "casbox-lsm-state.h"
 
 #include <fcntl.h>
@@ -52,11 +53,7 @@ static int lsm_fsync_dir(struct casbox_lsm *lsm, const char **error_r)
 {
 	if (!lsm->set.fsync)
 		return 0;
-	if (lsm->io->fsync_dir(lsm->dir) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", lsm->dir);
-		return -1;
-	}
-	return 0;
+	return cas_durable_fsync_dir(lsm->io, lsm->dir, error_r);
 }
 
 int casbox_lsm_wal_create(struct casbox_lsm *lsm, uint64_t wal_no,
@@ -84,35 +81,21 @@ int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
 			      const struct casbox_lsm_manifest *man,
 			      const char **error_r)
 {
-	const char *tmp_path = t_strconcat(lsm->manifest_path, ".tmp", NULL);
+	const struct cas_durable_write_settings set = {
+		.io = lsm->io,
+		.tmp_path = t_strconcat(lsm->manifest_path, ".tmp", NULL),
+		.tmp_truncate = TRUE,
+		.no_fsync = !lsm->set.fsync,
+	};
 	buffer_t *buf = t_buffer_create(256);
-	int fd, ret = 0;
 
-	casbox_lsm_manifest_encode(man, buf);
-	fd = lsm->io->open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
-		return -1;
-	}
-	if (lsm_write_all(lsm, fd, tmp_path, buf->data, buf->used, 0,
-			  error_r) < 0 ||
-	    lsm_fsync(lsm, fd, tmp_path, error_r) < 0)
-		ret = -1;
-	(void)lsm->io->close(fd);
 	/* the new tables and WAL must be durable before anything names
 	   them */
-	if (ret == 0 && lsm_fsync_dir(lsm, error_r) < 0)
-		ret = -1;
-	if (ret == 0 && lsm->io->rename(tmp_path, lsm->manifest_path) < 0) {
-		*error_r = t_strdup_printf("rename(%s, %s) failed: %m",
-					   tmp_path, lsm->manifest_path);
-		ret = -1;
-	}
-	if (ret < 0) {
-		(void)lsm->io->unlink(tmp_path);
+	if (lsm_fsync_dir(lsm, error_r) < 0)
 		return -1;
-	}
-	return lsm_fsync_dir(lsm, error_r);
+	casbox_lsm_manifest_encode(man, buf);
+	return cas_durable_write_atomic(lsm->manifest_path, buf->data,
+					buf->used, &set, error_r);
 }
 
 int casbox_lsm_wal_cut_tail(struct casbox_lsm *lsm, const char **error_r)

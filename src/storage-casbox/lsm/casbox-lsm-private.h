@@ -4,7 +4,7 @@
 /* Internals shared by the casbox-lsm files. Formats: doc/casbox-lsm.md. */
 
 #include "casbox-lsm.h"
-#include "casbox-lsm-io.h"
+#include "cas-io.h"
 #include "byteorder.h"
 
 /* Fuzz builds (-DCASBOX_FUZZ_NO_CRC, never in the plugin) accept any
@@ -149,7 +149,7 @@ struct casbox_lsm_table;
 struct casbox_lsm_table_builder;
 
 struct casbox_lsm_table_builder *
-casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
+casbox_lsm_table_builder_init(const struct cas_io *io, int fd,
 			      const char *path);
 /* Keys must be added in strictly increasing order. */
 int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
@@ -163,7 +163,7 @@ int casbox_lsm_table_builder_finish(struct casbox_lsm_table_builder **builder,
 				    uint64_t *entries_r, const char **error_r);
 
 /* Open a table (takes ownership of fd, closes it on error too). */
-int casbox_lsm_table_open(const struct casbox_lsm_io *io, int fd,
+int casbox_lsm_table_open(const struct cas_io *io, int fd,
 			  const char *path, uint64_t file_no,
 			  struct casbox_lsm_table **table_r,
 			  const char **error_r);

@@ -24,7 +24,7 @@ ARRAY_DEFINE_TYPE(lsm_table, struct casbox_lsm_table *);
 
 struct casbox_lsm {
 	struct casbox_lsm_settings set;
-	const struct casbox_lsm_io *io;
+	const struct cas_io *io;
 	/* child of set.event: the parent of every named event */
 	struct event *event;
 	char *dir, *manifest_path, *lock_path;

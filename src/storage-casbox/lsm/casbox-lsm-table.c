@@ -26,7 +26,7 @@
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
 
 struct casbox_lsm_table_builder {
-	const struct casbox_lsm_io *io;
+	const struct cas_io *io;
 	int fd;
 	char *path;
 	uoff_t offset;
@@ -46,7 +46,7 @@ struct table_index_entry {
 
 struct casbox_lsm_table {
 	int refcount;
-	const struct casbox_lsm_io *io;
+	const struct cas_io *io;
 	int fd;
 	char *path;
 	uint64_t file_no;
@@ -90,7 +90,7 @@ struct table_source {
 };
 
 struct casbox_lsm_table_builder *
-casbox_lsm_table_builder_init(const struct casbox_lsm_io *io, int fd,
+casbox_lsm_table_builder_init(const struct cas_io *io, int fd,
 			      const char *path)
 {
 	struct casbox_lsm_table_builder *builder;
@@ -507,7 +507,7 @@ static struct casbox_lsm_table *table_alloc(const char *path)
 	return table;
 }
 
-int casbox_lsm_table_open(const struct casbox_lsm_io *io, int fd,
+int casbox_lsm_table_open(const struct cas_io *io, int fd,
 			  const char *path, uint64_t file_no,
 			  struct casbox_lsm_table **table_r,
 			  const char **error_r)

@@ -7,6 +7,7 @@
 #include "buffer.h"
 #include "mkdir-parents.h"
 #include "file-dotlock.h"
+#include "cas-durable.h"
 #include "casbox-lsm-state.h"
 
 #include <fcntl.h>
@@ -518,18 +519,9 @@ int casbox_lsm_refresh(struct casbox_lsm *lsm, const char **error_r)
 /* The store directory itself may be new: make its entry durable. */
 static int lsm_fsync_parent(struct casbox_lsm *lsm, const char **error_r)
 {
-	const char *p = strrchr(lsm->dir, '/');
-	const char *parent;
-
 	if (!lsm->set.fsync)
 		return 0;
-	parent = p == NULL ? "." : (p == lsm->dir ? "/" :
-				    t_strdup_until(lsm->dir, p));
-	if (lsm->io->fsync_dir(parent) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", parent);
-		return -1;
-	}
-	return 0;
+	return cas_durable_fsync_parent(lsm->io, lsm->dir, error_r);
 }
 
 static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
@@ -597,7 +589,7 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->set = *set;
 	lsm->dir = i_strdup(set->dir);
 	lsm->set.dir = lsm->dir;
-	lsm->io = set->io != NULL ? set->io : &casbox_lsm_io_posix;
+	lsm->io = set->io != NULL ? set->io : &cas_io_posix;
 	lsm->event = event_create(set->event);
 	lsm->set.event = NULL;
 	lsm->lock_timeout_secs = set->lock_timeout_secs != 0 ?

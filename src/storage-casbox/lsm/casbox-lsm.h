@@ -25,7 +25,7 @@
 struct casbox_lsm;
 struct casbox_lsm_batch;
 struct casbox_lsm_iter;
-struct casbox_lsm_io;
+struct cas_io;
 
 #define CASBOX_LSM_MAX_KEY_SIZE 1024
 #define CASBOX_LSM_MAX_VALUE_SIZE (16 * 1024 * 1024)
@@ -42,7 +42,7 @@ struct casbox_lsm_settings {
 	   (0 = default 4 MiB). */
 	size_t wal_flush_bytes;
 	/* File I/O table; NULL = the real POSIX one. Tests inject faults. */
-	const struct casbox_lsm_io *io;
+	const struct cas_io *io;
 	/* Parent of the named events (casbox_lsm_flush_finished,
 	   casbox_lsm_compaction_finished; doc/events.md), which inherit
 	   its categories and fields. NULL = a parentless event. */

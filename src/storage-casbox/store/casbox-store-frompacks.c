@@ -1,5 +1,5 @@
-/* doveadm casbox rebuild --from-packs: rebuild a lost or damaged LSM
-   from the packs alone (doc/doveadm.md, "rebuild --from-packs").
+/* casbox-store-frompacks: doveadm casbox rebuild --from-packs: rebuild
+   a lost or damaged LSM from the packs alone (doc/doveadm.md, "rebuild --from-packs").
 
    1. Take the pack append lock (no save can add frames) and, if the old
       LSM still opens, its write lock.
@@ -26,8 +26,13 @@
 #include "istream.h"
 #include "ioloop.h"
 #include "safe-memset.h"
+#include "cas-durable.h"
 #include "casbox-lsm.h"
-#include "doveadm-casbox-frompacks.h"
+#include "casbox-pack.h"
+#include "casbox-settings.h"
+#include "casbox-store-census.h"
+#include "casbox-store-progress.h"
+#include "casbox-store-frompacks.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -150,7 +155,7 @@ static void frompacks_add_mailbox(struct casbox_frompacks *fp,
 static void frompacks_meta(struct casbox_frompacks *fp,
 			   const struct casbox_pack_frame_info *info)
 {
-	struct casbox_pack_store *packs = fp->adm->packs;
+	struct casbox_pack_store *packs = casbox_store_get_packs(fp->store);
 	enum casbox_meta_kind kind;
 	buffer_t *sealed, *plain;
 	const char *error;
@@ -217,13 +222,14 @@ static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
 	unsigned int pack_count;
 	const char *error;
 
-	if (casbox_census_list_packs(fp->adm->root_dir, fp->pool, &packs,
+	if (casbox_census_list_packs(casbox_store_get_root(fp->store),
+				     fp->pool, &packs,
 				     error_r) < 0)
 		return -1;
 	pack_list = array_get(&packs, &pack_count);
 	casbox_admin_scan_progress_init(&progress, "rebuild --from-packs",
 					pack_list, pack_count);
-	scan = casbox_pack_scan_init(fp->adm->packs);
+	scan = casbox_pack_scan_init(casbox_store_get_packs(fp->store));
 	while (casbox_pack_scan_next(scan, &info)) T_BEGIN {
 		frompacks_frame(fp, &info);
 		casbox_admin_scan_progress_frame(&progress, info.pack_id,
@@ -249,11 +255,13 @@ static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 	bool ok;
 	int ret;
 
-	if (cas_keyring_dek_open(fp->adm->keyring, id, rec->dek_kind,
+	if (cas_keyring_dek_open(casbox_store_get_keyring(fp->store), id,
+				 rec->dek_kind,
 				 rec->stored_dek, dek, &error) < 0)
 		return FALSE;
 	safe_memset(dek, 0, sizeof(dek));
-	input = casbox_pack_blob_open(fp->adm->packs, id, rec);
+	input = casbox_pack_blob_open(casbox_store_get_packs(fp->store),
+				      id, rec);
 	ret = i_stream_read(input);
 	ok = input->stream_errno == 0 && (ret > 0 || ret == -1);
 	i_stream_unref(&input);
@@ -541,16 +549,18 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 	struct casbox_frompacks_blob *blob;
 	struct casbox_blob_value bval;
 	buffer_t *key, *value, *prec;
+	uint32_t key_id;
 
 	key = t_buffer_create(64);
 	value = t_buffer_create(512);
 	prec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
 	buffer_append_c(key, CASBOX_KEY_KEYRING);
 	buffer_append_c(value, CASBOX_RECORD_VERSION);
-	buffer_append_c(value, cas_keyring_key_id(fp->adm->keyring) >> 24);
-	buffer_append_c(value, cas_keyring_key_id(fp->adm->keyring) >> 16);
-	buffer_append_c(value, cas_keyring_key_id(fp->adm->keyring) >> 8);
-	buffer_append_c(value, cas_keyring_key_id(fp->adm->keyring));
+	key_id = cas_keyring_key_id(casbox_store_get_keyring(fp->store));
+	buffer_append_c(value, key_id >> 24);
+	buffer_append_c(value, key_id >> 16);
+	buffer_append_c(value, key_id >> 8);
+	buffer_append_c(value, key_id);
 	if (frompacks_writer_next(w) < 0)
 		return;
 	frompacks_put(w->batch, key, value);
@@ -594,20 +604,6 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 	}
 }
 
-static int fsync_path(const char *path, const char **error_r)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-	if (fd == -1 || fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", path);
-		if (fd != -1)
-			i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
-	return 0;
-}
-
 /* Write the new LSM at new_dir. Returns 0 ok, -1 error. */
 static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 			       const char **error_r)
@@ -618,9 +614,9 @@ static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 
 	i_zero(&set);
 	set.dir = new_dir;
-	set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
-	set.lock_method = fp->adm->lock_method;
-	set.event = fp->adm->event;
+	set.fsync = casbox_store_get_fsync(fp->store);
+	set.lock_method = casbox_store_get_lock_method(fp->store);
+	set.event = casbox_store_get_settings(fp->store)->event;
 	i_zero(&w);
 	if (casbox_lsm_open(&set, &w.lsm, error_r) < 0)
 		return -1;
@@ -645,7 +641,7 @@ static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 			  const char *stamp, const char **error_r)
 {
-	const char *root = fp->adm->root_dir;
+	const char *root = casbox_store_get_root(fp->store);
 	const char *lsm_dir = t_strconcat(root, "/lsm", NULL);
 	const char *broken = t_strdup_printf("%s/lsm.broken-%s", root, stamp);
 	struct stat st;
@@ -666,8 +662,8 @@ static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 					   new_dir, lsm_dir);
 		return -1;
 	}
-	if (fp->adm->fsync_mode != FSYNC_MODE_NEVER)
-		return fsync_path(root, error_r);
+	if (casbox_store_get_fsync(fp->store))
+		return cas_durable_fsync_dir(NULL, root, error_r);
 	return 0;
 }
 
@@ -680,15 +676,16 @@ static int frompacks_swap(struct casbox_frompacks *fp, const char *new_dir,
 static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 {
 	struct casbox_lsm_settings set;
-	const char *lsm_dir = t_strconcat(fp->adm->root_dir, "/lsm", NULL);
+	const char *lsm_dir = t_strconcat(casbox_store_get_root(fp->store),
+					  "/lsm", NULL);
 	const char *error;
 	struct stat st;
 
 	if (stat(lsm_dir, &st) == 0) {
 		i_zero(&set);
 		set.dir = lsm_dir;
-		set.fsync = fp->adm->fsync_mode != FSYNC_MODE_NEVER;
-		set.lock_method = fp->adm->lock_method;
+		set.fsync = casbox_store_get_fsync(fp->store);
+		set.lock_method = casbox_store_get_lock_method(fp->store);
 		set.lock_timeout_secs = fp->lsm_lock_timeout_secs;
 		if (casbox_lsm_open(&set, &fp->old_lsm, &error) > 0 &&
 		    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
@@ -710,7 +707,8 @@ static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 				casbox_lsm_close(&fp->old_lsm);
 		}
 	}
-	if (casbox_pack_txn_begin(fp->adm->packs, &fp->pack_txn,
+	if (casbox_pack_txn_begin(casbox_store_get_packs(fp->store),
+				  &fp->pack_txn,
 				  &error) < 0) {
 		*error_r = t_strdup_printf("pack lock: %s", error);
 		return -1;
@@ -745,13 +743,15 @@ static int frompacks_rebuild(struct casbox_frompacks *fp, const char **error_r)
 	    fp->meta_unreadable == fp->meta_frames) {
 		*error_r = t_strdup_printf("no recovery record opens with "
 			"key file %s: not this store's key? The old LSM is "
-			"left in place", fp->adm->set.key_file);
+			"left in place",
+			casbox_store_get_settings(fp->store)->key_file);
 		return -1;
 	}
 	frompacks_resolve(fp);
 	stamp = t_strdup_printf("%ld.%ld", (long)ioloop_time,
 				(long)getpid());
-	new_dir = t_strdup_printf("%s/lsm.rebuild-%s", fp->adm->root_dir,
+	new_dir = t_strdup_printf("%s/lsm.rebuild-%s",
+				  casbox_store_get_root(fp->store),
 				  stamp);
 	ret = frompacks_write_lsm(fp, new_dir, error_r);
 	if (ret == 0)
@@ -760,16 +760,17 @@ static int frompacks_rebuild(struct casbox_frompacks *fp, const char **error_r)
 }
 
 
-struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm)
+struct casbox_frompacks *casbox_frompacks_init(struct casbox_store *store)
 {
 	struct casbox_frompacks *fp;
 	pool_t pool;
 
-	i_assert(adm->packs != NULL && adm->keyring != NULL);
+	i_assert(casbox_store_get_packs(store) != NULL &&
+		 casbox_store_get_keyring(store) != NULL);
 	pool = pool_alloconly_create("casbox rebuild from packs", 65536);
 	fp = p_new(pool, struct casbox_frompacks, 1);
 	fp->pool = pool;
-	fp->adm = adm;
+	fp->store = store;
 	hash_table_create(&fp->blobs, pool, 0, frompacks_blob_id_hash,
 			  frompacks_blob_id_cmp);
 	hash_table_create(&fp->msgs, pool, 0, str_hash, strcmp);

@@ -134,4 +134,38 @@ int casbox_census_list_packs(const char *root_dir, pool_t pool,
 			     const char **error_r);
 const char *casbox_census_pack_path(const char *root_dir, uint32_t pack_id);
 
+/* The checks scrub makes on top of the census. */
+
+/* Verify every LSM table block and the WAL (CRC, order, footer);
+   report(context, file, offset, reason) for each damaged item. Returns
+   1 clean, 0 damage found, -1 I/O error. */
+typedef void casbox_census_lsm_damage_callback_t(void *context,
+						 const char *file,
+						 uoff_t offset,
+						 const char *reason);
+int casbox_census_verify_lsm(struct casbox_store *store,
+			     casbox_census_lsm_damage_callback_t *report,
+			     void *context, const char **error_r);
+/* Decode blob to its end (every chunk's CRC and AEAD tag; needs the
+   key). Sets blob->damage (in census->pool) when it does not read as
+   its record says. */
+void casbox_census_decode_blob(struct casbox_store *store,
+			       struct casbox_census *census,
+			       struct casbox_census_blob *blob);
+/* A meta frame the scan found intact must open and parse (what rebuild
+   --from-packs would need); without the password (password mode) its
+   MAC must verify. Returns 0 ok, -1 bad (error_r says why). */
+int casbox_census_check_meta(struct casbox_store *store,
+			     const struct casbox_census_meta *meta,
+			     const char **error_r);
+/* Call callback for every message record that decodes (the others the
+   census reports). Returns 0 ok, -1 error. */
+typedef void casbox_census_msg_callback_t(void *context,
+					  const guid_128_t mailbox_guid,
+					  uint32_t uid,
+					  const struct casbox_msg_record *rec);
+int casbox_census_foreach_msg(struct casbox_store *store,
+			      casbox_census_msg_callback_t *callback,
+			      void *context, const char **error_r);
+
 #endif

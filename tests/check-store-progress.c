@@ -3,7 +3,7 @@
    terminal one line rewritten in place and ended with a newline. */
 
 #include "lib.h"
-#include "doveadm-casbox-progress.h"
+#include "casbox-store-progress.h"
 
 #include <check.h>
 #include "check-run.h"

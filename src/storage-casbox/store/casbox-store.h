@@ -41,6 +41,24 @@ void casbox_store_close(struct casbox_store **store);
    for a store with data, or a key that is not the store's, are errors
    naming the key file). */
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r);
+/* Start a new pack: saves and gc's copies then append there, not to a
+   pack gc is about to delete. Needs casbox_store_open_keys(). Returns 0
+   ok, -1 error. */
+int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r);
+/* A store without its LSM (rebuild --from-packs, where the LSM may be
+   missing or unreadable): only casbox_store_open_keys() (which then
+   never creates a key and has no 'K' record to check it against: the
+   sealed records the caller opens do), the get_*() functions and close. */
+void casbox_store_open_nolsm(const char *root_dir,
+			     const struct casbox_settings *set,
+			     enum fsync_mode fsync_mode,
+			     enum file_lock_method lock_method,
+			     struct casbox_store **store_r);
+/* Such a store's password-mode key password (not owned, never logged),
+   instead of the settings' one; NULL: the public part only. Call before
+   casbox_store_open_keys(). */
+void casbox_store_set_key_password(struct casbox_store *store,
+				   const char *password);
 /* TRUE if the store is in password key mode and this process cannot
    open its DEKs: no password, or unlocking with it failed. */
 bool casbox_store_key_locked(struct casbox_store *store);
@@ -256,5 +274,55 @@ struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store);
    error. */
 int casbox_store_open_packs_keyless(struct casbox_store *store,
 				    const char **error_r);
+
+/* Chunks this process has decoded (authenticated and decompressed) so
+   far, over all stores, and their plaintext bytes: statistics for the
+   debug log and tests of what a read touched. */
+uint64_t casbox_store_get_chunks_decoded(void);
+uint64_t casbox_store_get_bytes_decoded(void);
+
+/* dict train: a zstd dictionary from up to max_samples of the store's
+   small blobs (those the pack store would compress with a dictionary),
+   one in holdout_every held out (up to max_heldout) and compressed
+   without and with the new dictionary. Needs casbox_store_open_keys().
+   The samples are wiped after use. Returns 0 ok, -1 error (too few small
+   blobs says so). */
+struct casbox_store_dict_train_result {
+	uint32_t dict_id;
+	unsigned int samples, heldout;
+	/* of the held-out blobs */
+	uint64_t plain_bytes, without_bytes, with_bytes;
+};
+int casbox_store_dict_train(struct casbox_store *store,
+			    unsigned int max_samples,
+			    unsigned int holdout_every,
+			    unsigned int max_heldout,
+			    struct casbox_store_dict_train_result *res_r,
+			    const char **error_r);
+
+/* The one "has data" rule: TRUE if the store holds anything a new key
+   could not read: a key ('K'), blob or message record in the LSM, or
+   any file in packs/ (a pack, or a dictionary, which is sealed with the
+   key). Before a key is created for a store (casbox_key_autocreate,
+   doveadm casbox key init). Returns 0 ok, -1 error. */
+int casbox_store_has_data(struct casbox_store *store, bool *have_r,
+			  const char **error_r);
+
+/* Hold the store's write lock (the LSM's, which every writer of records
+   takes) without writing anything: key rotation rewrites the key file
+   under it, so no writer wraps a DEK with a key slot that is going away.
+   Returns 0 ok, -1 error (lock timeout included). */
+struct casbox_store_write_lock;
+int casbox_store_write_lock(struct casbox_store *store,
+			    struct casbox_store_write_lock **lock_r,
+			    const char **error_r);
+void casbox_store_write_unlock(struct casbox_store_write_lock **lock);
+
+/* How the store was opened: its settings (as given to the open), whether
+   it fsyncs (mail_fsync is not "never") and its lock method. */
+const struct casbox_settings *
+casbox_store_get_settings(struct casbox_store *store);
+bool casbox_store_get_fsync(struct casbox_store *store);
+enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store);
 
 #endif

@@ -1,8 +1,8 @@
-/* doveadm casbox: progress lines on a terminal (doveadm-casbox-progress.h). */
+/* casbox-store-progress: progress lines on a terminal (casbox-store-progress.h). */
 
 #include "lib.h"
 #include "time-util.h"
-#include "doveadm-casbox-progress.h"
+#include "casbox-store-progress.h"
 
 #include <stdio.h>
 #include <unistd.h>
@@ -136,4 +136,11 @@ void casbox_admin_census_progress(void *context, uint64_t frames,
 			t_strdup_printf("pack frames: %"PRIu64, frames),
 			bytes_done, bytes_total);
 	} T_END;
+}
+
+void casbox_admin_census_show_progress(struct casbox_census *census,
+				       const char *what)
+{
+	census->progress = casbox_admin_census_progress;
+	census->progress_context = (void *)what;
 }

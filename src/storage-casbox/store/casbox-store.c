@@ -32,6 +32,9 @@ struct casbox_store {
 	const char *unlock_error;
 	struct casbox_pack_store *packs;
 	struct casbox_store_stats stats;
+	/* opened without its LSM (casbox_store_open_nolsm()): the password
+	   for the key (not owned), NULL: the settings' */
+	const char *nolsm_password;
 };
 
 /* A blob touched by a transaction: its current refcount and location. */
@@ -78,6 +81,41 @@ casbox_store_lsm_get(struct casbox_store *store, const buffer_t *key,
 			      error_r);
 }
 
+static struct casbox_store *
+casbox_store_alloc(const char *root_dir, const struct casbox_settings *set,
+		   enum fsync_mode fsync_mode,
+		   enum file_lock_method lock_method)
+{
+	struct casbox_store *store;
+	pool_t pool;
+
+	pool = pool_alloconly_create("casbox store", 512);
+	store = p_new(pool, struct casbox_store, 1);
+	store->pool = pool;
+	store->root_dir = p_strdup(pool, root_dir);
+	store->set = set;
+	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
+	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
+	store->lock_method = lock_method;
+	return store;
+}
+
+void casbox_store_open_nolsm(const char *root_dir,
+			     const struct casbox_settings *set,
+			     enum fsync_mode fsync_mode,
+			     enum file_lock_method lock_method,
+			     struct casbox_store **store_r)
+{
+	*store_r = casbox_store_alloc(root_dir, set, fsync_mode, lock_method);
+}
+
+void casbox_store_set_key_password(struct casbox_store *store,
+				   const char *password)
+{
+	i_assert(store->lsm == NULL);
+	store->nolsm_password = password;
+}
+
 int casbox_store_open(const char *root_dir,
 		      const struct casbox_settings *set,
 		      enum fsync_mode fsync_mode,
@@ -89,14 +127,8 @@ int casbox_store_open(const char *root_dir,
 	const char *error;
 	pool_t pool;
 
-	pool = pool_alloconly_create("casbox store", 512);
-	store = p_new(pool, struct casbox_store, 1);
-	store->pool = pool;
-	store->root_dir = p_strdup(pool, root_dir);
-	store->set = set;
-	store->fsync = fsync_mode != FSYNC_MODE_NEVER;
-	store->fsync_always = fsync_mode == FSYNC_MODE_ALWAYS;
-	store->lock_method = lock_method;
+	store = casbox_store_alloc(root_dir, set, fsync_mode, lock_method);
+	pool = store->pool;
 
 	i_zero(&lsm_set);
 	lsm_set.dir = p_strconcat(pool, root_dir, "/lsm", NULL);
@@ -154,13 +186,13 @@ void casbox_store_close(struct casbox_store **_store)
 		casbox_pack_store_close(&store->packs);
 	if (store->keyring != NULL)
 		cas_keyring_free(&store->keyring);
-	casbox_lsm_close(&store->lsm);
+	if (store->lsm != NULL)
+		casbox_lsm_close(&store->lsm);
 	pool_unref(&store->pool);
 }
 
-/* TRUE if the store holds anything a new key would make unreadable. */
-static int casbox_store_has_data(struct casbox_store *store, bool *have_r,
-				 const char **error_r)
+int casbox_store_has_data(struct casbox_store *store, bool *have_r,
+			  const char **error_r)
 {
 	static const unsigned char prefixes[] = {
 		CASBOX_KEY_KEYRING, CASBOX_KEY_BLOB, CASBOX_KEY_MESSAGE
@@ -210,6 +242,8 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		return -1;
 	}
 	casbox_settings_key(store->set, &key_set);
+	if (store->lsm == NULL && key_set.mode == CAS_KEY_MODE_PASSWORD)
+		key_set.password = store->nolsm_password;
 	if (store->unlock_error != NULL) {
 		*error_r = store->unlock_error;
 		return -1;
@@ -226,6 +260,12 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 			store->unlock_error =
 				p_strdup(store->pool, *error_r);
 		}
+		return -1;
+	}
+	if (store->lsm == NULL) {
+		/* without the LSM nothing tells whether the store has
+		   data: never create a key then */
+		*error_r = t_strdup_printf("key file %s does not exist", path);
 		return -1;
 	}
 	if (casbox_store_has_data(store, &have_data, error_r) < 0)
@@ -302,6 +342,42 @@ static int casbox_store_check_key_id(struct casbox_store *store,
 	return casbox_lsm_batch_commit(&batch, error_r) < 0 ? -1 : 0;
 }
 
+/* The one place the pack settings are filled from the store's. */
+static void casbox_store_pack_settings(struct casbox_store *store,
+				       struct casbox_pack_settings *set_r)
+{
+	i_zero(set_r);
+	set_r->dir = t_strconcat(store->root_dir, "/packs", NULL);
+	set_r->fsync = store->fsync;
+	set_r->max_pack_size = store->set->pack_size;
+	set_r->zstd_level = store->set->zstd_level;
+}
+
+int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r)
+{
+	struct casbox_pack_settings pack_set;
+	struct casbox_pack_store *packs;
+	struct casbox_pack_txn *txn;
+	const char *error;
+
+	casbox_store_pack_settings(store, &pack_set);
+	/* any existing pack counts as full: txn_begin creates the next */
+	pack_set.max_pack_size = 1;
+	if (casbox_pack_store_open(&pack_set, store->keyring, &packs,
+				   &error) < 0) {
+		*error_r = t_strdup_printf("starting a new pack: %s", error);
+		return -1;
+	}
+	if (casbox_pack_txn_begin(packs, &txn, &error) < 0 ||
+	    casbox_pack_txn_commit(&txn, &error) < 0) {
+		*error_r = t_strdup_printf("starting a new pack: %s", error);
+		casbox_pack_store_close(&packs);
+		return -1;
+	}
+	casbox_pack_store_close(&packs);
+	return 0;
+}
+
 int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 {
 	struct casbox_pack_settings pack_set;
@@ -312,16 +388,15 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 	if (store->keyring == NULL) {
 		if (casbox_store_load_keyring(store, error_r) < 0)
 			return -1;
-		if (casbox_store_check_key_id(store, error_r) < 0) {
+		/* without the LSM there is no 'K' record: the sealed
+		   records the caller opens check the key */
+		if (store->lsm != NULL &&
+		    casbox_store_check_key_id(store, error_r) < 0) {
 			cas_keyring_free(&store->keyring);
 			return -1;
 		}
 	}
-	i_zero(&pack_set);
-	pack_set.dir = t_strconcat(store->root_dir, "/packs", NULL);
-	pack_set.fsync = store->fsync;
-	pack_set.max_pack_size = store->set->pack_size;
-	pack_set.zstd_level = store->set->zstd_level;
+	casbox_store_pack_settings(store, &pack_set);
 	if (casbox_pack_store_open(&pack_set, store->keyring,
 				   &store->packs, &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
@@ -1539,13 +1614,65 @@ int casbox_store_open_packs_keyless(struct casbox_store *store,
 	/* the pack store opens the dictionaries, which needs the key */
 	if (have_dicts)
 		return 0;
-	i_zero(&pack_set);
-	pack_set.dir = dir_path;
-	pack_set.fsync = store->fsync;
+	casbox_store_pack_settings(store, &pack_set);
 	if (casbox_pack_store_open(&pack_set, NULL, &store->packs,
 				   &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", dir_path, error);
 		return -1;
 	}
 	return 1;
+}
+
+uint64_t casbox_store_get_chunks_decoded(void)
+{
+	return casbox_pack_get_chunks_decoded();
+}
+
+uint64_t casbox_store_get_bytes_decoded(void)
+{
+	return casbox_pack_get_bytes_decoded();
+}
+
+struct casbox_store_write_lock {
+	struct casbox_lsm_batch *batch;
+};
+
+int casbox_store_write_lock(struct casbox_store *store,
+			    struct casbox_store_write_lock **lock_r,
+			    const char **error_r)
+{
+	struct casbox_lsm_batch *batch;
+
+	*lock_r = NULL;
+	/* a batch holds the LSM write lock from begin to its end */
+	if (casbox_lsm_batch_begin(store->lsm, &batch, error_r) < 0)
+		return -1;
+	*lock_r = i_new(struct casbox_store_write_lock, 1);
+	(*lock_r)->batch = batch;
+	return 0;
+}
+
+void casbox_store_write_unlock(struct casbox_store_write_lock **_lock)
+{
+	struct casbox_store_write_lock *lock = *_lock;
+
+	*_lock = NULL;
+	casbox_lsm_batch_rollback(&lock->batch);
+	i_free(lock);
+}
+
+const struct casbox_settings *
+casbox_store_get_settings(struct casbox_store *store)
+{
+	return store->set;
+}
+
+bool casbox_store_get_fsync(struct casbox_store *store)
+{
+	return store->fsync;
+}
+
+enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store)
+{
+	return store->lock_method;
 }

@@ -1,13 +1,13 @@
-#ifndef DOVEADM_CASBOX_FROMPACKS_H
-#define DOVEADM_CASBOX_FROMPACKS_H
+#ifndef CASBOX_STORE_FROMPACKS_H
+#define CASBOX_STORE_FROMPACKS_H
 
 /* rebuild --from-packs: the LSM rebuilt from the packs' recovery
-   records (doveadm-casbox-frompacks.c); the doveadm command around it
+   records (casbox-store-frompacks.c); the doveadm command around it
    (index resync, output) is doveadm-casbox-frompacks-cmd.c. */
 
 #include "hash.h"
 #include "casbox-recovery.h"
-#include "doveadm-casbox.h"
+#include "casbox-store.h"
 
 struct casbox_frompacks_frame {
 	uint32_t pack_id;
@@ -58,7 +58,7 @@ struct casbox_frompacks_mailbox {
 
 /* What the scan found and the rebuild wrote. */
 struct casbox_frompacks {
-	struct casbox_admin *adm;
+	struct casbox_store *store;
 	pool_t pool;
 	HASH_TABLE(struct cas_blob_id *, struct casbox_frompacks_blob *) blobs;
 	ARRAY(struct casbox_frompacks_blob *) blob_list;
@@ -84,10 +84,10 @@ struct casbox_frompacks {
 };
 
 
-/* adm must have the keys open (casbox_admin_open_keys(); in password
-   mode unlocked, with adm->key_password set first); its LSM is not used
-   (adm->lsm may be NULL). */
-struct casbox_frompacks *casbox_frompacks_init(struct casbox_admin *adm);
+/* store must have the keys open (casbox_store_open_keys(); in password
+   mode unlocked); its LSM is not used (it may be opened without one,
+   casbox_store_open_nolsm()). */
+struct casbox_frompacks *casbox_frompacks_init(struct casbox_store *store);
 /* Lock, scan, resolve, write the new LSM and move the old one aside.
    Returns 0 ok, -1 error (then nothing was moved), also when another
    process holds the old LSM's write lock past the timeout: a busy LSM

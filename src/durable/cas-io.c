@@ -1,7 +1,7 @@
-/* The POSIX I/O table; see casbox-lsm-io.h. */
+/* The POSIX I/O table; see cas-io.h. */
 
 #include "lib.h"
-#include "casbox-lsm-io.h"
+#include "cas-io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,7 +21,7 @@ static int posix_fsync_dir(const char *path)
 {
 	int fd, ret;
 
-	fd = open(path, O_RDONLY | O_DIRECTORY);
+	fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd == -1)
 		return -1;
 	ret = fsync(fd);
@@ -29,7 +29,7 @@ static int posix_fsync_dir(const char *path)
 	return ret;
 }
 
-const struct casbox_lsm_io casbox_lsm_io_posix = {
+const struct cas_io cas_io_posix = {
 	.open = posix_open,
 	.close = close,
 	.pread = pread,
@@ -39,6 +39,7 @@ const struct casbox_lsm_io casbox_lsm_io_posix = {
 	.fstat = fstat,
 	.stat = stat,
 	.rename = rename,
+	.link = link,
 	.unlink = unlink,
 	.mkdir = mkdir,
 	.fsync_dir = posix_fsync_dir,

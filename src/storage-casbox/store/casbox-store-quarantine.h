@@ -45,12 +45,22 @@ casbox_quarantine_copy_name(const struct cas_blob_id *id,
 			    const struct casbox_quarantine_record *rec);
 
 /* Copy the frame's bytes (as many of them as the pack still has) to
-   <root>/quarantine/ (created 0700), fsynced. An existing copy is kept.
+   <root>/quarantine/ (created 0700), fsynced, its name made durable
+   (directory fsync). An existing copy is kept.
    Returns 0 ok (path_r set), -1 error. */
 int casbox_store_quarantine_copy(struct casbox_store *store,
 				 const struct cas_blob_id *id,
 				 const struct casbox_quarantine_record *rec,
 				 const char **path_r, const char **error_r);
+
+/* The copy itself: size bytes at offset of pack_path (fewer if the pack
+   is shorter) to path, atomically and durably (path.tmp, fsync, rename,
+   directory fsync), through io (NULL = POSIX). Returns 0 ok, -1 error. */
+struct cas_io;
+int casbox_quarantine_copy_frame(const struct cas_io *io,
+				 const char *pack_path, const char *path,
+				 uint64_t offset, uint64_t size,
+				 const char **error_r);
 
 /* Is a part of rec quarantined? Returns 1 yes (blob_r and cause_r say
    which and why), 0 no, -1 error. Call after a refresh of the LSM

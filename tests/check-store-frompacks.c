@@ -20,7 +20,8 @@
 #include "casbox-lsm.h"
 #include "casbox-store.h"
 #include "casbox-store-rekey.h"
-#include "doveadm-casbox-frompacks.h"
+#include "casbox-store-frompacks.h"
+#include "doveadm-casbox.h"
 
 #include <check.h>
 #include "check-run.h"
@@ -199,7 +200,7 @@ static struct casbox_frompacks *frompacks_open(struct casbox_admin **adm_r)
 					adm_r, &error) <= 0 ||
 	    casbox_admin_open_keys(*adm_r, &error) < 0)
 		ck_abort_msg("admin open: %s", error);
-	return casbox_frompacks_init(*adm_r);
+	return casbox_frompacks_init((*adm_r)->store);
 }
 
 static struct casbox_frompacks *rebuild(struct casbox_admin **adm_r)
@@ -618,7 +619,7 @@ static int frompacks_try(const char *password, const char **error_r)
 	ret = casbox_admin_open_keys(adm, error_r);
 	adm->key_password = NULL;
 	if (ret > 0) {
-		fp = casbox_frompacks_init(adm);
+		fp = casbox_frompacks_init(adm->store);
 		ret = casbox_frompacks_rebuild_lsm(fp, error_r);
 		if (ret == 0)
 			ck_assert_uint_eq(fp->lost_messages, 0);

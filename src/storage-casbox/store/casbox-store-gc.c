@@ -1,4 +1,4 @@
-/* doveadm casbox gc: rewrite packs whose dead share passes
+/* casbox-store-gc: doveadm casbox gc: rewrite packs whose dead share passes
    casbox_gc_dead_ratio. See doc/doveadm.md ("gc and concurrent saves")
    for the locking rule.
 
@@ -29,16 +29,19 @@
 #include "buffer.h"
 #include "hex-binary.h"
 #include "istream.h"
-#include "mail-user.h"
-#include "doveadm-print.h"
-#include "doveadm-mail.h"
+#include "hash.h"
 #include "safe-memset.h"
+#include "cas-durable.h"
 #include "casbox-lsm.h"
+#include "casbox-pack.h"
 #include "casbox-recovery.h"
-#include "casbox-store-safety.h"
 #include "ioloop.h"
-#include "doveadm-casbox.h"
-#include "doveadm-casbox-dovecot.h"
+#include "casbox-settings.h"
+#include "casbox-store.h"
+#include "casbox-store-census.h"
+#include "casbox-store-progress.h"
+#include "casbox-store-gc.h"
+#include "casbox-store-safety.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -46,11 +49,6 @@
 /* commit the pack appends (and so release the pack lock for saves)
    after this many bytes copied */
 #define CASBOX_GC_COMMIT_BYTES (8 * 1024 * 1024)
-
-struct casbox_gc_cmd_context {
-	struct doveadm_mail_cmd_context ctx;
-	bool all;
-};
 
 struct casbox_gc_move {
 	struct casbox_census_blob *blob;
@@ -78,7 +76,13 @@ struct casbox_gc_pack {
 };
 
 struct casbox_gc {
-	struct casbox_admin *adm;
+	struct casbox_store *store;
+	/* the store's parts (packs and keyring once its keys are open) */
+	const struct casbox_settings *set;
+	const char *root_dir;
+	struct casbox_lsm *lsm;
+	struct casbox_pack_store *packs;
+	struct cas_keyring *keyring;
 	struct casbox_census *census;
 	bool all;
 	ARRAY(struct casbox_gc_pack) candidates;
@@ -123,7 +127,7 @@ casbox_gc_candidate(struct casbox_gc *gc, uint32_t pack_id)
 
 static void casbox_gc_pick(struct casbox_gc *gc)
 {
-	unsigned int ratio = gc->adm->set.gc_dead_ratio;
+	unsigned int ratio = gc->set->gc_dead_ratio;
 	struct casbox_census_pack *pack;
 	struct casbox_gc_pack *cand;
 
@@ -142,33 +146,14 @@ static void casbox_gc_pick(struct casbox_gc *gc)
    if the newest pack is a candidate, start a new one. */
 static int casbox_gc_rotate(struct casbox_gc *gc, const char **error_r)
 {
-	struct casbox_admin *adm = gc->adm;
-	struct casbox_pack_settings set;
-	struct casbox_pack_store *store;
-	struct casbox_pack_txn *txn;
 	const struct casbox_census_pack *last;
-	const char *error;
 
 	if (array_count(&gc->census->packs) == 0)
 		return 0;
 	last = array_back(&gc->census->packs);
 	if (casbox_gc_candidate(gc, last->pack_id) == NULL)
 		return 0;
-	i_zero(&set);
-	set.dir = t_strconcat(adm->root_dir, "/packs", NULL);
-	set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
-	/* any existing pack counts as full: txn_begin creates the next */
-	set.max_pack_size = 1;
-	if (casbox_pack_store_open(&set, adm->keyring, &store, &error) < 0 ||
-	    casbox_pack_txn_begin(store, &txn, &error) < 0 ||
-	    casbox_pack_txn_commit(&txn, &error) < 0) {
-		*error_r = t_strdup_printf("starting a new pack: %s", error);
-		if (store != NULL)
-			casbox_pack_store_close(&store);
-		return -1;
-	}
-	casbox_pack_store_close(&store);
-	return 0;
+	return casbox_store_pack_rotate(gc->store, error_r);
 }
 
 static int casbox_gc_txn_commit(struct casbox_gc *gc, const char **error_r)
@@ -190,7 +175,7 @@ static int casbox_gc_txn_begin(struct casbox_gc *gc, const char **error_r)
 	const char *error;
 
 	if (gc->txn == NULL &&
-	    casbox_pack_txn_begin(gc->adm->packs, &gc->txn, &error) < 0) {
+	    casbox_pack_txn_begin(gc->packs, &gc->txn, &error) < 0) {
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
 	}
@@ -232,7 +217,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 
 	if (blob->damage != NULL) {
 		i_warning("casbox gc: %s: keeping pack %u: blob %s: %s",
-			  gc->adm->root_dir, cand->pack->pack_id,
+			  gc->root_dir, cand->pack->pack_id,
 			  cas_blob_id_to_hex(&blob->id), blob->damage);
 		cand->keep = TRUE;
 		return 0;
@@ -241,7 +226,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		return -1;
 	i_zero(&move);
 	move.blob = blob;
-	verbatim = !cas_keyring_can_decrypt(gc->adm->keyring);
+	verbatim = !cas_keyring_can_decrypt(gc->keyring);
 	if (verbatim) {
 		/* password mode without the password: move the frame as
 		   it is (CRC-checked, DEK unchanged) */
@@ -249,7 +234,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 						 &blob->rec, &move.new_rec,
 						 &error);
 	} else {
-		input = casbox_pack_blob_open(gc->adm->packs, &blob->id,
+		input = casbox_pack_blob_open(gc->packs, &blob->id,
 					      &blob->rec);
 		ret = casbox_pack_txn_add(gc->txn, &blob->id, input,
 					  &move.new_rec, &error);
@@ -258,7 +243,7 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 	if (ret < 0) {
 		/* damaged or unreadable: leave it where it is */
 		i_warning("casbox gc: %s: keeping pack %u: blob %s: %s",
-			  gc->adm->root_dir, cand->pack->pack_id,
+			  gc->root_dir, cand->pack->pack_id,
 			  cas_blob_id_to_hex(&blob->id), error);
 		cand->keep = TRUE;
 		return 0;
@@ -291,7 +276,7 @@ static int casbox_gc_msg_live(struct casbox_gc *gc,
 	key = t_buffer_create(32);
 	casbox_key_message(key, mailbox_guid, uid);
 	value = t_buffer_create(256);
-	ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used, value,
+	ret = casbox_lsm_get(gc->lsm, key->data, key->used, value,
 			     error_r);
 	if (ret <= 0)
 		return ret;
@@ -310,7 +295,7 @@ casbox_gc_locator(struct casbox_gc *gc, const guid_128_t mailbox_guid,
 	buffer_t *data = t_buffer_create(64);
 
 	casbox_recovery_locator_data(mailbox_guid, uid, guid, data);
-	casbox_pack_meta_locator_make(gc->adm->packs, data->data, data->used,
+	casbox_pack_meta_locator_make(gc->packs, data->data, data->used,
 				      locator_r);
 }
 
@@ -359,7 +344,7 @@ casbox_gc_locators_build(struct casbox_gc *gc,
 	const char *error;
 	int ret = 0;
 
-	iter = casbox_lsm_iter_init(gc->adm->lsm, &prefix, 1);
+	iter = casbox_lsm_iter_init(gc->lsm, &prefix, 1);
 	while (ret == 0 && casbox_lsm_iter_next(iter, &key, &key_size,
 						&value, &value_size)) T_BEGIN {
 		ret = casbox_gc_locator_add(gc, map, key, key_size, value,
@@ -464,7 +449,7 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
 		key = t_buffer_create(32);
 		casbox_key_mailbox(key, rec.mailbox_guid);
 		value = t_buffer_create(128);
-		ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used,
+		ret = casbox_lsm_get(gc->lsm, key->data, key->used,
 				     value, error_r);
 		if (ret < 0)
 			return -1;
@@ -490,7 +475,7 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
    DEK updates, which have no locator, are all carried forward. */
 static bool casbox_gc_can_open_meta(struct casbox_gc *gc)
 {
-	return cas_keyring_can_decrypt(gc->adm->keyring);
+	return cas_keyring_can_decrypt(gc->keyring);
 }
 
 static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
@@ -503,11 +488,11 @@ static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
 	struct casbox_gc_dropped *drop;
 	const char *error, *msg_key;
 
-	if (casbox_pack_meta_verify(gc->adm->packs, kind, sealed->data,
+	if (casbox_pack_meta_verify(gc->packs, kind, sealed->data,
 				    sealed->used, error_r) < 0)
 		return 0;
 	if (kind == CASBOX_META_KIND_RECOVERY &&
-	    casbox_pack_meta_locator(gc->adm->packs, sealed->data,
+	    casbox_pack_meta_locator(gc->packs, sealed->data,
 				     sealed->used, locator) > 0) {
 		/* the locator is authenticated: it is in the AAD */
 		if (!hash_table_is_created(gc->locators)) {
@@ -548,7 +533,7 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 			  const struct casbox_census_meta *meta,
 			  struct casbox_gc_pack *cand, const char **error_r)
 {
-	struct casbox_pack_store *packs = gc->adm->packs;
+	struct casbox_pack_store *packs = gc->packs;
 	enum casbox_meta_kind kind;
 	buffer_t *sealed, *plain;
 	const char *error;
@@ -577,7 +562,7 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 	}
 	if (ret == 0) {
 		i_warning("casbox gc: %s: keeping pack %u: meta frame at "
-			  "offset %"PRIu64": %s", gc->adm->root_dir,
+			  "offset %"PRIu64": %s", gc->root_dir,
 			  meta->pack_id, meta->offset, error);
 		cand->keep = TRUE;
 	} else if (ret < 0)
@@ -636,7 +621,7 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 	key = t_buffer_create(32);
 	casbox_key_mailbox(key, mailbox_guid);
 	mvalue = t_buffer_create(128);
-	ret = casbox_lsm_get(gc->adm->lsm, key->data, key->used, mvalue,
+	ret = casbox_lsm_get(gc->lsm, key->data, key->used, mvalue,
 			     error_r);
 	if (ret <= 0)
 		return ret;
@@ -701,7 +686,7 @@ static int casbox_gc_backfill(struct casbox_gc *gc, const char **error_r)
 	uint32_t uid;
 	int ret = 0;
 
-	iter = casbox_lsm_iter_init(gc->adm->lsm, &prefix, 1);
+	iter = casbox_lsm_iter_init(gc->lsm, &prefix, 1);
 	while (ret >= 0 && casbox_lsm_iter_next(iter, &key, &key_size,
 						&value, &value_size)) T_BEGIN {
 		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
@@ -871,16 +856,16 @@ static int casbox_gc_rewrap_moves(struct casbox_gc *gc, const char **error_r)
 	int ret = 0;
 
 	i_assert(gc->txn == NULL);
-	if (casbox_admin_refresh_keys(gc->adm, error_r) < 0)
+	if (casbox_store_refresh_keys(gc->store, error_r) < 0)
 		return -1;
-	current = cas_keyring_wrap_key_id(gc->adm->keyring);
+	current = cas_keyring_wrap_key_id(gc->keyring);
 	array_foreach_modifiable(&gc->moves, move) {
 		/* sealed DEKs (password mode) have no wrap key to follow */
 		if (move->new_rec.dek_kind != CAS_DEK_KIND_SERVER_WRAP ||
 		    cas_dek_wrapped_key_id(move->new_rec.wrapped_dek) ==
 		    current)
 			continue;
-		if (cas_dek_rewrap(gc->adm->keyring, gc->adm->keyring,
+		if (cas_dek_rewrap(gc->keyring, gc->keyring,
 				   &move->blob->id, move->new_rec.wrapped_dek,
 				   wrapped, &error) < 0) {
 			*error_r = t_strdup_printf("blob %s: %s",
@@ -908,13 +893,13 @@ static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
 	struct casbox_lsm_batch *batch;
 	struct casbox_census *fresh;
 
-	if (casbox_lsm_batch_begin(gc->adm->lsm, &batch, error_r) < 0)
+	if (casbox_lsm_batch_begin(gc->lsm, &batch, error_r) < 0)
 		return -1;
 	if (casbox_gc_rewrap_moves(gc, error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);
 		return -1;
 	}
-	if (casbox_census_build(gc->adm->store, NULL, NULL, &fresh,
+	if (casbox_census_build(gc->store, NULL, NULL, &fresh,
 				error_r) < 0) {
 		casbox_lsm_batch_rollback(&batch);
 		return -1;
@@ -926,15 +911,15 @@ static int casbox_gc_commit(struct casbox_gc *gc, const char **error_r)
 
 static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 {
-	const char *dir = t_strconcat(gc->adm->root_dir, "/packs", NULL);
+	const char *dir = t_strconcat(gc->root_dir, "/packs", NULL);
 	const struct casbox_gc_pack *cand;
 	const char *path;
-	int fd;
 
 	array_foreach(&gc->candidates, cand) {
 		if (cand->keep)
 			continue;
-		path = casbox_admin_pack_path(gc->adm, cand->pack->pack_id);
+		path = casbox_census_pack_path(gc->root_dir,
+					       cand->pack->pack_id);
 		if (unlink(path) < 0 && errno != ENOENT) {
 			*error_r = t_strdup_printf("unlink(%s) failed: %m",
 						   path);
@@ -942,17 +927,9 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 		}
 		gc->packs_deleted++;
 	}
-	if (gc->packs_deleted == 0 || gc->adm->fsync_mode == FSYNC_MODE_NEVER)
+	if (gc->packs_deleted == 0 || !casbox_store_get_fsync(gc->store))
 		return 0;
-	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd == -1 || fsync(fd) < 0) {
-		*error_r = t_strdup_printf("fsync(%s) failed: %m", dir);
-		if (fd != -1)
-			i_close_fd(&fd);
-		return -1;
-	}
-	i_close_fd(&fd);
-	return 0;
+	return cas_durable_fsync_dir(NULL, dir, error_r);
 }
 
 /* Release retained mail past casbox_expunge_retention and dup records
@@ -960,9 +937,10 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
    are dead for the census that follows, so this run reclaims them. */
 static int casbox_gc_expire(struct casbox_gc *gc, const char **error_r)
 {
-	const struct casbox_settings *set = &gc->adm->set;
+	const struct casbox_settings *set =
+		casbox_store_get_settings(gc->store);
 
-	return casbox_store_safety_expire(gc->adm->store, ioloop_time,
+	return casbox_store_safety_expire(gc->store, ioloop_time,
 					  set->expunge_retention,
 					  set->duplicate_window, &gc->expired,
 					  error_r);
@@ -970,17 +948,20 @@ static int casbox_gc_expire(struct casbox_gc *gc, const char **error_r)
 
 static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 {
-	struct casbox_admin *adm = gc->adm;
+	struct casbox_store *store = gc->store;
 	int ret;
 
-	if (casbox_admin_open_keys(adm, error_r) < 0 ||
-	    casbox_gc_expire(gc, error_r) < 0 ||
-	    casbox_census_build(adm->store, NULL, NULL, &gc->census,
+	if (casbox_store_open_keys(store, error_r) < 0 ||
+	    casbox_gc_expire(gc, error_r) < 0)
+		return -1;
+	gc->packs = casbox_store_get_packs(store);
+	gc->keyring = casbox_store_get_keyring(store);
+	if (casbox_census_build(store, NULL, NULL, &gc->census,
 				error_r) < 0)
 		return -1;
 	gc->census->progress = casbox_admin_census_progress;
 	gc->census->progress_context = (void *)"gc";
-	ret = casbox_census_scan_packs(adm->store, gc->census, NULL, NULL,
+	ret = casbox_census_scan_packs(store, gc->census, NULL, NULL,
 				       error_r);
 	casbox_admin_progress_end();
 	if (ret < 0)
@@ -1001,143 +982,58 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	return casbox_gc_unlink(gc, error_r);
 }
 
-/* The command's output columns, also the fields of its event. */
-static const char *const casbox_gc_fields[] = {
-	"packs_selected", "packs_deleted", "blobs_moved",
-	"records_dropped", "bytes_selected", "bytes_written",
-	"bytes_reclaimed", "recovery_kept", "recovery_dropped",
-	"dek_updates", "recovery_written", "retained_released",
-	"retained_bytes_released", "duplicates_expired",
-};
-#define CASBOX_GC_FIELD_COUNT N_ELEMENTS(casbox_gc_fields)
-
-static void casbox_gc_values(struct casbox_gc *gc,
-			     uint64_t values_r[CASBOX_GC_FIELD_COUNT])
+static void casbox_gc_stats(struct casbox_gc *gc,
+			    struct casbox_store_gc_stats *stats_r)
 {
 	const struct casbox_gc_pack *cand;
 	uint64_t freed = 0;
-	unsigned int i = 0;
 
+	i_zero(stats_r);
 	if (array_is_created(&gc->candidates)) {
 		array_foreach(&gc->candidates, cand) {
 			if (!cand->keep)
 				freed += cand->pack->size;
 		}
+		stats_r->packs_selected = array_count(&gc->candidates);
 	}
-	values_r[i++] = array_is_created(&gc->candidates) ?
-		array_count(&gc->candidates) : 0;
-	values_r[i++] = gc->packs_deleted;
-	values_r[i++] = array_is_created(&gc->moves) ?
-		array_count(&gc->moves) : 0;
-	values_r[i++] = gc->records_dropped;
-	values_r[i++] = gc->bytes_before;
-	values_r[i++] = gc->bytes_written;
-	values_r[i++] = freed > gc->bytes_written ?
+	stats_r->packs_deleted = gc->packs_deleted;
+	if (array_is_created(&gc->moves))
+		stats_r->blobs_moved = array_count(&gc->moves);
+	stats_r->records_dropped = gc->records_dropped;
+	stats_r->bytes_selected = gc->bytes_before;
+	stats_r->bytes_written = gc->bytes_written;
+	stats_r->bytes_reclaimed = freed > gc->bytes_written ?
 		freed - gc->bytes_written : 0;
-	values_r[i++] = gc->recovery_kept;
-	values_r[i++] = gc->recovery_dropped;
-	values_r[i++] = gc->dek_updates;
-	values_r[i++] = gc->recovery_written;
-	values_r[i++] = gc->expired.retained_released;
-	values_r[i++] = gc->expired.retained_bytes_released;
-	values_r[i++] = gc->expired.dups_released;
-	i_assert(i == CASBOX_GC_FIELD_COUNT);
+	stats_r->recovery_kept = gc->recovery_kept;
+	stats_r->recovery_dropped = gc->recovery_dropped;
+	stats_r->dek_updates = gc->dek_updates;
+	stats_r->recovery_written = gc->recovery_written;
+	stats_r->retained_released = gc->expired.retained_released;
+	stats_r->retained_bytes_released =
+		gc->expired.retained_bytes_released;
+	stats_r->duplicates_expired = gc->expired.dups_released;
 }
 
-/* Print the row (when it succeeded) and send casbox_gc_finished. */
-static void casbox_gc_finished(struct casbox_gc *gc, const char *error)
+int casbox_store_gc(struct casbox_store *store, bool all,
+		    struct casbox_store_gc_stats *stats_r,
+		    const char **error_r)
 {
-	uint64_t values[CASBOX_GC_FIELD_COUNT];
-	struct event_passthrough *e;
-	unsigned int i;
-
-	casbox_gc_values(gc, values);
-	e = event_create_passthrough(gc->adm->event)->
-		set_name("casbox_gc_finished");
-	for (i = 0; i < CASBOX_GC_FIELD_COUNT; i++) {
-		if (error == NULL)
-			doveadm_print_num(values[i]);
-		e->add_int(casbox_gc_fields[i], values[i]);
-	}
-	if (error != NULL)
-		e->add_str("error", error);
-	e_debug(e->event(), "casbox gc: %s: %s", gc->adm->root_dir,
-		error == NULL ? "finished" : error);
-}
-
-static int
-cmd_casbox_gc_run(struct doveadm_mail_cmd_context *_ctx,
-		  struct mail_user *user)
-{
-	struct casbox_gc_cmd_context *ctx =
-		container_of(_ctx, struct casbox_gc_cmd_context, ctx);
 	struct casbox_gc gc;
-	struct file_lock *lock = NULL;
-	const char *error;
 	int ret;
 
 	i_zero(&gc);
-	gc.all = ctx->all;
-	ret = casbox_admin_open(user, &gc.adm, &error);
-	if (ret <= 0)
-		return casbox_admin_open_failed(_ctx, "casbox gc", user,
-						ret, error);
-	/* exclusive: no scrub reads the packs this run deletes */
-	ret = casbox_store_maintenance_lock(gc.adm->store, TRUE,
-					    CASBOX_MAINTENANCE_LOCK_SECS,
-					    &lock, &error);
-	if (ret > 0)
-		ret = casbox_gc_run(&gc, &error);
-	else
-		ret = -1;
-	if (lock != NULL)
-		file_lock_free(&lock);
-	if (ret < 0) {
-		i_error("casbox gc: %s: %s", gc.adm->root_dir, error);
-		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
-	}
-	casbox_gc_finished(&gc, ret < 0 ? error : NULL);
+	gc.store = store;
+	gc.set = casbox_store_get_settings(store);
+	gc.root_dir = casbox_store_get_root(store);
+	gc.lsm = casbox_store_get_lsm(store);
+	gc.all = all;
+	ret = casbox_gc_run(&gc, error_r);
+	casbox_gc_stats(&gc, stats_r);
 	if (hash_table_is_created(gc.covered))
 		hash_table_destroy(&gc.covered);
 	if (hash_table_is_created(gc.locators))
 		hash_table_destroy(&gc.locators);
 	if (gc.census != NULL)
 		casbox_census_free(&gc.census);
-	casbox_admin_close(&gc.adm);
 	return ret;
-}
-
-static void cmd_casbox_gc_init(struct doveadm_mail_cmd_context *ctx
-			       ATTR_UNUSED CASBOX_DOVEADM_INIT_PARAMS)
-{
-	unsigned int i;
-
-	for (i = 0; i < CASBOX_GC_FIELD_COUNT; i++) {
-		doveadm_print_header(casbox_gc_fields[i], casbox_gc_fields[i],
-				     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
-	}
-}
-
-static bool cmd_casbox_gc_parse_arg(struct doveadm_mail_cmd_context *_ctx,
-				    int c)
-{
-	struct casbox_gc_cmd_context *ctx =
-		container_of(_ctx, struct casbox_gc_cmd_context, ctx);
-
-	if (c != 'a')
-		return FALSE;
-	ctx->all = TRUE;
-	return TRUE;
-}
-
-struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void)
-{
-	struct casbox_gc_cmd_context *ctx;
-
-	ctx = doveadm_mail_cmd_alloc(struct casbox_gc_cmd_context);
-	casbox_doveadm_set_parse_arg(&ctx->ctx, "a", cmd_casbox_gc_parse_arg);
-	ctx->ctx.v.init = cmd_casbox_gc_init;
-	ctx->ctx.v.run = cmd_casbox_gc_run;
-	doveadm_print_init(DOVEADM_PRINT_TYPE_TABLE);
-	return &ctx->ctx;
 }

@@ -5,7 +5,10 @@
 #include "array.h"
 #include "hash.h"
 #include "hex-binary.h"
+#include "istream.h"
+#include "safe-memset.h"
 #include "casbox-lsm.h"
+#include "casbox-recovery.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
 #include "casbox-store-safety.h"
@@ -499,4 +502,103 @@ int casbox_census_list_packs(const char *root_dir, pool_t pool,
 	}
 	array_sort(packs, casbox_census_pack_cmp);
 	return 0;
+}
+
+int casbox_census_verify_lsm(struct casbox_store *store,
+			     casbox_census_lsm_damage_callback_t *report,
+			     void *context, const char **error_r)
+{
+	return casbox_lsm_verify(casbox_store_get_lsm(store), report, context,
+				 error_r);
+}
+
+void casbox_census_decode_blob(struct casbox_store *store,
+			       struct casbox_census *census,
+			       struct casbox_census_blob *blob)
+{
+	struct istream *input;
+	const unsigned char *data;
+	size_t size;
+
+	input = casbox_pack_blob_open(casbox_store_get_packs(store),
+				      &blob->id, &blob->rec);
+	while (i_stream_read_more(input, &data, &size) > 0)
+		i_stream_skip(input, size);
+	if (input->stream_errno != 0) {
+		blob->damage = p_strdup(census->pool,
+					i_stream_get_error(input));
+	} else if (input->v_offset != blob->rec.plain_size) {
+		blob->damage = p_strdup_printf(census->pool,
+			"decoded %"PRIuUOFF_T" bytes, the record says %"
+			PRIu64, input->v_offset, blob->rec.plain_size);
+	}
+	i_stream_unref(&input);
+}
+
+int casbox_census_check_meta(struct casbox_store *store,
+			     const struct casbox_census_meta *meta,
+			     const char **error_r)
+{
+	struct casbox_pack_store *packs = casbox_store_get_packs(store);
+	struct casbox_recovery_record rrec;
+	struct casbox_recovery_mailbox mrec;
+	struct casbox_dek_update upd;
+	enum casbox_meta_kind kind;
+	buffer_t *sealed, *plain;
+	int ret;
+
+	sealed = t_buffer_create(512);
+	plain = t_buffer_create(512);
+	if (casbox_pack_meta_read(packs, meta->pack_id, meta->offset,
+				  &kind, sealed, error_r) < 0)
+		ret = -1;
+	else if (!cas_keyring_can_decrypt(casbox_store_get_keyring(store))) {
+		ret = casbox_pack_meta_verify(packs, kind, sealed->data,
+					      sealed->used, error_r) < 0 ?
+			-1 : 0;
+	} else if (casbox_pack_meta_open(packs, kind, sealed->data,
+					 sealed->used, plain, error_r) < 0)
+		ret = -1;
+	else if (kind == CASBOX_META_KIND_RECOVERY) {
+		ret = casbox_recovery_record_import(plain->data, plain->used,
+						    pool_datastack_create(),
+						    &rrec, error_r);
+	} else if (kind == CASBOX_META_KIND_MAILBOX) {
+		ret = casbox_recovery_mailbox_import(plain->data, plain->used,
+						     pool_datastack_create(),
+						     &mrec, error_r);
+	} else {
+		ret = casbox_dek_update_import(plain->data, plain->used, &upd,
+					       error_r);
+	}
+	if (plain->used > 0) {
+		safe_memset(buffer_get_modifiable_data(plain, NULL), 0,
+			    plain->used);
+	}
+	return ret < 0 ? -1 : 0;
+}
+
+int casbox_census_foreach_msg(struct casbox_store *store,
+			      casbox_census_msg_callback_t *callback,
+			      void *context, const char **error_r)
+{
+	unsigned char prefix = CASBOX_KEY_MESSAGE;
+	struct casbox_lsm_iter *iter;
+	const unsigned char *key, *value;
+	size_t key_size, value_size;
+	struct casbox_msg_record rec;
+	const char *error;
+	guid_128_t guid;
+	uint32_t uid;
+
+	iter = casbox_lsm_iter_init(casbox_store_get_lsm(store), &prefix, 1);
+	while (casbox_lsm_iter_next(iter, &key, &key_size,
+				    &value, &value_size)) T_BEGIN {
+		if (casbox_key_message_parse(key, key_size, guid, &uid) >= 0 &&
+		    casbox_msg_record_import(value, value_size,
+					     pool_datastack_create(), &rec,
+					     &error) >= 0)
+			callback(context, guid, uid, &rec);
+	} T_END;
+	return casbox_lsm_iter_deinit(&iter, error_r);
 }

@@ -6,7 +6,7 @@
 #include "buffer.h"
 #include "byteorder.h"
 #include "hex-binary.h"
-#include "write-full.h"
+#include "cas-durable.h"
 #include "casbox-lsm.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
@@ -76,9 +76,9 @@ casbox_quarantine_copy_name(const struct cas_blob_id *id,
 }
 
 static int
-quarantine_copy_bytes(int fd_in, const char *pack_path, int fd_out,
-		      const char *tmp_path, uint64_t offset, uint64_t size,
-		      const char **error_r)
+quarantine_copy_bytes(int fd_in, const char *pack_path,
+		      struct cas_durable_file *out, uint64_t offset,
+		      uint64_t size, const char **error_r)
 {
 	unsigned char buf[IO_BLOCK_SIZE];
 	ssize_t ret;
@@ -92,15 +92,48 @@ quarantine_copy_bytes(int fd_in, const char *pack_path, int fd_out,
 		}
 		if (ret == 0)
 			break; /* the pack is shorter: copy what there is */
-		if (write_full(fd_out, buf, ret) < 0) {
-			*error_r = t_strdup_printf("write(%s) failed: %m",
-						   tmp_path);
+		if (cas_durable_file_write(out, buf, ret, error_r) < 0)
 			return -1;
-		}
 		offset += ret;
 		size -= ret;
 	}
 	return 0;
+}
+
+int casbox_quarantine_copy_frame(const struct cas_io *io,
+				 const char *pack_path, const char *path,
+				 uint64_t offset, uint64_t size,
+				 const char **error_r)
+{
+	const struct cas_durable_write_settings set = {
+		.io = io,
+		.tmp_path = t_strconcat(path, ".tmp", NULL),
+		.tmp_truncate = TRUE,
+	};
+	struct cas_durable_file *out;
+	int fd_in, ret;
+
+	fd_in = open(pack_path, O_RDONLY | O_CLOEXEC);
+	if (fd_in < 0) {
+		*error_r = t_strdup_printf("open(%s) failed: %m", pack_path);
+		return -1;
+	}
+	if (cas_durable_file_create(path, &set, &out, error_r) < 0) {
+		i_close_fd(&fd_in);
+		return -1;
+	}
+	/* the record's size, or else what the frame header claimed */
+	size = I_MIN(size, QUARANTINE_COPY_MAX_SIZE);
+	ret = quarantine_copy_bytes(fd_in, pack_path, out, offset, size,
+				    error_r);
+	i_close_fd(&fd_in);
+	if (ret < 0) {
+		cas_durable_file_abort(&out);
+		return -1;
+	}
+	/* temp, fsync, rename, and the directory fsync that makes the
+	   name survive a crash */
+	return cas_durable_file_commit(&out, error_r);
 }
 
 int casbox_store_quarantine_copy(struct casbox_store *store,
@@ -109,10 +142,8 @@ int casbox_store_quarantine_copy(struct casbox_store *store,
 				 const char **path_r, const char **error_r)
 {
 	const char *root = casbox_store_get_root(store);
-	const char *dir, *path, *tmp_path, *pack_path;
+	const char *dir, *path;
 	struct stat st;
-	uint64_t size;
-	int fd_in, fd_out, ret;
 
 	dir = t_strconcat(root, "/"CASBOX_QUARANTINE_DIR, NULL);
 	path = t_strconcat(dir, "/", casbox_quarantine_copy_name(id, rec),
@@ -124,41 +155,9 @@ int casbox_store_quarantine_copy(struct casbox_store *store,
 	}
 	if (stat(path, &st) == 0)
 		return 0;
-	pack_path = casbox_census_pack_path(root, rec->pack_id);
-	fd_in = open(pack_path, O_RDONLY);
-	if (fd_in < 0) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", pack_path);
-		return -1;
-	}
-	tmp_path = t_strconcat(path, ".tmp", NULL);
-	fd_out = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd_out < 0) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", tmp_path);
-		i_close_fd(&fd_in);
-		return -1;
-	}
-	/* the record's size, or else what the frame header claimed */
-	size = I_MIN((uint64_t)rec->frame_size, QUARANTINE_COPY_MAX_SIZE);
-	ret = quarantine_copy_bytes(fd_in, pack_path, fd_out, tmp_path,
-				    rec->offset, size, error_r);
-	if (ret == 0 && fdatasync(fd_out) < 0) {
-		*error_r = t_strdup_printf("fdatasync(%s) failed: %m",
-					   tmp_path);
-		ret = -1;
-	}
-	i_close_fd(&fd_in);
-	if (close(fd_out) < 0 && ret == 0) {
-		*error_r = t_strdup_printf("close(%s) failed: %m", tmp_path);
-		ret = -1;
-	}
-	if (ret == 0 && rename(tmp_path, path) < 0) {
-		*error_r = t_strdup_printf("rename(%s, %s) failed: %m",
-					   tmp_path, path);
-		ret = -1;
-	}
-	if (ret < 0)
-		i_unlink_if_exists(tmp_path);
-	return ret;
+	return casbox_quarantine_copy_frame(NULL,
+		casbox_census_pack_path(root, rec->pack_id), path,
+		rec->offset, rec->frame_size, error_r);
 }
 
 int casbox_store_msg_quarantined(struct casbox_store *store,

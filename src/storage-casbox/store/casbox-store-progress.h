@@ -1,8 +1,8 @@
-#ifndef DOVEADM_CASBOX_PROGRESS_H
-#define DOVEADM_CASBOX_PROGRESS_H
+#ifndef CASBOX_STORE_PROGRESS_H
+#define CASBOX_STORE_PROGRESS_H
 
-/* Progress of long doveadm casbox runs (scrub, gc, rebuild --from-packs,
-   key rotate), on stderr and only when stderr is a terminal: one line,
+/* casbox-store-progress: progress of long store runs for doveadm casbox
+   (scrub, gc, rebuild --from-packs, key rotate), on stderr and only when stderr is a terminal: one line,
    rewritten in place at most ten times a second, ended by
    casbox_admin_progress_end(). Run from cron or a script (stderr a file
    or a pipe), nothing is printed. Needs only Dovecot's liblib. */
@@ -44,5 +44,11 @@ void casbox_admin_scan_progress_frame(struct casbox_admin_scan_progress *p,
    context = the "what" string (e.g. "scrub"). */
 void casbox_admin_census_progress(void *context, uint64_t frames,
 				  uint64_t bytes_done, uint64_t bytes_total);
+/* Show census's pack scan progress as "<what>: ..." lines (sets
+   census->progress to the above). A call, so the doveadm plugin takes
+   no function address from lib20_casbox_plugin.so (it must load with
+   lazy binding before the symbols resolve). */
+void casbox_admin_census_show_progress(struct casbox_census *census,
+				       const char *what);
 
 #endif
