@@ -28,6 +28,8 @@ static const struct setting_define casbox_setting_defines[] = {
 	DEF(SIZE, lsm_wal_size),
 	DEF(UINT, gc_dead_ratio),
 	DEF(BOOL, cache_plaintext),
+	DEF(BOOL, dedup),
+	DEF(ENUM, cipher),
 	SETTING_DEFINE_LIST_END
 };
 
@@ -42,6 +44,8 @@ static const struct casbox_24_settings casbox_default_settings = {
 	.lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE,
 	.gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO,
 	.cache_plaintext = FALSE,
+	.dedup = TRUE,
+	.cipher = "auto:aes-256-gcm:xchacha20-poly1305",
 };
 
 /* What 2.3's get_list_settings() vfunc filled in: the list layout's

@@ -19,6 +19,8 @@ struct casbox_24_settings {
 	uoff_t lsm_wal_size;
 	unsigned int gc_dead_ratio;
 	bool cache_plaintext;
+	bool dedup;
+	const char *cipher;
 };
 
 #define CASBOX_SETTINGS_FILTER "casbox"

@@ -38,6 +38,8 @@ struct casbox_pending_blob {
 	struct cas_blob_id id;
 	uint32_t refcount;
 	bool in_lsm;
+	/* the last reference wrote its bytes (counted as written) */
+	bool last_written;
 	buffer_t *pack_record;
 };
 
@@ -321,6 +323,7 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 	pack_set.fsync = store->fsync;
 	pack_set.max_pack_size = store->set->pack_size;
 	pack_set.zstd_level = store->set->zstd_level;
+	pack_set.cipher = store->set->cipher;
 	if (casbox_pack_store_open(&pack_set, store->keyring,
 				   &store->packs, &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
@@ -927,9 +930,8 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	return 0;
 }
 
-/* After a part was referenced: a refcount of 1 means its blob was just
-   written (a deduplicated reference raises a stored one to 2 or more;
-   a blob released by a replaced record and stored again is written). */
+/* After a part was referenced: written or deduplicated, as the
+   reference went (casbox_dedup=no writes stored blobs again). */
 static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
 					const struct casbox_msg_part *part)
 {
@@ -938,7 +940,7 @@ static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
 
 	blob = hash_table_lookup(txn->blobs, &part->id);
 	i_assert(blob != NULL);
-	if (blob->refcount == 1) {
+	if (blob->last_written) {
 		stats->blobs_written++;
 		stats->written_bytes += part->size;
 	} else {
@@ -980,14 +982,19 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 
 	if (casbox_store_txn_get_blob(txn, &part->id, &blob, error_r) < 0)
 		return -1;
-	if (blob->refcount > 0) {
+	if (blob->refcount > 0 && (input == NULL || txn->store->set->dedup)) {
 		/* deduplicated: no bytes written */
 		if (blob->refcount == UINT32_MAX) {
 			*error_r = "blob refcount overflow";
 			return -1;
 		}
 		blob->refcount++;
+		blob->last_written = FALSE;
 		return 0;
+	}
+	if (blob->refcount == UINT32_MAX) {
+		*error_r = "blob refcount overflow";
+		return -1;
 	}
 	if (input == NULL) {
 		*error_r = t_strdup_printf("blob %s is not in the store",
@@ -1004,7 +1011,10 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	}
 	buffer_set_used_size(blob->pack_record, 0);
 	casbox_blob_record_export(&brec, blob->pack_record);
-	blob->refcount = 1;
+	/* casbox_dedup=no writes a stored blob again: the record moves to
+	   the new frame, the old one is gc's */
+	blob->refcount++;
+	blob->last_written = TRUE;
 	return 0;
 }
 
