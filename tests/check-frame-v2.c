@@ -4,13 +4,15 @@
    the frame nonce are bound (changed with a valid header CRC: the tag
    fails); stored chunk sizes are padme() buckets, so blobs of nearby
    sizes give frames of one size; non-zero padding inside a valid AEAD
-   is refused; every frame draws a fresh nonce; the committed version 2
+   is refused; every frame draws a fresh nonce; subkey and AES-GCM
+   chunk nonce match independently computed values; the committed version 2
    fixtures (tests/fuzz/corpus/pack/v2-*) keep decoding. */
 
 #include "lib.h"
 #include "buffer.h"
 #include "istream.h"
 #include "byteorder.h"
+#include "hex-binary.h"
 #include "cas-key.h"
 #include "cas-aead.h"
 #include "cas-crc32c.h"
@@ -204,6 +206,47 @@ START_TEST(test_padme)
 	}
 	ck_assert_uint_eq(casbox_padme(ZSTD_compressBound(CASBOX_CHUNK_SIZE)),
 			  CASBOX_CHUNK_MAX_PADDED);
+}
+END_TEST
+
+/* The subkey derivation and the AES-256-GCM chunk nonce, against
+   values computed independently (Python: hashlib.blake2b(b"CBFRKEY2" +
+   bytes([cipher]) + nonce, key=dek, digest_size=32); cryptography's
+   AESGCM(subkey).encrypt((7).to_bytes(4, "little") + bytes(8),
+   b"hello", b"ad")), DEK = 00..1f, frame nonce = 40..57. */
+START_TEST(test_known_answer)
+{
+	static const char *subkey_hex[] = {
+		"b705eace69f2f2662b7c8e768e50fd0fe222a50798be334aa03c0e158b18800a",
+		"94631bccad485580baccffc8bbef1d742fbb66cb440946134912c66501002d0c",
+	};
+	unsigned char dek[CAS_DEK_SIZE], nonce[CAS_AEAD_FRAME_NONCE_SIZE];
+	unsigned char subkey[CAS_AEAD_SUBKEY_SIZE], ct[5 + CAS_AEAD_TAG_SIZE];
+	unsigned char pt[5];
+	unsigned int i;
+
+	for (i = 0; i < sizeof(dek); i++)
+		dek[i] = i;
+	for (i = 0; i < sizeof(nonce); i++)
+		nonce[i] = 0x40 + i;
+	for (i = 0; i < 2; i++) {
+		cas_aead_frame_subkey(i + 1, dek, nonce, subkey);
+		ck_assert_str_eq(binary_to_hex(subkey, sizeof(subkey)),
+				 subkey_hex[i]);
+	}
+	if (cipher_skip(CAS_AEAD_CIPHER_AES256GCM))
+		return;
+	cas_aead_chunk_encrypt(CAS_AEAD_CIPHER_AES256GCM, subkey, 7, "ad", 2,
+			       "hello", 5, ct);
+	ck_assert_str_eq(binary_to_hex(ct, sizeof(ct)),
+			 "34b3a3e5cb9c86134d2cfd094327b8281ac2724345");
+	ck_assert_int_eq(cas_aead_chunk_decrypt(CAS_AEAD_CIPHER_AES256GCM,
+		subkey, 7, "ad", 2, ct, sizeof(ct), pt), 0);
+	ck_assert(memcmp(pt, "hello", 5) == 0);
+	/* another chunk index is another nonce */
+	ck_assert_int_eq(cas_aead_chunk_decrypt(CAS_AEAD_CIPHER_AES256GCM,
+		subkey, 8, "ad", 2, ct, sizeof(ct), pt), -1);
+	sodium_memzero(subkey, sizeof(subkey));
 }
 END_TEST
 
@@ -559,6 +602,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_padme);
+	tcase_add_test(tc, test_known_answer);
 	tcase_add_loop_test(tc, test_ciphers_roundtrip, 0,
 			    N_ELEMENTS(all_ciphers));
 	tcase_add_loop_test(tc, test_damage_every_byte, 0,
