@@ -72,7 +72,7 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 				"value '%s' (expected yes or no)", value);
 			return -1;
 		}
-		set_r->dedup = strcmp(value, "yes") == 0;
+		set_r->dedup_disabled = strcmp(value, "no") == 0;
 	}
 	value = mail_user_plugin_getenv(user, "casbox_cipher");
 	if (value != NULL && *value != '\0' &&

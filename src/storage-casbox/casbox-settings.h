@@ -42,11 +42,12 @@ struct casbox_settings {
 	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
 	   are then parsed from the (encrypted) blobs when asked for. */
 	bool cache_plaintext;
-	/* casbox_dedup (default yes): no = every saved part is written
+	/* casbox_dedup = no (default yes): every saved part is written
 	   again even when the user already has its bytes, so someone who
 	   can send mail and watch the disk cannot tell (doc/threat-model.md;
-	   COPY still shares blobs). */
-	bool dedup;
+	   COPY still shares blobs). Negated so that a zeroed struct (tools,
+	   tests) keeps the default. */
+	bool dedup_disabled;
 	/* casbox_cipher: the chunk cipher of new frames (auto =
 	   AES-256-GCM with AES-NI, else XChaCha20-Poly1305) */
 	enum cas_aead_cipher cipher;
@@ -77,7 +78,6 @@ static inline void casbox_settings_defaults(struct casbox_settings *set_r)
 	set_r->pack_size = CASBOX_DEFAULT_PACK_SIZE;
 	set_r->lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE;
 	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
-	set_r->dedup = TRUE;
 	set_r->cipher = CAS_AEAD_CIPHER_AUTO;
 }
 /* The key settings as cas-keymode.h takes them (inline: the store

@@ -982,7 +982,8 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 
 	if (casbox_store_txn_get_blob(txn, &part->id, &blob, error_r) < 0)
 		return -1;
-	if (blob->refcount > 0 && (input == NULL || txn->store->set->dedup)) {
+	if (blob->refcount > 0 && (input == NULL ||
+				   !txn->store->set->dedup_disabled)) {
 		/* deduplicated: no bytes written */
 		if (blob->refcount == UINT32_MAX) {
 			*error_r = "blob refcount overflow";
