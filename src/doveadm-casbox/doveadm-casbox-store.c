@@ -104,6 +104,8 @@ static int casbox_admin_open_keys_nolsm(struct casbox_admin *adm,
 	pack_set.fsync = adm->fsync_mode != FSYNC_MODE_NEVER;
 	pack_set.max_pack_size = adm->set.pack_size;
 	pack_set.zstd_level = adm->set.zstd_level;
+	/* gc re-encodes (password mode) with the user's casbox_cipher */
+	pack_set.cipher = adm->set.cipher;
 	if (casbox_pack_store_open(&pack_set, adm->keyring, &adm->packs,
 				   &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir,
