@@ -11,13 +11,20 @@
      Header blocks (up to the first empty line, <= 16 KiB) of the sampled
      messages: trains a dictionary on the even-numbered half, then
      compares stored bytes of the odd half with and without it, both as
-     pack frames and as raw zstd. */
+     pack frames and as raw zstd.
+   codec v2 [corpus-dir] [every-nth]
+     Frame version 2: what padme() padding costs (every 64 KiB chunk of
+     every sampled message compressed alone, sum of zstd sizes against
+     sum of padded sizes), then the throughput mode's casbox line once
+     per chunk cipher (XChaCha20-Poly1305, and AES-256-GCM where the CPU
+     has AES-NI), interleaved over three rounds. */
 
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
 #include "istream.h"
 #include "cas-key.h"
+#include "cas-aead.h"
 #include "casbox-pack.h"
 
 #include <sodium.h>
@@ -76,6 +83,8 @@ static void load_corpus(const char *dir, unsigned int every,
 	free(names);
 }
 
+static enum cas_aead_cipher bench_cipher = CAS_AEAD_CIPHER_AUTO;
+
 static struct casbox_pack_store *
 bench_store(const char *dir, const struct cas_keyring *keyring)
 {
@@ -85,6 +94,7 @@ bench_store(const char *dir, const struct cas_keyring *keyring)
 
 	i_zero(&set);
 	set.dir = dir;
+	set.cipher = bench_cipher;
 	set.zstd_level = BENCH_LEVEL;
 	set.max_pack_size = 1024ULL * 1024 * 1024;
 	if (casbox_pack_store_open(&set, keyring, &store, &error) < 0)
@@ -162,8 +172,9 @@ static void bench_ours(const char *tmp, const struct cas_keyring *keyring,
 	} T_END;
 	t_dec = now() - t0;
 	printf("casbox  encode_mbps=%.1f decode_mbps=%.1f stored/plain=%.4f "
-	       "(id+zstd%d+aead+crc+write)\n", total / t_enc / 1e6,
-	       total / t_dec / 1e6, (double)stored / total, BENCH_LEVEL);
+	       "(id+zstd%d+%s+crc+write)\n", total / t_enc / 1e6,
+	       total / t_dec / 1e6, (double)stored / total, BENCH_LEVEL,
+	       cas_aead_cipher_name(bench_cipher));
 	casbox_pack_store_close(&store);
 	i_free(recs);
 	i_free(ids);
@@ -372,6 +383,58 @@ static void bench_dict(const char *tmp, const struct cas_keyring *keyring,
 	       fr0, (double)plain / fr0, fr1, (double)plain / fr1);
 }
 
+/* zstd size of every 64 KiB chunk against its padme() size */
+static void bench_padding(ARRAY_TYPE(blob_p) *blobs, uint64_t total)
+{
+	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	unsigned char *out = i_malloc(CASBOX_CHUNK_MAX_PADDED);
+	buffer_t *const *blob;
+	uint64_t zsum = 0, psum = 0, chunks = 0;
+	size_t off, n, clen;
+
+	array_foreach(blobs, blob) {
+		off = 0;
+		do {
+			n = I_MIN((*blob)->used - off, CASBOX_CHUNK_SIZE);
+			clen = ZSTD_compressCCtx(cctx, out,
+				CASBOX_CHUNK_MAX_PADDED,
+				CONST_PTR_OFFSET((*blob)->data, off), n,
+				BENCH_LEVEL);
+			if (ZSTD_isError(clen))
+				i_fatal("zstd: %s", ZSTD_getErrorName(clen));
+			zsum += clen + CAS_AEAD_TAG_SIZE;
+			psum += casbox_padme(clen) + CAS_AEAD_TAG_SIZE;
+			chunks++;
+			off += n;
+		} while (off < (*blob)->used);
+	}
+	printf("padding chunks=%"PRIu64" stored_unpadded=%"PRIu64
+	       " stored_padded=%"PRIu64" cost=+%.2f%% (of plain: %.4f -> "
+	       "%.4f)\n", chunks, zsum, psum, 100.0 * (psum - zsum) / zsum,
+	       (double)zsum / total, (double)psum / total);
+	i_free(out);
+	ZSTD_freeCCtx(cctx);
+}
+
+static void bench_v2(const char *tmp, const struct cas_keyring *keyring,
+		     ARRAY_TYPE(blob_p) *blobs, uint64_t total)
+{
+	static const enum cas_aead_cipher ciphers[] = {
+		CAS_AEAD_CIPHER_XCHACHA20POLY1305, CAS_AEAD_CIPHER_AES256GCM,
+	};
+	unsigned int round, i;
+
+	bench_padding(blobs, total);
+	for (round = 0; round < 3; round++)
+	for (i = 0; i < N_ELEMENTS(ciphers); i++) {
+		bench_cipher = ciphers[(i + round) % N_ELEMENTS(ciphers)];
+		if (!cas_aead_cipher_available(bench_cipher))
+			continue;
+		bench_ours(t_strdup_printf("%s/%u-%u", tmp, round, i),
+			   keyring, blobs, total);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "throughput";
@@ -403,6 +466,8 @@ int main(int argc, char **argv)
 	T_BEGIN {
 		if (strcmp(mode, "dict") == 0)
 			bench_dict(tmp, keyring, &blobs);
+		else if (strcmp(mode, "v2") == 0)
+			bench_v2(tmp, keyring, &blobs, total);
 		else {
 			bench_ours(tmp, keyring, &blobs, total);
 			bench_raw(&blobs, total);

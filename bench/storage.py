@@ -58,6 +58,11 @@ def peer_configs(keydir):
     peers.append(("mdbox+SIS", dict(
         mail_location="mdbox:~/mdbox", mail_plugins=[],
         extra_conf="mail_attachment_dir = %h/attachments\n")))
+    # what an admin would pick: compressed, attachments single-instance
+    peers.append(("mdbox+zstd+SIS", dict(
+        mail_location="mdbox:~/mdbox", mail_plugins=["zlib"],
+        plugin_settings=zstd,
+        extra_conf="mail_attachment_dir = %h/attachments\n")))
     peers.append(("sdbox+mail_crypt", dict(
         mail_location="sdbox:~/sdbox", mail_plugins=["mail_crypt"],
         plugin_settings=crypt)))

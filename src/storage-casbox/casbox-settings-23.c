@@ -82,6 +82,23 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 					   value);
 		return -1;
 	}
+	value = mail_user_plugin_getenv(user, "casbox_dedup");
+	if (value != NULL && *value != '\0') {
+		if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0) {
+			*error_r = t_strdup_printf("casbox_dedup: invalid "
+				"value '%s' (expected yes or no)", value);
+			return -1;
+		}
+		set_r->dedup_disabled = strcmp(value, "no") == 0;
+	}
+	value = mail_user_plugin_getenv(user, "casbox_cipher");
+	if (value != NULL && *value != '\0' &&
+	    cas_aead_cipher_parse(value, &set_r->cipher) < 0) {
+		*error_r = t_strdup_printf("casbox_cipher: invalid value '%s' "
+			"(expected auto, aes-256-gcm or xchacha20-poly1305)",
+			value);
+		return -1;
+	}
 	value = mail_user_plugin_getenv(user, "casbox_key_password");
 	if (value != NULL && *value != '\0')
 		set_r->key_password = p_strdup(pool, value);

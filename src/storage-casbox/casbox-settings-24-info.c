@@ -30,6 +30,8 @@ static const struct setting_define casbox_setting_defines[] = {
 	DEF(BOOL, cache_plaintext),
 	DEF(TIME, duplicate_window),
 	DEF(TIME, expunge_retention),
+	DEF(BOOL, dedup),
+	DEF(ENUM, cipher),
 	SETTING_DEFINE_LIST_END
 };
 
@@ -46,6 +48,8 @@ static const struct casbox_24_settings casbox_default_settings = {
 	.cache_plaintext = FALSE,
 	.duplicate_window = CASBOX_DEFAULT_DUPLICATE_WINDOW,
 	.expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION,
+	.dedup = TRUE,
+	.cipher = "auto:aes-256-gcm:xchacha20-poly1305",
 };
 
 /* What 2.3's get_list_settings() vfunc filled in: the list layout's

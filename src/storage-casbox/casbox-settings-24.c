@@ -20,6 +20,7 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	}
 	set_r->key_autocreate = src->key_autocreate;
 	set_r->cache_plaintext = src->cache_plaintext;
+	set_r->dedup_disabled = !src->dedup;
 	if (src->key_password[0] != '\0')
 		set_r->key_password = p_strdup(pool, src->key_password);
 	set_r->zstd_level = src->zstd_level > INT_MAX ? -1 :
@@ -43,6 +44,9 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	casbox_settings_copy(set, user, pool, set_r);
 	/* the enum's values are exactly cas_key_mode_parse()'s */
 	if (cas_key_mode_parse(set->key_mode, &set_r->key_mode) < 0)
+		i_unreached();
+	/* and so are the cipher's cas_aead_cipher_parse()'s */
+	if (cas_aead_cipher_parse(set->cipher, &set_r->cipher) < 0)
 		i_unreached();
 	settings_free(set);
 	return casbox_settings_check(set_r, error_r);

@@ -21,6 +21,8 @@ struct casbox_24_settings {
 	bool cache_plaintext;
 	unsigned int duplicate_window;
 	unsigned int expunge_retention;
+	bool dedup;
+	const char *cipher;
 };
 
 #define CASBOX_SETTINGS_FILTER "casbox"

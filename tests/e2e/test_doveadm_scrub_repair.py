@@ -25,7 +25,16 @@ from dovecot_harness import Dovecot, corpus_files  # noqa: E402
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
 KEYWORD = "$CasboxDamaged"
-FRAME_HEADER = 68
+# frame version 1 / 2 (doc/casbox-format.md): header size, where the
+# table CRC, the blob id and the header CRC are
+FRAME_LAYOUT = {1: {"header": 68, "table_crc": 28, "id": 32, "crc": 64},
+                2: {"header": 84, "table_crc": 20, "id": 48, "crc": 80}}
+
+
+def frame_layout(root, loc):
+    with open(pack_path(root, loc["pack"]), "rb") as f:
+        f.seek(loc["offset"] + 4)
+        return FRAME_LAYOUT[f.read(1)[0]]
 CHUNK = 65536
 
 
@@ -137,17 +146,21 @@ def flip_tag(root, loc):
     """Flip the last AEAD tag byte of chunk 0 and make the chunk CRC, the
     table CRC and the header CRC match again: only decryption finds it."""
     path = pack_path(root, loc["pack"])
+    lay = frame_layout(root, loc)
+    hdr = lay["header"]
     with open(path, "rb") as f:
         f.seek(loc["offset"])
         frame = bytearray(f.read(loc["frame_size"]))
     n = max(1, -(-loc["plain_size"] // CHUNK))
     table = len(frame) - 8 * n
     size0 = struct.unpack_from("<I", frame, table)[0]
-    frame[FRAME_HEADER + size0 - 1] ^= 0x01
-    chunk0 = bytes(frame[FRAME_HEADER:FRAME_HEADER + size0])
+    frame[hdr + size0 - 1] ^= 0x01
+    chunk0 = bytes(frame[hdr:hdr + size0])
     struct.pack_into("<I", frame, table + 4, masked_crc32c(chunk0))
-    struct.pack_into("<I", frame, 28, masked_crc32c(bytes(frame[table:])))
-    struct.pack_into("<I", frame, 64, masked_crc32c(bytes(frame[:64])))
+    struct.pack_into("<I", frame, lay["table_crc"],
+                     masked_crc32c(bytes(frame[table:])))
+    struct.pack_into("<I", frame, lay["crc"],
+                     masked_crc32c(bytes(frame[:lay["crc"]])))
     with open(path, "r+b") as f:
         f.seek(loc["offset"])
         f.write(frame)
@@ -225,10 +238,11 @@ class DoveadmScrubRepairTest(unittest.TestCase):
             self.assertEqual(len(set(hit.values())), 3)
             loc = locs[hit["header"]]
             # in the blob id the header CRC covers
-            flip(pack_path(root, loc["pack"]), loc["offset"] + 40)
+            flip(pack_path(root, loc["pack"]),
+                 loc["offset"] + frame_layout(root, loc)["id"] + 8)
             loc = locs[hit["chunk"]]
             flip(pack_path(root, loc["pack"]), loc["offset"] +
-                 FRAME_HEADER + 5, 0x80)
+                 frame_layout(root, loc)["header"] + 5, 0x80)
             flip_tag(root, locs[hit["tag"]])
 
             # (d) a blob record deleted: its messages reference nothing

@@ -290,9 +290,12 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual(len(recovery_records(self.root)), 40 + 20 + 8)
         path, off, _, size = frames[len(frames) // 2]
         with open(path, "r+b") as f:
-            f.seek(off + 68 + 5)
+            # into chunk 0: past the header of frame version 1 or 2
+            f.seek(off + 4)
+            pos = off + {1: 68, 2: 84}[f.read(1)[0]] + 5
+            f.seek(pos)
             b = f.read(1)
-            f.seek(off + 68 + 5)
+            f.seek(pos)
             f.write(bytes([b[0] ^ 0x40]))
         shutil.rmtree(os.path.join(self.root, "lsm"))
         r, row = from_packs(self.dc)

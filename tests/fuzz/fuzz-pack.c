@@ -5,9 +5,10 @@
    blob id (AEAD authenticates every chunk), anything else is a crash.
    Meta frames the scan finds intact are read and opened too (a DEK
    update that opens is decoded). `fuzz-pack --make-seeds DIR` writes
-   the seed corpus with the real writer (the v1 seeds in the corpus
-   predate meta frames and are kept as they are: check-pack reads them
-   as golden files; "meta-frames" is a version 2 pack). */
+   the frame version 2 seeds ("v2-*", one per cipher) with the real
+   writer; the other seeds predate frame version 2 and are kept as they
+   are (check-pack and check-frame-v2 read both kinds as golden files;
+   "meta-frames" is a version 2 pack of version 1 frames). */
 
 #include "lib.h"
 #include "buffer.h"
@@ -37,7 +38,8 @@ static void fuzz_pack_deinit(void)
 	lib_deinit();
 }
 
-static struct casbox_pack_store *fuzz_store_open(const char *dir)
+static struct casbox_pack_store *
+fuzz_store_open(const char *dir, enum cas_aead_cipher cipher)
 {
 	struct casbox_pack_settings set;
 	struct casbox_pack_store *store;
@@ -45,6 +47,7 @@ static struct casbox_pack_store *fuzz_store_open(const char *dir)
 
 	i_zero(&set);
 	set.dir = t_strdup_printf("%s/packs", dir);
+	set.cipher = cipher;
 	if (casbox_pack_store_open(&set, fuzz_keyring, &store, &error) < 0)
 		i_fatal("%s", error);
 	return store;
@@ -61,7 +64,7 @@ static void fuzz_pack_init(void)
 	fuzz_keyring = cas_keyring_create_from_kek(kek);
 	if (mkdtemp(fuzz_dir) == NULL)
 		i_fatal("mkdtemp() failed: %m");
-	fuzz_store = fuzz_store_open(fuzz_dir);
+	fuzz_store = fuzz_store_open(fuzz_dir, CAS_AEAD_CIPHER_AUTO);
 	atexit(fuzz_pack_deinit);
 }
 
@@ -172,9 +175,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		fuzz_write_pack(data, size);
 		fuzz_scan();
-		if (have_rec && rec.offset + CASBOX_FRAME_HEADER_SIZE <= size) {
+		if (have_rec && rec.offset + CASBOX_FRAME_HEADER_MAX_SIZE <=
+		    size) {
+			/* the blob id's place in either frame version */
+			size_t id_off = data[rec.offset + 4] ==
+				CASBOX_FRAME_VERSION_V1 ? 32 : 48;
+
 			rec.pack_id = 1;
-			memcpy(id.id, data + rec.offset + 32, sizeof(id.id));
+			memcpy(id.id, data + rec.offset + id_off,
+			       sizeof(id.id));
 			fuzz_read_blob(&id, &rec);
 		}
 	} T_END;
@@ -184,10 +193,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifndef CASBOX_LIBFUZZER
 static void
 fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
-	       unsigned int count, unsigned int pick, bool with_meta)
+	       unsigned int count, unsigned int pick, bool with_meta,
+	       enum cas_aead_cipher cipher)
 {
 	const char *tmp = t_strdup_printf("%s/tmp-%s", dir, name);
-	struct casbox_pack_store *store = fuzz_store_open(tmp);
+	struct casbox_pack_store *store = fuzz_store_open(tmp, cipher);
 	struct casbox_blob_record rec, picked;
 	struct casbox_pack_txn *txn;
 	struct istream *input;
@@ -253,16 +263,28 @@ static void fuzz_make_seeds(const char *dir)
 	buffer_append(blobs[1], "Subject: hello\r\n\r\nworld\r\n", 25);
 	for (i = 0; i < 70000; i++)
 		buffer_append_c(blobs[2], "casbox \r\n"[(i * 7 + i / 13) % 9]);
-	fuzz_make_seed(dir, "empty", (const buffer_t *const *)blobs, 1, 0,
-		       FALSE);
-	fuzz_make_seed(dir, "small", (const buffer_t *const *)blobs + 1, 1, 0,
-		       FALSE);
-	fuzz_make_seed(dir, "two-chunks", (const buffer_t *const *)blobs + 2,
-		       1, 0, FALSE);
-	fuzz_make_seed(dir, "three-frames", (const buffer_t *const *)blobs, 3,
-		       1, FALSE);
-	fuzz_make_seed(dir, "meta-frames", (const buffer_t *const *)blobs + 1,
-		       2, 1, TRUE);
+	/* version 1 seeds (empty, small, two-chunks, three-frames,
+	   meta-frames) came from the same calls before frame version 2 */
+	fuzz_make_seed(dir, "v2-small-xchacha",
+		       (const buffer_t *const *)blobs + 1, 1, 0, FALSE,
+		       CAS_AEAD_CIPHER_XCHACHA20POLY1305);
+	fuzz_make_seed(dir, "v2-three-frames-xchacha",
+		       (const buffer_t *const *)blobs, 3, 2, FALSE,
+		       CAS_AEAD_CIPHER_XCHACHA20POLY1305);
+	fuzz_make_seed(dir, "v2-meta-frames-xchacha",
+		       (const buffer_t *const *)blobs + 1, 2, 1, TRUE,
+		       CAS_AEAD_CIPHER_XCHACHA20POLY1305);
+	if (cas_aead_cipher_available(CAS_AEAD_CIPHER_AES256GCM)) {
+		fuzz_make_seed(dir, "v2-small-aes",
+			       (const buffer_t *const *)blobs + 1, 1, 0,
+			       FALSE, CAS_AEAD_CIPHER_AES256GCM);
+		fuzz_make_seed(dir, "v2-two-chunks-aes",
+			       (const buffer_t *const *)blobs + 2, 1, 0,
+			       FALSE, CAS_AEAD_CIPHER_AES256GCM);
+		fuzz_make_seed(dir, "v2-empty-aes",
+			       (const buffer_t *const *)blobs, 1, 0, FALSE,
+			       CAS_AEAD_CIPHER_AES256GCM);
+	}
 	for (i = 0; i < N_ELEMENTS(blobs); i++)
 		buffer_free(&blobs[i]);
 }

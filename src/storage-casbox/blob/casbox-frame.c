@@ -71,11 +71,32 @@ size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx)
 	return I_MIN(plain_size - start, CASBOX_CHUNK_SIZE);
 }
 
-void casbox_frame_header_write(const struct casbox_frame_header *hdr,
-			       unsigned char dest[CASBOX_FRAME_HEADER_SIZE])
+size_t casbox_frame_header_size(uint8_t version)
+{
+	return version == CASBOX_FRAME_VERSION_V1 ?
+		CASBOX_FRAME_HEADER_SIZE : CASBOX_FRAME_V2_HEADER_SIZE;
+}
+
+uint64_t casbox_padme(uint64_t size)
+{
+	unsigned int e, s, bits;
+	uint64_t mask;
+
+	if (size < 2)
+		return size;
+	e = 63 - __builtin_clzll(size);		/* floor(log2(size)) */
+	s = 32 - __builtin_clz(e);		/* floor(log2(e)) + 1 */
+	bits = e - s;
+	mask = (1ULL << bits) - 1;
+	return (size + mask) & ~mask;
+}
+
+static void
+casbox_frame_header_write_v1(const struct casbox_frame_header *hdr,
+			     unsigned char dest[CASBOX_FRAME_HEADER_SIZE])
 {
 	memcpy(dest, CASBOX_FRAME_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
-	dest[4] = CASBOX_FRAME_VERSION;
+	dest[4] = CASBOX_FRAME_VERSION_V1;
 	dest[5] = 0;
 	dest[6] = 0;
 	dest[7] = 0;
@@ -88,22 +109,60 @@ void casbox_frame_header_write(const struct casbox_frame_header *hdr,
 	cpu32_to_le_unaligned(casbox_crc(dest, 64), dest + 64);
 }
 
+void casbox_frame_header_write(const struct casbox_frame_header *hdr,
+			       unsigned char dest[CASBOX_FRAME_HEADER_MAX_SIZE])
+{
+	if (hdr->version == CASBOX_FRAME_VERSION_V1) {
+		/* tests and fixtures only: writers write version 2 */
+		casbox_frame_header_write_v1(hdr, dest);
+		return;
+	}
+	i_assert(hdr->cipher != 0 && hdr->cipher <= CAS_AEAD_CIPHER_MAX);
+	memcpy(dest, CASBOX_FRAME_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
+	dest[4] = 2;
+	dest[5] = hdr->cipher;
+	dest[6] = 0;
+	dest[7] = 0;
+	cpu32_to_le_unaligned(hdr->frame_size, dest + 8);
+	cpu32_to_le_unaligned(hdr->dict_id, dest + 12);
+	cpu32_to_le_unaligned(hdr->chunk_count, dest + 16);
+	cpu32_to_le_unaligned(hdr->table_crc, dest + 20);
+	memcpy(dest + 24, hdr->nonce, CAS_AEAD_FRAME_NONCE_SIZE);
+	memcpy(dest + 48, hdr->id.id, CAS_BLOB_ID_SIZE);
+	cpu32_to_le_unaligned(casbox_crc(dest, 80), dest + 80);
+}
+
+static uint32_t casbox_frame_max_stored(uint8_t version)
+{
+	return version == CASBOX_FRAME_VERSION_V1 ?
+		CASBOX_CHUNK_V1_MAX_STORED : CASBOX_CHUNK_MAX_STORED;
+}
+
+/* frame_size against chunk_count (and, version 1, chunk_count against
+   plain_size) */
 static int
 casbox_frame_header_check_sizes(const struct casbox_frame_header *hdr,
 				const char **error_r)
 {
-	uint64_t min_size, max_size;
+	uint64_t min_size, max_size, hdr_size;
 
-	if (hdr->chunk_count != casbox_frame_chunk_count(hdr->plain_size)) {
+	if (hdr->version == CASBOX_FRAME_VERSION_V1 &&
+	    hdr->chunk_count != casbox_frame_chunk_count(hdr->plain_size)) {
 		*error_r = t_strdup_printf(
 			"frame: chunk_count %u does not match plain_size %"
 			PRIu64, hdr->chunk_count, hdr->plain_size);
 		return -1;
 	}
-	min_size = CASBOX_FRAME_HEADER_SIZE + (uint64_t)hdr->chunk_count *
+	if (hdr->chunk_count == 0) {
+		*error_r = "frame: chunk_count 0";
+		return -1;
+	}
+	hdr_size = casbox_frame_header_size(hdr->version);
+	min_size = hdr_size + (uint64_t)hdr->chunk_count *
 		(CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MIN_STORED);
-	max_size = CASBOX_FRAME_HEADER_SIZE + (uint64_t)hdr->chunk_count *
-		(CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MAX_STORED);
+	max_size = hdr_size + (uint64_t)hdr->chunk_count *
+		(CASBOX_FRAME_TABLE_ENTRY_SIZE +
+		 casbox_frame_max_stored(hdr->version));
 	if (hdr->frame_size < min_size || hdr->frame_size > max_size) {
 		*error_r = t_strdup_printf(
 			"frame: frame_size %u impossible for %u chunks",
@@ -113,10 +172,90 @@ casbox_frame_header_check_sizes(const struct casbox_frame_header *hdr,
 	return 0;
 }
 
+bool casbox_frame_size_possible(uint64_t plain_size, uint64_t frame_size)
+{
+	uint64_t n = casbox_frame_chunk_count(plain_size);
+
+	return frame_size >= CASBOX_FRAME_HEADER_SIZE +
+		n * (CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MIN_STORED) &&
+		frame_size <= CASBOX_FRAME_HEADER_MAX_SIZE +
+		n * (CASBOX_FRAME_TABLE_ENTRY_SIZE + CASBOX_CHUNK_MAX_STORED);
+}
+
+bool casbox_frame_header_matches(const struct casbox_frame_header *hdr,
+				 uint32_t frame_size, uint64_t plain_size,
+				 uint32_t dict_id)
+{
+	if (hdr->frame_size != frame_size || hdr->dict_id != dict_id)
+		return FALSE;
+	if (hdr->version == CASBOX_FRAME_VERSION_V1)
+		return hdr->plain_size == plain_size;
+	return hdr->chunk_count == casbox_frame_chunk_count(plain_size);
+}
+
+static int
+casbox_frame_header_parse_v1(const unsigned char *data,
+			     struct casbox_frame_header *hdr_r,
+			     const char **error_r)
+{
+	if (le32_to_cpu_unaligned(data + 64) != casbox_crc(data, 64)) {
+		*error_r = "frame: header CRC mismatch";
+		return -1;
+	}
+	if (data[5] != 0 || data[6] != 0 || data[7] != 0) {
+		*error_r = "frame: unknown flags";
+		return -1;
+	}
+	hdr_r->version = CASBOX_FRAME_VERSION_V1;
+	hdr_r->cipher = CAS_AEAD_CIPHER_XCHACHA20POLY1305;
+	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
+	hdr_r->dict_id = le32_to_cpu_unaligned(data + 12);
+	hdr_r->plain_size = le64_to_cpu_unaligned(data + 16);
+	hdr_r->chunk_count = le32_to_cpu_unaligned(data + 24);
+	hdr_r->table_crc = le32_to_cpu_unaligned(data + 28);
+	memcpy(hdr_r->id.id, data + 32, CAS_BLOB_ID_SIZE);
+	return 0;
+}
+
+static int
+casbox_frame_header_parse_v2(const unsigned char *data, size_t size,
+			     struct casbox_frame_header *hdr_r,
+			     const char **error_r)
+{
+	if (size < CASBOX_FRAME_V2_HEADER_SIZE) {
+		*error_r = "frame: header truncated";
+		return -1;
+	}
+	if (le32_to_cpu_unaligned(data + 80) != casbox_crc(data, 80)) {
+		*error_r = "frame: header CRC mismatch";
+		return -1;
+	}
+	if (data[5] == CAS_AEAD_CIPHER_AUTO || data[5] > CAS_AEAD_CIPHER_MAX) {
+		*error_r = t_strdup_printf("frame: unknown cipher %u",
+					   data[5]);
+		return -1;
+	}
+	if (data[6] != 0 || data[7] != 0) {
+		*error_r = "frame: reserved bytes set";
+		return -1;
+	}
+	hdr_r->version = 2;
+	hdr_r->cipher = data[5];
+	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
+	hdr_r->dict_id = le32_to_cpu_unaligned(data + 12);
+	hdr_r->chunk_count = le32_to_cpu_unaligned(data + 16);
+	hdr_r->table_crc = le32_to_cpu_unaligned(data + 20);
+	memcpy(hdr_r->nonce, data + 24, CAS_AEAD_FRAME_NONCE_SIZE);
+	memcpy(hdr_r->id.id, data + 48, CAS_BLOB_ID_SIZE);
+	return 0;
+}
+
 int casbox_frame_header_parse(const unsigned char *data, size_t size,
 			      struct casbox_frame_header *hdr_r,
 			      const char **error_r)
 {
+	int ret;
+
 	i_zero(hdr_r);
 	if (size < CASBOX_FRAME_HEADER_SIZE) {
 		*error_r = "frame: header truncated";
@@ -126,26 +265,22 @@ int casbox_frame_header_parse(const unsigned char *data, size_t size,
 		*error_r = "frame: bad magic";
 		return -1;
 	}
-	if (le32_to_cpu_unaligned(data + 64) != casbox_crc(data, 64)) {
-		*error_r = "frame: header CRC mismatch";
-		return -1;
-	}
-	if (data[4] != CASBOX_FRAME_VERSION) {
+	if (data[4] == CASBOX_FRAME_VERSION_V1)
+		ret = casbox_frame_header_parse_v1(data, hdr_r, error_r);
+	else if (data[4] == 2)
+		ret = casbox_frame_header_parse_v2(data, size, hdr_r, error_r);
+	else {
+		/* the version byte is under the CRC of either version: a
+		   flipped one reads as this, which is as clear */
 		*error_r = t_strdup_printf("frame: unsupported version %u",
 					   data[4]);
-		return -1;
+		ret = -1;
 	}
-	if (data[5] != 0 || data[6] != 0 || data[7] != 0) {
-		*error_r = "frame: unknown flags";
-		return -1;
-	}
-	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
-	hdr_r->dict_id = le32_to_cpu_unaligned(data + 12);
-	hdr_r->plain_size = le64_to_cpu_unaligned(data + 16);
-	hdr_r->chunk_count = le32_to_cpu_unaligned(data + 24);
-	hdr_r->table_crc = le32_to_cpu_unaligned(data + 28);
-	memcpy(hdr_r->id.id, data + 32, CAS_BLOB_ID_SIZE);
-	return casbox_frame_header_check_sizes(hdr_r, error_r);
+	if (ret == 0)
+		ret = casbox_frame_header_check_sizes(hdr_r, error_r);
+	if (ret < 0)
+		i_zero(hdr_r);
+	return ret;
 }
 
 int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
@@ -153,7 +288,7 @@ int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
 			     struct casbox_frame_chunk *chunks_r,
 			     const char **error_r)
 {
-	uint64_t offset = CASBOX_FRAME_HEADER_SIZE, table_size;
+	uint64_t offset = casbox_frame_header_size(hdr->version), table_size;
 	uint32_t i;
 
 	table_size = (uint64_t)hdr->chunk_count * CASBOX_FRAME_TABLE_ENTRY_SIZE;
@@ -173,9 +308,18 @@ int casbox_frame_table_parse(const struct casbox_frame_header *hdr,
 		chunks_r[i].crc = le32_to_cpu_unaligned(p + 4);
 		chunks_r[i].offset = offset;
 		if (chunks_r[i].stored_size < CASBOX_CHUNK_MIN_STORED ||
-		    chunks_r[i].stored_size > CASBOX_CHUNK_MAX_STORED) {
+		    chunks_r[i].stored_size >
+		    casbox_frame_max_stored(hdr->version)) {
 			*error_r = t_strdup_printf(
 				"frame: chunk %u stored size %u out of range",
+				i, chunks_r[i].stored_size);
+			return -1;
+		}
+		if (hdr->version != CASBOX_FRAME_VERSION_V1 &&
+		    casbox_padme(chunks_r[i].stored_size - CAS_AEAD_TAG_SIZE) !=
+		    chunks_r[i].stored_size - CAS_AEAD_TAG_SIZE) {
+			*error_r = t_strdup_printf(
+				"frame: chunk %u stored size %u is not padded",
 				i, chunks_r[i].stored_size);
 			return -1;
 		}
@@ -278,16 +422,26 @@ size_t casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
 	return CASBOX_META_AAD_MAX_SIZE;
 }
 
-void casbox_frame_chunk_aad(const struct cas_blob_id *id, uint32_t dict_id,
-			    uint32_t idx, bool last,
-			    unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE])
+size_t casbox_frame_chunk_aad(const struct casbox_frame_header *hdr,
+			      uint32_t idx, bool last,
+			      size_t chunk_plain_size,
+			      unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE])
 {
+	bool v1 = hdr->version == CASBOX_FRAME_VERSION_V1;
+
 	memcpy(aad_r, CASBOX_CHUNK_AAD_MAGIC, 4);
-	aad_r[4] = CASBOX_FRAME_VERSION;
-	memcpy(aad_r + 5, id->id, CAS_BLOB_ID_SIZE);
-	cpu32_to_le_unaligned(dict_id, aad_r + 5 + CAS_BLOB_ID_SIZE);
+	aad_r[4] = v1 ? CASBOX_FRAME_VERSION_V1 : 2;
+	memcpy(aad_r + 5, hdr->id.id, CAS_BLOB_ID_SIZE);
+	cpu32_to_le_unaligned(hdr->dict_id, aad_r + 5 + CAS_BLOB_ID_SIZE);
 	cpu32_to_le_unaligned(idx, aad_r + 9 + CAS_BLOB_ID_SIZE);
 	aad_r[13 + CAS_BLOB_ID_SIZE] = last ? 1 : 0;
+	if (v1)
+		return CASBOX_CHUNK_AAD_V1_SIZE;
+	aad_r[CASBOX_CHUNK_AAD_V1_SIZE] = hdr->cipher;
+	i_assert(chunk_plain_size <= CASBOX_CHUNK_SIZE);
+	cpu32_to_le_unaligned(chunk_plain_size,
+			      aad_r + CASBOX_CHUNK_AAD_V1_SIZE + 1);
+	return CASBOX_CHUNK_AAD_SIZE;
 }
 
 void casbox_frame_chunk_nonce(uint32_t idx,
@@ -391,8 +545,6 @@ int casbox_blob_record_import(const void *data, size_t size,
 			      const char **error_r)
 {
 	const unsigned char *p = data;
-	struct casbox_frame_header hdr;
-	const char *error;
 
 	i_zero(rec_r);
 	if (size < CASBOX_BLOB_RECORD_FIXED_SIZE) {
@@ -415,12 +567,11 @@ int casbox_blob_record_import(const void *data, size_t size,
 		*error_r = "blob record: offset inside the pack header";
 		return -1;
 	}
-	i_zero(&hdr);
-	hdr.frame_size = rec_r->frame_size;
-	hdr.plain_size = rec_r->plain_size;
-	hdr.chunk_count = casbox_frame_chunk_count(rec_r->plain_size);
-	if (casbox_frame_header_check_sizes(&hdr, &error) < 0) {
-		*error_r = t_strconcat("blob record: ", error, NULL);
+	if (!casbox_frame_size_possible(rec_r->plain_size,
+					rec_r->frame_size)) {
+		*error_r = t_strdup_printf("blob record: frame_size %u "
+			"impossible for %"PRIu64" bytes", rec_r->frame_size,
+			rec_r->plain_size);
 		return -1;
 	}
 	return 1;

@@ -23,9 +23,25 @@
     64  4  masked CRC32C of header bytes 0..63
     68     chunk*: XChaCha20-Poly1305(zstd(64 KiB of plaintext)) | tag(16)
            chunk table: chunk_count x (stored_size u32 | masked CRC32C)
+   Frame version 2 (written since codec v2; version 1 is still read):
+     0  4  magic "CBFR"
+     4  1  version (2)
+     5  1  cipher (enum cas_aead_cipher: 1 XChaCha20-Poly1305,
+           2 AES-256-GCM)
+     6  2  reserved (0)
+     8  4  frame_size (whole frame)
+    12  4  dict_id (0 = none)
+    16  4  chunk_count (>= 1; the plaintext size is not in the clear)
+    20  4  masked CRC32C of the chunk table
+    24 24  frame nonce (random): subkey = BLAKE2b(DEK, nonce), cas-aead.h
+    48 32  blob id
+    80  4  masked CRC32C of header bytes 0..79
+    84     chunk*: AEAD(subkey, zstd(64 KiB) | zero padding to the padme()
+           size) | tag(16)
+           chunk table as in version 1
 */
 
-#include "cas-key.h"
+#include "cas-aead.h"
 
 #define CASBOX_PACK_HEADER_SIZE 20
 /* version 2 packs may hold meta frames; version 1 packs (blob frames
@@ -33,18 +49,29 @@
    pack: they start a new pack first. */
 #define CASBOX_PACK_VERSION 2
 #define CASBOX_PACK_VERSION_MIN 1
+/* version 1 header; casbox_frame_header_size() gives a version's */
 #define CASBOX_FRAME_HEADER_SIZE 68
-#define CASBOX_FRAME_VERSION 1
+#define CASBOX_FRAME_V2_HEADER_SIZE 84
+#define CASBOX_FRAME_HEADER_MAX_SIZE CASBOX_FRAME_V2_HEADER_SIZE
+#define CASBOX_FRAME_VERSION_V1 1
+/* what writers write */
+#define CASBOX_FRAME_VERSION 2
 #define CASBOX_FRAME_MAGIC "CBFR"
 #define CASBOX_FRAME_MAGIC_SIZE 4
 #define CASBOX_FRAME_TABLE_ENTRY_SIZE 8
 #define CASBOX_CHUNK_SIZE 65536
 /* ZSTD_COMPRESSBOUND(CASBOX_CHUNK_SIZE) plus the AEAD tag */
-#define CASBOX_CHUNK_MAX_STORED (CASBOX_CHUNK_SIZE + \
+#define CASBOX_CHUNK_V1_MAX_STORED (CASBOX_CHUNK_SIZE + \
 	(CASBOX_CHUNK_SIZE >> 8) + 64 + CAS_AEAD_TAG_SIZE)
+/* version 2: that zstd bound (65 824) rounded up by padme() (to a
+   multiple of 2 048) plus the tag; the largest chunk of either version */
+#define CASBOX_CHUNK_MAX_PADDED 67584
+#define CASBOX_CHUNK_MAX_STORED (CASBOX_CHUNK_MAX_PADDED + CAS_AEAD_TAG_SIZE)
 /* a zstd frame is at least a few bytes, the tag 16 */
 #define CASBOX_CHUNK_MIN_STORED (CAS_AEAD_TAG_SIZE + 1)
-#define CASBOX_CHUNK_AAD_SIZE (4 + 1 + CAS_BLOB_ID_SIZE + 4 + 4 + 1)
+#define CASBOX_CHUNK_AAD_V1_SIZE (4 + 1 + CAS_BLOB_ID_SIZE + 4 + 4 + 1)
+/* version 2 adds the cipher and the chunk's plaintext size */
+#define CASBOX_CHUNK_AAD_SIZE (CASBOX_CHUNK_AAD_V1_SIZE + 1 + 4)
 /* 2 added the DEK kind (password mode); 1 is still read */
 #define CASBOX_BLOB_RECORD_VERSION 2
 #define CASBOX_BLOB_RECORD_VERSION_V1 1
@@ -103,9 +130,19 @@ struct casbox_meta_header {
 };
 
 struct casbox_frame_header {
+	/* CASBOX_FRAME_VERSION_V1 or 2; 0 writes CASBOX_FRAME_VERSION */
+	uint8_t version;
+	/* version 2: enum cas_aead_cipher (version 1: XChaCha20-Poly1305
+	   under the DEK itself) */
+	uint8_t cipher;
 	uint32_t frame_size;
 	uint32_t dict_id;
+	/* version 1 only: version 2 keeps it inside the AEAD (the AAD of
+	   every chunk binds its plaintext size) and the reader takes it
+	   from the blob record */
 	uint64_t plain_size;
+	/* version 2 only */
+	unsigned char nonce[CAS_AEAD_FRAME_NONCE_SIZE];
 	uint32_t chunk_count;
 	uint32_t table_crc;
 	struct cas_blob_id id;
@@ -124,13 +161,24 @@ int casbox_pack_header_parse(const unsigned char *data, size_t size,
 			     uint32_t *pack_id_r, const char **error_r);
 
 uint32_t casbox_frame_chunk_count(uint64_t plain_size);
+/* Header size of a frame version (0 = CASBOX_FRAME_VERSION). */
+size_t casbox_frame_header_size(uint8_t version);
+/* Writes casbox_frame_header_size(hdr->version) bytes. */
 void casbox_frame_header_write(const struct casbox_frame_header *hdr,
-			       unsigned char dest[CASBOX_FRAME_HEADER_SIZE]);
-/* Parse and check a frame header: magic, version, CRC, and that the
-   sizes are consistent with each other. Returns 0 ok, -1 damaged. */
+			       unsigned char dest[CASBOX_FRAME_HEADER_MAX_SIZE]);
+/* Parse and check a frame header of either version: magic, version,
+   CRC, cipher, and that the sizes are consistent with each other (size
+   may exceed the header). Returns 0 ok, -1 damaged. */
 int casbox_frame_header_parse(const unsigned char *data, size_t size,
 			      struct casbox_frame_header *hdr_r,
 			      const char **error_r);
+/* TRUE if a parsed header agrees with a blob record's frame_size,
+   dict_id and plain_size (version 1: equal; version 2, which does not
+   store it: the chunk count it implies). The blob id is the caller's
+   to compare. */
+bool casbox_frame_header_matches(const struct casbox_frame_header *hdr,
+				 uint32_t frame_size, uint64_t plain_size,
+				 uint32_t dict_id);
 /* Parse the chunk table (chunk_count entries, CRC checked against the
    header) into chunks_r[chunk_count], checking that the chunks exactly
    fill the frame. Returns 0 ok, -1 damaged. */
@@ -157,14 +205,27 @@ size_t casbox_meta_aad(uint8_t version, enum casbox_meta_kind kind,
 
 /* Plaintext size of chunk idx of a blob of plain_size bytes. */
 size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx);
+/* TRUE if frame_size is possible for a blob of plain_size bytes in a
+   frame of either version (the blob record does not say which). */
+bool casbox_frame_size_possible(uint64_t plain_size, uint64_t frame_size);
+
+/* Padmé (Nikitin et al., "Reducing Metadata Leakage from Encrypted
+   Files and Communication with PURBs", 2019): size rounded up so that
+   only O(log log size) bits of it remain, at most +12 % (+6.25 %
+   from 1 KiB to 64 KiB). Version 2 chunks pad their zstd output to this. */
+uint64_t casbox_padme(uint64_t size);
 
 /* The AEAD inputs of chunk idx: the AAD binds magic, frame version,
    blob id, dictionary id, chunk index and the last-chunk flag (so chunks
-   cannot be reordered, moved to another blob or the blob truncated); the
-   nonce is the chunk index (the DEK is fresh for every frame). */
-void casbox_frame_chunk_aad(const struct cas_blob_id *id, uint32_t dict_id,
-			    uint32_t idx, bool last,
-			    unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE]);
+   cannot be reordered, moved to another blob or the blob truncated),
+   and in version 2 also the cipher and the chunk's plaintext size
+   (chunk_plain_size; ignored for version 1). Returns the AAD's size.
+   The version 1 nonce is the chunk index (the DEK is fresh for every
+   frame); version 2: cas_aead_chunk_*(). */
+size_t casbox_frame_chunk_aad(const struct casbox_frame_header *hdr,
+			      uint32_t idx, bool last,
+			      size_t chunk_plain_size,
+			      unsigned char aad_r[CASBOX_CHUNK_AAD_SIZE]);
 void casbox_frame_chunk_nonce(uint32_t idx,
 			      unsigned char nonce_r[CAS_AEAD_NONCE_SIZE]);
 

@@ -25,8 +25,11 @@ struct casbox_pack_dict {
    memory and the stored/plain chunk buffers. A stream holds one only
    while it decodes and hands it back at EOF, so reading a message's
    blobs one after another reuses the same one. */
+#define CASBOX_BLOB_SCRATCH_KEYS_SIZE (CAS_DEK_SIZE + CAS_AEAD_SUBKEY_SIZE)
 struct casbox_blob_scratch {
-	unsigned char *dek;	/* sodium_malloc(CAS_DEK_SIZE) */
+	/* sodium_malloc(CASBOX_BLOB_SCRATCH_KEYS_SIZE): the DEK, then the
+	   version 2 frame subkey */
+	unsigned char *dek;
 	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
 	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
 	struct casbox_blob_scratch *next;

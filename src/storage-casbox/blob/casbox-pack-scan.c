@@ -66,10 +66,11 @@ static bool
 casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset,
 			   bool meta)
 {
-	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE];
+	unsigned char hdr[CASBOX_FRAME_HEADER_MAX_SIZE];
 	struct casbox_frame_header frame;
 	struct casbox_meta_header mhdr;
 	const char *error;
+	ssize_t ret;
 
 	if (meta) {
 		return casbox_pack_scan_read(scan, hdr,
@@ -78,9 +79,11 @@ casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset,
 			casbox_meta_header_parse(hdr, CASBOX_META_HEADER_SIZE,
 						 &mhdr, &error) == 0;
 	}
-	return casbox_pack_scan_read(scan, hdr, sizeof(hdr), offset) &&
-		casbox_frame_header_parse(hdr, sizeof(hdr), &frame,
-					  &error) == 0;
+	/* a frame of either version is longer than the larger header,
+	   but a version 1 header may end the pack when its frame is torn */
+	ret = pread(scan->fd, hdr, sizeof(hdr), offset);
+	return ret >= CASBOX_FRAME_HEADER_SIZE &&
+		casbox_frame_header_parse(hdr, ret, &frame, &error) == 0;
 }
 
 /* Offset of the next intact-looking frame header after from, or the end
@@ -215,7 +218,7 @@ static void
 casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 		       struct casbox_pack_frame_info *info_r)
 {
-	unsigned char buf[CASBOX_FRAME_HEADER_SIZE];
+	unsigned char buf[CASBOX_FRAME_HEADER_MAX_SIZE];
 	struct casbox_frame_header hdr;
 	const char *damage;
 	uint64_t next;
@@ -234,11 +237,12 @@ casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 		if (casbox_pack_scan_meta(scan, buf, ret, info_r, &damage))
 			return;
 		info_r->meta_kind = CASBOX_META_KIND_NONE;
-	} else if (ret != (ssize_t)sizeof(buf))
+	} else if (ret < CASBOX_FRAME_HEADER_SIZE)
 		damage = "frame header truncated";
-	else if (casbox_frame_header_parse(buf, sizeof(buf), &hdr,
-					   &damage) == 0) {
+	else if (casbox_frame_header_parse(buf, ret, &hdr, &damage) == 0) {
 		info_r->id = hdr.id;
+		info_r->frame_version = hdr.version;
+		/* version 2 does not show it: 0 */
 		info_r->plain_size = hdr.plain_size;
 		info_r->dict_id = hdr.dict_id;
 		damage = casbox_pack_scan_verify(scan, scan->offset, &hdr);

@@ -136,10 +136,15 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 	store->dctx = ZSTD_createDCtx();
 	if (store->cctx == NULL || store->dctx == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "ZSTD_create*Ctx() failed");
-	i_assert(ZSTD_compressBound(CASBOX_CHUNK_SIZE) + CAS_AEAD_TAG_SIZE <=
-		 CASBOX_CHUNK_MAX_STORED);
+	i_assert(casbox_padme(ZSTD_compressBound(CASBOX_CHUNK_SIZE)) ==
+		 CASBOX_CHUNK_MAX_PADDED);
 	if (sodium_init() < 0)
 		i_fatal("sodium_init() failed");
+	if (cas_aead_cipher_resolve(set->cipher, &store->set.cipher,
+				    error_r) < 0) {
+		casbox_pack_store_close(&store);
+		return -1;
+	}
 
 	if (casbox_pack_dicts_load(store, error_r) < 0) {
 		casbox_pack_store_close(&store);
@@ -466,6 +471,9 @@ struct casbox_pack_add_ctx {
 	struct casbox_pack_txn *txn;
 	const struct cas_blob_id *id;
 	unsigned char dek[CAS_DEK_SIZE];
+	unsigned char subkey[CAS_AEAD_SUBKEY_SIZE];
+	/* version, cipher, nonce, id and dict_id: what the AAD binds */
+	struct casbox_frame_header hdr;
 	const struct casbox_pack_dict *dict;
 	uint32_t dict_id;
 	uint32_t idx;
@@ -480,32 +488,38 @@ casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
 {
 	struct casbox_pack_txn *txn = ctx->txn;
 	struct casbox_pack_store *store = txn->store;
-	unsigned char aad[CASBOX_CHUNK_AAD_SIZE];
-	unsigned char nonce[CAS_AEAD_NONCE_SIZE], entry[8];
-	size_t clen, stored;
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], entry[8];
+	size_t clen, padded, stored, aad_size;
 	uint32_t crc;
 
 	if (ctx->dict != NULL) {
 		clen = ZSTD_compress_usingCDict(store->cctx, txn->stored,
-			CASBOX_CHUNK_MAX_STORED, txn->plain, size,
+			CASBOX_CHUNK_MAX_PADDED, txn->plain, size,
 			ctx->dict->cdict);
 	} else {
 		clen = ZSTD_compressCCtx(store->cctx, txn->stored,
-			CASBOX_CHUNK_MAX_STORED, txn->plain, size,
+			CASBOX_CHUNK_MAX_PADDED, txn->plain, size,
 			store->set.zstd_level);
 	}
 	/* compressed plaintext until encrypted below; on error zstd may
 	   have written anywhere in the buffer */
 	txn->stored_used = I_MAX(txn->stored_used, ZSTD_isError(clen) ?
-				 CASBOX_CHUNK_MAX_STORED : clen);
+				 CASBOX_CHUNK_MAX_PADDED : clen);
 	if (casbox_zstd_check(clen, "ZSTD_compress()", error_r) < 0)
 		return -1;
-	casbox_frame_chunk_aad(ctx->id, ctx->dict_id, ctx->idx, last, aad);
-	casbox_frame_chunk_nonce(ctx->idx, nonce);
+	/* zeros to the padme() size, inside the AEAD: the stored size
+	   shows only the bucket, not the compressed size */
+	padded = casbox_padme(clen);
+	i_assert(padded <= CASBOX_CHUNK_MAX_PADDED);
+	memset(txn->stored + clen, 0, padded - clen);
+	aad_size = casbox_frame_chunk_aad(&ctx->hdr, ctx->idx, last, size,
+					  aad);
 	/* in place: libsodium allows ciphertext == plaintext */
-	cas_aead_encrypt(ctx->dek, nonce, aad, sizeof(aad), txn->stored, clen,
-			 txn->stored);
-	stored = clen + CAS_AEAD_TAG_SIZE;
+	cas_aead_chunk_encrypt(ctx->hdr.cipher, ctx->subkey, ctx->idx,
+			       aad, aad_size, txn->stored, padded,
+			       txn->stored);
+	stored = padded + CAS_AEAD_TAG_SIZE;
+	txn->stored_used = I_MAX(txn->stored_used, stored);
 	crc = cas_crc32c_mask(cas_crc32c(txn->stored, stored));
 	if (txn_pwrite(txn, txn->stored, stored, ctx->pos) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
@@ -527,7 +541,7 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 {
 	struct casbox_pack_txn *txn = ctx->txn;
 	struct casbox_frame_header hdr;
-	unsigned char hdr_buf[CASBOX_FRAME_HEADER_SIZE];
+	unsigned char hdr_buf[CASBOX_FRAME_HEADER_MAX_SIZE];
 	uint64_t frame_size;
 
 	frame_size = ctx->pos + txn->table->used - frame_off;
@@ -542,19 +556,18 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 				    &rec_r->dek_kind, rec_r->stored_dek,
 				    error_r) < 0)
 		return -1;
-	i_zero(&hdr);
+	hdr = ctx->hdr;
 	hdr.frame_size = frame_size;
-	hdr.dict_id = ctx->dict_id;
-	hdr.plain_size = ctx->plain_size;
 	hdr.chunk_count = ctx->idx;
 	hdr.table_crc = cas_crc32c_mask(cas_crc32c(txn->table->data,
 						   txn->table->used));
-	hdr.id = *ctx->id;
-	i_assert(hdr.chunk_count == casbox_frame_chunk_count(hdr.plain_size));
+	i_assert(hdr.dict_id == ctx->dict_id);
+	i_assert(hdr.chunk_count == casbox_frame_chunk_count(ctx->plain_size));
 	casbox_frame_header_write(&hdr, hdr_buf);
 	if (txn_pwrite(txn, txn->table->data, txn->table->used,
 			ctx->pos) < 0 ||
-	    txn_pwrite(txn, hdr_buf, sizeof(hdr_buf), frame_off) < 0) {
+	    txn_pwrite(txn, hdr_buf, casbox_frame_header_size(hdr.version),
+		       frame_off) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 		return -1;
@@ -589,6 +602,7 @@ casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 			ctx->dict = casbox_pack_dict_lookup(store,
 							    store->cur_dict_id);
 			ctx->dict_id = store->cur_dict_id;
+			ctx->hdr.dict_id = ctx->dict_id;
 		}
 		cas_blob_id_update(&id_ctx, ctx->txn->plain, size);
 		if (casbox_pack_add_chunk(ctx, size, last, error_r) < 0) {
@@ -629,14 +643,21 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 	ctx.txn = txn;
 	ctx.id = id;
 	frame_off = txn->offset;
-	ctx.pos = frame_off + CASBOX_FRAME_HEADER_SIZE;
+	ctx.hdr.version = CASBOX_FRAME_VERSION;
+	ctx.hdr.cipher = txn->store->set.cipher;
+	ctx.hdr.id = *id;
+	randombytes_buf(ctx.hdr.nonce, sizeof(ctx.hdr.nonce));
+	ctx.pos = frame_off + casbox_frame_header_size(ctx.hdr.version);
 	buffer_set_used_size(txn->table, 0);
 	cas_dek_generate(ctx.dek);
+	cas_aead_frame_subkey(ctx.hdr.cipher, ctx.dek, ctx.hdr.nonce,
+			      ctx.subkey);
 
 	if (casbox_pack_add_body(&ctx, input, error_r) == 0 &&
 	    casbox_pack_add_finish(&ctx, frame_off, rec_r, error_r) == 0)
 		ret = 1;
 	sodium_memzero(ctx.dek, sizeof(ctx.dek));
+	sodium_memzero(ctx.subkey, sizeof(ctx.subkey));
 	if (ret < 0) {
 		/* drop the partial frame; we hold the lock */
 		i_zero(rec_r);
@@ -1010,7 +1031,8 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
 			    const struct casbox_blob_record *src_rec,
 			    uint64_t frame_off, const char **error_r)
 {
-	unsigned char hdr_buf[CASBOX_FRAME_HEADER_SIZE];
+	/* a frame of either version is longer than the larger header */
+	unsigned char hdr_buf[CASBOX_FRAME_HEADER_MAX_SIZE];
 	struct casbox_frame_header hdr;
 	struct casbox_frame_chunk *chunks;
 	unsigned char *table;
@@ -1030,9 +1052,9 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
 		return -1;
 	}
 	if (sodium_memcmp(hdr.id.id, id->id, CAS_BLOB_ID_SIZE) != 0 ||
-	    hdr.frame_size != src_rec->frame_size ||
-	    hdr.plain_size != src_rec->plain_size ||
-	    hdr.dict_id != src_rec->dict_id) {
+	    !casbox_frame_header_matches(&hdr, src_rec->frame_size,
+					 src_rec->plain_size,
+					 src_rec->dict_id)) {
 		*error_r = t_strdup_printf("%s offset %"PRIu64": the frame "
 			"is not the one the blob record describes",
 			src_path, src_rec->offset);
@@ -1077,7 +1099,8 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
 	if (ret == 0 &&
 	    (txn_pwrite(txn, table, table_size,
 			 frame_off + hdr.frame_size - table_size) < 0 ||
-	     txn_pwrite(txn, hdr_buf, sizeof(hdr_buf), frame_off) < 0)) {
+	     txn_pwrite(txn, hdr_buf, casbox_frame_header_size(hdr.version),
+			frame_off) < 0)) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(txn->store, txn->pack_id));
 		ret = -1;

@@ -54,6 +54,11 @@ struct casbox_pack_settings {
 	/* Blobs up to this size use the current dictionary, if any
 	   (0 = 16 KiB). */
 	size_t dict_max_blob_size;
+	/* the chunk cipher of new frames; AUTO (0) = AES-256-GCM where
+	   the CPU has AES-NI, else XChaCha20-Poly1305. Opening the store
+	   fails if the cipher asked for is not available. Frames of
+	   every cipher are read whatever this says. */
+	enum cas_aead_cipher cipher;
 };
 
 /* Returns 1 ok, -1 error. Loads the dictionaries (sealed with the
@@ -301,7 +306,10 @@ struct casbox_pack_frame_info {
 	   meta frame (id is zero) */
 	enum casbox_meta_kind meta_kind;
 	struct cas_blob_id id;
-	/* of a blob frame whose header is intact */
+	/* of a blob frame whose header is intact. plain_size only for
+	   frame version 1 (version 2 keeps it inside the AEAD: 0 here;
+	   the recovery record has it) */
+	uint8_t frame_version;
 	uint64_t plain_size;
 	uint32_t dict_id;
 	/* NULL if the frame is intact, else why not */

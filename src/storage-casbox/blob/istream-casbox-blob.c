@@ -31,8 +31,10 @@ struct casbox_blob_istream {
 	struct casbox_frame_header hdr;
 	struct casbox_frame_chunk *chunks;
 
-	/* NULL unless decoding; dek is unwrapped while held */
+	/* NULL unless decoding; dek is unwrapped while held, and the
+	   version 2 subkey derived once subkey_ready */
 	struct casbox_blob_scratch *scratch;
+	bool subkey_ready;
 	size_t stored_used, plain_used; /* bytes to wipe on release */
 	uint32_t cur_chunk;	/* UINT32_MAX = none */
 	size_t cur_size;
@@ -45,7 +47,7 @@ struct casbox_blob_istream {
 /* Most mails are one chunk: header, chunk and table then come in with
    one pread (into the stored buffer, sized for it) instead of three,
    and without the fstat (a short read says the pack is truncated). */
-#define CASBOX_BLOB_SMALL_FRAME (CASBOX_FRAME_HEADER_SIZE + \
+#define CASBOX_BLOB_SMALL_FRAME (CASBOX_FRAME_HEADER_MAX_SIZE + \
 	CASBOX_CHUNK_MAX_STORED + CASBOX_FRAME_TABLE_ENTRY_SIZE)
 
 static uint64_t casbox_blob_chunks_decoded = 0;
@@ -73,7 +75,7 @@ casbox_blob_scratch_get(struct casbox_pack_store *store)
 		return scratch;
 	}
 	scratch = i_new(struct casbox_blob_scratch, 1);
-	scratch->dek = sodium_malloc(CAS_DEK_SIZE);
+	scratch->dek = sodium_malloc(CASBOX_BLOB_SCRATCH_KEYS_SIZE);
 	if (scratch->dek == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
 	scratch->stored = i_malloc(CASBOX_BLOB_SMALL_FRAME);
@@ -113,9 +115,10 @@ casbox_blob_release(struct casbox_blob_istream *bstream, bool to_store)
 	if (scratch == NULL)
 		return;
 	bstream->scratch = NULL;
+	bstream->subkey_ready = FALSE;
 	bstream->cur_chunk = UINT32_MAX;
 	bstream->frame_in_stored = FALSE;
-	sodium_memzero(scratch->dek, CAS_DEK_SIZE);
+	sodium_memzero(scratch->dek, CASBOX_BLOB_SCRATCH_KEYS_SIZE);
 	sodium_memzero(scratch->plain, bstream->plain_used);
 	sodium_memzero(scratch->stored, bstream->stored_used);
 	bstream->plain_used = bstream->stored_used = 0;
@@ -171,11 +174,16 @@ static int casbox_blob_check_header(struct casbox_blob_istream *bstream)
 
 	if (sodium_memcmp(hdr->id.id, bstream->id.id, CAS_BLOB_ID_SIZE) != 0)
 		return casbox_blob_error(bstream, "frame holds another blob");
-	if (hdr->frame_size != rec->frame_size ||
-	    hdr->plain_size != rec->plain_size ||
-	    hdr->dict_id != rec->dict_id) {
+	if (!casbox_frame_header_matches(hdr, rec->frame_size,
+					 rec->plain_size, rec->dict_id)) {
 		return casbox_blob_error(bstream,
 			"frame header does not match the blob record");
+	}
+	if (!cas_aead_cipher_available(hdr->cipher)) {
+		return casbox_blob_error(bstream,
+			"frame uses cipher %s, which this CPU does not "
+			"support (libsodium's AES-256-GCM needs AES-NI)",
+			cas_aead_cipher_name(hdr->cipher));
 	}
 	if (hdr->dict_id == 0)
 		return 0;
@@ -259,7 +267,8 @@ static int casbox_blob_open_small_frame(struct casbox_blob_istream *bstream)
 
 static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 {
-	unsigned char hdr[CASBOX_FRAME_HEADER_SIZE], *table;
+	/* any frame is longer than the larger header */
+	unsigned char hdr[CASBOX_FRAME_HEADER_MAX_SIZE], *table;
 	const char *error;
 	struct stat st;
 	size_t table_size;
@@ -306,11 +315,71 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	return ret < 0 ? -1 : 0;
 }
 
+/* Authenticate and decrypt chunk idx in place. */
+static int
+casbox_blob_chunk_decrypt(struct casbox_blob_istream *bstream, uint32_t idx,
+			  unsigned char *stored, size_t chunk_plain_size)
+{
+	const struct casbox_frame_header *hdr = &bstream->hdr;
+	uint32_t stored_size = bstream->chunks[idx].stored_size;
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], nonce[CAS_AEAD_NONCE_SIZE];
+	unsigned char *subkey = bstream->scratch->dek + CAS_DEK_SIZE;
+	bool last = idx + 1 == hdr->chunk_count;
+	size_t aad_size;
+	int ret;
+
+	aad_size = casbox_frame_chunk_aad(hdr, idx, last, chunk_plain_size,
+					  aad);
+	if (hdr->version == CASBOX_FRAME_VERSION_V1) {
+		casbox_frame_chunk_nonce(idx, nonce);
+		ret = cas_aead_decrypt(bstream->scratch->dek, nonce, aad,
+				       aad_size, stored, stored_size, stored);
+	} else {
+		if (!bstream->subkey_ready) {
+			cas_aead_frame_subkey(hdr->cipher,
+					      bstream->scratch->dek,
+					      hdr->nonce, subkey);
+			bstream->subkey_ready = TRUE;
+		}
+		ret = cas_aead_chunk_decrypt(hdr->cipher, subkey, idx, aad,
+					     aad_size, stored, stored_size,
+					     stored);
+	}
+	if (ret < 0) {
+		return casbox_blob_error(bstream,
+			"chunk %u: authentication failed", idx);
+	}
+	return 0;
+}
+
+/* Version 2: the authenticated plaintext is one zstd frame and zeros
+   to the padded size. Sets *clen_r to the zstd frame's size. */
+static int
+casbox_blob_chunk_unpad(struct casbox_blob_istream *bstream, uint32_t idx,
+			const unsigned char *data, size_t *clen_r)
+{
+	size_t padded = *clen_r, zlen, i;
+	unsigned char acc = 0;
+
+	zlen = ZSTD_findFrameCompressedSize(data, padded);
+	if (ZSTD_isError(zlen) || zlen > padded) {
+		return casbox_blob_error(bstream,
+			"chunk %u: no zstd frame in the padded chunk", idx);
+	}
+	for (i = zlen; i < padded; i++)
+		acc |= data[i];
+	if (acc != 0) {
+		return casbox_blob_error(bstream,
+			"chunk %u: padding is not zero", idx);
+	}
+	*clen_r = zlen;
+	return 0;
+}
+
 static int
 casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 {
 	const struct casbox_frame_chunk *chunk = &bstream->chunks[idx];
-	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], nonce[CAS_AEAD_NONCE_SIZE];
 	ZSTD_DCtx *dctx = bstream->store->dctx;
 	struct casbox_blob_scratch *scratch;
 	unsigned char *stored, *plain;
@@ -338,16 +407,13 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	/* No CRC32C here: the AEAD tag authenticates the same bytes, so a
 	   CRC could only tell a damaged table entry from a damaged chunk.
 	   Pack scans (doveadm casbox scrub, gc) still check every CRC. */
-	casbox_frame_chunk_aad(&bstream->id, bstream->hdr.dict_id, idx,
-			       idx + 1 == bstream->hdr.chunk_count, aad);
-	casbox_frame_chunk_nonce(idx, nonce);
-	if (cas_aead_decrypt(scratch->dek, nonce, aad, sizeof(aad),
-			     stored, chunk->stored_size, stored) < 0) {
-		return casbox_blob_error(bstream,
-			"chunk %u: authentication failed", idx);
-	}
+	expected = casbox_frame_chunk_plain_size(bstream->rec.plain_size, idx);
+	if (casbox_blob_chunk_decrypt(bstream, idx, stored, expected) < 0)
+		return -1;
 	clen = chunk->stored_size - CAS_AEAD_TAG_SIZE;
-	expected = casbox_frame_chunk_plain_size(bstream->hdr.plain_size, idx);
+	if (bstream->hdr.version != CASBOX_FRAME_VERSION_V1 &&
+	    casbox_blob_chunk_unpad(bstream, idx, stored, &clen) < 0)
+		return -1;
 	if (bstream->dict != NULL) {
 		ret = ZSTD_decompress_usingDDict(dctx, plain,
 			CASBOX_CHUNK_SIZE, stored, clen,
@@ -390,7 +456,7 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 		return -1;
 	}
 	offset = stream->istream.v_offset + (stream->pos - stream->skip);
-	if (offset >= bstream->hdr.plain_size) {
+	if (offset >= bstream->rec.plain_size) {
 		casbox_blob_release(bstream, TRUE);
 		stream->istream.eof = TRUE;
 		return -1;
@@ -407,7 +473,7 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 	memcpy(stream->w_buffer + stream->pos,
 	       bstream->scratch->plain + in_chunk, n);
 	stream->pos += n;
-	if (offset + n == bstream->hdr.plain_size) {
+	if (offset + n == bstream->rec.plain_size) {
 		/* the last byte is out: hand the scratch back now. Readers
 		   that know the message size (FETCH BODY[]) never read on
 		   to EOF, and freeing it at destroy instead would cost a

@@ -4,6 +4,7 @@
 /* casbox plugin {} settings; see doc/settings.md. */
 
 #include "cas-keymode.h"
+#include "cas-aead.h"
 
 struct mail_user;
 
@@ -53,6 +54,15 @@ struct casbox_settings {
 	unsigned int duplicate_window;
 	/* casbox_expunge_retention, seconds (0 = expunges release at once) */
 	unsigned int expunge_retention;
+	/* casbox_dedup = no (default yes): every saved part is written
+	   again even when the user already has its bytes, so someone who
+	   can send mail and watch the disk cannot tell (doc/threat-model.md;
+	   COPY still shares blobs). Negated so that a zeroed struct (tools,
+	   tests) keeps the default. */
+	bool dedup_disabled;
+	/* casbox_cipher: the chunk cipher of new frames (auto =
+	   AES-256-GCM with AES-NI, else XChaCha20-Poly1305) */
+	enum cas_aead_cipher cipher;
 	/* Not a setting: the event the store's named events (LSM flush
 	   and compaction, doc/events.md) are children of, set by whoever
 	   opens the store (the storage's event, doveadm's command event).
@@ -82,6 +92,7 @@ static inline void casbox_settings_defaults(struct casbox_settings *set_r)
 	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
 	set_r->duplicate_window = CASBOX_DEFAULT_DUPLICATE_WINDOW;
 	set_r->expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION;
+	set_r->cipher = CAS_AEAD_CIPHER_AUTO;
 }
 /* The key settings as cas-keymode.h takes them (inline: the store
    code uses it without linking lib-storage). */

@@ -1,6 +1,9 @@
-/* casbox-store-dict: train a zstd dictionary from the store's small
-   blobs and measure it on blobs held out of the training (see
-   casbox_store_dict_train() in casbox-store.h). */
+/* casbox-store-dict: train a zstd dictionary from the header blocks of
+   the store's small blobs and measure it on header blocks held out of
+   the training (see casbox_store_dict_train() in casbox-store.h). Only
+   header blocks: a dictionary trained on bodies would carry the user's
+   body text into the compression of every later small blob, including
+   mail an attacker sends (doc/threat-model.md). */
 
 #include "lib.h"
 #include "array.h"
@@ -55,6 +58,33 @@ dict_collect_blobs(struct casbox_store *store, size_t max_size,
 		blob->rec = rec;
 	}
 	return casbox_lsm_iter_deinit(&iter, error_r) < 0 ? -1 : 0;
+}
+
+/* Samples shorter than this (a blob that starts with a blank line, e.g.
+   the tail of a multipart after a large leaf) are not used */
+#define DICT_MIN_HEADER_SIZE 32
+
+/* Cut buf to its header block: up to and including the first empty
+   line (CRLF or LF). A blob without one is all header (at most
+   dict_max_blob_size). */
+static void dict_cut_to_header(buffer_t *buf)
+{
+	const unsigned char *p = buf->data;
+	size_t i;
+
+	for (i = 0; i + 1 < buf->used; i++) {
+		if (p[i] != '\n')
+			continue;
+		if (p[i + 1] == '\n') {
+			buffer_set_used_size(buf, i + 2);
+			return;
+		}
+		if (i + 2 < buf->used && p[i + 1] == '\r' &&
+		    p[i + 2] == '\n') {
+			buffer_set_used_size(buf, i + 3);
+			return;
+		}
+	}
 }
 
 static int
@@ -138,11 +168,22 @@ int casbox_store_dict_train(struct casbox_store *store,
 			continue;
 		buf = buffer_create_dynamic(default_pool,
 					    blob->rec.plain_size);
-		array_push_back(hold ? &heldout : &train, &buf);
 		if (dict_read_blob(packs, blob, buf, error_r) < 0) {
+			sodium_memzero(buffer_get_modifiable_data(buf, NULL),
+				       buffer_get_size(buf));
+			buffer_free(&buf);
 			ret = -1;
 			break;
 		}
+		/* wiped: the cut-off body bytes stay in the buffer */
+		dict_cut_to_header(buf);
+		if (buf->used < DICT_MIN_HEADER_SIZE) {
+			sodium_memzero(buffer_get_modifiable_data(buf, NULL),
+				       buffer_get_size(buf));
+			buffer_free(&buf);
+			continue;
+		}
+		array_push_back(hold ? &heldout : &train, &buf);
 	}
 	res->samples = array_count(&train);
 	res->heldout = array_count(&heldout);

@@ -209,6 +209,7 @@ static void frompacks_frame(struct casbox_frompacks *fp,
 	frame->offset = info->offset;
 	frame->frame_size = info->frame_size;
 	frame->plain_size = info->plain_size;
+	frame->version = info->frame_version;
 	frame->dict_id = info->dict_id;
 }
 
@@ -269,9 +270,12 @@ static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 }
 
 /* Newest frame first (gc copies are newer than the frames they
-   replaced); each with every candidate DEK. */
+   replaced); each with every candidate DEK. A version 2 frame does not
+   show its plaintext size: size (the message record's part size) is
+   tried, and the chunk AAD, which binds it, proves it. */
 static int frompacks_blob_resolve(struct casbox_frompacks *fp,
-				  struct casbox_frompacks_blob *blob)
+				  struct casbox_frompacks_blob *blob,
+				  uoff_t size)
 {
 	const struct casbox_frompacks_frame *frames;
 	const struct casbox_frompacks_dek *dek;
@@ -287,7 +291,8 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 		rec.pack_id = frames[i-1].pack_id;
 		rec.offset = frames[i-1].offset;
 		rec.frame_size = frames[i-1].frame_size;
-		rec.plain_size = frames[i-1].plain_size;
+		rec.plain_size = frames[i-1].version == 1 ?
+			frames[i-1].plain_size : size;
 		rec.dict_id = frames[i-1].dict_id;
 		array_foreach(&blob->deks, dek) {
 			rec.dek_kind = dek->kind;
@@ -319,7 +324,7 @@ frompacks_msg_resolve(struct casbox_frompacks *fp,
 					       cas_blob_id_to_hex(&part->id));
 		}
 		T_BEGIN {
-			ret = frompacks_blob_resolve(fp, blob);
+			ret = frompacks_blob_resolve(fp, blob, part->size);
 		} T_END;
 		if (ret < 0) {
 			return t_strdup_printf("blob %s: no DEK opens it",

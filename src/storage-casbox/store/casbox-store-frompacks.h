@@ -13,8 +13,10 @@ struct casbox_frompacks_frame {
 	uint32_t pack_id;
 	uint64_t offset;
 	uint32_t frame_size;
+	/* frame version 1 only (version 2 keeps it inside the AEAD) */
 	uint64_t plain_size;
 	uint32_t dict_id;
+	uint8_t version;
 };
 
 /* A candidate DEK of a blob: wrapped (server mode) or sealed (password

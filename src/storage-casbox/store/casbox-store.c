@@ -42,6 +42,8 @@ struct casbox_pending_blob {
 	struct cas_blob_id id;
 	uint32_t refcount;
 	bool in_lsm;
+	/* the last reference wrote its bytes (counted as written) */
+	bool last_written;
 	buffer_t *pack_record;
 };
 
@@ -351,6 +353,8 @@ static void casbox_store_pack_settings(struct casbox_store *store,
 	set_r->fsync = store->fsync;
 	set_r->max_pack_size = store->set->pack_size;
 	set_r->zstd_level = store->set->zstd_level;
+	/* new frames (also gc's re-encoding) use the user's casbox_cipher */
+	set_r->cipher = store->set->cipher;
 }
 
 int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r)
@@ -1003,9 +1007,8 @@ casbox_store_txn_get_blob(struct casbox_store_txn *txn,
 	return 0;
 }
 
-/* After a part was referenced: a refcount of 1 means its blob was just
-   written (a deduplicated reference raises a stored one to 2 or more;
-   a blob released by a replaced record and stored again is written). */
+/* After a part was referenced: written or deduplicated, as the
+   reference went (casbox_dedup=no writes stored blobs again). */
 static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
 					const struct casbox_msg_part *part)
 {
@@ -1014,7 +1017,7 @@ static void casbox_store_txn_count_part(struct casbox_store_txn *txn,
 
 	blob = hash_table_lookup(txn->blobs, &part->id);
 	i_assert(blob != NULL);
-	if (blob->refcount == 1) {
+	if (blob->last_written) {
 		stats->blobs_written++;
 		stats->written_bytes += part->size;
 	} else {
@@ -1056,14 +1059,20 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 
 	if (casbox_store_txn_get_blob(txn, &part->id, &blob, error_r) < 0)
 		return -1;
-	if (blob->refcount > 0) {
+	if (blob->refcount > 0 && (input == NULL ||
+				   !txn->store->set->dedup_disabled)) {
 		/* deduplicated: no bytes written */
 		if (blob->refcount == UINT32_MAX) {
 			*error_r = "blob refcount overflow";
 			return -1;
 		}
 		blob->refcount++;
+		blob->last_written = FALSE;
 		return 0;
+	}
+	if (blob->refcount == UINT32_MAX) {
+		*error_r = "blob refcount overflow";
+		return -1;
 	}
 	if (input == NULL) {
 		*error_r = t_strdup_printf("blob %s is not in the store",
@@ -1080,7 +1089,10 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	}
 	buffer_set_used_size(blob->pack_record, 0);
 	casbox_blob_record_export(&brec, blob->pack_record);
-	blob->refcount = 1;
+	/* casbox_dedup=no writes a stored blob again: the record moves to
+	   the new frame, the old one is gc's */
+	blob->refcount++;
+	blob->last_written = TRUE;
 	return 0;
 }
 
