@@ -924,18 +924,15 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 {
 	const char *dir = t_strconcat(gc->adm->root_dir, "/packs", NULL);
 	const struct casbox_gc_pack *cand;
-	const char *path;
 	int fd;
 
 	array_foreach(&gc->candidates, cand) {
 		if (cand->keep)
 			continue;
-		path = casbox_admin_pack_path(gc->adm, cand->pack->pack_id);
-		if (unlink(path) < 0 && errno != ENOENT) {
-			*error_r = t_strdup_printf("unlink(%s) failed: %m",
-						   path);
+		/* local file, or the object and stub of an uploaded pack */
+		if (casbox_pack_store_delete_pack(gc->adm->packs,
+				cand->pack->pack_id, error_r) < 0)
 			return -1;
-		}
 		gc->packs_deleted++;
 	}
 	if (gc->packs_deleted == 0 || gc->adm->fsync_mode == FSYNC_MODE_NEVER)

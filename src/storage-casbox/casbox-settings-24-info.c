@@ -28,6 +28,9 @@ static const struct setting_define casbox_setting_defines[] = {
 	DEF(SIZE, lsm_wal_size),
 	DEF(UINT, gc_dead_ratio),
 	DEF(BOOL, cache_plaintext),
+	DEF(STR, pack_storage),
+	DEF(STR, pack_cache_dir),
+	DEF(SIZE, pack_cache_size),
 	SETTING_DEFINE_LIST_END
 };
 
@@ -42,6 +45,9 @@ static const struct casbox_24_settings casbox_default_settings = {
 	.lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE,
 	.gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO,
 	.cache_plaintext = FALSE,
+	.pack_storage = "",
+	.pack_cache_dir = "",
+	.pack_cache_size = 0,
 };
 
 /* What 2.3's get_list_settings() vfunc filled in: the list layout's

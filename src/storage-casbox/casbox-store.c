@@ -321,6 +321,7 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 	pack_set.fsync = store->fsync;
 	pack_set.max_pack_size = store->set->pack_size;
 	pack_set.zstd_level = store->set->zstd_level;
+	casbox_store_pack_set_storage(store->set, &pack_set);
 	if (casbox_pack_store_open(&pack_set, store->keyring,
 				   &store->packs, &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
@@ -1462,10 +1463,25 @@ int casbox_store_open_packs_keyless(struct casbox_store *store,
 	i_zero(&pack_set);
 	pack_set.dir = dir_path;
 	pack_set.fsync = store->fsync;
+	casbox_store_pack_set_storage(store->set, &pack_set);
 	if (casbox_pack_store_open(&pack_set, NULL, &store->packs,
 				   &error) < 0) {
 		*error_r = t_strdup_printf("packs %s: %s", dir_path, error);
 		return -1;
 	}
 	return 1;
+}
+
+void casbox_store_pack_set_storage(const struct casbox_settings *set,
+				   struct casbox_pack_settings *pack_set)
+{
+	pack_set->storage = set->pack_storage;
+	pack_set->cache_dir = set->pack_cache_dir;
+	pack_set->cache_size = set->pack_cache_size;
+}
+
+bool casbox_store_error_is_temporary(struct casbox_store *store)
+{
+	return store->packs != NULL &&
+		casbox_pack_store_error_is_temporary(store->packs);
 }

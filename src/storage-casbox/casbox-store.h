@@ -239,4 +239,13 @@ struct cas_keyring *casbox_store_get_keyring(struct casbox_store *store);
 int casbox_store_open_packs_keyless(struct casbox_store *store,
 				    const char **error_r);
 
+/* The object-storage settings of set into pack_set (the pack store's
+   casbox_pack_storage, cache dir and size). */
+struct casbox_pack_settings;
+void casbox_store_pack_set_storage(const struct casbox_settings *set,
+				   struct casbox_pack_settings *pack_set);
+/* TRUE if the last failed message open failed because object storage
+   did (temporary: try again later; nothing is damaged). */
+bool casbox_store_error_is_temporary(struct casbox_store *store);
+
 #endif
