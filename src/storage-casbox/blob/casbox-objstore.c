@@ -95,7 +95,14 @@ casbox_objstore_common_opts(struct casbox_objstore *os,
 	unsigned int secs;
 
 	value = casbox_objstore_opt(opts, "prefix");
-	os->prefix = p_strdup(os->pool, value == NULL ? "" : value);
+	if (value == NULL || *value == '\0') {
+		/* every user's first pack is pack-00000001.cbp: without a
+		   prefix per user, users would overwrite each other */
+		*error_r = "casbox_pack_storage: prefix= is required, one per "
+			"user (e.g. prefix=%u/)";
+		return -1;
+	}
+	os->prefix = p_strdup(os->pool, value);
 	if (strchr(os->prefix, '\n') != NULL || strstr(os->prefix, "..")) {
 		*error_r = "casbox_pack_storage: invalid prefix";
 		return -1;

@@ -10,7 +10,8 @@
      s3:url=https://host/bucket,region=us-east-1,credentials=FILE,
         prefix=%u/,style=path|virtual           S3 (libcurl SigV4)
 
-   Objects are whole sealed packs, named <prefix>pack-%08u.cbp, written
+   Objects are whole sealed packs, named <prefix>pack-%08u.cbp (prefix=
+   is required and must differ per user), written
    once and never changed. Every call is synchronous and bounded by the
    driver's timeouts; errors are strings for the log, and every error is
    temporary from the caller's view (the store comes back, or an admin
@@ -57,7 +58,7 @@ struct casbox_objstore {
 	const struct casbox_objstore_vfuncs *v;
 	/* the spec without secrets, for logs: "rados:pool=casbox" */
 	const char *label;
-	/* of object names; may be "" */
+	/* of object names, one per user (required) */
 	const char *prefix;
 	/* per request, milliseconds */
 	unsigned int timeout_msecs;
