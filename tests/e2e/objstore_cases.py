@@ -220,6 +220,16 @@ class ObjstoreCases:
                                           "-u", USER).stdout)[0]
         self.assertEqual(int(stats["messages"]), len(msgs))
         self.assertGreaterEqual(int(stats["packs"]), 3)
+        # key rotation rewraps the records and appends DEK updates to the
+        # local pack; the remote packs stay as they are and still read
+        before_objects = self.remote_packs()
+        rot = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "key",
+                                        "rotate", "-u", USER).stdout)[0]
+        self.assertEqual(rot["result"], "rotated", rot)
+        for pid, data in before_objects.items():
+            self.assertEqual(self.remote_packs()[pid], data, pid)
+        self.drop_cache()
+        self.assert_bytes(msgs, self.fetch())
         # gc: expunge most big messages, then gc --all rewrites the
         # remote packs' live blobs locally and deletes their objects
         before = set(self.remote_packs())
@@ -357,6 +367,11 @@ class ObjstoreCases:
         imap.uid("STORE", "2:4", "+FLAGS", "(\\Seen)")
         imap.logout()
         self.dc.lmtp_deliver(USER, msgs[1])
+        # a rotated key: the recovery needs the DEK updates, which are
+        # in the packs too
+        rot = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "key",
+                                        "rotate", "-u", USER).stdout)[0]
+        self.assertEqual(rot["result"], "rotated", rot)
         row = self.doveadm_upload("-s")
         self.assertEqual(int(row["local_packs"]), 1, row)
         before = {}
