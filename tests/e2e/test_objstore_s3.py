@@ -71,6 +71,8 @@ class S3ObjstoreTest(ObjstoreCases, unittest.TestCase):
 
     # -- the backend --------------------------------------------------
     def spec(self, creds=None, bucket=BUCKET):
+        if getattr(self, "spec_override", None):
+            return self.spec_override
         return ("s3:url=%s/%s,credentials=%s,region=us-east-1,timeout=4,"
                 "style=path,prefix=%s%%u/" % (self.url, bucket,
                                               creds or self.creds,
@@ -142,6 +144,20 @@ class S3ObjstoreTest(ObjstoreCases, unittest.TestCase):
             self.assertNotIn("wrong-secret", r.stderr)
             self.assertNotIn(SECRET, r.stderr)
             self.assertEqual(self.local("cbp"), local)
+        self.assert_bytes(msgs, self.fetch())
+
+    def test_7_virtual_host_style(self):
+        """https://bucket.host/key URLs (curl resolves *.localhost to
+        the loopback; radosgw runs with rgw_dns_name = localhost)."""
+        self.stop()
+        self.spec_override = self.spec().replace(
+            "url=http://127.0.0.1", "url=http://localhost").replace(
+            "style=path", "style=virtual")
+        self.start()
+        msgs = make_messages(10, 15)
+        self.append(msgs, upload=True)
+        self.assert_sealed_uploaded()
+        self.drop_cache()
         self.assert_bytes(msgs, self.fetch())
 
 
