@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -66,9 +67,10 @@ class RadosObjstoreTest(ObjstoreCases, unittest.TestCase):
     # -- the backend --------------------------------------------------
     def spec(self, keyring=None, pool=None):
         return ("rados:pool=%s,mon_host=v1:127.0.0.1:%d,id=casbox,"
-                "keyring=%s,timeout=4,prefix=%s%%u/" % (
+                "keyring=%s,timeout=%d,prefix=%s%%u/" % (
                     pool or self.pool, self.ceph.port,
-                    keyring or self.keyring, self.prefix))
+                    keyring or self.keyring, getattr(self, "timeout", 4),
+                    self.prefix))
 
     def rados(self, *args, **kw):
         return subprocess.run(["rados", "-c", self.ceph.conf, "-p",
@@ -147,25 +149,32 @@ class RadosObjstoreTest(ObjstoreCases, unittest.TestCase):
         self.assert_bytes(msgs, self.fetch())
 
     def test_7_osd_killed_during_reads_and_writes(self):
-        """EC 2+1: with one OSD killed, cold reads of uploaded packs and
-        new uploads go on."""
-        msgs = make_messages(8, 15)
+        """EC 2+1: an OSD killed while a cold FETCH of uploaded packs
+        runs; the FETCH completes byte-exact (its ops to the dead OSD
+        wait until the map marks it down, then go to the other shards,
+        within the spec's timeout), and new uploads go on."""
+        self.stop()
+        self.timeout = 30
+        self.start()
+        msgs = make_messages(8, 30)
         self.append(msgs, upload=True)
         self.assert_sealed_uploaded()
         self.drop_cache()
+        result = {}
+        reader = threading.Thread(
+            target=lambda: result.setdefault("got", self.fetch()))
+        reader.start()
         self.ceph.kill_osd(2)
-        # until the map marks it down (a second or two: its peers see
-        # the refused connection), ops to it wait; then they go to the
-        # other shards: degraded reads of k=2 of 3 shards
+        reader.join(timeout=120)
+        self.assertFalse(reader.is_alive())
+        self.assert_bytes(msgs, result["got"])
         self.ceph.wait_osds_down(2)
-        self.assert_bytes(msgs, self.fetch())
         more = make_messages(9, 12)
         self.append(more, box="More", upload=True)
         self.drop_cache()
         self.assert_bytes(msgs, self.fetch())
         self.assert_bytes(more, self.fetch("More"))
         self.dc.doveadm("casbox", "scrub", "-u", USER)
-
 
 if __name__ == "__main__":
     unittest.main()
