@@ -213,6 +213,23 @@ static int frompacks_open_keys(struct doveadm_mail_cmd_context *ctx,
 	return 0;
 }
 
+/* A new server with only the key file and the object store: the packs
+   there become stubs here, and the scan reads them through the cache. */
+static int frompacks_adopt_remote(struct casbox_admin *adm,
+				  const char **error_r)
+{
+	unsigned int adopted;
+
+	if (casbox_pack_store_adopt_remote(adm->packs, &adopted,
+					   error_r) < 0)
+		return -1;
+	if (adopted > 0) {
+		i_info("casbox rebuild --from-packs: %s: %u pack(s) found "
+		       "only in object storage", adm->root_dir, adopted);
+	}
+	return 0;
+}
+
 int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 			 struct mail_user *user)
 {
@@ -227,6 +244,13 @@ int casbox_frompacks_run(struct doveadm_mail_cmd_context *ctx,
 			"casbox rebuild --from-packs", user, ret, error);
 	}
 	if (frompacks_open_keys(ctx, adm) < 0) {
+		casbox_admin_close(&adm);
+		return -1;
+	}
+	if (ret > 0 && frompacks_adopt_remote(adm, &error) < 0) {
+		i_error("casbox rebuild --from-packs: %s: %s",
+			adm->root_dir, error);
+		doveadm_mail_failed_error(ctx, MAIL_ERROR_TEMP);
 		casbox_admin_close(&adm);
 		return -1;
 	}

@@ -3,6 +3,7 @@
    directory). */
 
 #include "lib.h"
+#include "mkdir-parents.h"
 #include "array.h"
 #include "str.h"
 #include "doveadm-casbox.h"
@@ -35,6 +36,16 @@ int casbox_admin_open_root_full(const char *root_dir,
 	/* an admin command must not create a store where there is none
 	   (without the LSM: the packs are the store) */
 	lsm_dir = t_strconcat(root_dir, open_lsm ? "/lsm" : "/packs", NULL);
+	if (stat(lsm_dir, &st) < 0 && errno == ENOENT && !open_lsm &&
+	    set->pack_storage != NULL && *set->pack_storage != '\0') {
+		/* rebuild --from-packs on a new server: the packs are in
+		   object storage (casbox_pack_store_adopt_remote()) */
+		if (mkdir_parents(lsm_dir, 0700) < 0 && errno != EEXIST) {
+			*error_r = t_strdup_printf("mkdir(%s) failed: %m",
+						   lsm_dir);
+			return -1;
+		}
+	}
 	if (stat(lsm_dir, &st) < 0) {
 		if (errno == ENOENT) {
 			*error_r = t_strdup_printf("no casbox store at %s",

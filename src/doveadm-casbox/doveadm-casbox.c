@@ -171,6 +171,15 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox upload",
+		.mail_cmd = cmd_casbox_upload_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>] [-s]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('s', "seal", CMD_PARAM_BOOL, 0)
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox stats",
 		.mail_cmd = cmd_casbox_stats_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>]",

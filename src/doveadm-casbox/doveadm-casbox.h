@@ -121,6 +121,7 @@ int casbox_admin_set_keyword(struct mail_user *user, const char *keyword,
 
 /* Command allocators (one file each). */
 struct doveadm_mail_cmd_context *cmd_casbox_stats_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_upload_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_undelete_alloc(void);

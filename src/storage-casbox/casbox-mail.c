@@ -458,6 +458,17 @@ casbox_mail_open_stream(struct mail *_mail, struct istream **input_r)
 				"(casbox user key is locked)");
 			return -1;
 		}
+		if (casbox_store_error_is_temporary(store)) {
+			/* object storage down or failing: not damage, and
+			   the same FETCH works once it is back */
+			e_error(mail_event(_mail), CASBOX_LOG_PREFIX
+				"uid=%u: %s", _mail->uid, error);
+			mail_storage_set_error(_mail->box->storage,
+				MAIL_ERROR_TEMP, "Message content is in object "
+				"storage, which is unavailable now (temporary "
+				"failure, try again later)");
+			return -1;
+		}
 		if (casbox_mail_check_quarantine(_mail, store, rec) == 0) {
 			mail_set_critical(_mail, CASBOX_LOG_PREFIX"uid=%u: %s",
 					  _mail->uid, error);

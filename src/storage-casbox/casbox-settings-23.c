@@ -103,6 +103,17 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 	if (value != NULL && *value != '\0')
 		set_r->key_password = p_strdup(pool, value);
 
+	value = mail_user_plugin_getenv(user, "casbox_pack_storage");
+	if (value != NULL && *value != '\0')
+		set_r->pack_storage = p_strdup(pool, value);
+	value = mail_user_plugin_getenv(user, "casbox_pack_cache_dir");
+	if (value != NULL && *value != '\0') {
+		set_r->pack_cache_dir =
+			p_strdup(pool, mail_user_home_expand(user, value));
+	}
+	if (casbox_setting_size(user, "casbox_pack_cache_size",
+				&set_r->pack_cache_size, error_r) < 0)
+		return -1;
 	if (casbox_setting_uint(user, "casbox_zstd_level", &level,
 				error_r) < 0 ||
 	    casbox_setting_size(user, "casbox_part_split_size",

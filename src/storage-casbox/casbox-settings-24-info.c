@@ -32,6 +32,9 @@ static const struct setting_define casbox_setting_defines[] = {
 	DEF(TIME, expunge_retention),
 	DEF(BOOL, dedup),
 	DEF(ENUM, cipher),
+	DEF(STR, pack_storage),
+	DEF(STR, pack_cache_dir),
+	DEF(SIZE, pack_cache_size),
 	SETTING_DEFINE_LIST_END
 };
 
@@ -50,6 +53,9 @@ static const struct casbox_24_settings casbox_default_settings = {
 	.expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION,
 	.dedup = TRUE,
 	.cipher = "auto:aes-256-gcm:xchacha20-poly1305",
+	.pack_storage = "",
+	.pack_cache_dir = "",
+	.pack_cache_size = 0,
 };
 
 /* What 2.3's get_list_settings() vfunc filled in: the list layout's

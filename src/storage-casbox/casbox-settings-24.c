@@ -27,6 +27,13 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 		(int)src->zstd_level;
 	set_r->part_split_size = src->part_split_size;
 	set_r->pack_size = src->pack_size;
+	if (src->pack_storage[0] != '\0')
+		set_r->pack_storage = p_strdup(pool, src->pack_storage);
+	if (src->pack_cache_dir[0] != '\0') {
+		set_r->pack_cache_dir = p_strdup(pool,
+			mail_user_home_expand(user, src->pack_cache_dir));
+	}
+	set_r->pack_cache_size = src->pack_cache_size;
 	set_r->lsm_wal_size = src->lsm_wal_size;
 	set_r->gc_dead_ratio = src->gc_dead_ratio;
 	set_r->duplicate_window = src->duplicate_window;

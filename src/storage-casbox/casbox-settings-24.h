@@ -16,6 +16,9 @@ struct casbox_24_settings {
 	unsigned int zstd_level;
 	uoff_t part_split_size;
 	uoff_t pack_size;
+	const char *pack_storage;
+	const char *pack_cache_dir;
+	uoff_t pack_cache_size;
 	uoff_t lsm_wal_size;
 	unsigned int gc_dead_ratio;
 	bool cache_plaintext;

@@ -8,6 +8,7 @@
 #include <zstd.h>
 
 #define CASBOX_PACK_DEFAULT_MAX_SIZE (64ULL * 1024 * 1024)
+#define CASBOX_PACK_DEFAULT_CACHE_SIZE (1024ULL * 1024 * 1024)
 #define CASBOX_PACK_DEFAULT_ZSTD_LEVEL 3
 #define CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE (16 * 1024)
 #define CASBOX_PACK_LOCK_TIMEOUT_SECS 120
@@ -57,6 +58,18 @@ struct casbox_pack_store {
 	unsigned int free_scratch_count;
 	/* casbox_pack_store_get_bytes_appended() */
 	uint64_t bytes_appended;
+
+	/* sealed packs in object storage (casbox-pack-upload.c); NULL =
+	   all packs local */
+	struct casbox_objstore *remote;
+	const char *cache_dir;
+	/* bytes fetched since the cache bound was last checked */
+	uint64_t cache_fetched;
+	/* a sealed local pack waits for upload (checked at close) */
+	bool upload_pending;
+	/* the last remote read failed: temporary, not damage */
+	bool remote_error_temp;
+	struct casbox_pack_upload_stats upload_stats;
 };
 
 const char *casbox_pack_path(struct casbox_pack_store *store,
@@ -64,7 +77,9 @@ const char *casbox_pack_path(struct casbox_pack_store *store,
 /* Returns the dictionary or NULL if unknown. */
 const struct casbox_pack_dict *
 casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id);
-/* Sorted ids of the pack files in the directory. Returns 0 or -1. */
+/* Sorted ids of the packs in the directory: local files (.cbp) and
+   stubs of packs in object storage (.cbr), each id once. Returns 0 or
+   -1. */
 int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
 		     const char **error_r);
 

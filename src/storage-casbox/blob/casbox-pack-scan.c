@@ -6,6 +6,7 @@
 #include "array.h"
 #include "cas-crc32c.h"
 #include "casbox-pack-private.h"
+#include "casbox-pack-file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,7 +19,7 @@ struct casbox_pack_scan {
 	ARRAY_TYPE(uint32_t) ids;
 	unsigned int idx;
 
-	int fd;
+	struct casbox_pack_file *fd;
 	uint32_t pack_id;
 	char *path;
 	uint64_t offset, size;
@@ -33,7 +34,6 @@ struct casbox_pack_scan *casbox_pack_scan_init(struct casbox_pack_store *store)
 
 	scan = i_new(struct casbox_pack_scan, 1);
 	scan->store = store;
-	scan->fd = -1;
 	i_array_init(&scan->ids, 16);
 	scan->buf = i_malloc(I_MAX(CASBOX_CHUNK_MAX_STORED,
 				   CASBOX_SCAN_WINDOW));
@@ -52,11 +52,11 @@ static void casbox_pack_scan_set_error(struct casbox_pack_scan *scan,
 static bool casbox_pack_scan_read(struct casbox_pack_scan *scan, void *buf,
 				  size_t size, uint64_t offset)
 {
-	ssize_t ret = pread(scan->fd, buf, size, offset);
+	ssize_t ret = casbox_pack_file_pread(scan->fd, buf, size, offset);
 
 	if (ret < 0) {
-		casbox_pack_scan_set_error(scan, t_strdup_printf(
-			"pread(%s) failed: %m", scan->path));
+		casbox_pack_scan_set_error(scan,
+			casbox_pack_file_get_error(scan->fd));
 		return FALSE;
 	}
 	return (size_t)ret == size;
@@ -81,7 +81,7 @@ casbox_pack_scan_header_at(struct casbox_pack_scan *scan, uint64_t offset,
 	}
 	/* a frame of either version is longer than the larger header,
 	   but a version 1 header may end the pack when its frame is torn */
-	ret = pread(scan->fd, hdr, sizeof(hdr), offset);
+	ret = casbox_pack_file_pread(scan->fd, hdr, sizeof(hdr), offset);
 	return ret >= CASBOX_FRAME_HEADER_SIZE &&
 		casbox_frame_header_parse(hdr, ret, &frame, &error) == 0;
 }
@@ -96,7 +96,12 @@ static uint64_t casbox_pack_scan_resync(struct casbox_pack_scan *scan,
 	size_t i;
 
 	while (pos < scan->size) {
-		ret = pread(scan->fd, scan->buf, CASBOX_SCAN_WINDOW, pos);
+		ret = casbox_pack_file_pread(scan->fd, scan->buf,
+					     CASBOX_SCAN_WINDOW, pos);
+		if (ret < 0) {
+			casbox_pack_scan_set_error(scan,
+				casbox_pack_file_get_error(scan->fd));
+		}
 		if (ret < CASBOX_FRAME_MAGIC_SIZE)
 			break;
 		for (i = 0; i + CASBOX_FRAME_MAGIC_SIZE <= (size_t)ret; i++) {
@@ -226,10 +231,10 @@ casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 
 	info_r->pack_id = scan->pack_id;
 	info_r->offset = scan->offset;
-	ret = pread(scan->fd, buf, sizeof(buf), scan->offset);
+	ret = casbox_pack_file_pread(scan->fd, buf, sizeof(buf), scan->offset);
 	if (ret < 0) {
-		casbox_pack_scan_set_error(scan, t_strdup_printf(
-			"pread(%s) failed: %m", scan->path));
+		casbox_pack_scan_set_error(scan,
+			casbox_pack_file_get_error(scan->fd));
 		ret = 0;
 	}
 	if (ret >= CASBOX_FRAME_MAGIC_SIZE &&
@@ -273,21 +278,28 @@ static bool casbox_pack_scan_open_next(struct casbox_pack_scan *scan,
 	unsigned char hdr[CASBOX_PACK_HEADER_SIZE];
 	const char *error;
 	uint32_t pack_id;
-	struct stat st;
+	int ret;
 
 	scan->pack_id = *array_idx(&scan->ids, scan->idx);
 	scan->idx++;
-	i_free(scan->path);
-	scan->path = i_strdup(casbox_pack_path(scan->store, scan->pack_id));
-	scan->fd = open(scan->path, O_RDONLY | O_CLOEXEC);
-	if (scan->fd == -1 || fstat(scan->fd, &st) < 0) {
-		casbox_pack_scan_set_error(scan, t_strdup_printf(
-			"open(%s) failed: %m", scan->path));
-		if (scan->fd != -1)
-			i_close_fd(&scan->fd);
+	ret = casbox_pack_file_open(scan->store, scan->pack_id, &scan->fd,
+				    &error);
+	if (ret == 0) {
+		/* gc deleted it since the listing */
 		return FALSE;
 	}
-	scan->size = st.st_size;
+	if (ret < 0) {
+		casbox_pack_scan_set_error(scan, error);
+		return FALSE;
+	}
+	i_free(scan->path);
+	scan->path = i_strdup(casbox_pack_file_get_name(scan->fd));
+	if (casbox_pack_file_get_size(scan->fd, &scan->size) < 0) {
+		casbox_pack_scan_set_error(scan,
+			casbox_pack_file_get_error(scan->fd));
+		casbox_pack_file_close(&scan->fd);
+		return FALSE;
+	}
 	scan->offset = CASBOX_PACK_HEADER_SIZE;
 	if (!casbox_pack_scan_read(scan, hdr, sizeof(hdr), 0))
 		error = "pack header truncated";
@@ -314,7 +326,7 @@ bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
 	i_zero(info_r);
 	i_free(scan->damage);
 	for (;;) {
-		if (scan->fd == -1) {
+		if (scan->fd == NULL) {
 			if (scan->idx >= array_count(&scan->ids))
 				return FALSE;
 			T_BEGIN {
@@ -325,7 +337,7 @@ bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
 			continue;
 		}
 		if (scan->offset >= scan->size) {
-			i_close_fd(&scan->fd);
+			casbox_pack_file_close(&scan->fd);
 			continue;
 		}
 		T_BEGIN {
@@ -342,8 +354,7 @@ int casbox_pack_scan_deinit(struct casbox_pack_scan **_scan,
 	int ret = 0;
 
 	*_scan = NULL;
-	if (scan->fd != -1)
-		i_close_fd(&scan->fd);
+	casbox_pack_file_close(&scan->fd);
 	if (scan->error != NULL) {
 		*error_r = t_strdup(scan->error);
 		ret = -1;

@@ -14,7 +14,9 @@
 #include "byteorder.h"
 #include "cas-crc32c.h"
 #include "cas-durable.h"
+#include "casbox-objstore.h"
 #include "casbox-pack-private.h"
+#include "casbox-pack-file.h"
 
 #include <sodium.h>
 #include <dirent.h>
@@ -131,6 +133,17 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE;
 	}
 	store->keyring = keyring;
+	store->set.storage = NULL;
+	store->set.cache_dir = NULL;
+	store->cache_dir = p_strdup(pool, set->cache_dir != NULL ?
+		set->cache_dir : t_strconcat(set->dir, "/cache", NULL));
+	if (store->set.cache_size == 0)
+		store->set.cache_size = CASBOX_PACK_DEFAULT_CACHE_SIZE;
+	if (casbox_objstore_create(set->storage, &store->remote,
+				   error_r) < 0) {
+		pool_unref(&pool);
+		return -1;
+	}
 	i_array_init(&store->dicts, 4);
 	store->cctx = ZSTD_createCCtx();
 	store->dctx = ZSTD_createDCtx();
@@ -162,6 +175,18 @@ void casbox_pack_store_close(struct casbox_pack_store **_store)
 		return;
 	*_store = NULL;
 	i_assert(store->txn == NULL);
+	if (store->upload_pending) T_BEGIN {
+		const char *error;
+
+		/* deliveries go on locally; the next close or doveadm
+		   casbox upload tries again */
+		if (casbox_pack_store_upload(store, FALSE, &error) < 0) {
+			i_warning("casbox: uploading sealed packs of %s "
+				  "failed (kept locally, retried later): %s",
+				  store->set.dir, error);
+		}
+	} T_END;
+	casbox_objstore_destroy(&store->remote);
 	casbox_pack_dicts_free(store);
 	casbox_blob_scratch_free_all(store);
 	array_free(&store->dicts);
@@ -181,7 +206,8 @@ int casbox_pack_list(struct casbox_pack_store *store,
 		     ARRAY_TYPE(uint32_t) *ids, const char **error_r)
 {
 	struct dirent *d;
-	unsigned int id;
+	unsigned int id, count, local = 0;
+	const uint32_t *ids_arr;
 	char end;
 	DIR *dir;
 
@@ -193,8 +219,12 @@ int casbox_pack_list(struct casbox_pack_store *store,
 	}
 	while ((d = readdir(dir)) != NULL) {
 		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) == 2 &&
-		    end == 'p' && strlen(d->d_name) == 17 && id > 0)
+		    (end == 'p' || end == 'r') && strlen(d->d_name) == 17 &&
+		    id > 0) {
 			array_push_back(ids, &id);
+			if (end == 'p')
+				local++;
+		}
 	}
 	if (closedir(dir) < 0) {
 		*error_r = t_strdup_printf("closedir(%s) failed: %m",
@@ -202,6 +232,18 @@ int casbox_pack_list(struct casbox_pack_store *store,
 		return -1;
 	}
 	array_sort(ids, uint32_cmp);
+	/* a pack mid-upload has both names: once */
+	ids_arr = array_get(ids, &count);
+	for (unsigned int i = 1; i < count; ) {
+		if (ids_arr[i] == ids_arr[i - 1]) {
+			array_delete(ids, i, 1);
+			ids_arr = array_get(ids, &count);
+		} else {
+			i++;
+		}
+	}
+	if (local > 1 && store->remote != NULL)
+		store->upload_pending = TRUE;
 	return 0;
 }
 
@@ -243,6 +285,8 @@ casbox_pack_create(struct casbox_pack_txn *txn, uint32_t pack_id,
 	txn->pack_version = CASBOX_PACK_VERSION;
 	txn->start_offset = txn->offset = CASBOX_PACK_HEADER_SIZE;
 	store->last_pack_id = pack_id;
+	if (store->remote != NULL && pack_id > 1)
+		store->upload_pending = TRUE;
 	return 0;
 }
 
@@ -289,6 +333,11 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 
 	path = casbox_pack_path(store, id);
 	txn->fd = store->io->open(path, O_RDWR | O_CLOEXEC, 0);
+	if (txn->fd == -1 && errno == ENOENT) {
+		/* the newest pack is in object storage (a new server after
+		   rebuild --from-packs): never append to a sealed pack */
+		return casbox_pack_create(txn, id + 1, error_r);
+	}
 	if (txn->fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
@@ -919,25 +968,23 @@ int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
 {
 	unsigned char hdr_buf[CASBOX_META_HEADER_SIZE];
 	struct casbox_meta_header hdr;
-	const char *path = casbox_pack_path(store, pack_id);
+	struct casbox_pack_file *pf;
+	const char *path;
 	size_t body_size;
 	unsigned char *body;
 	ssize_t ret;
-	int fd;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+	if (casbox_pack_file_open(store, pack_id, &pf, error_r) <= 0)
 		return -1;
-	}
-	ret = pread(fd, hdr_buf, sizeof(hdr_buf), offset);
+	path = casbox_pack_file_get_name(pf);
+	ret = casbox_pack_file_pread(pf, hdr_buf, sizeof(hdr_buf), offset);
 	if (ret < 0) {
-		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
-		i_close_fd(&fd);
+		*error_r = t_strdup(casbox_pack_file_get_error(pf));
+		casbox_pack_file_close(&pf);
 		return -1;
 	}
 	if (casbox_meta_header_parse(hdr_buf, ret, &hdr, error_r) < 0) {
-		i_close_fd(&fd);
+		casbox_pack_file_close(&pf);
 		return -1;
 	}
 	if (hdr.version != casbox_pack_meta_version(store)) {
@@ -950,17 +997,19 @@ int casbox_pack_meta_read(struct casbox_pack_store *store, uint32_t pack_id,
 			"meta frame sealed with a server key (version 1, "
 			"casbox_key_mode=server), but the store uses a "
 			"password-mode user key";
-		i_close_fd(&fd);
+		casbox_pack_file_close(&pf);
 		return -1;
 	}
 	body_size = hdr.frame_size - CASBOX_META_HEADER_SIZE;
 	body = buffer_append_space_unsafe(sealed_r, body_size);
-	ret = pread(fd, body, body_size, offset + CASBOX_META_HEADER_SIZE);
+	ret = casbox_pack_file_pread(pf, body, body_size,
+				     offset + CASBOX_META_HEADER_SIZE);
 	if (ret < 0)
-		*error_r = t_strdup_printf("pread(%s) failed: %m", path);
+		*error_r = t_strdup(casbox_pack_file_get_error(pf));
 	else if ((size_t)ret != body_size)
-		*error_r = "meta frame: body truncated";
-	i_close_fd(&fd);
+		*error_r = t_strdup_printf("%s: meta frame: body truncated",
+					   path);
+	casbox_pack_file_close(&pf);
 	if (ret < 0 || (size_t)ret != body_size ||
 	    casbox_meta_body_check(&hdr, body, body_size, error_r) < 0) {
 		buffer_set_used_size(sealed_r, sealed_r->used - body_size);
@@ -1007,16 +1056,17 @@ void casbox_pack_txn_rollback(struct casbox_pack_txn **_txn)
 
 /* Read exactly size bytes at offset. Returns 0 ok, -1 error or EOF. */
 static int
-casbox_pack_pread_exact(int fd, const char *path, void *buf, size_t size,
-			uint64_t offset, const char **error_r)
+casbox_pack_pread_exact(struct casbox_pack_file *pf, const char *path,
+			void *buf, size_t size, uint64_t offset,
+			const char **error_r)
 {
-	int ret = pread_full(fd, buf, size, offset);
+	ssize_t ret = casbox_pack_file_pread(pf, buf, size, offset);
 
 	if (ret < 0) {
-		*error_r = t_strdup_printf("read(%s) failed: %m", path);
+		*error_r = t_strdup(casbox_pack_file_get_error(pf));
 		return -1;
 	}
-	if (ret == 0) {
+	if ((size_t)ret != size) {
 		*error_r = t_strdup_printf("read(%s): frame truncated at "
 					   "%"PRIu64, path, offset);
 		return -1;
@@ -1025,7 +1075,8 @@ casbox_pack_pread_exact(int fd, const char *path, void *buf, size_t size,
 }
 
 static int
-casbox_pack_copy_frame_body(struct casbox_pack_txn *txn, int src_fd,
+casbox_pack_copy_frame_body(struct casbox_pack_txn *txn,
+			    struct casbox_pack_file *src_fd,
 			    const char *src_path,
 			    const struct cas_blob_id *id,
 			    const struct casbox_blob_record *src_rec,
@@ -1116,24 +1167,23 @@ int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
 			       struct casbox_blob_record *rec_r,
 			       const char **error_r)
 {
+	struct casbox_pack_file *src_fd;
 	const char *src_path;
 	uint64_t frame_off;
-	int src_fd, ret;
+	int ret;
 
 	*rec_r = *src_rec;
 	if (txn->offset >= txn->store->set.max_pack_size &&
 	    casbox_pack_rotate(txn, error_r) < 0)
 		return -1;
-	src_path = casbox_pack_path(txn->store, src_rec->pack_id);
-	src_fd = open(src_path, O_RDONLY | O_CLOEXEC);
-	if (src_fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", src_path);
+	if (casbox_pack_file_open(txn->store, src_rec->pack_id, &src_fd,
+				  error_r) <= 0)
 		return -1;
-	}
+	src_path = t_strdup(casbox_pack_file_get_name(src_fd));
 	frame_off = txn->offset;
 	ret = casbox_pack_copy_frame_body(txn, src_fd, src_path, id, src_rec,
 					  frame_off, error_r);
-	i_close_fd(&src_fd);
+	casbox_pack_file_close(&src_fd);
 	if (ret < 0) {
 		/* drop the partial frame; we hold the lock */
 		if (txn->store->io->ftruncate(txn->fd, frame_off) < 0) {
@@ -1147,4 +1197,47 @@ int casbox_pack_txn_copy_frame(struct casbox_pack_txn *txn,
 	txn->offset = frame_off + src_rec->frame_size;
 	txn->store->bytes_appended += src_rec->frame_size;
 	return 1;
+}
+
+int casbox_pack_store_pack_size(struct casbox_pack_store *store,
+				uint32_t pack_id, uint64_t *size_r,
+				bool *remote_r, const char **error_r)
+{
+	struct casbox_pack_stub stub;
+	struct stat st;
+	int ret;
+
+	*remote_r = FALSE;
+	if (stat(casbox_pack_path(store, pack_id), &st) == 0) {
+		*size_r = st.st_size;
+		return 1;
+	}
+	if (errno != ENOENT) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m",
+					   casbox_pack_path(store, pack_id));
+		return -1;
+	}
+	ret = casbox_pack_stub_read(casbox_pack_stub_path(store, pack_id),
+				    &stub, error_r);
+	if (ret <= 0)
+		return ret;
+	*size_r = stub.size;
+	*remote_r = TRUE;
+	return 1;
+}
+
+int casbox_pack_store_seal_current(struct casbox_pack_store *store,
+				   const char **error_r)
+{
+	uint64_t max_size = store->set.max_pack_size;
+	struct casbox_pack_txn *txn;
+	int ret;
+
+	/* a pack with any frame counts as full: begin starts the next */
+	store->set.max_pack_size = CASBOX_PACK_HEADER_SIZE + 1;
+	ret = casbox_pack_txn_begin(store, &txn, error_r);
+	store->set.max_pack_size = max_size;
+	if (ret > 0)
+		ret = casbox_pack_txn_commit(&txn, error_r);
+	return ret < 0 ? -1 : 0;
 }

@@ -59,7 +59,55 @@ struct casbox_pack_settings {
 	   fails if the cipher asked for is not available. Frames of
 	   every cipher are read whatever this says. */
 	enum cas_aead_cipher cipher;
+	/* casbox_pack_storage: where sealed packs go (casbox-objstore.h);
+	   NULL, "" or "local" = they stay in dir */
+	const char *storage;
+	/* local read cache of packs in object storage: directory
+	   (NULL = <dir>/cache) and bound (0 = 1 GiB) */
+	const char *cache_dir;
+	uint64_t cache_size;
 };
+
+/* What uploads of this store did (casbox-pack-upload.c). */
+struct casbox_pack_upload_stats {
+	unsigned int packs;
+	uint64_t bytes;
+};
+
+/* Upload every sealed local pack to object storage (verify, stub,
+   unlink local; doc/casbox-storage.md "Packs in object storage").
+   Without force, skips while an earlier failure's backoff lasts; skips
+   when another process is uploading. Closing a store with a pending
+   sealed pack calls this (failures become a warning). Returns 1 done,
+   0 nothing to do or skipped, -1 error (everything stays local). */
+int casbox_pack_store_upload(struct casbox_pack_store *store, bool force,
+			     const char **error_r);
+/* Start a new pack if the one appends go to holds any frame, so that
+   every pack written so far is sealed (doveadm casbox upload -s).
+   Returns 0 ok, -1 error. */
+int casbox_pack_store_seal_current(struct casbox_pack_store *store,
+				   const char **error_r);
+const struct casbox_pack_upload_stats *
+casbox_pack_store_get_upload_stats(struct casbox_pack_store *store);
+bool casbox_pack_store_has_remote(struct casbox_pack_store *store);
+/* TRUE when the last failed read was object storage failing
+   (temporary: nothing is damaged). */
+bool casbox_pack_store_error_is_temporary(struct casbox_pack_store *store);
+/* Delete pack pack_id wherever it is (gc, after its blobs moved).
+   Returns 0 ok (also when already gone), -1 error. */
+int casbox_pack_store_delete_pack(struct casbox_pack_store *store,
+				  uint32_t pack_id, const char **error_r);
+/* Make a stub for every pack in object storage that this directory
+   does not know (rebuild --from-packs on a new server). Returns 1 ok,
+   0 no object storage, -1 error. */
+int casbox_pack_store_adopt_remote(struct casbox_pack_store *store,
+				   unsigned int *adopted_r,
+				   const char **error_r);
+/* Size of pack pack_id, local or remote. Returns 1 ok, 0 no such
+   pack, -1 error. */
+int casbox_pack_store_pack_size(struct casbox_pack_store *store,
+				uint32_t pack_id, uint64_t *size_r,
+				bool *remote_r, const char **error_r);
 
 /* Returns 1 ok, -1 error. Loads the dictionaries (sealed with the
    keyring's index key). */

@@ -12,6 +12,7 @@
 #include "lib.h"
 #include "istream-private.h"
 #include "casbox-pack-private.h"
+#include "casbox-pack-file.h"
 
 #include <sodium.h>
 #include <fcntl.h>
@@ -25,7 +26,7 @@ struct casbox_blob_istream {
 	struct casbox_blob_record rec;
 	char *path;
 
-	int fd;
+	struct casbox_pack_file *pf;
 	bool opened, failed;
 	const struct casbox_pack_dict *dict;
 	struct casbox_frame_header hdr;
@@ -154,10 +155,11 @@ casbox_blob_pread(struct casbox_blob_istream *bstream, void *buf,
 {
 	ssize_t ret;
 
-	ret = pread(bstream->fd, buf, size, bstream->rec.offset + frame_offset);
+	ret = casbox_pack_file_pread(bstream->pf, buf, size,
+				     bstream->rec.offset + frame_offset);
 	if (ret < 0) {
-		return casbox_blob_error(bstream, "pread() failed: %s",
-					 strerror(errno));
+		return casbox_blob_error(bstream, "%s",
+			casbox_pack_file_get_error(bstream->pf));
 	}
 	if ((size_t)ret != size) {
 		return casbox_blob_error(bstream,
@@ -270,30 +272,27 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	/* any frame is longer than the larger header */
 	unsigned char hdr[CASBOX_FRAME_HEADER_MAX_SIZE], *table;
 	const char *error;
-	struct stat st;
+	uint64_t pack_size;
 	size_t table_size;
 	int ret;
 
 	bstream->opened = TRUE;
-	if (bstream->fd == -1)
-		bstream->fd = open(bstream->path, O_RDONLY | O_CLOEXEC);
-	if (bstream->fd == -1) {
-		return casbox_blob_error(bstream, "open() failed: %s",
-					 strerror(errno));
-	}
+	if (bstream->pf == NULL &&
+	    casbox_pack_file_open(bstream->store, bstream->rec.pack_id,
+				  &bstream->pf, &error) <= 0)
+		return casbox_blob_error(bstream, "%s", error);
 	if (bstream->rec.frame_size <= CASBOX_BLOB_SMALL_FRAME)
 		return casbox_blob_open_small_frame(bstream);
-	if (fstat(bstream->fd, &st) < 0) {
-		return casbox_blob_error(bstream, "fstat() failed: %s",
-					 strerror(errno));
+	if (casbox_pack_file_get_size(bstream->pf, &pack_size) < 0) {
+		return casbox_blob_error(bstream, "%s",
+			casbox_pack_file_get_error(bstream->pf));
 	}
 	/* before sizing anything by the frame: it must fit in the pack */
-	if ((uint64_t)st.st_size < bstream->rec.offset ||
-	    (uint64_t)st.st_size - bstream->rec.offset <
-	    bstream->rec.frame_size) {
+	if (pack_size < bstream->rec.offset ||
+	    pack_size - bstream->rec.offset < bstream->rec.frame_size) {
 		return casbox_blob_error(bstream,
-			"pack truncated (size %lld, frame ends at %"PRIu64")",
-			(long long)st.st_size,
+			"pack truncated (size %"PRIu64", frame ends at %"PRIu64")",
+			pack_size,
 			bstream->rec.offset + bstream->rec.frame_size);
 	}
 	if (casbox_blob_pread(bstream, hdr, sizeof(hdr), 0) < 0)
@@ -517,19 +516,19 @@ static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
 	struct casbox_blob_istream *bstream =
 		(struct casbox_blob_istream *)stream;
 
-	if (bstream->fd != -1)
-		i_close_fd(&bstream->fd);
+	casbox_pack_file_close(&bstream->pf);
 	casbox_blob_release(bstream, FALSE);
 	i_free(bstream->chunks);
 	i_free(bstream->path);
 	i_stream_free_buffer(&bstream->istream);
 }
 
-/* fd: the pack, opened already, or -1 to open it at the first read */
+/* pf: the pack, opened already, or NULL to open it at the first read */
 static struct istream *
 casbox_blob_istream_create(struct casbox_pack_store *store,
 			   const struct cas_blob_id *id,
-			   const struct casbox_blob_record *rec, int fd)
+			   const struct casbox_blob_record *rec,
+			   struct casbox_pack_file *pf)
 {
 	struct casbox_blob_istream *bstream;
 	struct istream *input;
@@ -539,7 +538,7 @@ casbox_blob_istream_create(struct casbox_pack_store *store,
 	bstream->id = *id;
 	bstream->rec = *rec;
 	bstream->path = i_strdup(casbox_pack_path(store, rec->pack_id));
-	bstream->fd = fd;
+	bstream->pf = pf;
 	bstream->cur_chunk = UINT32_MAX;
 
 	bstream->istream.max_buffer_size = CASBOX_CHUNK_SIZE;
@@ -564,7 +563,7 @@ casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,
 		      const struct casbox_blob_record *rec)
 {
-	return casbox_blob_istream_create(store, id, rec, -1);
+	return casbox_blob_istream_create(store, id, rec, NULL);
 }
 
 int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
@@ -573,19 +572,28 @@ int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
 				 struct istream **input_r,
 				 const char **error_r)
 {
-	const char *path = casbox_pack_path(store, rec->pack_id);
-	int fd;
+	struct casbox_pack_file *pf;
+	const char *error;
+	int ret;
 
 	*input_r = NULL;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd == -1) {
-		int open_errno = errno;
-
-		*error_r = t_strdup_printf("blob %s: open(%s) failed: %s",
-					   cas_blob_id_to_hex(id), path,
-					   strerror(open_errno));
-		return open_errno == ENOENT ? 0 : -1;
+	store->remote_error_temp = FALSE;
+	ret = casbox_pack_file_open(store, rec->pack_id, &pf, &error);
+	if (ret <= 0) {
+		*error_r = t_strdup_printf("blob %s: %s",
+					   cas_blob_id_to_hex(id), error);
+		return ret;
 	}
-	*input_r = casbox_blob_istream_create(store, id, rec, fd);
+	/* a pack in object storage: the frame into the cache now, so a
+	   store that is down fails the open (a clear temporary error)
+	   rather than the stream half way, and gc deleting the object
+	   later cannot take the bytes from this stream */
+	if (casbox_pack_file_prefetch(pf, rec->offset, rec->frame_size) < 0) {
+		*error_r = t_strdup_printf("blob %s: %s",
+			cas_blob_id_to_hex(id), casbox_pack_file_get_error(pf));
+		casbox_pack_file_close(&pf);
+		return -1;
+	}
+	*input_r = casbox_blob_istream_create(store, id, rec, pf);
 	return 1;
 }

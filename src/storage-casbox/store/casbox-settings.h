@@ -41,6 +41,13 @@ struct casbox_settings {
 	uoff_t part_split_size;
 	/* Packs rotate past this size. */
 	uoff_t pack_size;
+	/* casbox_pack_storage: where sealed packs go (dir:/rados:/s3:...,
+	   blob/casbox-objstore.h); NULL = they stay local. */
+	const char *pack_storage;
+	/* Read cache of packs in object storage: directory (NULL =
+	   <root>/packs/cache) and bound (0 = 1 GiB). */
+	const char *pack_cache_dir;
+	uoff_t pack_cache_size;
 	/* gc rewrites a pack when this percentage of it is dead. */
 	unsigned int gc_dead_ratio;
 	/* The LSM's WAL is flushed to a sorted table past this size

@@ -13,6 +13,7 @@
 #include "casbox-store-census.h"
 #include "casbox-store-safety.h"
 #include "casbox-store-quarantine.h"
+#include "casbox-pack-file.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -470,6 +471,8 @@ int casbox_census_list_packs(const char *root_dir, pool_t pool,
 {
 	const char *dir_path = t_strconcat(root_dir, "/packs", NULL);
 	struct casbox_census_pack *pack;
+	struct casbox_pack_stub stub;
+	const char *error;
 	struct dirent *d;
 	struct stat st;
 	unsigned int id;
@@ -487,9 +490,19 @@ int casbox_census_list_packs(const char *root_dir, pool_t pool,
 	/* same naming rule as the pack store (doc/casbox-format.md) */
 	while ((d = readdir(dir)) != NULL) {
 		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) != 2 ||
-		    end != 'p' || strlen(d->d_name) != 17 || id == 0)
+		    (end != 'p' && end != 'r') || strlen(d->d_name) != 17 ||
+		    id == 0)
 			continue;
-		if (stat(casbox_census_pack_path(root_dir, id), &st) < 0)
+		if (end == 'r') {
+			/* uploaded to object storage (blob/casbox-pack-file.h);
+			   counted once, under its local name if that remains */
+			if (stat(casbox_census_pack_path(root_dir, id), &st) == 0 ||
+			    casbox_pack_stub_read(t_strdup_printf(
+					"%s/%s", dir_path, d->d_name),
+					&stub, &error) <= 0)
+				continue;
+			st.st_size = stub.size;
+		} else if (stat(casbox_census_pack_path(root_dir, id), &st) < 0)
 			continue;
 		pack = array_append_space(packs);
 		pack->pack_id = id;

@@ -913,18 +913,14 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 {
 	const char *dir = t_strconcat(gc->root_dir, "/packs", NULL);
 	const struct casbox_gc_pack *cand;
-	const char *path;
 
 	array_foreach(&gc->candidates, cand) {
 		if (cand->keep)
 			continue;
-		path = casbox_census_pack_path(gc->root_dir,
-					       cand->pack->pack_id);
-		if (unlink(path) < 0 && errno != ENOENT) {
-			*error_r = t_strdup_printf("unlink(%s) failed: %m",
-						   path);
+		/* local file, or the object and stub of an uploaded pack */
+		if (casbox_pack_store_delete_pack(gc->packs,
+				cand->pack->pack_id, error_r) < 0)
 			return -1;
-		}
 		gc->packs_deleted++;
 	}
 	if (gc->packs_deleted == 0 || !casbox_store_get_fsync(gc->store))

@@ -355,6 +355,7 @@ static void casbox_store_pack_settings(struct casbox_store *store,
 	set_r->zstd_level = store->set->zstd_level;
 	/* new frames (also gc's re-encoding) use the user's casbox_cipher */
 	set_r->cipher = store->set->cipher;
+	casbox_store_pack_set_storage(store->set, set_r);
 }
 
 int casbox_store_pack_rotate(struct casbox_store *store, const char **error_r)
@@ -1687,4 +1688,18 @@ bool casbox_store_get_fsync(struct casbox_store *store)
 enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store)
 {
 	return store->lock_method;
+}
+
+void casbox_store_pack_set_storage(const struct casbox_settings *set,
+				   struct casbox_pack_settings *pack_set)
+{
+	pack_set->storage = set->pack_storage;
+	pack_set->cache_dir = set->pack_cache_dir;
+	pack_set->cache_size = set->pack_cache_size;
+}
+
+bool casbox_store_error_is_temporary(struct casbox_store *store)
+{
+	return store->packs != NULL &&
+		casbox_pack_store_error_is_temporary(store->packs);
 }

@@ -324,5 +324,13 @@ const struct casbox_settings *
 casbox_store_get_settings(struct casbox_store *store);
 bool casbox_store_get_fsync(struct casbox_store *store);
 enum file_lock_method casbox_store_get_lock_method(struct casbox_store *store);
+/* The object-storage settings of set into pack_set (the pack store's
+   casbox_pack_storage, cache dir and size). */
+struct casbox_pack_settings;
+void casbox_store_pack_set_storage(const struct casbox_settings *set,
+				   struct casbox_pack_settings *pack_set);
+/* TRUE if the last failed message open failed because object storage
+   did (temporary: try again later; nothing is damaged). */
+bool casbox_store_error_is_temporary(struct casbox_store *store);
 
 #endif
