@@ -12,6 +12,7 @@
 #include "casbox-storage.h"
 #include "casbox-store.h"
 #include "casbox-store-frompacks.h"
+#include "casbox-store-objstore.h"
 #include "doveadm-casbox.h"
 
 #include <sysexits.h>
@@ -220,8 +221,7 @@ static int frompacks_adopt_remote(struct casbox_admin *adm,
 {
 	unsigned int adopted;
 
-	if (casbox_pack_store_adopt_remote(adm->packs, &adopted,
-					   error_r) < 0)
+	if (casbox_store_adopt_remote(adm->store, &adopted, error_r) < 0)
 		return -1;
 	if (adopted > 0) {
 		i_info("casbox rebuild --from-packs: %s: %u pack(s) found "

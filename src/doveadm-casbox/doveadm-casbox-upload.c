@@ -7,6 +7,7 @@
 #include "mail-user.h"
 #include "doveadm-print.h"
 #include "doveadm-mail.h"
+#include "casbox-store-objstore.h"
 #include "doveadm-casbox.h"
 #include "doveadm-casbox-dovecot.h"
 
@@ -19,32 +20,13 @@ struct casbox_upload_cmd_context {
 
 static void casbox_upload_print(struct casbox_admin *adm)
 {
-	const struct casbox_pack_upload_stats *stats =
-		casbox_pack_store_get_upload_stats(adm->packs);
-	ARRAY_TYPE(casbox_census_pack) packs;
-	const struct casbox_census_pack *pack;
-	unsigned int local = 0, remote = 0;
-	uint64_t size;
-	const char *error;
-	bool is_remote;
+	struct casbox_store_upload_summary sum;
 
-	if (casbox_census_list_packs(adm->root_dir, pool_datastack_create(),
-				     &packs, &error) == 0) {
-		array_foreach(&packs, pack) {
-			if (casbox_pack_store_pack_size(adm->packs,
-					pack->pack_id, &size, &is_remote,
-					&error) <= 0)
-				continue;
-			if (is_remote)
-				remote++;
-			else
-				local++;
-		}
-	}
-	doveadm_print_num(stats->packs);
-	doveadm_print_num(stats->bytes);
-	doveadm_print_num(local);
-	doveadm_print_num(remote);
+	casbox_store_upload_summary(adm->store, adm->root_dir, &sum);
+	doveadm_print_num(sum.uploaded_packs);
+	doveadm_print_num(sum.uploaded_bytes);
+	doveadm_print_num(sum.local_packs);
+	doveadm_print_num(sum.remote_packs);
 }
 
 static int
@@ -69,7 +51,7 @@ cmd_casbox_upload_run(struct doveadm_mail_cmd_context *ctx,
 		casbox_admin_close(&adm);
 		return -1;
 	}
-	if (!casbox_pack_store_has_remote(adm->packs)) {
+	if (!casbox_store_has_remote(adm->store)) {
 		i_error("casbox upload: %s: casbox_pack_storage is not set "
 			"(packs stay local)", adm->root_dir);
 		doveadm_mail_failed_error(ctx, MAIL_ERROR_PARAMS);
@@ -77,12 +59,7 @@ cmd_casbox_upload_run(struct doveadm_mail_cmd_context *ctx,
 		return -1;
 	}
 	T_BEGIN {
-		ret = !cctx->seal ? 0 :
-			casbox_pack_store_seal_current(adm->packs, &error);
-		if (ret >= 0) {
-			ret = casbox_pack_store_upload(adm->packs, TRUE,
-						       &error);
-		}
+		ret = casbox_store_upload(adm->store, cctx->seal, &error);
 		if (ret < 0) {
 			i_error("casbox upload: %s: %s (the packs stay local; "
 				"retried later)", adm->root_dir, error);
