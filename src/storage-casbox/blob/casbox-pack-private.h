@@ -42,6 +42,8 @@ struct casbox_pack_store {
 	/* set.io, or cas_io_posix */
 	const struct cas_io *io;
 	const struct cas_keyring *keyring;
+	/* how meta records are sealed: the key mode's (casbox-pack.c) */
+	const struct casbox_meta_sealer *meta;
 
 	ARRAY(struct casbox_pack_dict) dicts;
 	uint32_t cur_dict_id; /* 0 = none */

@@ -105,6 +105,10 @@ static void pack_close_fd(struct casbox_pack_store *store, int *fd)
 	*fd = -1;
 }
 
+struct casbox_meta_sealer;
+static const struct casbox_meta_sealer *
+casbox_pack_meta_sealer_for(const struct cas_keyring *keyring);
+
 int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			   const struct cas_keyring *keyring,
 			   struct casbox_pack_store **store_r,
@@ -133,6 +137,7 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE;
 	}
 	store->keyring = keyring;
+	store->meta = casbox_pack_meta_sealer_for(keyring);
 	store->set.storage = NULL;
 	store->set.cache_dir = NULL;
 	store->cache_dir = p_strdup(pool, set->cache_dir != NULL ?
@@ -718,71 +723,109 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 	return ret;
 }
 
-/* The meta frame version a store writes and reads: its key mode's. */
-static uint8_t casbox_pack_meta_version(struct casbox_pack_store *store)
-{
-	return cas_keyring_get_userkey(store->keyring) != NULL ?
-		CASBOX_META_VERSION_USERKEY : CASBOX_META_VERSION;
-}
+/* Meta records are sealed one way per key mode, chosen once when the
+   pack store opens (casbox_pack_meta_sealer_for()): with the server
+   key's record key (meta version 1), or to the user key's public key
+   in password mode, where LMTP has only that (version 2: the body is a
+   locator, then a box). No function below asks which mode it is in. */
+struct casbox_meta_sealer {
+	/* the meta frame version this mode writes and reads */
+	uint8_t version;
+	int (*seal)(const struct cas_keyring *keyring, const void *aad,
+		    size_t aad_size, const unsigned char *locator,
+		    const void *plain, size_t size, buffer_t *sealed,
+		    const char **error_r);
+	int (*open)(const struct cas_keyring *keyring,
+		    enum casbox_meta_kind kind, const void *sealed,
+		    size_t size, buffer_t *plain_r, const char **error_r);
+	/* 0 = meta records of this mode carry no locator */
+	int (*locator)(const void *sealed, size_t size,
+		       unsigned char locator_r[CASBOX_META_LOCATOR_SIZE]);
+	void (*locator_make)(const struct cas_keyring *keyring,
+			     const void *data, size_t size,
+			     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE]);
+	/* verify without the secret key (0 = nothing to verify) */
+	int (*verify)(const struct cas_keyring *keyring,
+		      enum casbox_meta_kind kind, const void *sealed,
+		      size_t size, const char **error_r);
+};
 
 static const unsigned char casbox_meta_no_locator[CASBOX_META_LOCATOR_SIZE];
 
-int casbox_pack_meta_seal(struct casbox_pack_store *store,
-			  enum casbox_meta_kind kind,
-			  const unsigned char *locator,
-			  const void *plain, size_t size, buffer_t *sealed,
-			  const char **error_r)
+static int
+meta_server_seal(const struct cas_keyring *keyring, const void *aad,
+		 size_t aad_size, const unsigned char *locator ATTR_UNUSED,
+		 const void *plain, size_t size, buffer_t *sealed,
+		 const char **error_r ATTR_UNUSED)
 {
-	const struct cas_userkey *userkey =
-		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
-	size_t aad_size, start = sealed->used;
+	cas_record_seal(keyring, aad, aad_size, plain, size, sealed);
+	return 1;
+}
 
-	if (locator == NULL)
-		locator = casbox_meta_no_locator;
-	aad_size = casbox_meta_aad(casbox_pack_meta_version(store), kind,
-				   locator, aad);
-	if (userkey == NULL) {
-		cas_record_seal(store->keyring, aad, aad_size, plain, size,
-				sealed);
-		return 1;
-	}
-	/* password mode: LMTP has only the public key */
+static int
+meta_server_open(const struct cas_keyring *keyring,
+		 enum casbox_meta_kind kind, const void *sealed, size_t size,
+		 buffer_t *plain_r, const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	size_t aad_size;
+
+	aad_size = casbox_meta_aad(CASBOX_META_VERSION, kind, NULL, aad);
+	return cas_record_open(keyring, aad, aad_size, sealed, size,
+			       plain_r, error_r);
+}
+
+static int
+meta_server_locator(const void *sealed ATTR_UNUSED, size_t size ATTR_UNUSED,
+		    unsigned char locator_r[CASBOX_META_LOCATOR_SIZE]
+		    ATTR_UNUSED)
+{
+	return 0;
+}
+
+static void
+meta_server_locator_make(const struct cas_keyring *keyring ATTR_UNUSED,
+			 const void *data ATTR_UNUSED, size_t size ATTR_UNUSED,
+			 unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	memset(locator_r, 0, CASBOX_META_LOCATOR_SIZE);
+}
+
+static int
+meta_server_verify(const struct cas_keyring *keyring ATTR_UNUSED,
+		   enum casbox_meta_kind kind ATTR_UNUSED,
+		   const void *sealed ATTR_UNUSED, size_t size ATTR_UNUSED,
+		   const char **error_r ATTR_UNUSED)
+{
+	return 0;
+}
+
+static const struct casbox_meta_sealer casbox_meta_sealer_server = {
+	.version = CASBOX_META_VERSION,
+	.seal = meta_server_seal,
+	.open = meta_server_open,
+	.locator = meta_server_locator,
+	.locator_make = meta_server_locator_make,
+	.verify = meta_server_verify,
+};
+
+static int
+meta_userkey_seal(const struct cas_keyring *keyring, const void *aad,
+		  size_t aad_size, const unsigned char *locator,
+		  const void *plain, size_t size, buffer_t *sealed,
+		  const char **error_r)
+{
+	size_t start = sealed->used;
+
 	buffer_append(sealed, locator, CASBOX_META_LOCATOR_SIZE);
-	if (cas_userkey_box_seal(userkey, aad, aad_size, plain, size,
-				 sealed) < 0) {
+	if (cas_userkey_box_seal(cas_keyring_get_userkey(keyring), aad,
+				 aad_size, plain, size, sealed) < 0) {
 		buffer_set_used_size(sealed, start);
 		*error_r = "sealing the meta record failed: "
 			"the user key file's public key is unusable";
 		return -1;
 	}
 	return 1;
-}
-
-int casbox_pack_meta_locator(struct casbox_pack_store *store,
-			     const void *sealed, size_t size,
-			     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
-{
-	if (cas_keyring_get_userkey(store->keyring) == NULL)
-		return 0;
-	if (size < CASBOX_META_LOCATOR_SIZE)
-		return -1;
-	memcpy(locator_r, sealed, CASBOX_META_LOCATOR_SIZE);
-	return 1;
-}
-
-void casbox_pack_meta_locator_make(struct casbox_pack_store *store,
-				   const void *data, size_t size,
-				   unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
-{
-	const struct cas_userkey *userkey =
-		cas_keyring_get_userkey(store->keyring);
-
-	if (userkey == NULL) {
-		memset(locator_r, 0, CASBOX_META_LOCATOR_SIZE);
-		return;
-	}
-	cas_userkey_locator(userkey, data, size, locator_r);
 }
 
 /* A version 2 body is the locator, then the box: the box, and the AAD
@@ -805,28 +848,120 @@ casbox_pack_meta_userkey_box(enum casbox_meta_kind kind,
 	return 0;
 }
 
+static int
+meta_userkey_open(const struct cas_keyring *keyring,
+		  enum casbox_meta_kind kind, const void *sealed, size_t size,
+		  buffer_t *plain_r, const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	const void *box;
+	size_t aad_size, box_size;
+
+	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
+					 &box, &box_size, error_r) < 0)
+		return -1;
+	return cas_userkey_box_open(cas_keyring_get_userkey(keyring), aad,
+				    aad_size, box, box_size, plain_r,
+				    error_r);
+}
+
+static int
+meta_userkey_locator(const void *sealed, size_t size,
+		     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	if (size < CASBOX_META_LOCATOR_SIZE)
+		return -1;
+	memcpy(locator_r, sealed, CASBOX_META_LOCATOR_SIZE);
+	return 1;
+}
+
+static void
+meta_userkey_locator_make(const struct cas_keyring *keyring,
+			  const void *data, size_t size,
+			  unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	cas_userkey_locator(cas_keyring_get_userkey(keyring), data, size,
+			    locator_r);
+}
+
+static int
+meta_userkey_verify(const struct cas_keyring *keyring,
+		    enum casbox_meta_kind kind, const void *sealed,
+		    size_t size, const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	const void *box;
+	size_t aad_size, box_size;
+
+	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
+					 &box, &box_size, error_r) < 0)
+		return -1;
+	return cas_userkey_box_verify(cas_keyring_get_userkey(keyring), aad,
+				      aad_size, box, box_size, error_r);
+}
+
+static const struct casbox_meta_sealer casbox_meta_sealer_userkey = {
+	.version = CASBOX_META_VERSION_USERKEY,
+	.seal = meta_userkey_seal,
+	.open = meta_userkey_open,
+	.locator = meta_userkey_locator,
+	.locator_make = meta_userkey_locator_make,
+	.verify = meta_userkey_verify,
+};
+
+/* The one place the key mode is looked at: a keyring with a user key
+   (password mode) seals to it. A keyless store (pack scans) reads no
+   meta record bodies. */
+static const struct casbox_meta_sealer *
+casbox_pack_meta_sealer_for(const struct cas_keyring *keyring)
+{
+	return keyring != NULL && cas_keyring_get_userkey(keyring) != NULL ?
+		&casbox_meta_sealer_userkey : &casbox_meta_sealer_server;
+}
+
+/* The meta frame version a store writes and reads: its key mode's. */
+static uint8_t casbox_pack_meta_version(struct casbox_pack_store *store)
+{
+	return store->meta->version;
+}
+
+int casbox_pack_meta_seal(struct casbox_pack_store *store,
+			  enum casbox_meta_kind kind,
+			  const unsigned char *locator,
+			  const void *plain, size_t size, buffer_t *sealed,
+			  const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	size_t aad_size;
+
+	if (locator == NULL)
+		locator = casbox_meta_no_locator;
+	aad_size = casbox_meta_aad(store->meta->version, kind, locator, aad);
+	return store->meta->seal(store->keyring, aad, aad_size, locator,
+				 plain, size, sealed, error_r);
+}
+
+int casbox_pack_meta_locator(struct casbox_pack_store *store,
+			     const void *sealed, size_t size,
+			     unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	return store->meta->locator(sealed, size, locator_r);
+}
+
+void casbox_pack_meta_locator_make(struct casbox_pack_store *store,
+				   const void *data, size_t size,
+				   unsigned char locator_r[CASBOX_META_LOCATOR_SIZE])
+{
+	store->meta->locator_make(store->keyring, data, size, locator_r);
+}
+
 int casbox_pack_meta_open(struct casbox_pack_store *store,
 			  enum casbox_meta_kind kind,
 			  const void *sealed, size_t size,
 			  buffer_t *plain_r, const char **error_r)
 {
-	const struct cas_userkey *userkey =
-		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
-	const void *box;
-	size_t aad_size, box_size;
-
-	if (userkey == NULL) {
-		aad_size = casbox_meta_aad(CASBOX_META_VERSION, kind, NULL,
-					   aad);
-		return cas_record_open(store->keyring, aad, aad_size,
-				       sealed, size, plain_r, error_r);
-	}
-	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
-					 &box, &box_size, error_r) < 0)
-		return -1;
-	return cas_userkey_box_open(userkey, aad, aad_size, box, box_size,
-				    plain_r, error_r);
+	return store->meta->open(store->keyring, kind, sealed, size, plain_r,
+				 error_r);
 }
 
 int casbox_pack_meta_verify(struct casbox_pack_store *store,
@@ -834,19 +969,8 @@ int casbox_pack_meta_verify(struct casbox_pack_store *store,
 			    const void *sealed, size_t size,
 			    const char **error_r)
 {
-	const struct cas_userkey *userkey =
-		cas_keyring_get_userkey(store->keyring);
-	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
-	const void *box;
-	size_t aad_size, box_size;
-
-	if (userkey == NULL)
-		return 0;
-	if (casbox_pack_meta_userkey_box(kind, sealed, size, aad, &aad_size,
-					 &box, &box_size, error_r) < 0)
-		return -1;
-	return cas_userkey_box_verify(userkey, aad, aad_size, box, box_size,
-				      error_r);
+	return store->meta->verify(store->keyring, kind, sealed, size,
+				   error_r);
 }
 
 int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
