@@ -29,6 +29,7 @@ static const struct setting_define casbox_setting_defines[] = {
 	DEF(UINT, gc_dead_ratio),
 	DEF(BOOL, cache_plaintext),
 	DEF(BOOL, dedup),
+	DEF(BOOL, decode_base64),
 	DEF(ENUM, cipher),
 	SETTING_DEFINE_LIST_END
 };
@@ -45,6 +46,7 @@ static const struct casbox_24_settings casbox_default_settings = {
 	.gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO,
 	.cache_plaintext = FALSE,
 	.dedup = TRUE,
+	.decode_base64 = TRUE,
 	.cipher = "auto:aes-256-gcm:xchacha20-poly1305",
 };
 

@@ -20,6 +20,7 @@ struct casbox_24_settings {
 	unsigned int gc_dead_ratio;
 	bool cache_plaintext;
 	bool dedup;
+	bool decode_base64;
 	const char *cipher;
 };
 
