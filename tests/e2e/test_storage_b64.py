@@ -1,4 +1,4 @@
-"""Base64 leaf bodies stored decoded (doc/casbox-format.md, "Part
+"""Base64 leaf bodies stored decoded (doc/casbox-storage.md, "Part
 transforms"): a body that re-encodes exactly is stored decoded, so the
 same attachment wrapped another way (72 or 64 columns, LF, no final line
 end) adds no blob, while every odd form (trailing spaces, bad padding, non-canonical bits, foreign characters, unequal

@@ -1,7 +1,7 @@
 #ifndef CASBOX_B64_H
 #define CASBOX_B64_H
 
-/* Base64 leaf bodies stored decoded (doc/casbox-format.md, "Part
+/* Base64 leaf bodies stored decoded (doc/casbox-storage.md, "Part
    transforms"). A body is stored decoded only when re-encoding the
    decoded bytes in its form reproduces it byte for byte: every line
    line_len characters (a multiple of 4) except a shorter last one, the
