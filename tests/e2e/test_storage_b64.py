@@ -4,7 +4,8 @@ same attachment wrapped another way (72 or 64 columns, LF, no final line
 end) adds no blob, while every odd form (trailing spaces, bad padding, non-canonical bits, foreign characters, unequal
 lines, a blank last line) is stored as it is; either way every read is
 byte-exact: BODY[], partial BODY[]<o.n>, BINARY[], RFC822.SIZE and
-BODYSTRUCTURE (against sdbox), after rebuild --from-packs too. Then
+BODYSTRUCTURE (against sdbox), after rebuild --from-packs and of COPYs
+too. Then
 every message of the whole shared corpus with a base64 leaf of at least
 64 KiB (the split size) goes in by APPEND and comes back byte-exact."""
 
@@ -196,6 +197,15 @@ class StorageB64Test(unittest.TestCase):
                 self.check_reads(imap, i + 1,
                                  message(name.encode(), body, eol),
                                  data if decoded else None)
+            # COPY shares the blobs and keeps the transforms
+            ok(imap.create("Copy"))
+            ok(imap.uid("COPY", "1:*", "Copy"))
+            ok(imap.select("Copy", readonly=True))
+            for i, (name, data, body, eol, decoded) in enumerate(all_cases):
+                if i % 3 == 0:
+                    self.check_reads(imap, i + 1,
+                                     message(name.encode(), body, eol),
+                                     data if decoded else None)
             imap.logout()
             dc.doveadm("casbox", "scrub", "-u", USER)
 
