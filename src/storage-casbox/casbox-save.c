@@ -13,6 +13,7 @@
 #include "str.h"
 #include "istream.h"
 #include "istream-crlf.h"
+#include "istream-base64.h"
 #include "ostream.h"
 #include "message-parser.h"
 #include "casbox-meta.h"
@@ -227,8 +228,59 @@ casbox_save_collect_leaves(const struct message_part *part,
 			continue;
 		casbox_save_add_range(rec, *pos, body_start);
 		casbox_save_add_range(rec, body_start, body_start + body_size);
+		/* a leaf body: a candidate for storing decoded, checked in
+		   casbox_save_split() (reset if it does not re-encode) */
+		if (body_size > 0) {
+			struct casbox_msg_part *leaf =
+				array_back_modifiable(&rec->parts);
+
+			leaf->transform = CASBOX_PART_TRANSFORM_BASE64;
+		}
 		*pos = body_start + body_size;
 	}
+}
+
+/* Whether the leaf body at offset is base64 that re-encodes exactly:
+   then its blob is the decoded bytes (its id theirs, so the same
+   attachment wrapped otherwise is the same blob). 1 = yes (part's
+   transform, stored_size and id set), 0 = store it as is, -1 error. */
+static int
+casbox_save_check_b64(struct casbox_store *store, struct istream *input,
+		      uoff_t offset, struct casbox_msg_part *part,
+		      const char **error_r)
+{
+	struct istream *range, *dec;
+	uoff_t dsize;
+	int ret;
+
+	range = i_stream_create_range(input, offset, part->size);
+	ret = casbox_b64_check(range, part->size, &part->b64, &dsize,
+			       error_r);
+	if (ret > 0) {
+		i_stream_seek(range, 0);
+		dec = i_stream_create_base64_decoder(range);
+		ret = casbox_store_blob_id(store, dec, 0, dsize, &part->id,
+					   error_r) < 0 ? -1 : 1;
+		i_stream_unref(&dec);
+		part->stored_size = dsize;
+	}
+	i_stream_unref(&range);
+	return ret;
+}
+
+/* The bytes of part (at offset in input) as its blob stores them. */
+static struct istream *
+casbox_save_part_input(struct istream *input, uoff_t offset,
+		       const struct casbox_msg_part *part)
+{
+	struct istream *range, *dec;
+
+	range = i_stream_create_range(input, offset, part->size);
+	if (part->transform == CASBOX_PART_TRANSFORM_NONE)
+		return range;
+	dec = i_stream_create_base64_decoder(range);
+	i_stream_unref(&range);
+	return dec;
 }
 
 /* Split input (size bytes) into parts: each MIME leaf body of at least
@@ -266,6 +318,22 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 	pool_unref(&parser_pool);
 
 	array_foreach_modifiable(&rec->parts, part) {
+		if (part->transform == CASBOX_PART_TRANSFORM_BASE64) {
+			if (ctx->mbox->storage->set.decode_base64_disabled)
+				ret = 0;
+			else {
+				ret = casbox_save_check_b64(store, input,
+							    offset, part,
+							    error_r);
+			}
+			if (ret < 0)
+				return -1;
+			if (ret > 0) {
+				offset += part->size;
+				continue;
+			}
+			part->transform = CASBOX_PART_TRANSFORM_NONE;
+		}
 		if (casbox_store_blob_id(store, input, offset, part->size,
 					 &part->id, error_r) < 0)
 			return -1;
@@ -555,9 +623,8 @@ casbox_save_add_msg(struct casbox_store *store, struct casbox_store_txn *txn,
 		inputs = t_new(struct istream *, count + 1);
 		i = 0;
 		array_foreach(&smail->rec.parts, part) {
-			inputs[i++] = i_stream_create_range(smail->input,
-							    offset,
-							    part->size);
+			inputs[i++] = casbox_save_part_input(smail->input,
+							     offset, part);
 			offset += part->size;
 		}
 	}

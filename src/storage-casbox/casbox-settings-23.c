@@ -91,6 +91,16 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 		}
 		set_r->dedup_disabled = strcmp(value, "no") == 0;
 	}
+	value = mail_user_plugin_getenv(user, "casbox_decode_base64");
+	if (value != NULL && *value != '\0') {
+		if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0) {
+			*error_r = t_strdup_printf("casbox_decode_base64: "
+				"invalid value '%s' (expected yes or no)",
+				value);
+			return -1;
+		}
+		set_r->decode_base64_disabled = strcmp(value, "no") == 0;
+	}
 	value = mail_user_plugin_getenv(user, "casbox_cipher");
 	if (value != NULL && *value != '\0' &&
 	    cas_aead_cipher_parse(value, &set_r->cipher) < 0) {

@@ -21,6 +21,7 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	set_r->key_autocreate = src->key_autocreate;
 	set_r->cache_plaintext = src->cache_plaintext;
 	set_r->dedup_disabled = !src->dedup;
+	set_r->decode_base64_disabled = !src->decode_base64;
 	if (src->key_password[0] != '\0')
 		set_r->key_password = p_strdup(pool, src->key_password);
 	set_r->zstd_level = src->zstd_level > INT_MAX ? -1 :

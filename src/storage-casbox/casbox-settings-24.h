@@ -25,6 +25,7 @@ struct casbox_24_settings {
 	unsigned int duplicate_window;
 	unsigned int expunge_retention;
 	bool dedup;
+	bool decode_base64;
 	const char *cipher;
 };
 

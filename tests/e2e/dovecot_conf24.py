@@ -34,7 +34,7 @@ LOCATION_PARAMS = {
 }
 
 # 2.3 plugin {} keys that are top-level settings of the same name in 2.4
-SAME_NAME = re.compile(r"^(casbox_[a-z_]+|fts_autoindex)$")
+SAME_NAME = re.compile(r"^(casbox_[a-z0-9_]+|fts_autoindex)$")
 
 # extra_conf lines (key = value, or block openings) that mean the same
 # in 2.4; extra_conf() rewrites the few that changed

@@ -2,7 +2,8 @@
    scrub run on opened meta frames (src/storage-casbox/casbox-recovery.c,
    casbox_dek_update_import()): recovery record versions 1 (server-
    wrapped DEKs) and 2 (DEKs of any kind: password mode's 133-byte
-   sealed DEKs), mailbox records, DEK updates versions 1 and 2. Oracle:
+   sealed DEKs), message records with part transforms (base64 leaves
+   stored decoded), mailbox records, DEK updates versions 1 and 2. Oracle:
    a crash or a leak, or a decoded record whose export does not decode
    to the same export again; a recovery record exports with the version
    its DEK kinds need. `fuzz-recovery-record --make-corpus DIR` writes
@@ -164,6 +165,26 @@ static void make_corpus(const char *dir)
 	make_recovery(&rec, pool, TRUE);
 	casbox_recovery_record_export(&rec, buf);
 	write_seed(dir, "recovery-v2-sealed", buf);
+	/* a part stored decoded: the message record's transform tail */
+	make_recovery(&rec, pool, FALSE);
+	{
+		struct casbox_msg_part *part =
+			array_idx_modifiable(&rec.msg.parts, 1);
+		struct casbox_recovery_blob *blob =
+			array_idx_modifiable(&rec.blobs, 1);
+
+		rec.msg.physical_size -= part->size;
+		part->transform = CASBOX_PART_TRANSFORM_BASE64;
+		part->b64.line_len = 76;
+		part->b64.final_newline = TRUE;
+		part->stored_size = blob->plain_size = 300;
+		part->size = casbox_b64_encoded_size(&part->b64, 300);
+		rec.msg.physical_size += part->size;
+		rec.msg.virtual_size = rec.msg.physical_size + 8;
+	}
+	buffer_set_used_size(buf, 0);
+	casbox_recovery_record_export(&rec, buf);
+	write_seed(dir, "recovery-v1-b64", buf);
 
 	i_zero(&mrec);
 	mrec.written_usecs = 1796000000654321ULL;

@@ -142,6 +142,7 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 {
 	const struct casbox_msg_part *part;
 	const char *kw;
+	uint32_t n, i;
 
 	buffer_append_c(dest, CASBOX_RECORD_VERSION);
 	wr_u32(dest, rec->flags);
@@ -167,6 +168,88 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 	i_assert(rec->sealed_meta_size <= UINT32_MAX);
 	wr_u32(dest, rec->sealed_meta_size);
 	buffer_append(dest, rec->sealed_meta, rec->sealed_meta_size);
+	/* optional tail, third addition: part transforms, only when a part
+	   has one (records without stay byte for byte as before) */
+	n = 0;
+	array_foreach(&rec->parts, part) {
+		if (part->transform != CASBOX_PART_TRANSFORM_NONE)
+			n++;
+	}
+	if (n == 0)
+		return;
+	wr_u32(dest, n);
+	i = 0;
+	array_foreach(&rec->parts, part) {
+		if (part->transform != CASBOX_PART_TRANSFORM_NONE) {
+			i_assert(part->transform ==
+				 CASBOX_PART_TRANSFORM_BASE64);
+			wr_u32(dest, i);
+			wr_u8(dest, part->transform);
+			wr_u8(dest, (part->b64.crlf ? 1 : 0) |
+			      (part->b64.final_newline ? 2 : 0));
+			wr_u16(dest, part->b64.line_len);
+			wr_u64(dest, part->stored_size);
+		}
+		i++;
+	}
+}
+
+/* Part transforms: u32 count, then per part u32 part index (ascending),
+   u8 kind, u8 flags (1 = CRLF, 2 = final line end), u16 line length,
+   u64 decoded size. */
+static void
+casbox_msg_record_read_transforms(struct rec_reader *rd,
+				  struct casbox_msg_record *rec)
+{
+	struct casbox_msg_part *parts, *part;
+	unsigned int count;
+	uint32_t i, n, idx, prev = 0;
+	uint8_t kind, flags;
+
+	parts = array_get_modifiable(&rec->parts, &count);
+	n = rd_u32(rd, "transform count");
+	if (rd->error == NULL && n > count) {
+		rd->error = "more transforms than parts";
+		return;
+	}
+	for (i = 0; i < n && rd->error == NULL; i++) {
+		idx = rd_u32(rd, "transform part");
+		kind = rd_u8(rd, "transform kind");
+		flags = rd_u8(rd, "transform flags");
+		if (rd->error != NULL)
+			return;
+		if (idx >= count || (i > 0 && idx <= prev)) {
+			rd->error = "transform part index out of order";
+			return;
+		}
+		prev = idx;
+		if (kind != CASBOX_PART_TRANSFORM_BASE64) {
+			rd->error = t_strdup_printf(
+				"unknown part transform %u", kind);
+			return;
+		}
+		if ((flags & ~3) != 0) {
+			rd->error = "unknown transform flags";
+			return;
+		}
+		part = &parts[idx];
+		part->transform = kind;
+		part->b64.crlf = (flags & 1) != 0;
+		part->b64.final_newline = (flags & 2) != 0;
+		part->b64.line_len = rd_u16(rd, "line length");
+		part->stored_size = rd_u64(rd, "decoded size");
+		if (rd->error != NULL)
+			return;
+		if (!casbox_b64_form_valid(&part->b64) ||
+		    part->stored_size == 0 ||
+		    part->stored_size > part->size ||
+		    casbox_b64_encoded_size(&part->b64, part->stored_size) !=
+		    part->size) {
+			rd->error = "base64 transform does not give the "
+				"part size";
+			return;
+		}
+	}
 }
 
 static void
@@ -238,6 +321,8 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 	}
 	if (rd.error == NULL && rd.p < rd.end)
 		casbox_msg_record_read_meta(&rd, pool, rec_r);
+	if (rd.error == NULL && rd.p < rd.end)
+		casbox_msg_record_read_transforms(&rd, rec_r);
 	/* newer minor versions may append more fields: ignore the rest */
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("message record: ", rd.error, NULL);

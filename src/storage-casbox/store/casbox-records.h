@@ -19,6 +19,7 @@
 
 #include "guid.h"
 #include "cas-key.h"
+#include "casbox-b64.h"
 
 #define CASBOX_KEY_KEYRING 'K'
 #define CASBOX_KEY_MAILBOX 'M'
@@ -30,7 +31,14 @@
 
 struct casbox_msg_part {
 	struct cas_blob_id id;
+	/* the part's bytes in the message (as delivered) */
 	uoff_t size;
+	/* CASBOX_PART_TRANSFORM_*: NONE = the blob holds the size bytes as
+	   they are; BASE64 = the blob holds stored_size decoded bytes that
+	   re-encode in b64 to exactly size bytes (casbox-b64.h) */
+	uint8_t transform;
+	struct casbox_b64_form b64;
+	uoff_t stored_size;
 };
 ARRAY_DEFINE_TYPE(casbox_msg_part, struct casbox_msg_part);
 
@@ -79,6 +87,14 @@ struct casbox_blob_value {
 	const unsigned char *pack_record;
 	size_t pack_record_size;
 };
+
+/* The size of the part's blob (its plaintext). */
+static inline uoff_t
+casbox_msg_part_blob_size(const struct casbox_msg_part *part)
+{
+	return part->transform == CASBOX_PART_TRANSFORM_NONE ?
+		part->size : part->stored_size;
+}
 
 void casbox_key_mailbox(buffer_t *key, const guid_128_t mailbox_guid);
 void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,

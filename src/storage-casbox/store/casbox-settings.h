@@ -67,6 +67,10 @@ struct casbox_settings {
 	   COPY still shares blobs). Negated so that a zeroed struct (tools,
 	   tests) keeps the default. */
 	bool dedup_disabled;
+	/* casbox_decode_base64 = no (default yes): base64 leaf bodies are
+	   stored as they are, never decoded (casbox-b64.h). Negated like
+	   dedup_disabled. */
+	bool decode_base64_disabled;
 	/* casbox_cipher: the chunk cipher of new frames (auto =
 	   AES-256-GCM with AES-NI, else XChaCha20-Poly1305) */
 	enum cas_aead_cipher cipher;

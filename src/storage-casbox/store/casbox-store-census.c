@@ -110,7 +110,8 @@ casbox_census_message(struct casbox_census *census,
 	array_foreach(&rec.parts, part) {
 		blob = casbox_census_blob_get(census, &part->id);
 		blob->counted++;
-		census->referenced_plain_bytes += part->size;
+		census->referenced_plain_bytes +=
+			casbox_msg_part_blob_size(part);
 	}
 }
 

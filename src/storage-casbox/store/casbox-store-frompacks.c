@@ -324,17 +324,19 @@ frompacks_msg_resolve(struct casbox_frompacks *fp,
 					       cas_blob_id_to_hex(&part->id));
 		}
 		T_BEGIN {
-			ret = frompacks_blob_resolve(fp, blob, part->size);
+			ret = frompacks_blob_resolve(fp, blob,
+					casbox_msg_part_blob_size(part));
 		} T_END;
 		if (ret < 0) {
 			return t_strdup_printf("blob %s: no DEK opens it",
 					       cas_blob_id_to_hex(&part->id));
 		}
-		if (blob->rec.plain_size != part->size) {
+		if (blob->rec.plain_size != casbox_msg_part_blob_size(part)) {
 			return t_strdup_printf("blob %s: %"PRIu64" bytes, the "
 				"record says %"PRIuUOFF_T,
 				cas_blob_id_to_hex(&part->id),
-				blob->rec.plain_size, part->size);
+				blob->rec.plain_size,
+				casbox_msg_part_blob_size(part));
 		}
 	}
 	return NULL;

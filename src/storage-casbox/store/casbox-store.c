@@ -806,11 +806,11 @@ casbox_store_part_record(struct casbox_store *store,
 					   *error_r);
 		return -1;
 	}
-	if (brec_r->plain_size != part->size) {
+	if (brec_r->plain_size != casbox_msg_part_blob_size(part)) {
 		*error_r = t_strdup_printf("blob %s: size %"PRIu64
 			" does not match the message record's %"PRIuUOFF_T,
 			cas_blob_id_to_hex(&part->id), brec_r->plain_size,
-			part->size);
+			casbox_msg_part_blob_size(part));
 		return -1;
 	}
 	return 1;
@@ -864,6 +864,14 @@ casbox_store_part_open(struct casbox_store *store,
 		   that unlinks it later cannot take it from the stream */
 		ret = casbox_pack_blob_open_pinned(store->packs, &part->id,
 						   &brec, input_r, error_r);
+		if (ret > 0 &&
+		    part->transform == CASBOX_PART_TRANSFORM_BASE64) {
+			struct istream *blob = *input_r;
+
+			*input_r = i_stream_create_casbox_b64_encoder(blob,
+					&part->b64, part->stored_size);
+			i_stream_unref(&blob);
+		}
 		if (ret != 0)
 			return ret;
 		if (try == CASBOX_STORE_OPEN_RETRIES ||

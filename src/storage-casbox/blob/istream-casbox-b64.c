@@ -1,0 +1,215 @@
+/* casbox: base64 re-encoding of a leaf body stored decoded
+   (casbox-b64.h). Positions map arithmetically: encoded offset e is in
+   line e / (line_len + eol), whose bytes start at decoded offset
+   line * line_len / 4 * 3, so seeks (partial FETCH) cost no decoding
+   of what lies before. */
+
+#include "lib.h"
+#include "istream-private.h"
+#include "casbox-b64.h"
+
+#include <sodium.h>
+
+static const char b64_alphabet[] =
+	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+struct casbox_b64_istream {
+	struct istream_private istream;
+	struct casbox_b64_form form;
+	uoff_t decoded_size, encoded_size;
+};
+
+static void b64_group(const unsigned char *in, size_t n, unsigned char out[4])
+{
+	uint32_t v = (uint32_t)in[0] << 16;
+
+	if (n > 1)
+		v |= (uint32_t)in[1] << 8;
+	if (n > 2)
+		v |= in[2];
+	out[0] = b64_alphabet[(v >> 18) & 63];
+	out[1] = b64_alphabet[(v >> 12) & 63];
+	out[2] = n > 1 ? b64_alphabet[(v >> 6) & 63] : '=';
+	out[3] = n > 2 ? b64_alphabet[v & 63] : '=';
+}
+
+/* Produce bytes at encoded offset e into dest (room bytes, > 0).
+   Returns bytes produced (> 0), or -1 with the stream error set. */
+static ssize_t
+b64_produce(struct casbox_b64_istream *bstream, uoff_t e,
+	    unsigned char *dest, size_t room)
+{
+	struct istream_private *stream = &bstream->istream;
+	struct istream *parent = stream->parent;
+	const struct casbox_b64_form *form = &bstream->form;
+	const char *eol = form->crlf ? "\r\n" : "\n";
+	uoff_t eol_len = form->crlf ? 2 : 1, ll = form->line_len + eol_len;
+	uoff_t per_line = form->line_len / 4 * 3;
+	uoff_t line = e / ll, col = e % ll, dstart, dlen, doff, dend;
+	unsigned char group[4];
+	const unsigned char *data;
+	size_t size, need, n, g, skip, done = 0;
+	uoff_t line_chars;
+	int ret;
+
+	dstart = line * per_line;
+	dlen = I_MIN(per_line, bstream->decoded_size - dstart);
+	line_chars = (dlen + 2) / 3 * 4;
+	if (col >= line_chars) {
+		/* in the line end */
+		n = I_MIN(room, eol_len - (col - line_chars));
+		memcpy(dest, eol + (col - line_chars), n);
+		return n;
+	}
+	dend = dstart + dlen;
+	doff = dstart + col / 4 * 3;
+	skip = col % 4;
+	/* sequential reads need no seek (a seek of a decoder stream
+	   parent may restart it) */
+	if (parent->v_offset != doff)
+		i_stream_seek(parent, doff);
+	need = I_MIN(3, dend - doff);
+	ret = i_stream_read_bytes(parent, &data, &size, need);
+	if (ret <= 0) {
+		i_assert(ret == -1);
+		if (parent->stream_errno != 0) {
+			stream->istream.stream_errno = parent->stream_errno;
+			io_stream_set_error(&stream->iostream, "%s",
+					    i_stream_get_error(parent));
+		} else {
+			stream->istream.stream_errno = EPIPE;
+			io_stream_set_error(&stream->iostream,
+				"decoded body ends at %"PRIuUOFF_T", the "
+				"record says %"PRIuUOFF_T" bytes",
+				parent->v_offset + size,
+				bstream->decoded_size);
+		}
+		return -1;
+	}
+	size = I_MIN(size, dend - doff);
+	if (skip > 0 || room < 4 || size < 3) {
+		/* one group, maybe partly */
+		n = I_MIN(size, 3);
+		b64_group(data, n, group);
+		n = I_MIN(room, 4 - skip);
+		memcpy(dest, group + skip, n);
+		if (skip + n == 4)
+			i_stream_skip(parent, I_MIN(size, 3));
+		stream->parent_expected_offset = parent->v_offset;
+		return n;
+	}
+	/* whole groups */
+	g = I_MIN(size / 3, room / 4);
+	for (n = 0; n < g; n++) {
+		b64_group(data + n * 3, 3, dest + done);
+		done += 4;
+	}
+	i_stream_skip(parent, g * 3);
+	stream->parent_expected_offset = parent->v_offset;
+	return done;
+}
+
+static ssize_t i_stream_casbox_b64_read(struct istream_private *stream)
+{
+	struct casbox_b64_istream *bstream =
+		container_of(stream, struct casbox_b64_istream, istream);
+	uoff_t e;
+	size_t avail, total = 0;
+	ssize_t ret;
+
+	e = stream->istream.v_offset + (stream->pos - stream->skip);
+	if (e >= bstream->encoded_size) {
+		stream->istream.eof = TRUE;
+		return -1;
+	}
+	if (!i_stream_try_alloc(stream, 4, &avail))
+		return -2;
+	while (avail > 0 && e < bstream->encoded_size) {
+		ret = b64_produce(bstream, e,
+				  stream->w_buffer + stream->pos,
+				  I_MIN(avail, bstream->encoded_size - e));
+		if (ret < 0) {
+			if (total > 0)
+				break;
+			return -1;
+		}
+		stream->pos += ret;
+		avail -= ret;
+		total += ret;
+		e += ret;
+	}
+	return total;
+}
+
+static void i_stream_casbox_b64_seek(struct istream_private *stream,
+				     uoff_t v_offset, bool mark ATTR_UNUSED)
+{
+	stream->istream.v_offset = v_offset;
+	stream->skip = stream->pos = 0;
+}
+
+static int i_stream_casbox_b64_stat(struct istream_private *stream,
+				    bool exact ATTR_UNUSED)
+{
+	struct casbox_b64_istream *bstream =
+		container_of(stream, struct casbox_b64_istream, istream);
+	const struct stat *st;
+
+	if (i_stream_stat(stream->parent, exact, &st) < 0) {
+		stream->istream.stream_errno = stream->parent->stream_errno;
+		return -1;
+	}
+	stream->statbuf = *st;
+	stream->statbuf.st_size = bstream->encoded_size;
+	return 0;
+}
+
+static int i_stream_casbox_b64_get_size(struct istream_private *stream,
+					bool exact ATTR_UNUSED,
+					uoff_t *size_r)
+{
+	struct casbox_b64_istream *bstream =
+		container_of(stream, struct casbox_b64_istream, istream);
+
+	*size_r = bstream->encoded_size;
+	return 1;
+}
+
+static void i_stream_casbox_b64_destroy(struct iostream_private *stream)
+{
+	struct casbox_b64_istream *bstream =
+		container_of(stream, struct casbox_b64_istream,
+			     istream.iostream);
+
+	/* the buffer held message text */
+	if (bstream->istream.w_buffer != NULL) {
+		sodium_memzero(bstream->istream.w_buffer,
+			       bstream->istream.buffer_size);
+	}
+	i_stream_free_buffer(&bstream->istream);
+	i_stream_unref(&bstream->istream.parent);
+}
+
+struct istream *
+i_stream_create_casbox_b64_encoder(struct istream *input,
+				   const struct casbox_b64_form *form,
+				   uoff_t decoded_size)
+{
+	struct casbox_b64_istream *bstream;
+
+	i_assert(casbox_b64_form_valid(form));
+	bstream = i_new(struct casbox_b64_istream, 1);
+	bstream->form = *form;
+	bstream->decoded_size = decoded_size;
+	bstream->encoded_size = casbox_b64_encoded_size(form, decoded_size);
+	bstream->istream.max_buffer_size = i_stream_get_max_buffer_size(input);
+	bstream->istream.iostream.destroy = i_stream_casbox_b64_destroy;
+	bstream->istream.read = i_stream_casbox_b64_read;
+	bstream->istream.seek = i_stream_casbox_b64_seek;
+	bstream->istream.stat = i_stream_casbox_b64_stat;
+	bstream->istream.get_size = i_stream_casbox_b64_get_size;
+	bstream->istream.istream.readable_fd = FALSE;
+	bstream->istream.istream.blocking = input->blocking;
+	bstream->istream.istream.seekable = input->seekable;
+	return i_stream_create(&bstream->istream, input, -1, 0);
+}
