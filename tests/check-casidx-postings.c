@@ -890,11 +890,11 @@ START_TEST(test_index_corruption_rejected)
 }
 END_TEST
 
-static void copy_fixture(const char *name)
+static void copy_fixture(unsigned int version, const char *name)
 {
 	const char *top = getenv("CASBOX_TOP_SRCDIR");
-	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v1/%s",
-		top == NULL ? CASBOX_SRCDIR : top, name);
+	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v%u/%s",
+		top == NULL ? CASBOX_SRCDIR : top, version, name);
 	unsigned char tmp[4096];
 	ssize_t n;
 	int in, out;
@@ -910,20 +910,22 @@ static void copy_fixture(const char *name)
 	i_close_fd(&out);
 }
 
-/* An index written by the format-1 code (tests/fixtures/casidx-v1) is
-   an old format: never read for answers, reported so the backend
-   rebuilds it with an info line, and a fresh index works after the
-   delete. */
+/* An index written by the format-1 or format-2 code
+   (tests/fixtures/casidx-v1, -v2) is an old format: never read for
+   answers, reported so the backend rebuilds it with an info line, and a
+   fresh index works after the delete. */
 START_TEST(test_index_old_format_rebuilt)
 {
 	struct casidx_index *index;
 	const char *error = NULL;
+	unsigned int version = _i + 1;
 
-	copy_fixture("manifest");
-	copy_fixture("seg-00000001.cxs");
+	copy_fixture(version, "manifest");
+	copy_fixture(version, "seg-00000001.cxs");
 	index = casidx_index_init(test_dir, &test_set);
 	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
-	ck_assert_ptr_ne(strstr(error, "old index format version 1"), NULL);
+	ck_assert_ptr_ne(strstr(error, t_strdup_printf(
+		"old index format version %u (now 3)", version)), NULL);
 	ck_assert(casidx_index_is_corrupted(index));
 	ck_assert(casidx_index_is_old_format(index));
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 0);
@@ -1158,7 +1160,7 @@ int main(void)
 	tcase_add_test(tci, test_index_uid_validity_change);
 	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
-	tcase_add_test(tci, test_index_old_format_rebuilt);
+	tcase_add_loop_test(tci, test_index_old_format_rebuilt, 0, 2);
 	tcase_add_test(tci, test_index_encrypted);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	tcase_add_test(tci, test_index_overlapping_writers);

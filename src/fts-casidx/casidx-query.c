@@ -56,6 +56,8 @@ struct scan_hit {
 
 struct scan_ctx {
 	roaring_bitmap_t *docs;
+	/* docs found in terms without CASIDX_TERM_FOLDED_PREFIX */
+	roaring_bitmap_t *plain;
 	const roaring_bitmap_t *universe;
 	struct casidx_query_scores *scores; /* NULL = don't score */
 	const struct query_token *token;
@@ -180,8 +182,9 @@ void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
 			     struct casidx_doc_state *state)
 {
-	unsigned int bit = strcmp(marker, CASIDX_TERM_FOLDED) == 0 ? 1 : 0;
-	uint32_t mask = 1U << (field * 2 + bit);
+	uint32_t mask = 1U << field;
+
+	i_assert(strcmp(marker, CASIDX_TERM_UNINDEXED) == 0);
 
 	if ((state->markers & mask) != 0)
 		return;
@@ -207,12 +210,19 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 		}
 		state->encoded_bytes[field] += token->term_len;
 	}
-	casidx_index_writer_add_term(writer, field, token->term,
-				     token->term_len);
-	if ((token->flags & CASIDX_TOKEN_FLAG_FOLDED) != 0) {
-		casidx_query_add_marker(writer, field, CASIDX_TERM_FOLDED,
-					state);
+	if ((token->flags & CASIDX_TOKEN_FLAG_FOLDED) == 0) {
+		casidx_index_writer_add_term(writer, field, token->term,
+					     token->term_len);
+		return;
 	}
+	T_BEGIN {
+		char *term = t_malloc_no0(token->term_len + 1);
+
+		term[0] = CASIDX_TERM_FOLDED_PREFIX;
+		memcpy(term + 1, token->term, token->term_len);
+		casidx_index_writer_add_term(writer, field, term,
+					     token->term_len + 1);
+	} T_END;
 }
 
 bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
@@ -295,6 +305,12 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 	unsigned int i, term_idx;
 
 	roaring_bitmap_or_inplace(ctx->docs, docs);
+	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
+		term++;
+		term_len--;
+	} else {
+		roaring_bitmap_or_inplace(ctx->plain, docs);
+	}
 	if (ctx->scores == NULL)
 		return;
 
@@ -342,19 +358,22 @@ static void scan_score_hits(struct scan_ctx *ctx)
 	}
 }
 
-/* Docs having a term containing token in any field of mask. */
+/* Docs having a term containing token in any field of mask; plain_r
+   (if not NULL) gets those having such a term that was not folded. */
 static int query_token_docs(struct casidx_index *index,
 			    const struct query_token *token,
 			    enum casidx_match match, unsigned int field_mask,
 			    const roaring_bitmap_t *universe,
 			    struct casidx_query_scores *scores,
-			    roaring_bitmap_t **docs_r, const char **error_r)
+			    roaring_bitmap_t **docs_r,
+			    roaring_bitmap_t **plain_r, const char **error_r)
 {
 	struct scan_ctx ctx;
 	enum casidx_field field;
 
 	i_zero(&ctx);
 	ctx.docs = bitmap_create();
+	ctx.plain = bitmap_create();
 	ctx.universe = universe;
 	ctx.scores = scores;
 	ctx.token = token;
@@ -376,6 +395,7 @@ static int query_token_docs(struct casidx_index *index,
 			hash_table_destroy(&ctx.term_idx);
 			pool_unref(&ctx.pool);
 			roaring_bitmap_free(ctx.docs);
+			roaring_bitmap_free(ctx.plain);
 			return -1;
 		}
 		if (ctx.scores != NULL)
@@ -384,6 +404,10 @@ static int query_token_docs(struct casidx_index *index,
 	}
 	pool_unref(&ctx.pool);
 	*docs_r = ctx.docs;
+	if (plain_r != NULL)
+		*plain_r = ctx.plain;
+	else
+		roaring_bitmap_free(ctx.plain);
 	return 0;
 }
 
@@ -398,7 +422,7 @@ static int query_marker_docs(struct casidx_index *index, const char *marker,
 	};
 
 	return query_token_docs(index, &token, CASIDX_MATCH_EXACT, field_mask,
-				universe, NULL, docs_r, error_r);
+				universe, NULL, docs_r, NULL, error_r);
 }
 
 /* Evaluate one leaf into definite/maybe (maybe includes definite),
@@ -406,8 +430,8 @@ static int query_marker_docs(struct casidx_index *index, const char *marker,
    with a term containing it, plus, for an ASCII token (it could lie in
    a run of encoded data the index skipped), the docs marked UNINDEXED
    in the leaf's fields. Definite only for a single ASCII word
-   (value_is_definite()), found in a term, in a doc without FOLDED
-   words in those fields. */
+   (value_is_definite()), found in a term that was not folded
+   (CASIDX_TERM_FOLDED_PREFIX). */
 static int query_leaf(struct casidx_index *index,
 		      struct casidx_tokenizer *tok,
 		      const struct casidx_query_leaf *leaf,
@@ -419,7 +443,7 @@ static int query_leaf(struct casidx_index *index,
 	struct tokens_ctx tctx;
 	const struct query_token *tokens;
 	roaring_bitmap_t *set = NULL, *docs, *def = NULL, *inv;
-	roaring_bitmap_t *unindexed = NULL, *folded;
+	roaring_bitmap_t *unindexed = NULL, *plain;
 	unsigned int i, count;
 	bool definite;
 	pool_t pool;
@@ -447,12 +471,14 @@ static int query_leaf(struct casidx_index *index,
 		if (query_token_docs(index, &tokens[i], CASIDX_MATCH_SUBSTRING,
 				     leaf->field_mask, universe,
 				     leaf->match_not ? NULL : scores,
-				     &docs, error_r) < 0) {
+				     &docs, &plain, error_r) < 0) {
 			ret = -1;
 			break;
 		}
 		if (definite)
-			def = roaring_bitmap_copy(docs);
+			def = plain;
+		else
+			roaring_bitmap_free(plain);
 		if (tokens[i].ascii)
 			roaring_bitmap_or_inplace(docs, unindexed);
 		if (set == NULL)
@@ -460,16 +486,6 @@ static int query_leaf(struct casidx_index *index,
 		else {
 			roaring_bitmap_and_inplace(set, docs);
 			roaring_bitmap_free(docs);
-		}
-	}
-	if (ret == 0 && def != NULL) {
-		if (query_marker_docs(index, CASIDX_TERM_FOLDED,
-				      leaf->field_mask, universe, &folded,
-				      error_r) < 0)
-			ret = -1;
-		else {
-			roaring_bitmap_andnot_inplace(def, folded);
-			roaring_bitmap_free(folded);
 		}
 	}
 	roaring_bitmap_free(unindexed);

@@ -52,7 +52,7 @@ struct casidx_query_result {
 /* What the current document has been given: zero it at each new
    document. */
 struct casidx_doc_state {
-	/* markers added: 1 << (field * 2) UNINDEXED, << 1 FOLDED */
+	/* UNINDEXED markers added: 1 << field */
 	uint32_t markers;
 	uint32_t encoded_bytes[CASIDX_FIELD_COUNT];
 };
@@ -64,7 +64,7 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 			    enum casidx_field field,
 			    const struct casidx_token *token,
 			    struct casidx_doc_state *state);
-/* Add marker (CASIDX_TERM_UNINDEXED or _FOLDED) to field, once. */
+/* Add marker (CASIDX_TERM_UNINDEXED) to field, once. */
 void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
 			     struct casidx_doc_state *state);

@@ -22,8 +22,10 @@
 #define MANIFEST_MAGIC "CXMANIF1"
 /* 2: the indexed text changed (issue 17: markup of HTML parts, long
    runs, per-document markers). A version-1 index is read as an old
-   format: dropped and rebuilt, never used for answers. */
-#define MANIFEST_VERSION 2
+   format: dropped and rebuilt, never used for answers.
+   3: folded terms carry CASIDX_TERM_FOLDED_PREFIX instead of a
+   per-field FOLDED marker; version 2 is rebuilt the same way. */
+#define MANIFEST_VERSION 3
 #define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
 /* builder memory = memory_budget / this (casidx_index_writer_doc_done()) */
 #define CASIDX_BUILDER_BUDGET_SHARE 4
