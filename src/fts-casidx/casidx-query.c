@@ -24,6 +24,8 @@ static const double field_weights[CASIDX_FIELD_COUNT] = {
 #define MATCH_FACTOR_EXACT 1.0
 #define MATCH_FACTOR_PREFIX 0.6
 #define MATCH_FACTOR_SUBSTRING 0.3
+/* FUZZY: a term within one edit of the token */
+#define MATCH_FACTOR_TYPO 0.2
 
 struct casidx_query_scores {
 	pool_t pool;
@@ -61,6 +63,7 @@ struct scan_ctx {
 	const roaring_bitmap_t *universe;
 	struct casidx_query_scores *scores; /* NULL = don't score */
 	const struct query_token *token;
+	enum casidx_match match;
 	uint64_t total_docs;
 	double avg_len, weight;
 	enum casidx_field field;
@@ -276,6 +279,18 @@ static void scores_add(struct casidx_query_scores *scores, uint32_t uid,
 	*value += score;
 }
 
+static bool term_contains(const unsigned char *term, size_t term_len,
+			  const struct query_token *token)
+{
+	size_t i;
+
+	for (i = 0; i + token->len <= term_len; i++) {
+		if (memcmp(term + i, token->term, token->len) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
 static unsigned int scan_term_idx(struct scan_ctx *ctx,
 				  const unsigned char *term, size_t term_len)
 {
@@ -314,7 +329,13 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 	if (ctx->scores == NULL)
 		return;
 
-	if (term_len == ctx->token->len)
+	if (ctx->match == CASIDX_MATCH_TYPO) {
+		/* a term containing the token was scored by its
+		   substring scan */
+		if (term_contains(term, term_len, ctx->token))
+			return;
+		factor = MATCH_FACTOR_TYPO;
+	} else if (term_len == ctx->token->len)
 		factor = MATCH_FACTOR_EXACT;
 	else if (memcmp(term, ctx->token->term, ctx->token->len) == 0)
 		factor = MATCH_FACTOR_PREFIX;
@@ -377,6 +398,7 @@ static int query_token_docs(struct casidx_index *index,
 	ctx.universe = universe;
 	ctx.scores = scores;
 	ctx.token = token;
+	ctx.match = match;
 	ctx.total_docs = roaring_bitmap_get_cardinality(universe);
 	ctx.pool = pool_alloconly_create("casidx scan", 1024);
 	for (field = 0; field < CASIDX_FIELD_COUNT; field++) {
@@ -443,7 +465,7 @@ static int query_leaf(struct casidx_index *index,
 	struct tokens_ctx tctx;
 	const struct query_token *tokens;
 	roaring_bitmap_t *set = NULL, *docs, *def = NULL, *inv;
-	roaring_bitmap_t *unindexed = NULL, *plain;
+	roaring_bitmap_t *unindexed = NULL, *plain, *typo, *fuzzy = NULL;
 	unsigned int i, count;
 	bool definite;
 	pool_t pool;
@@ -466,7 +488,8 @@ static int query_leaf(struct casidx_index *index,
 	   of thousands of words (64 kB of them took 4.5 s) costs no more
 	   than that; none is needed once no candidate is left. */
 	for (i = 0; i < count && i < CASIDX_QUERY_MAX_TOKENS; i++) {
-		if (set != NULL && roaring_bitmap_is_empty(set))
+		if (set != NULL && roaring_bitmap_is_empty(set) &&
+		    (fuzzy == NULL || roaring_bitmap_is_empty(fuzzy)))
 			break;
 		if (query_token_docs(index, &tokens[i], CASIDX_MATCH_SUBSTRING,
 				     leaf->field_mask, universe,
@@ -479,6 +502,25 @@ static int query_leaf(struct casidx_index *index,
 			def = plain;
 		else
 			roaring_bitmap_free(plain);
+		if (leaf->fuzzy && !leaf->match_not) {
+			if (query_token_docs(index, &tokens[i],
+					     CASIDX_MATCH_TYPO,
+					     leaf->field_mask, universe,
+					     scores, &typo, NULL,
+					     error_r) < 0) {
+				roaring_bitmap_free(docs);
+				ret = -1;
+				break;
+			}
+			/* folded and typo matches count under FUZZY */
+			roaring_bitmap_or_inplace(typo, docs);
+			if (fuzzy == NULL)
+				fuzzy = typo;
+			else {
+				roaring_bitmap_and_inplace(fuzzy, typo);
+				roaring_bitmap_free(typo);
+			}
+		}
 		if (tokens[i].ascii)
 			roaring_bitmap_or_inplace(docs, unindexed);
 		if (set == NULL)
@@ -495,12 +537,22 @@ static int query_leaf(struct casidx_index *index,
 			roaring_bitmap_free(set);
 		if (def != NULL)
 			roaring_bitmap_free(def);
+		if (fuzzy != NULL)
+			roaring_bitmap_free(fuzzy);
 		return -1;
 	}
 	roaring_bitmap_and_inplace(set, universe);
 	if (def == NULL)
 		def = bitmap_create();
 	roaring_bitmap_and_inplace(def, set);
+	if (fuzzy != NULL) {
+		/* FUZZY (RFC 6203): what the index matched loosely is the
+		   answer, definite; the exact candidates stay maybe */
+		roaring_bitmap_and_inplace(fuzzy, universe);
+		roaring_bitmap_or_inplace(def, fuzzy);
+		roaring_bitmap_or_inplace(set, fuzzy);
+		roaring_bitmap_free(fuzzy);
+	}
 
 	if (!leaf->match_not) {
 		*definite_r = def;

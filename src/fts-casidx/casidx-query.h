@@ -31,6 +31,11 @@ struct casidx_query_leaf {
 	unsigned int field_mask;
 	const char *value;
 	bool match_not;
+	/* SEARCH FUZZY (RFC 6203), ignored under NOT: every atom may also
+	   match folded ("munoz" finds "muñoz") and within one edit of a
+	   term's beginning (CASIDX_MATCH_TYPO), as definite; adjacency of
+	   several words is not required */
+	bool fuzzy;
 };
 
 struct casidx_query_result {

@@ -57,7 +57,13 @@ enum casidx_match {
 	CASIDX_MATCH_EXACT,
 	CASIDX_MATCH_PREFIX,
 	CASIDX_MATCH_SUBSTRING,
+	/* FUZZY (casidx-query.c): terms that begin with a string within
+	   one edit (insertion, deletion, substitution or swap of two
+	   neighbours) of the token, folded terms included; a token of
+	   fewer than CASIDX_TYPO_MIN_LEN bytes matches nothing this way */
+	CASIDX_MATCH_TYPO,
 };
+#define CASIDX_TYPO_MIN_LEN 5
 
 /* Called for each matching term of each segment. docs may contain
    expunged UIDs (see casidx_index_get_expunged()); tfs[i] is the term

@@ -1343,3 +1343,39 @@ int casidx_segment_find_substring(struct casidx_segment *seg,
 	array_free(&blocks);
 	return found;
 }
+
+int casidx_segment_find_terms(struct casidx_segment *seg,
+			      unsigned char field_char,
+			      casidx_segment_term_filter_t *filter,
+			      void *filter_context,
+			      casidx_segment_entry_callback_t *callback,
+			      void *context, const char **error_r)
+{
+	const struct arena_term *terms, *t;
+	const unsigned char *text;
+	struct casidx_term_entry entry;
+	unsigned int i, first, last;
+	int found = 0;
+
+	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+		return -1;
+	first = seg_arena_field_bound(seg, field_char, FALSE);
+	last = seg_arena_field_bound(seg, field_char, TRUE);
+	terms = array_front(&seg->arena_terms);
+	text = seg->arena_text->data;
+	for (i = first; i < last; i++) {
+		t = &terms[i];
+		if (!filter(text + t->key_off + 1, t->key_len - 1,
+			    filter_context))
+			continue;
+		entry.key = text + t->key_off;
+		entry.key_len = t->key_len;
+		entry.df = t->df;
+		entry.post_offset = t->post_off;
+		entry.post_size = t->post_size;
+		if (callback(seg, &entry, context, error_r) < 0)
+			return -1;
+		found = 1;
+	}
+	return found;
+}
