@@ -499,6 +499,15 @@ static void collect_cb(struct casidx_segment *seg ATTR_UNUSED,
 }
 
 /* Docs matching token, minus expunged; count of matched terms. */
+/* A commit leaves the segments closed (a writer needs only the
+   manifest): reads refresh first. */
+static void refresh_ok(struct casidx_index *index)
+{
+	const char *error = NULL;
+
+	ck_assert_msg(casidx_index_refresh(index, &error) >= 0, "%s", error);
+}
+
 static uint64_t scan_count(struct casidx_index *index,
 			   enum casidx_field field, const char *token,
 			   enum casidx_match match, unsigned int *terms_r)
@@ -529,6 +538,7 @@ static void assert_snapshot(struct casidx_index *index, uint32_t last_uid,
 
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), last_uid);
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), segments);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), docs);
 	roaring_bitmap_free(all);
@@ -813,6 +823,7 @@ START_TEST(test_index_doc_memory_bound)
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
 
 	/* the first words of doc 1 are found, its last ones only in 2 */
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000000",
 				     CASIDX_MATCH_EXACT, NULL), 1);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000100",
@@ -844,6 +855,7 @@ START_TEST(test_index_expunge_and_optimize)
 	casidx_index_writer_expunge(w, 12);
 	casidx_index_writer_expunge(w, 25); /* not indexed yet */
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 18);
 	ck_assert(!roaring_bitmap_contains(all, 12));
@@ -907,6 +919,7 @@ START_TEST(test_index_auto_merge_and_budget)
 	ck_assert_uint_eq(count_seg_files(),
 			  casidx_index_get_segment_count(index));
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 200);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "all",
 				     CASIDX_MATCH_EXACT, NULL), 200);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "uniq1",
@@ -936,6 +949,7 @@ START_TEST(test_index_tiered_merge)
 	/* 64 = one full merge */
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
 	ck_assert_uint_eq(count_seg_files(), 1);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 64 - 12);
 	casidx_index_deinit(&index);
@@ -962,6 +976,7 @@ START_TEST(test_index_merge_bounded)
 	ck_assert_uint_gt(casidx_index_get_segment_count(index), 5);
 	ck_assert_uint_eq(count_seg_files(),
 			  casidx_index_get_segment_count(index));
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 160);
 	casidx_index_deinit(&index);
@@ -972,6 +987,7 @@ START_TEST(test_index_merge_bounded)
 	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
 	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 160);
 	casidx_index_deinit(&index);
@@ -1008,6 +1024,7 @@ START_TEST(test_index_uid_validity_change)
 	index_docs_uv(index, 200, 1, 2);
 	ck_assert_uint_eq(casidx_index_get_uid_validity(index), 200);
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 2);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 2);
 	roaring_bitmap_free(all);

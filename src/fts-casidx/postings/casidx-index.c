@@ -627,6 +627,28 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r)
 	return -1;
 }
 
+/* After a commit: the new manifest, but no segment opened. A writer
+   (doveadm index, indexer-worker) needs only last_uid, and opening
+   would decrypt the whole index into memory at every flush; the next
+   casidx_index_refresh() opens the segments for a query. */
+static int index_reload_manifest(struct casidx_index *index,
+				 const char **error_r)
+{
+	struct manifest m;
+	int ret;
+
+	ret = manifest_read(index, &m, error_r);
+	index_close_segments(index);
+	if (ret <= 0) {
+		manifest_free(&m);
+		index_set_empty(index);
+		return ret;
+	}
+	manifest_move(&index->manifest, &m);
+	index->loaded = FALSE;
+	return 1;
+}
+
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index)
 {
 	return index->manifest.last_uid;
@@ -657,7 +679,9 @@ roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index)
 
 unsigned int casidx_index_get_segment_count(const struct casidx_index *index)
 {
-	return array_count(&index->segments);
+	/* the snapshot's, also before its segments are opened */
+	return array_is_created(&index->manifest.seg_ids) ?
+		array_count(&index->manifest.seg_ids) : 0;
 }
 
 double casidx_index_get_avg_len(const struct casidx_index *index,
@@ -1213,7 +1237,7 @@ static int index_commit(struct casidx_index *index,
 	manifest_free(&old);
 	if (ret < 0)
 		return -1;
-	return casidx_index_refresh(index, error_r) < 0 ? -1 : 0;
+	return index_reload_manifest(index, error_r) < 0 ? -1 : 0;
 }
 
 struct casidx_index_writer *
