@@ -47,13 +47,17 @@ struct casidx_query_result {
 };
 
 /* Encoded-looking text kept per document and field, in bytes of
-   window terms: a PGP signature or a few encoded tokens in a body are
-   searchable exactly; past this (inline attachments) the field is
-   marked UNINDEXED. Headers keep 2 kB: enough for the DKIM and ARC
+   window terms: a PGP signature, encoded tokens or the inline base64 of
+   a broken MIME message (whose "attachment" Dovecot's own search reads
+   as text) in a body are searchable exactly; past this the field is
+   marked UNINDEXED, and every ASCII search re-reads that message. 256
+   kB covers every body of the shared corpus (the largest such run is
+   126 kB): 4 kB left three messages maybe for every single-word BODY
+   search, most of what those searches cost. Headers keep 2 kB: enough for the DKIM and ARC
    signatures most list mail carries (about 1 kB of terms a message),
    which otherwise make every TEXT search of such mail "maybe" and so
    re-read by Dovecot. */
-#define CASIDX_ENCODED_BODY_BUDGET 4096
+#define CASIDX_ENCODED_BODY_BUDGET (256 * 1024)
 #define CASIDX_ENCODED_HEADER_BUDGET 2048
 
 /* What the current document has been given: zero it at each new
