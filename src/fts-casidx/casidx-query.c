@@ -323,7 +323,7 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
 		term++;
 		term_len--;
-	} else {
+	} else if (ctx->plain != NULL) {
 		roaring_bitmap_or_inplace(ctx->plain, docs);
 	}
 	if (ctx->scores == NULL)
@@ -394,7 +394,8 @@ static int query_token_docs(struct casidx_index *index,
 
 	i_zero(&ctx);
 	ctx.docs = bitmap_create();
-	ctx.plain = bitmap_create();
+	/* collected only when asked for: a second union per term */
+	ctx.plain = plain_r == NULL ? NULL : bitmap_create();
 	ctx.universe = universe;
 	ctx.scores = scores;
 	ctx.token = token;
@@ -417,7 +418,8 @@ static int query_token_docs(struct casidx_index *index,
 			hash_table_destroy(&ctx.term_idx);
 			pool_unref(&ctx.pool);
 			roaring_bitmap_free(ctx.docs);
-			roaring_bitmap_free(ctx.plain);
+			if (ctx.plain != NULL)
+				roaring_bitmap_free(ctx.plain);
 			return -1;
 		}
 		if (ctx.scores != NULL)
@@ -428,8 +430,6 @@ static int query_token_docs(struct casidx_index *index,
 	*docs_r = ctx.docs;
 	if (plain_r != NULL)
 		*plain_r = ctx.plain;
-	else
-		roaring_bitmap_free(ctx.plain);
 	return 0;
 }
 
@@ -494,14 +494,13 @@ static int query_leaf(struct casidx_index *index,
 		if (query_token_docs(index, &tokens[i], CASIDX_MATCH_SUBSTRING,
 				     leaf->field_mask, universe,
 				     leaf->match_not ? NULL : scores,
-				     &docs, &plain, error_r) < 0) {
+				     &docs, definite ? &plain : NULL,
+				     error_r) < 0) {
 			ret = -1;
 			break;
 		}
 		if (definite)
 			def = plain;
-		else
-			roaring_bitmap_free(plain);
 		if (leaf->fuzzy && !leaf->match_not) {
 			if (query_token_docs(index, &tokens[i],
 					     CASIDX_MATCH_TYPO,
