@@ -49,7 +49,11 @@ struct tokens_ctx {
 
 /* A posting seen during a scan, scored once the scan has seen every
    segment: a term's document frequency is the sum over all segments,
-   so it is only known at the end. */
+   so it is only known at the end. At most SCAN_HITS_MAX are kept: a
+   one-letter value matches most postings of the index (tens of millions
+   on 10,000 messages, which ran imap out of memory), so past that the
+   hits are scored with the frequencies seen so far and dropped. */
+#define SCAN_HITS_MAX (256 * 1024)
 struct scan_hit {
 	uint32_t uid, tf, doc_len;
 	unsigned int term_idx;
@@ -308,6 +312,8 @@ static unsigned int scan_term_idx(struct scan_ctx *ctx,
 	return array_count(&ctx->term_df) - 1;
 }
 
+static void scan_score_hits(struct scan_ctx *ctx);
+
 static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 		    size_t term_len, const roaring_bitmap_t *docs,
 		    const uint32_t *tfs, void *context)
@@ -357,6 +363,10 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 						      ctx->field);
 		hit->term_idx = term_idx;
 		hit->factor = factor;
+		if (array_count(&ctx->hits) >= SCAN_HITS_MAX) {
+			scan_score_hits(ctx);
+			array_clear(&ctx->hits);
+		}
 	}
 	roaring_free_uint32_iterator(it);
 }
