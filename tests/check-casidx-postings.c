@@ -8,6 +8,7 @@
 #include "str.h"
 #include "unlink-directory.h"
 #include "casidx-segment.h"
+#include "casidx-termsig.h"
 #include "casidx-index.h"
 #include "casidx-crypt.h"
 #include "cas-key.h"
@@ -275,6 +276,180 @@ START_TEST(test_sealed_segment_roundtrip)
 }
 END_TEST
 
+/* deterministic xorshift: the same terms and needles in every run */
+static uint32_t test_rng_state;
+
+static uint32_t test_rng(void)
+{
+	test_rng_state ^= test_rng_state << 13;
+	test_rng_state ^= test_rng_state >> 17;
+	test_rng_state ^= test_rng_state << 5;
+	return test_rng_state;
+}
+
+static bool has_substring(const unsigned char *s, size_t len,
+			  const char *needle, size_t needle_len)
+{
+	size_t i;
+
+	for (i = 0; i + needle_len <= len; i++) {
+		if (memcmp(s + i, needle, needle_len) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+static int collect_key_cb(struct casidx_segment *seg ATTR_UNUSED,
+			  const struct casidx_term_entry *entry,
+			  void *context, const char **error_r ATTR_UNUSED)
+{
+	string_t *keys = context;
+
+	str_append_data(keys, entry->key, entry->key_len);
+	str_append_c(keys, ' ');
+	return 0;
+}
+
+/* Substring lookups narrowed by the trigram signatures
+   (casidx-termsig.h) find exactly the terms a plain scan finds: 6000
+   random terms over a small alphabet in two fields (so blocks collide
+   and needles hit many terms), 3000 needles of 1 to 8 bytes, both
+   pieces of terms and random. Also checks the signatures do narrow:
+   a needle of a single rare term reads few blocks. */
+START_TEST(test_substring_lookup_matches_scan)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	struct casidx_segment *seg;
+	ARRAY_TYPE(const_string) terms;
+	buffer_t *out = buffer_create_dynamic(default_pool, 1 << 20);
+	string_t *got = str_new(default_pool, 4096);
+	string_t *want = str_new(default_pool, 4096);
+	const char *error, *const *tp;
+	const char *alphabet = "abcdefghijklmnopqrstuvwxyz0123456789.-";
+	unsigned int i, j, n, field, len;
+	char term[32], needle[16];
+
+	test_rng_state = 17;
+	t_array_init(&terms, 6000);
+	casidx_builder_add_doc(b, 1);
+	for (i = 0; i < 6000; i++) {
+		len = 1 + test_rng() % 20;
+		for (j = 0; j < len; j++)
+			term[j] = alphabet[test_rng() % 38];
+		term[len] = '\0';
+		field = i % 2 == 0 ? CASIDX_FIELD_BODY : CASIDX_FIELD_HEADER;
+		casidx_builder_add_term(b, field, term, len);
+		if (field == CASIDX_FIELD_BODY) {
+			const char *t = t_strdup(term);
+			array_push_back(&terms, &t);
+		}
+	}
+	/* one rare term */
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "xyzzyquux", 9);
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	for (i = 0; i < 3000; i++) {
+		len = 1 + test_rng() % 8;
+		if (i % 2 == 0) {
+			tp = array_idx(&terms, test_rng() % array_count(&terms));
+			n = strlen(*tp);
+			j = test_rng() % n;
+			len = I_MIN(len, n - j);
+			memcpy(needle, *tp + j, len);
+		} else {
+			for (j = 0; j < len; j++)
+				needle[j] = alphabet[test_rng() % 38];
+		}
+		needle[len] = '\0';
+		str_truncate(got, 0);
+		str_truncate(want, 0);
+		ck_assert_int_ge(casidx_segment_find_substring(seg,
+			CASIDX_FIELD_KEY_CHAR(CASIDX_FIELD_BODY), needle, len,
+			collect_key_cb, got, &error), 0);
+		/* the plain scan: every body term containing the needle,
+		   each once, in key order */
+		{
+			struct casidx_segment_iter *it;
+			const struct casidx_term_entry *e;
+			unsigned char prefix = CASIDX_FIELD_KEY_CHAR(
+				CASIDX_FIELD_BODY);
+
+			it = casidx_segment_iter_init(seg, &prefix, 1);
+			while (casidx_segment_iter_next(it, &e) > 0) {
+				if (e->key_len > 1 &&
+				    has_substring(e->key + 1, e->key_len - 1,
+						  needle, len)) {
+					str_append_data(want, e->key,
+							e->key_len);
+					str_append_c(want, ' ');
+				}
+			}
+			ck_assert_int_eq(casidx_segment_iter_deinit(&it,
+								    &error), 0);
+		}
+		ck_assert_msg(strcmp(str_c(got), str_c(want)) == 0,
+			      "needle '%s': got %s, want %s", needle,
+			      str_c(got), str_c(want));
+	}
+	casidx_segment_close(&seg);
+	buffer_free(&out);
+	str_free(&got);
+	str_free(&want);
+}
+END_TEST
+
+/* The signatures themselves: a block is a candidate whenever one of
+   its terms contains the needle, and a needle none contains rules out
+   most blocks (the bits of three trigrams rarely all collide). */
+START_TEST(test_termsig_candidates)
+{
+	struct casidx_termsig *sig;
+	ARRAY_TYPE(uint32_t) blocks;
+	unsigned int i, nblocks = 200;
+	char term[32];
+
+	sig = casidx_termsig_create(nblocks * CASIDX_TERMSIG_BLOCK_TERMS);
+	for (i = 0; i < nblocks * CASIDX_TERMSIG_BLOCK_TERMS; i++) {
+		i_snprintf(term, sizeof(term), "term%uword", i * 7919);
+		casidx_termsig_add(sig, i, (const unsigned char *)term,
+				   strlen(term));
+	}
+	t_array_init(&blocks, 16);
+	/* too short to narrow */
+	ck_assert(!casidx_termsig_candidates(sig, (const void *)"te", 2, 0,
+					     100, &blocks));
+	ck_assert_uint_eq(array_count(&blocks), 0);
+	/* term 1000 is in block 1000 / 32 = 31 */
+	i_snprintf(term, sizeof(term), "%uwo", 1000 * 7919);
+	ck_assert(casidx_termsig_candidates(sig, (const void *)term,
+					    strlen(term), 0,
+					    nblocks * CASIDX_TERMSIG_BLOCK_TERMS,
+					    &blocks));
+	for (i = 0; i < array_count(&blocks); i++) {
+		if (*array_idx(&blocks, i) == 1000 /
+		    CASIDX_TERMSIG_BLOCK_TERMS)
+			break;
+	}
+	ck_assert_uint_lt(i, array_count(&blocks));
+	ck_assert_uint_lt(array_count(&blocks), nblocks / 4);
+	/* restricted to a term range that excludes the block: not there */
+	array_clear(&blocks);
+	ck_assert(casidx_termsig_candidates(sig, (const void *)term,
+					    strlen(term), 0, 31 * 32,
+					    &blocks));
+	for (i = 0; i < array_count(&blocks); i++)
+		ck_assert_uint_lt(*array_idx(&blocks, i), 31);
+	array_clear(&blocks);
+	ck_assert(casidx_termsig_candidates(sig, (const void *)"qqqzzz", 6,
+					    0, 6400, &blocks));
+	ck_assert_uint_lt(array_count(&blocks), nblocks / 10);
+	casidx_termsig_free(&sig);
+	ck_assert_ptr_eq(sig, NULL);
+}
+END_TEST
+
 START_TEST(test_builder_long_and_nul_terms)
 {
 	struct casidx_builder *b = casidx_builder_create();
@@ -324,6 +499,15 @@ static void collect_cb(struct casidx_segment *seg ATTR_UNUSED,
 }
 
 /* Docs matching token, minus expunged; count of matched terms. */
+/* A commit leaves the segments closed (a writer needs only the
+   manifest): reads refresh first. */
+static void refresh_ok(struct casidx_index *index)
+{
+	const char *error = NULL;
+
+	ck_assert_msg(casidx_index_refresh(index, &error) >= 0, "%s", error);
+}
+
 static uint64_t scan_count(struct casidx_index *index,
 			   enum casidx_field field, const char *token,
 			   enum casidx_match match, unsigned int *terms_r)
@@ -354,6 +538,7 @@ static void assert_snapshot(struct casidx_index *index, uint32_t last_uid,
 
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), last_uid);
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), segments);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), docs);
 	roaring_bitmap_free(all);
@@ -638,6 +823,7 @@ START_TEST(test_index_doc_memory_bound)
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
 
 	/* the first words of doc 1 are found, its last ones only in 2 */
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000000",
 				     CASIDX_MATCH_EXACT, NULL), 1);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "w0000100",
@@ -669,6 +855,7 @@ START_TEST(test_index_expunge_and_optimize)
 	casidx_index_writer_expunge(w, 12);
 	casidx_index_writer_expunge(w, 25); /* not indexed yet */
 	ck_assert_int_eq(casidx_index_writer_commit(&w, &error), 0);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 18);
 	ck_assert(!roaring_bitmap_contains(all, 12));
@@ -732,6 +919,7 @@ START_TEST(test_index_auto_merge_and_budget)
 	ck_assert_uint_eq(count_seg_files(),
 			  casidx_index_get_segment_count(index));
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 200);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "all",
 				     CASIDX_MATCH_EXACT, NULL), 200);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "uniq1",
@@ -761,6 +949,7 @@ START_TEST(test_index_tiered_merge)
 	/* 64 = one full merge */
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
 	ck_assert_uint_eq(count_seg_files(), 1);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 64 - 12);
 	casidx_index_deinit(&index);
@@ -787,6 +976,7 @@ START_TEST(test_index_merge_bounded)
 	ck_assert_uint_gt(casidx_index_get_segment_count(index), 5);
 	ck_assert_uint_eq(count_seg_files(),
 			  casidx_index_get_segment_count(index));
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 160);
 	casidx_index_deinit(&index);
@@ -797,6 +987,7 @@ START_TEST(test_index_merge_bounded)
 	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
 	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
 	ck_assert_uint_eq(casidx_index_get_segment_count(index), 1);
+	refresh_ok(index);
 	ck_assert_uint_eq(scan_count(index, CASIDX_FIELD_BODY, "shared",
 				     CASIDX_MATCH_EXACT, NULL), 160);
 	casidx_index_deinit(&index);
@@ -833,6 +1024,7 @@ START_TEST(test_index_uid_validity_change)
 	index_docs_uv(index, 200, 1, 2);
 	ck_assert_uint_eq(casidx_index_get_uid_validity(index), 200);
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 2);
+	refresh_ok(index);
 	all = casidx_index_get_universe(index);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(all), 2);
 	roaring_bitmap_free(all);
@@ -890,11 +1082,11 @@ START_TEST(test_index_corruption_rejected)
 }
 END_TEST
 
-static void copy_fixture(const char *name)
+static void copy_fixture(unsigned int version, const char *name)
 {
 	const char *top = getenv("CASBOX_TOP_SRCDIR");
-	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v1/%s",
-		top == NULL ? CASBOX_SRCDIR : top, name);
+	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v%u/%s",
+		top == NULL ? CASBOX_SRCDIR : top, version, name);
 	unsigned char tmp[4096];
 	ssize_t n;
 	int in, out;
@@ -910,20 +1102,22 @@ static void copy_fixture(const char *name)
 	i_close_fd(&out);
 }
 
-/* An index written by the format-1 code (tests/fixtures/casidx-v1) is
-   an old format: never read for answers, reported so the backend
-   rebuilds it with an info line, and a fresh index works after the
-   delete. */
+/* An index written by the format-1 or format-2 code
+   (tests/fixtures/casidx-v1, -v2) is an old format: never read for
+   answers, reported so the backend rebuilds it with an info line, and a
+   fresh index works after the delete. */
 START_TEST(test_index_old_format_rebuilt)
 {
 	struct casidx_index *index;
 	const char *error = NULL;
+	unsigned int version = _i + 1;
 
-	copy_fixture("manifest");
-	copy_fixture("seg-00000001.cxs");
+	copy_fixture(version, "manifest");
+	copy_fixture(version, "seg-00000001.cxs");
 	index = casidx_index_init(test_dir, &test_set);
 	ck_assert_int_eq(casidx_index_refresh(index, &error), -1);
-	ck_assert_ptr_ne(strstr(error, "old index format version 1"), NULL);
+	ck_assert_ptr_ne(strstr(error, t_strdup_printf(
+		"old index format version %u (now 3)", version)), NULL);
 	ck_assert(casidx_index_is_corrupted(index));
 	ck_assert(casidx_index_is_old_format(index));
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 0);
@@ -1146,6 +1340,8 @@ int main(void)
 	tcase_add_test(tc, test_segment_deterministic);
 	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
 	tcase_add_test(tc, test_builder_long_and_nul_terms);
+	tcase_add_test(tc, test_substring_lookup_matches_scan);
+	tcase_add_test(tc, test_termsig_candidates);
 	tcase_add_test(tc, test_sealed_segment_roundtrip);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(tci, setup, teardown);
@@ -1158,7 +1354,7 @@ int main(void)
 	tcase_add_test(tci, test_index_uid_validity_change);
 	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
-	tcase_add_test(tci, test_index_old_format_rebuilt);
+	tcase_add_loop_test(tci, test_index_old_format_rebuilt, 0, 2);
 	tcase_add_test(tci, test_index_encrypted);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	tcase_add_test(tci, test_index_overlapping_writers);

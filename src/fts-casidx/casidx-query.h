@@ -31,6 +31,11 @@ struct casidx_query_leaf {
 	unsigned int field_mask;
 	const char *value;
 	bool match_not;
+	/* SEARCH FUZZY (RFC 6203), ignored under NOT: every atom may also
+	   match folded ("munoz" finds "muñoz") and within one edit of a
+	   term's beginning (CASIDX_MATCH_TYPO), as definite; adjacency of
+	   several words is not required */
+	bool fuzzy;
 };
 
 struct casidx_query_result {
@@ -42,17 +47,23 @@ struct casidx_query_result {
 };
 
 /* Encoded-looking text kept per document and field, in bytes of
-   window terms: a PGP signature or a few encoded tokens in a body are
-   searchable exactly; past this (inline attachments) the field is
-   marked UNINDEXED. Headers keep none: every DKIM signature would add
-   ~1 kB of terms per message. */
-#define CASIDX_ENCODED_BODY_BUDGET 4096
-#define CASIDX_ENCODED_HEADER_BUDGET 0
+   window terms: a PGP signature, encoded tokens or the inline base64 of
+   a broken MIME message (whose "attachment" Dovecot's own search reads
+   as text) in a body are searchable exactly; past this the field is
+   marked UNINDEXED, and every ASCII search re-reads that message. 256
+   kB covers every body of the shared corpus (the largest such run is
+   126 kB): 4 kB left three messages maybe for every single-word BODY
+   search, most of what those searches cost. Headers keep 2 kB: enough for the DKIM and ARC
+   signatures most list mail carries (about 1 kB of terms a message),
+   which otherwise make every TEXT search of such mail "maybe" and so
+   re-read by Dovecot. */
+#define CASIDX_ENCODED_BODY_BUDGET (256 * 1024)
+#define CASIDX_ENCODED_HEADER_BUDGET 2048
 
 /* What the current document has been given: zero it at each new
    document. */
 struct casidx_doc_state {
-	/* markers added: 1 << (field * 2) UNINDEXED, << 1 FOLDED */
+	/* UNINDEXED markers added: 1 << field */
 	uint32_t markers;
 	uint32_t encoded_bytes[CASIDX_FIELD_COUNT];
 };
@@ -64,7 +75,7 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 			    enum casidx_field field,
 			    const struct casidx_token *token,
 			    struct casidx_doc_state *state);
-/* Add marker (CASIDX_TERM_UNINDEXED or _FOLDED) to field, once. */
+/* Add marker (CASIDX_TERM_UNINDEXED) to field, once. */
 void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
 			     struct casidx_doc_state *state);

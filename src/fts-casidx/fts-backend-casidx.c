@@ -1181,6 +1181,7 @@ fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 		leaf->field_mask = mask;
 		leaf->value = arg->value.str;
 		leaf->match_not = arg->match_not;
+		leaf->fuzzy = arg->fuzzy;
 		array_push_back(&claimed, &arg);
 	}
 	if (array_count(&leaves) == 0)

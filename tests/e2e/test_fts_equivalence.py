@@ -26,7 +26,7 @@ import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import (Dovecot, corpus_dir, corpus_files,  # noqa: E402
+from dovecot_harness import (Dovecot, corpus_dir,  # noqa: E402
                              load)
 
 USER = "user1"
@@ -44,12 +44,25 @@ NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
 LENGTHS = [(1, 3, 20), (4, 8, 35), (9, 20, 30), (21, 60, 15)]
 
 
+def _folder_files(folder):
+    """Every non-empty message under a corpus folder, its subfolders
+    included (spamassassin keeps its mail in spam-1/, easy_ham/, ...)."""
+    root = os.path.join(corpus_dir(), folder)
+    out = []
+    for dirpath, dirs, names in os.walk(root):
+        dirs.sort()
+        out.extend(os.path.join(dirpath, n) for n in sorted(names)
+                   if not n.startswith(".")
+                   and os.path.getsize(os.path.join(dirpath, n)) > 0)
+    return out
+
+
 def sample_messages(rng):
     """About N_MESSAGES messages, from every folder of the corpus in
     proportion to its size (at least 10 of each), seeded."""
     folders = sorted(d for d in os.listdir(corpus_dir())
                      if os.path.isdir(os.path.join(corpus_dir(), d)))
-    files = {f: [p for p in corpus_files(f)
+    files = {f: [p for p in _folder_files(f)
                  if os.path.getsize(p) <= MAX_MESSAGE] for f in folders}
     total = sum(len(v) for v in files.values())
     out = []

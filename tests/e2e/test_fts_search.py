@@ -320,12 +320,17 @@ class FtsCasidxSearch(unittest.TestCase):
             self.assert_same(run_queries(dc), self.oracle, "budget", dc)
 
     def test_old_format_index_rebuilt(self):
-        """An index written by the format-1 code (the committed fixture,
-        manifest version 1) is never used for answers: the backend says
-        so as info, drops it, and the searches equal Dovecot's own; the
-        rebuilt index has the current version."""
+        """An index written by the format-1 or format-2 code (the
+        committed fixtures, manifest versions 1 and 2) is never used for
+        answers: the backend says so as info, drops it, and the searches
+        equal Dovecot's own; the rebuilt index has the current version."""
+        for version in (1, 2):
+            with self.subTest(version=version):
+                self._old_format_index_rebuilt(version)
+
+    def _old_format_index_rebuilt(self, version):
         fixture = os.path.join(harness.TOP_SRCDIR, "tests", "fixtures",
-                               "casidx-v1")
+                               "casidx-v%d" % version)
         msgs = [b"From: a@example.com\r\nTo: b@example.com\r\n"
                 b"Subject: fixture one\r\n\r\nThe quick brown fox jumps.\r\n",
                 b"From: c@example.com\r\nTo: d@example.com\r\n"
@@ -350,13 +355,14 @@ class FtsCasidxSearch(unittest.TestCase):
             self.assertEqual(uid_search(imap, ["BODY", "quick"]), [1])
             self.assertEqual(uid_search(imap, ["BODY", "sleeps"]), [2])
             imap.logout()
-            dc.wait_log(r"old index format version 1 \(now 2\) - "
+            dc.wait_log(r"old index format version %d \(now 3\) - "
+                        % version +
                         r"rebuilding the index in the current format")
             dc.doveadm("index", "-u", USER, "INBOX")
             with open(os.path.join(dirs[0], "manifest"), "rb") as f:
                 head = f.read(12)
             self.assertEqual(head[:8], b"CXMANIF1")
-            self.assertEqual(int.from_bytes(head[8:12], "little"), 2)
+            self.assertEqual(int.from_bytes(head[8:12], "little"), 3)
             r = dc.doveadm("fts", "lookup", "-u", USER,
                            "mailbox", "INBOX", "body", "quick")
             self.assertIn("INBOX: 1", r.stdout)

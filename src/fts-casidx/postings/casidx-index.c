@@ -23,8 +23,10 @@
 #define MANIFEST_MAGIC "CXMANIF1"
 /* 2: the indexed text changed (issue 17: markup of HTML parts, long
    runs, per-document markers). A version-1 index is read as an old
-   format: dropped and rebuilt, never used for answers. */
-#define MANIFEST_VERSION 2
+   format: dropped and rebuilt, never used for answers.
+   3: folded terms carry CASIDX_TERM_FOLDED_PREFIX instead of a
+   per-field FOLDED marker; version 2 is rebuilt the same way. */
+#define MANIFEST_VERSION 3
 #define MANIFEST_MAX_SIZE (64 * 1024 * 1024)
 /* builder memory = memory_budget / this (casidx_index_writer_doc_done()) */
 #define CASIDX_BUILDER_BUDGET_SHARE 4
@@ -600,6 +602,28 @@ int casidx_index_refresh(struct casidx_index *index, const char **error_r)
 	return -1;
 }
 
+/* After a commit: the new manifest, but no segment opened. A writer
+   (doveadm index, indexer-worker) needs only last_uid, and opening
+   would decrypt the whole index into memory at every flush; the next
+   casidx_index_refresh() opens the segments for a query. */
+static int index_reload_manifest(struct casidx_index *index,
+				 const char **error_r)
+{
+	struct manifest m;
+	int ret;
+
+	ret = manifest_read(index, &m, error_r);
+	index_close_segments(index);
+	if (ret <= 0) {
+		manifest_free(&m);
+		index_set_empty(index);
+		return ret;
+	}
+	manifest_move(&index->manifest, &m);
+	index->loaded = FALSE;
+	return 1;
+}
+
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index)
 {
 	return index->manifest.last_uid;
@@ -630,7 +654,9 @@ roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index)
 
 unsigned int casidx_index_get_segment_count(const struct casidx_index *index)
 {
-	return array_count(&index->segments);
+	/* the snapshot's, also before its segments are opened */
+	return array_is_created(&index->manifest.seg_ids) ?
+		array_count(&index->manifest.seg_ids) : 0;
 }
 
 double casidx_index_get_avg_len(const struct casidx_index *index,
@@ -685,8 +711,63 @@ static bool term_matches(const struct casidx_term_entry *entry,
 	case CASIDX_MATCH_SUBSTRING:
 		return mem_contains(entry->key + 1, entry->key_len - 1,
 				    token, token_len);
+	case CASIDX_MATCH_TYPO:
+		break;
 	}
 	i_unreached();
+}
+
+/* TRUE if a and b differ by at most one edit: an insertion, a
+   deletion, a substitution or a swap of two neighbours. */
+static bool within_one_edit(const unsigned char *a, size_t alen,
+			    const unsigned char *b, size_t blen)
+{
+	size_t i = 0;
+
+	if (alen > blen)
+		return within_one_edit(b, blen, a, alen);
+	if (blen - alen > 1)
+		return FALSE;
+	while (i < alen && a[i] == b[i])
+		i++;
+	if (i == alen)
+		return TRUE;
+	if (alen == blen) {
+		/* substitution, or a swap of i and i+1 */
+		if (memcmp(a + i + 1, b + i + 1, alen - i - 1) == 0)
+			return TRUE;
+		return i + 1 < alen && a[i] == b[i + 1] &&
+			a[i + 1] == b[i] &&
+			memcmp(a + i + 2, b + i + 2, alen - i - 2) == 0;
+	}
+	/* b has one byte more: skip it */
+	return memcmp(a + i, b + i + 1, alen - i) == 0;
+}
+
+struct typo_ctx {
+	const unsigned char *token;
+	size_t token_len;
+};
+
+/* A term (folded or not) that begins with a string within one edit of
+   the token. */
+static bool typo_filter(const unsigned char *term, size_t term_len,
+			void *context)
+{
+	const struct typo_ctx *ctx = context;
+	size_t n = ctx->token_len, len;
+
+	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
+		term++;
+		term_len--;
+	}
+	if (term_len + 1 < n || term_len == 0 || term[0] < 0x20)
+		return FALSE;
+	for (len = n - 1; len <= n + 1 && len <= term_len; len++) {
+		if (within_one_edit(ctx->token, n, term, len))
+			return TRUE;
+	}
+	return FALSE;
 }
 
 struct substring_ctx {
@@ -737,6 +818,24 @@ index_scan_segment(struct casidx_segment *seg, const unsigned char *prefix,
 		array_free(&ctx.tfs);
 		return ret;
 	}
+	if (match == CASIDX_MATCH_TYPO) {
+		struct substring_ctx ctx = {
+			.callback = callback, .context = context,
+		};
+		struct typo_ctx tctx = {
+			.token = (const unsigned char *)token,
+			.token_len = token_len,
+		};
+
+		if (token_len < CASIDX_TYPO_MIN_LEN)
+			return 0;
+		i_array_init(&ctx.tfs, 64);
+		ret = casidx_segment_find_terms(seg, prefix[0], typo_filter,
+						&tctx, substring_entry_cb,
+						&ctx, error_r);
+		array_free(&ctx.tfs);
+		return ret;
+	}
 	i_array_init(&tfs, 64);
 	iter = casidx_segment_iter_init(seg, prefix, prefix_len);
 	while ((ret = casidx_segment_iter_next(iter, &entry)) > 0) {
@@ -771,7 +870,7 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 	i_assert(field < CASIDX_FIELD_COUNT);
 	prefix = t_buffer_create(token_len + 1);
 	buffer_append_c(prefix, CASIDX_FIELD_KEY_CHAR(field));
-	if (match != CASIDX_MATCH_SUBSTRING)
+	if (match != CASIDX_MATCH_SUBSTRING && match != CASIDX_MATCH_TYPO)
 		buffer_append(prefix, token, token_len);
 
 	array_foreach(&index->segments, os) {
@@ -1113,7 +1212,7 @@ static int index_commit(struct casidx_index *index,
 	manifest_free(&old);
 	if (ret < 0)
 		return -1;
-	return casidx_index_refresh(index, error_r) < 0 ? -1 : 0;
+	return index_reload_manifest(index, error_r) < 0 ? -1 : 0;
 }
 
 struct casidx_index_writer *

@@ -29,11 +29,16 @@ struct casidx_index_writer;
    UNINDEXED  the field has text no term covers (a run skipped as encoded
               data, or terms lost to the per-document memory bound), so
               a search that finds nothing may still match there: "maybe"
-   FOLDED     the field has a word whose non-ASCII characters were
-              normalised, possibly into ASCII: an ASCII match is "maybe" */
+   (Format 2 also had "\x01\x02" FOLDED per field; format 3 marks the
+   folded terms themselves, below.) */
 #define CASIDX_TERM_UNINDEXED "\x01\x01"
-#define CASIDX_TERM_FOLDED "\x01\x02"
 #define CASIDX_TERM_MARKER_LEN 2
+/* First byte of a term whose word normalisation changed beyond ASCII
+   case (CASIDX_TOKEN_FLAG_FOLDED: "muñoz" is stored as "\x02munoz"):
+   an ASCII match found only in such terms is "maybe"; one found in a
+   plain term of the document is proven. No query atom contains it, so
+   substring lookups find the folded terms like any other. */
+#define CASIDX_TERM_FOLDED_PREFIX '\x02'
 
 struct cas_io;
 
@@ -57,7 +62,13 @@ enum casidx_match {
 	CASIDX_MATCH_EXACT,
 	CASIDX_MATCH_PREFIX,
 	CASIDX_MATCH_SUBSTRING,
+	/* FUZZY (casidx-query.c): terms that begin with a string within
+	   one edit (insertion, deletion, substitution or swap of two
+	   neighbours) of the token, folded terms included; a token of
+	   fewer than CASIDX_TYPO_MIN_LEN bytes matches nothing this way */
+	CASIDX_MATCH_TYPO,
 };
+#define CASIDX_TYPO_MIN_LEN 5
 
 /* Called for each matching term of each segment. docs may contain
    expunged UIDs (see casidx_index_get_expunged()); tfs[i] is the term

@@ -12,6 +12,7 @@
 #include "cas-crc32c.h"
 #include "cas-durable.h"
 #include "casidx-segment.h"
+#include "casidx-termsig.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -94,6 +95,8 @@ struct casidx_segment {
 	   every key NUL-terminated in arena_text, entries in key order */
 	buffer_t *arena_text;
 	ARRAY(struct arena_term) arena_terms;
+	/* trigram signatures of the arena's terms (casidx-termsig.h) */
+	struct casidx_termsig *termsig;
 };
 
 struct casidx_segment_iter {
@@ -900,6 +903,7 @@ void casidx_segment_close(struct casidx_segment **_seg)
 		buffer_free(&seg->arena_text);
 		array_free(&seg->arena_terms);
 	}
+	casidx_termsig_free(&seg->termsig);
 	i_close_fd(&seg->fd);
 	array_free(&seg->sparse);
 	i_free(seg);
@@ -1156,6 +1160,21 @@ int casidx_segment_read_postings(struct casidx_segment *seg,
 	return 1;
 }
 
+static void seg_arena_build_termsig(struct casidx_segment *seg)
+{
+	const struct arena_term *terms;
+	const unsigned char *text = seg->arena_text->data;
+	unsigned int i, count;
+
+	terms = array_get(&seg->arena_terms, &count);
+	seg->termsig = casidx_termsig_create(count);
+	for (i = 0; i < count; i++) {
+		/* the term after its field char */
+		casidx_termsig_add(seg->termsig, i, text + terms[i].key_off + 1,
+				   terms[i].key_len - 1);
+	}
+}
+
 /* Decode and verify the whole dictionary into the arena (once). */
 static int seg_arena_build(struct casidx_segment *seg, const char **error_r)
 {
@@ -1185,6 +1204,7 @@ static int seg_arena_build(struct casidx_segment *seg, const char **error_r)
 		array_free(&seg->arena_terms);
 		return -1;
 	}
+	seg_arena_build_termsig(seg);
 	return 0;
 }
 
@@ -1210,27 +1230,21 @@ static unsigned int seg_arena_field_bound(const struct casidx_segment *seg,
 	return lo;
 }
 
-int casidx_segment_find_substring(struct casidx_segment *seg,
-				  unsigned char field_char,
-				  const void *token, size_t token_len,
-				  casidx_segment_entry_callback_t *callback,
-				  void *context, const char **error_r)
+/* The memmem() scan of find_substring() over the terms first..last-1
+   of one field. */
+static int seg_arena_scan(struct casidx_segment *seg, unsigned int first,
+			  unsigned int last, const void *token,
+			  size_t token_len,
+			  casidx_segment_entry_callback_t *callback,
+			  void *context, const char **error_r)
 {
-	const struct arena_term *terms, *t;
-	const unsigned char *text, *p, *end, *hit;
+	const struct arena_term *terms = array_front(&seg->arena_terms), *t;
+	const unsigned char *text = seg->arena_text->data;
+	const unsigned char *p, *end, *hit;
 	struct casidx_term_entry entry;
-	unsigned int first, last, lo, hi, mid;
-	int ret, found = 0;
+	unsigned int lo, hi, mid;
+	int found = 0;
 
-	i_assert(token_len > 0);
-	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
-		return -1;
-	terms = array_front(&seg->arena_terms);
-	first = seg_arena_field_bound(seg, field_char, FALSE);
-	last = seg_arena_field_bound(seg, field_char, TRUE);
-	if (first == last)
-		return 0;
-	text = seg->arena_text->data;
 	p = text + terms[first].key_off;
 	end = text + terms[last - 1].key_off + terms[last - 1].key_len;
 	lo = first;
@@ -1257,13 +1271,91 @@ int casidx_segment_find_substring(struct casidx_segment *seg,
 		entry.df = t->df;
 		entry.post_offset = t->post_off;
 		entry.post_size = t->post_size;
-		if ((ret = callback(seg, &entry, context, error_r)) < 0)
+		if (callback(seg, &entry, context, error_r) < 0)
 			return -1;
 		found = 1;
 		p = text + t->key_off + t->key_len + 1;
 		lo++;
 		if (lo >= last)
 			break;
+	}
+	return found;
+}
+
+int casidx_segment_find_substring(struct casidx_segment *seg,
+				  unsigned char field_char,
+				  const void *token, size_t token_len,
+				  casidx_segment_entry_callback_t *callback,
+				  void *context, const char **error_r)
+{
+	ARRAY_TYPE(uint32_t) blocks;
+	const uint32_t *blk;
+	unsigned int first, last, b_first, b_last;
+	int ret, found = 0;
+
+	i_assert(token_len > 0);
+	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+		return -1;
+	first = seg_arena_field_bound(seg, field_char, FALSE);
+	last = seg_arena_field_bound(seg, field_char, TRUE);
+	if (first == last)
+		return 0;
+	/* heap, not the data stack: callers' error strings must outlive
+	   this call */
+	i_array_init(&blocks, 64);
+	if (!casidx_termsig_candidates(seg->termsig, token, token_len,
+				       first, last, &blocks)) {
+		array_free(&blocks);
+		return seg_arena_scan(seg, first, last, token, token_len,
+				      callback, context, error_r);
+	}
+	array_foreach(&blocks, blk) {
+		b_first = I_MAX(first, *blk * CASIDX_TERMSIG_BLOCK_TERMS);
+		b_last = I_MIN(last, (*blk + 1) * CASIDX_TERMSIG_BLOCK_TERMS);
+		ret = seg_arena_scan(seg, b_first, b_last, token, token_len,
+				     callback, context, error_r);
+		if (ret < 0) {
+			found = -1;
+			break;
+		}
+		found |= ret;
+	}
+	array_free(&blocks);
+	return found;
+}
+
+int casidx_segment_find_terms(struct casidx_segment *seg,
+			      unsigned char field_char,
+			      casidx_segment_term_filter_t *filter,
+			      void *filter_context,
+			      casidx_segment_entry_callback_t *callback,
+			      void *context, const char **error_r)
+{
+	const struct arena_term *terms, *t;
+	const unsigned char *text;
+	struct casidx_term_entry entry;
+	unsigned int i, first, last;
+	int found = 0;
+
+	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+		return -1;
+	first = seg_arena_field_bound(seg, field_char, FALSE);
+	last = seg_arena_field_bound(seg, field_char, TRUE);
+	terms = array_front(&seg->arena_terms);
+	text = seg->arena_text->data;
+	for (i = first; i < last; i++) {
+		t = &terms[i];
+		if (!filter(text + t->key_off + 1, t->key_len - 1,
+			    filter_context))
+			continue;
+		entry.key = text + t->key_off;
+		entry.key_len = t->key_len;
+		entry.df = t->df;
+		entry.post_offset = t->post_off;
+		entry.post_size = t->post_size;
+		if (callback(seg, &entry, context, error_r) < 0)
+			return -1;
+		found = 1;
 	}
 	return found;
 }

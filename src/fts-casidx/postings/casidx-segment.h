@@ -146,6 +146,20 @@ int casidx_segment_find_substring(struct casidx_segment *seg,
 				  const void *token, size_t token_len,
 				  casidx_segment_entry_callback_t *callback,
 				  void *context, const char **error_r);
+/* Called for each term of a field (term = the key after the field char);
+   TRUE selects it. */
+typedef bool casidx_segment_term_filter_t(const unsigned char *term,
+					  size_t term_len, void *context);
+/* Every term of the field that filter selects, in key order, from the
+   dictionary decoded as for casidx_segment_find_substring() (one pass
+   over the field's terms in memory). Returns 1 if any was selected, 0
+   if none, -1 on error. */
+int casidx_segment_find_terms(struct casidx_segment *seg,
+			      unsigned char field_char,
+			      casidx_segment_term_filter_t *filter,
+			      void *filter_context,
+			      casidx_segment_entry_callback_t *callback,
+			      void *context, const char **error_r);
 /* Read a term's postings: docs_r (caller frees with roaring_bitmap_free)
    and tfs_r with one term frequency per doc in bitmap order. */
 int casidx_segment_read_postings(struct casidx_segment *seg,
