@@ -200,9 +200,23 @@ def distinctive_strings(messages):
 
 
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count):
+    """count distinct free ports of 127.0.0.1: all sockets stay bound
+    until each has its port, so two calls in a row cannot hand out the
+    same one (which made doveconf fail with "duplicate listener")."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def ensure_test_user():
@@ -388,8 +402,7 @@ class Dovecot:
         self.log_path = os.path.join(self.tmp, "dovecot.log")
         self.conf_path = os.path.join(self.tmp, "dovecot.conf")
         self._stage_modules()
-        self.imap_port = free_port()
-        self.lmtp_port = free_port()
+        self.imap_port, self.lmtp_port = free_ports(2)
         if self.users is not None:
             with open(os.path.join(self.tmp, "users"), "w") as f:
                 for user in self.users:
