@@ -46,6 +46,16 @@ static inline uint8_t rd_u8(struct rec_reader *rd, const char *what)
 	return *rd->p++;
 }
 
+/* The leading version byte of a record: anything but want is an
+   error ("unknown version N"), as every decoder here says it. */
+static inline void rd_version(struct rec_reader *rd, uint8_t want)
+{
+	uint8_t version = rd_u8(rd, "version");
+
+	if (rd->error == NULL && version != want)
+		rd->error = t_strdup_printf("unknown version %u", version);
+}
+
 static inline uint16_t rd_u16(struct rec_reader *rd, const char *what)
 {
 	uint16_t v;

@@ -117,11 +117,8 @@ int casbox_flags_record_import(const void *data, size_t size, pool_t pool,
 	ARRAY_TYPE(const_string) keywords;
 	uint32_t flags;
 	uint64_t modseq;
-	uint8_t version;
 
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_RECORD_VERSION);
 	flags = rd_u32(&rd, "flags");
 	modseq = rd_u64(&rd, "modseq");
 	p_array_init(&keywords, pool, 4);
@@ -300,12 +297,9 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	uint8_t version;
 
 	casbox_msg_record_init(pool, rec_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_RECORD_VERSION);
 	rec_r->flags = rd_u32(&rd, "flags");
 	rec_r->received_date = (time_t)rd_u64(&rd, "received date");
 	rec_r->save_date = (time_t)rd_u64(&rd, "save date");
@@ -352,12 +346,9 @@ int casbox_mailbox_record_import(const void *data, size_t size,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	uint8_t version;
 
 	i_zero(rec_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_RECORD_VERSION);
 	rec_r->uid_validity = rd_u32(&rd, "uid validity");
 	rec_r->name = rd_str16(&rd, pool, "name");
 	if (rd.error == NULL && rd.p < rd.end)
@@ -391,12 +382,9 @@ int casbox_blob_value_import(const void *data, size_t size,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	uint8_t version;
 
 	i_zero(value_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_RECORD_VERSION);
 	value_r->refcount = rd_u32(&rd, "refcount");
 	if (rd.error == NULL && value_r->refcount == 0)
 		rd.error = "zero refcount";

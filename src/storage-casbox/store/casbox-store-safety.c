@@ -180,12 +180,9 @@ int casbox_dup_record_import(const void *data, size_t size, pool_t pool,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	uint8_t version;
 
 	i_zero(rec_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_SAFETY_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_SAFETY_RECORD_VERSION);
 	rec_r->delivered = (time_t)rd_u64(&rd, "delivered");
 	rec_r->uid = rd_u32(&rd, "uid");
 	rec_r->guid = rd_str16(&rd, pool, "guid");
@@ -226,13 +223,10 @@ int casbox_retained_record_import(const void *data, size_t size,
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size)
 	};
-	uint8_t version;
 	uint32_t len;
 
 	i_zero(rec_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_SAFETY_RECORD_VERSION)
-		rd.error = t_strdup_printf("unknown version %u", version);
+	rd_version(&rd, CASBOX_SAFETY_RECORD_VERSION);
 	rec_r->expunged = (time_t)rd_u64(&rd, "expunged");
 	rec_r->mailbox_name = rd_str16(&rd, pool, "mailbox name");
 	len = rd_u32(&rd, "message record length");
