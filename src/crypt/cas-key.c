@@ -20,7 +20,29 @@
 
    A CASKEY1 file is a CASKEY2 file with one implicit slot: the wrap key
    derived from the root with the root's key id, so converting one
-   changes no blob id, index key or wrapped DEK. */
+   changes no blob id, index key or wrapped DEK.
+
+   CASKEY3 (written by key rotate since key epochs, issue 15):
+     0   7  magic "CASKEY3"
+     7   1  version (3)
+     8   4  key id (big-endian): the store's key name, from the first root
+    12  32  key fingerprint (public, cas_keyring_fingerprint())
+    44   1  slot count n (1..2)
+    45   1  current slot (0..n-1): wraps new DEKs
+    46   1  epoch count m (1..2)
+    47   1  current epoch (0..m-1): new blob ids, sealed records, store keys
+    48  36n slots: key id (4, big-endian) | wrap key (32)
+   48+36n 36m epochs: epoch number (4, big-endian) | epoch secret (32)
+   end  32  BLAKE2b-256 of everything before
+   = 152 .. 224 bytes
+
+   An epoch's secret gives its blob-id, index and store keys with the
+   same KDF as the CASKEY1/2 root, so the root of a CASKEY1/2 file is
+   epoch 0's secret and converting one changes nothing. Epochs after 0
+   are random, never derived from an older one: a copy of an older key
+   file computes none of their keys. The key id and the fingerprint are
+   stored (they stay the same over rotation) because after --finish no
+   secret they were derived from remains in the file. */
 
 #include "lib.h"
 #include "buffer.h"
@@ -49,13 +71,29 @@
 #define CAS_KEY_FILE_SLOT_SIZE (4 + CAS_KEK_SIZE)
 #define CAS_KEY_FILE_V2_SIZE(n) \
 	(CAS_KEY_FILE_V2_OFF_SLOTS + (n) * CAS_KEY_FILE_SLOT_SIZE + 32)
-#define CAS_KEY_FILE_MAX_SIZE CAS_KEY_FILE_V2_SIZE(CAS_KEY_FILE_MAX_SLOTS)
+#define CAS_KEY_FILE_V3_MAGIC "CASKEY3"
+#define CAS_KEY_FILE_V3_OFF_KEY_ID 8
+#define CAS_KEY_FILE_V3_OFF_FP 12
+#define CAS_KEY_FILE_V3_OFF_COUNT 44
+#define CAS_KEY_FILE_V3_OFF_CURRENT 45
+#define CAS_KEY_FILE_V3_OFF_EPOCHS 46
+#define CAS_KEY_FILE_V3_OFF_CUR_EPOCH 47
+#define CAS_KEY_FILE_V3_OFF_SLOTS 48
+#define CAS_KEY_FILE_EPOCH_SIZE (4 + CAS_KEK_SIZE)
+#define CAS_KEY_FILE_V3_SIZE(n, m) \
+	(CAS_KEY_FILE_V3_OFF_SLOTS + (n) * CAS_KEY_FILE_SLOT_SIZE + \
+	 (m) * CAS_KEY_FILE_EPOCH_SIZE + 32)
+#define CAS_KEY_FILE_MAX_SIZE \
+	CAS_KEY_FILE_V3_SIZE(CAS_KEY_FILE_MAX_SLOTS, CAS_KEY_FILE_MAX_EPOCHS)
 
 /* slots a key ring holds in memory: the file's, plus slots a reload
    dropped, kept for unwrapping streams opened before it. A long IMAP
    session can see several rotations between opening a message and
    reading it (32 bytes a slot). */
 #define CAS_KEYRING_MAX_SLOTS (CAS_KEY_FILE_MAX_SLOTS + 14)
+/* epochs likewise: the file's and those a reload dropped (for opening
+   records read before the re-seal reached them) */
+#define CAS_KEYRING_MAX_EPOCHS (CAS_KEY_FILE_MAX_EPOCHS + 6)
 
 /* crypto_kdf context (8 bytes) and sub-key ids */
 #define CAS_KDF_CONTEXT "CASBOXK1"
@@ -64,17 +102,22 @@ enum cas_kdf_subkey {
 	CAS_KDF_BLOB_ID = 2,
 	CAS_KDF_INDEX = 3,
 	CAS_KDF_KEY_ID = 4,
+	CAS_KDF_FINGERPRINT = 5,
 };
+/* store keys (cas_keyring_store_key()): context, purpose = sub-key id */
+#define CAS_KDF_STORE_CONTEXT "CASBOXS1"
+#define CAS_FINGERPRINT_PERSONAL "CASKFP01"
 
 #define CAS_DEK_AAD_MAGIC "CASDEK1"
 #define CAS_DEK_AAD_SIZE (7 + 4 + CAS_BLOB_ID_SIZE)
 
 struct cas_keyring_secrets {
-	unsigned char root[CAS_KEK_SIZE];
 	/* wrap keys, by slot */
 	unsigned char wrap[CAS_KEYRING_MAX_SLOTS][CAS_KEK_SIZE];
-	unsigned char blob_id[CAS_KEK_SIZE];
-	unsigned char index[CAS_KEK_SIZE];
+	/* by epoch index: the epoch's secret and what it derives */
+	unsigned char epoch[CAS_KEYRING_MAX_EPOCHS][CAS_KEK_SIZE];
+	unsigned char blob_id[CAS_KEYRING_MAX_EPOCHS][CAS_KEK_SIZE];
+	unsigned char index[CAS_KEYRING_MAX_EPOCHS][CAS_KEK_SIZE];
 };
 
 struct cas_keyring {
@@ -86,6 +129,12 @@ struct cas_keyring {
 	   reload dropped (unwrap only) */
 	uint32_t slot_key_ids[CAS_KEYRING_MAX_SLOTS];
 	unsigned int slot_count, file_slots, current;
+	/* epochs [0, file_epochs) are the key file's, the rest were
+	   dropped by a reload (open only); cur_epoch seals and names */
+	uint32_t epoch_numbers[CAS_KEYRING_MAX_EPOCHS];
+	unsigned int epoch_count, file_epochs, cur_epoch;
+	/* public: names the key, the same over every rotation */
+	unsigned char fingerprint[CAS_KEY_FINGERPRINT_SIZE];
 	/* the loaded file, to notice a replacement (cas_keyring_refresh) */
 	bool have_stat;
 	struct stat st;
@@ -131,6 +180,13 @@ struct cas_keyring_backend {
 	int (*dek_verify)(const struct cas_keyring *keyring,
 			  const struct cas_blob_id *id, uint8_t kind,
 			  const unsigned char *stored, const char **error_r);
+	uint32_t (*store_epoch)(const struct cas_keyring *keyring);
+	int (*store_key)(const struct cas_keyring *keyring,
+			 enum cas_store_key_purpose purpose, uint32_t epoch,
+			 unsigned char key_r[CAS_STORE_KEY_SIZE],
+			 const char **error_r);
+	void (*fingerprint)(const struct cas_keyring *keyring,
+			    unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE]);
 };
 static const struct cas_keyring_backend cas_keyring_server;
 static const struct cas_keyring_backend cas_keyring_password;
@@ -166,26 +222,57 @@ static struct cas_keyring_secrets *cas_keyring_secrets_alloc(void)
 	return secrets;
 }
 
-/* Root-derived keys and the root's id. The v1 slot (wrap key derived
-   from the root, key id = root id) goes to wrap_r/key_id_r. */
+/* The keys of the epoch at index i from its secret (already in
+   secrets->epoch[i]). */
 static void
-cas_keyring_derive(struct cas_keyring_secrets *secrets, uint32_t *key_id_r,
+cas_keyring_derive_epoch(struct cas_keyring_secrets *secrets, unsigned int i)
+{
+	crypto_kdf_derive_from_key(secrets->blob_id[i], CAS_KEK_SIZE,
+				   CAS_KDF_BLOB_ID, CAS_KDF_CONTEXT,
+				   secrets->epoch[i]);
+	crypto_kdf_derive_from_key(secrets->index[i], CAS_KEK_SIZE,
+				   CAS_KDF_INDEX, CAS_KDF_CONTEXT,
+				   secrets->epoch[i]);
+}
+
+/* a one-way image of a root-derived key: names the root without
+   giving anything that helps to find it */
+static void
+cas_keyring_root_fingerprint(const unsigned char root[CAS_KEK_SIZE],
+			     unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE])
+{
+	unsigned char sub[32];
+
+	crypto_kdf_derive_from_key(sub, sizeof(sub), CAS_KDF_FINGERPRINT,
+				   CAS_KDF_CONTEXT, root);
+	crypto_generichash(fp_r, CAS_KEY_FINGERPRINT_SIZE,
+			   (const void *)CAS_FINGERPRINT_PERSONAL,
+			   strlen(CAS_FINGERPRINT_PERSONAL), sub, sizeof(sub));
+	sodium_memzero(sub, sizeof(sub));
+}
+
+/* A CASKEY1/2 root: epoch 0 (the root is its secret), the root's id and
+   fingerprint. The v1 slot (wrap key derived from the root, key id =
+   root id) goes to wrap_r. */
+static void
+cas_keyring_derive(struct cas_keyring *keyring,
+		   const unsigned char root[CAS_KEK_SIZE],
 		   unsigned char wrap_r[CAS_KEK_SIZE])
 {
+	struct cas_keyring_secrets *secrets = keyring->secrets;
 	unsigned char key_id[crypto_kdf_BYTES_MIN];
 
 	crypto_kdf_derive_from_key(wrap_r, CAS_KEK_SIZE, CAS_KDF_WRAP,
-				   CAS_KDF_CONTEXT, secrets->root);
-	crypto_kdf_derive_from_key(secrets->blob_id, CAS_KEK_SIZE,
-				   CAS_KDF_BLOB_ID, CAS_KDF_CONTEXT,
-				   secrets->root);
-	crypto_kdf_derive_from_key(secrets->index, CAS_KEK_SIZE,
-				   CAS_KDF_INDEX, CAS_KDF_CONTEXT,
-				   secrets->root);
+				   CAS_KDF_CONTEXT, root);
+	memcpy(secrets->epoch[0], root, CAS_KEK_SIZE);
+	cas_keyring_derive_epoch(secrets, 0);
 	crypto_kdf_derive_from_key(key_id, sizeof(key_id),
-				   CAS_KDF_KEY_ID, CAS_KDF_CONTEXT,
-				   secrets->root);
-	*key_id_r = cas_be32(key_id);
+				   CAS_KDF_KEY_ID, CAS_KDF_CONTEXT, root);
+	keyring->key_id = cas_be32(key_id);
+	cas_keyring_root_fingerprint(root, keyring->fingerprint);
+	keyring->epoch_numbers[0] = 0;
+	keyring->epoch_count = keyring->file_epochs = 1;
+	keyring->cur_epoch = 0;
 }
 
 /* A v1 key ring: one slot, derived from the root. */
@@ -196,9 +283,7 @@ static struct cas_keyring *cas_keyring_from_kek(const unsigned char *kek)
 	keyring = i_new(struct cas_keyring, 1);
 	keyring->backend = &cas_keyring_server;
 	keyring->secrets = cas_keyring_secrets_alloc();
-	memcpy(keyring->secrets->root, kek, CAS_KEK_SIZE);
-	cas_keyring_derive(keyring->secrets, &keyring->key_id,
-			   keyring->secrets->wrap[0]);
+	cas_keyring_derive(keyring, kek, keyring->secrets->wrap[0]);
 	keyring->slot_key_ids[0] = keyring->key_id;
 	keyring->slot_count = keyring->file_slots = 1;
 	keyring->current = 0;
@@ -241,6 +326,36 @@ static int cas_key_file_parse_v1(const unsigned char *file, size_t size,
 	return 1;
 }
 
+/* The 4-byte ids at the start of count entries of entry_size bytes are
+   distinct (and not 0 if nonzero). Returns 0 ok, -1 with error_r. */
+static int
+cas_key_file_check_ids(const unsigned char *entries, unsigned int count,
+		       size_t entry_size, const char *what,
+		       const char *id_name, bool nonzero,
+		       const char **error_r)
+{
+	unsigned int i, j;
+	uint32_t id;
+
+	for (i = 0; i < count; i++) {
+		id = cas_be32(entries + i * entry_size);
+		if (nonzero && id == 0) {
+			*error_r = t_strdup_printf("%s %u has %s 0",
+						   what, i, id_name);
+			return -1;
+		}
+		for (j = 0; j < i; j++) {
+			if (id == cas_be32(entries + j * entry_size)) {
+				*error_r = t_strdup_printf(
+					"%ss %u and %u have the same %s "
+					"%08x", what, j, i, id_name, id);
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
 static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
 				 struct cas_keyring **keyring_r,
 				 const char **error_r)
@@ -248,7 +363,7 @@ static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
 	struct cas_keyring *keyring;
 	unsigned char check[32], derived_wrap[CAS_KEK_SIZE];
 	const unsigned char *slot;
-	unsigned int i, j, count, current;
+	unsigned int i, count, current;
 
 	if (size < CAS_KEY_FILE_V2_SIZE(1)) {
 		*error_r = t_strdup_printf("size %zu, expected %u or %u",
@@ -283,30 +398,15 @@ static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
 		*error_r = "reserved bytes are not zero";
 		return -1;
 	}
-	for (i = 0; i < count; i++) {
-		slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
-			i * CAS_KEY_FILE_SLOT_SIZE;
-		if (cas_be32(slot) == 0) {
-			*error_r = t_strdup_printf("slot %u has key id 0", i);
-			return -1;
-		}
-		for (j = 0; j < i; j++) {
-			if (cas_be32(slot) == cas_be32(file +
-					CAS_KEY_FILE_V2_OFF_SLOTS +
-					j * CAS_KEY_FILE_SLOT_SIZE)) {
-				*error_r = t_strdup_printf(
-					"slots %u and %u have the same "
-					"key id %08x", j, i, cas_be32(slot));
-				return -1;
-			}
-		}
-	}
+	if (cas_key_file_check_ids(file + CAS_KEY_FILE_V2_OFF_SLOTS, count,
+				   CAS_KEY_FILE_SLOT_SIZE, "slot", "key id",
+				   TRUE, error_r) < 0)
+		return -1;
 
 	keyring = i_new(struct cas_keyring, 1);
 	keyring->backend = &cas_keyring_server;
 	keyring->secrets = cas_keyring_secrets_alloc();
-	memcpy(keyring->secrets->root, file + 8, CAS_KEK_SIZE);
-	cas_keyring_derive(keyring->secrets, &keyring->key_id, derived_wrap);
+	cas_keyring_derive(keyring, file + 8, derived_wrap);
 	sodium_memzero(derived_wrap, sizeof(derived_wrap));
 	for (i = 0; i < count; i++) {
 		slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
@@ -321,6 +421,98 @@ static int cas_key_file_parse_v2(const unsigned char *file, size_t size,
 	return 1;
 }
 
+static int cas_key_file_parse_v3(const unsigned char *file, size_t size,
+				 struct cas_keyring **keyring_r,
+				 const char **error_r)
+{
+	struct cas_keyring *keyring;
+	unsigned char check[32];
+	const unsigned char *slots, *epochs, *p;
+	unsigned int i, count, current, epoch_count, cur_epoch;
+
+	if (size < CAS_KEY_FILE_V3_SIZE(1, 1)) {
+		*error_r = t_strdup_printf("size %zu, expected %u..%u", size,
+			CAS_KEY_FILE_V3_SIZE(1, 1), CAS_KEY_FILE_MAX_SIZE);
+		return -1;
+	}
+	count = file[CAS_KEY_FILE_V3_OFF_COUNT];
+	current = file[CAS_KEY_FILE_V3_OFF_CURRENT];
+	epoch_count = file[CAS_KEY_FILE_V3_OFF_EPOCHS];
+	cur_epoch = file[CAS_KEY_FILE_V3_OFF_CUR_EPOCH];
+	if (count < 1 || count > CAS_KEY_FILE_MAX_SLOTS) {
+		*error_r = t_strdup_printf("slot count %u, expected 1..%u",
+					   count, CAS_KEY_FILE_MAX_SLOTS);
+		return -1;
+	}
+	if (epoch_count < 1 || epoch_count > CAS_KEY_FILE_MAX_EPOCHS) {
+		*error_r = t_strdup_printf("epoch count %u, expected 1..%u",
+					   epoch_count,
+					   CAS_KEY_FILE_MAX_EPOCHS);
+		return -1;
+	}
+	if (size != CAS_KEY_FILE_V3_SIZE(count, epoch_count)) {
+		*error_r = t_strdup_printf(
+			"size %zu, expected %u for %u slot(s) and %u "
+			"epoch(s)", size,
+			CAS_KEY_FILE_V3_SIZE(count, epoch_count), count,
+			epoch_count);
+		return -1;
+	}
+	cas_key_file_check(file, size - 32, check);
+	if (sodium_memcmp(check, file + size - 32, sizeof(check)) != 0) {
+		*error_r = "checksum mismatch (file damaged)";
+		return -1;
+	}
+	if (current >= count) {
+		*error_r = t_strdup_printf("current slot %u, but %u slot(s)",
+					   current, count);
+		return -1;
+	}
+	if (cur_epoch >= epoch_count) {
+		*error_r = t_strdup_printf(
+			"current epoch %u, but %u epoch(s)",
+			cur_epoch, epoch_count);
+		return -1;
+	}
+	slots = file + CAS_KEY_FILE_V3_OFF_SLOTS;
+	epochs = slots + count * CAS_KEY_FILE_SLOT_SIZE;
+	if (cas_be32(file + CAS_KEY_FILE_V3_OFF_KEY_ID) == 0) {
+		*error_r = "key id 0";
+		return -1;
+	}
+	if (cas_key_file_check_ids(slots, count, CAS_KEY_FILE_SLOT_SIZE,
+				   "slot", "key id", TRUE, error_r) < 0 ||
+	    cas_key_file_check_ids(epochs, epoch_count,
+				   CAS_KEY_FILE_EPOCH_SIZE, "epoch", "number",
+				   FALSE, error_r) < 0)
+		return -1;
+
+	keyring = i_new(struct cas_keyring, 1);
+	keyring->backend = &cas_keyring_server;
+	keyring->secrets = cas_keyring_secrets_alloc();
+	keyring->key_id = cas_be32(file + CAS_KEY_FILE_V3_OFF_KEY_ID);
+	memcpy(keyring->fingerprint, file + CAS_KEY_FILE_V3_OFF_FP,
+	       CAS_KEY_FINGERPRINT_SIZE);
+	for (i = 0; i < count; i++) {
+		p = slots + i * CAS_KEY_FILE_SLOT_SIZE;
+		keyring->slot_key_ids[i] = cas_be32(p);
+		memcpy(keyring->secrets->wrap[i], p + 4, CAS_KEK_SIZE);
+	}
+	keyring->slot_count = keyring->file_slots = count;
+	keyring->current = current;
+	for (i = 0; i < epoch_count; i++) {
+		p = epochs + i * CAS_KEY_FILE_EPOCH_SIZE;
+		keyring->epoch_numbers[i] = cas_be32(p);
+		memcpy(keyring->secrets->epoch[i], p + 4, CAS_KEK_SIZE);
+		cas_keyring_derive_epoch(keyring->secrets, i);
+	}
+	keyring->epoch_count = keyring->file_epochs = epoch_count;
+	keyring->cur_epoch = cur_epoch;
+	sodium_mprotect_readonly(keyring->secrets);
+	*keyring_r = keyring;
+	return 1;
+}
+
 /* Parse a key file image. Returns 1 ok, -1 with reason (no key bytes). */
 int cas_key_file_parse(const void *data, size_t size,
 		       struct cas_keyring **keyring_r, const char **error_r)
@@ -330,9 +522,10 @@ int cas_key_file_parse(const void *data, size_t size,
 	*keyring_r = NULL;
 	cas_sodium_init();
 	if (size < CAS_KEY_FILE_MAGIC_SIZE + 1) {
-		*error_r = t_strdup_printf("size %zu, expected %u, %u or %u",
-			size, CAS_KEY_FILE_V1_SIZE, CAS_KEY_FILE_V2_SIZE(1),
-			CAS_KEY_FILE_V2_SIZE(2));
+		*error_r = t_strdup_printf("size %zu, expected %u, %u, %u "
+			"or %u..%u", size, CAS_KEY_FILE_V1_SIZE,
+			CAS_KEY_FILE_V2_SIZE(1), CAS_KEY_FILE_V2_SIZE(2),
+			CAS_KEY_FILE_V3_SIZE(1, 1), CAS_KEY_FILE_MAX_SIZE);
 		return -1;
 	}
 	if (memcmp(file, CAS_KEY_FILE_V1_MAGIC,
@@ -352,6 +545,15 @@ int cas_key_file_parse(const void *data, size_t size,
 			return -1;
 		}
 		return cas_key_file_parse_v2(file, size, keyring_r, error_r);
+	}
+	if (memcmp(file, CAS_KEY_FILE_V3_MAGIC,
+		   CAS_KEY_FILE_MAGIC_SIZE) == 0) {
+		if (file[CAS_KEY_FILE_MAGIC_SIZE] != 3) {
+			*error_r = t_strdup_printf("unsupported version %u",
+				file[CAS_KEY_FILE_MAGIC_SIZE]);
+			return -1;
+		}
+		return cas_key_file_parse_v3(file, size, keyring_r, error_r);
 	}
 	*error_r = "bad magic (not a casbox key file)";
 	return -1;
@@ -575,13 +777,41 @@ static void cas_keyring_seal(struct cas_keyring *keyring)
 	sodium_mprotect_readonly(keyring->secrets);
 }
 
+/* A new random epoch right after the file's one, made current; epochs
+   only held in memory move up (the oldest falls off when full). */
+static void cas_keyring_add_epoch(struct cas_keyring *keyring,
+				  struct cas_keyring_secrets *secrets)
+{
+	unsigned int i, slot = 1;
+	uint32_t number = 0;
+
+	for (i = 0; i < keyring->epoch_count; i++)
+		number = I_MAX(number, keyring->epoch_numbers[i]);
+	for (i = I_MIN(keyring->epoch_count, CAS_KEYRING_MAX_EPOCHS - 1);
+	     i > slot; i--) {
+		keyring->epoch_numbers[i] = keyring->epoch_numbers[i - 1];
+		memcpy(secrets->epoch[i], secrets->epoch[i - 1], CAS_KEK_SIZE);
+		memcpy(secrets->blob_id[i], secrets->blob_id[i - 1],
+		       CAS_KEK_SIZE);
+		memcpy(secrets->index[i], secrets->index[i - 1], CAS_KEK_SIZE);
+	}
+	/* fresh randomness, nothing of the old epoch goes in */
+	randombytes_buf(secrets->epoch[slot], CAS_KEK_SIZE);
+	cas_keyring_derive_epoch(secrets, slot);
+	keyring->epoch_numbers[slot] = number + 1;
+	keyring->epoch_count = I_MIN(keyring->epoch_count + 1,
+				     CAS_KEYRING_MAX_EPOCHS);
+	keyring->file_epochs = 2;
+	keyring->cur_epoch = slot;
+}
+
 void cas_keyring_rotate_add(struct cas_keyring *keyring)
 {
 	struct cas_keyring_secrets *secrets;
 	unsigned int i, slot;
 	uint32_t key_id;
 
-	i_assert(keyring->file_slots == 1);
+	i_assert(keyring->file_slots == 1 && keyring->file_epochs == 1);
 	cas_sodium_init();
 	do {
 		key_id = randombytes_random();
@@ -602,6 +832,7 @@ void cas_keyring_rotate_add(struct cas_keyring *keyring)
 				    CAS_KEYRING_MAX_SLOTS);
 	keyring->file_slots = 2;
 	keyring->current = slot;
+	cas_keyring_add_epoch(keyring, secrets);
 	cas_keyring_seal(keyring);
 }
 
@@ -610,7 +841,8 @@ void cas_keyring_rotate_finish(struct cas_keyring *keyring)
 	struct cas_keyring_secrets *secrets;
 	unsigned int i;
 
-	if (keyring->file_slots == 1)
+	if (keyring->file_slots == 1 && keyring->file_epochs == 1 &&
+	    keyring->epoch_count == 1)
 		return;
 	secrets = cas_keyring_unseal(keyring);
 	/* the current slot becomes the only one; every other slot is
@@ -627,21 +859,40 @@ void cas_keyring_rotate_finish(struct cas_keyring *keyring)
 	}
 	keyring->slot_count = keyring->file_slots = 1;
 	keyring->current = 0;
+	/* the same for epochs: only the current one stays */
+	i = keyring->cur_epoch;
+	if (i != 0) {
+		keyring->epoch_numbers[0] = keyring->epoch_numbers[i];
+		memcpy(secrets->epoch[0], secrets->epoch[i], CAS_KEK_SIZE);
+		memcpy(secrets->blob_id[0], secrets->blob_id[i], CAS_KEK_SIZE);
+		memcpy(secrets->index[0], secrets->index[i], CAS_KEK_SIZE);
+	}
+	for (i = 1; i < CAS_KEYRING_MAX_EPOCHS; i++) {
+		sodium_memzero(secrets->epoch[i], CAS_KEK_SIZE);
+		sodium_memzero(secrets->blob_id[i], CAS_KEK_SIZE);
+		sodium_memzero(secrets->index[i], CAS_KEK_SIZE);
+		keyring->epoch_numbers[i] = 0;
+	}
+	keyring->epoch_count = keyring->file_epochs = 1;
+	keyring->cur_epoch = 0;
 	cas_keyring_seal(keyring);
 }
 
 int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 		     const char **error_r)
 {
-	unsigned char *file;
+	unsigned char *file, *p;
 	unsigned int i, count = keyring->file_slots;
-	size_t size = CAS_KEY_FILE_V2_SIZE(count);
+	unsigned int epochs = keyring->file_epochs;
+	size_t size = CAS_KEY_FILE_V3_SIZE(count, epochs);
 	struct stat st;
 	const struct stat *keep_st = NULL;
 	const char *error;
 	int ret, old_fd;
 
 	i_assert(count >= 1 && count <= CAS_KEY_FILE_MAX_SLOTS);
+	i_assert(epochs >= 1 && epochs <= CAS_KEY_FILE_MAX_EPOCHS);
+	i_assert(keyring->backend == &cas_keyring_server);
 	/* keep the owner and mode of the file it replaces (the mail
 	   processes must still read it) */
 	if (stat(path, &st) == 0)
@@ -657,19 +908,27 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 	file = sodium_malloc(size);
 	if (file == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
-	memcpy(file, CAS_KEY_FILE_V2_MAGIC, CAS_KEY_FILE_MAGIC_SIZE);
-	file[CAS_KEY_FILE_MAGIC_SIZE] = 2;
-	memcpy(file + 8, keyring->secrets->root, CAS_KEK_SIZE);
-	file[CAS_KEY_FILE_V2_OFF_COUNT] = count;
-	file[CAS_KEY_FILE_V2_OFF_CURRENT] = keyring->current;
-	file[42] = file[43] = 0;
-	for (i = 0; i < count; i++) {
-		unsigned char *slot = file + CAS_KEY_FILE_V2_OFF_SLOTS +
-			i * CAS_KEY_FILE_SLOT_SIZE;
-
-		cas_put_be32(slot, keyring->slot_key_ids[i]);
-		memcpy(slot + 4, keyring->secrets->wrap[i], CAS_KEK_SIZE);
+	/* always CASKEY3: a CASKEY1/2 root is epoch 0's secret, the key
+	   id and fingerprint it gave are stored as they are */
+	memcpy(file, CAS_KEY_FILE_V3_MAGIC, CAS_KEY_FILE_MAGIC_SIZE);
+	file[CAS_KEY_FILE_MAGIC_SIZE] = 3;
+	cas_put_be32(file + CAS_KEY_FILE_V3_OFF_KEY_ID, keyring->key_id);
+	memcpy(file + CAS_KEY_FILE_V3_OFF_FP, keyring->fingerprint,
+	       CAS_KEY_FINGERPRINT_SIZE);
+	file[CAS_KEY_FILE_V3_OFF_COUNT] = count;
+	file[CAS_KEY_FILE_V3_OFF_CURRENT] = keyring->current;
+	file[CAS_KEY_FILE_V3_OFF_EPOCHS] = epochs;
+	file[CAS_KEY_FILE_V3_OFF_CUR_EPOCH] = keyring->cur_epoch;
+	p = file + CAS_KEY_FILE_V3_OFF_SLOTS;
+	for (i = 0; i < count; i++, p += CAS_KEY_FILE_SLOT_SIZE) {
+		cas_put_be32(p, keyring->slot_key_ids[i]);
+		memcpy(p + 4, keyring->secrets->wrap[i], CAS_KEK_SIZE);
 	}
+	for (i = 0; i < epochs; i++, p += CAS_KEY_FILE_EPOCH_SIZE) {
+		cas_put_be32(p, keyring->epoch_numbers[i]);
+		memcpy(p + 4, keyring->secrets->epoch[i], CAS_KEK_SIZE);
+	}
+	i_assert((size_t)(p - file) == size - 32);
 	cas_key_file_check(file, size - 32, file + size - 32);
 	ret = cas_keyfile_write_atomic(path, file, size, keep_st, TRUE,
 				       error_r);
@@ -689,6 +948,19 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 		i_close_fd(&old_fd);
 	}
 	return ret < 0 ? -1 : 1;
+}
+
+/* The index of an epoch in the key ring, UINT_MAX if not held. */
+static unsigned int
+cas_keyring_epoch_index(const struct cas_keyring *keyring, uint32_t epoch)
+{
+	unsigned int i;
+
+	for (i = 0; i < keyring->epoch_count; i++) {
+		if (keyring->epoch_numbers[i] == epoch)
+			return i;
+	}
+	return UINT_MAX;
 }
 
 static bool cas_keyring_same_file(const struct cas_keyring *keyring,
@@ -745,11 +1017,11 @@ cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
 	}
 	if (ret < 0)
 		return -1;
-	/* the root is what blob ids and sealed records depend on: a
+	/* the key id and fingerprint name the key over every rotation: a
 	   different one is another key, never adopted */
 	if (fresh->key_id != keyring->key_id ||
-	    sodium_memcmp(fresh->secrets->root, keyring->secrets->root,
-			  CAS_KEK_SIZE) != 0) {
+	    sodium_memcmp(fresh->fingerprint, keyring->fingerprint,
+			  CAS_KEY_FINGERPRINT_SIZE) != 0) {
 		*error_r = t_strdup_printf(
 			"key file %s was replaced by another key "
 			"(key id %08x, expected %08x)", path,
@@ -769,6 +1041,20 @@ cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
 		memcpy(secrets->wrap[n], keyring->secrets->wrap[i],
 		       CAS_KEK_SIZE);
 		fresh->slot_count = ++n;
+	}
+	/* epochs alike: records sealed under a dropped epoch stay
+	   readable here until this process reads their re-sealed form */
+	n = fresh->epoch_count;
+	for (i = 0; i < keyring->epoch_count && n < CAS_KEYRING_MAX_EPOCHS;
+	     i++) {
+		if (cas_keyring_epoch_index(fresh,
+				keyring->epoch_numbers[i]) != UINT_MAX)
+			continue;
+		fresh->epoch_numbers[n] = keyring->epoch_numbers[i];
+		memcpy(secrets->epoch[n], keyring->secrets->epoch[i],
+		       CAS_KEK_SIZE);
+		cas_keyring_derive_epoch(secrets, n);
+		fresh->epoch_count = ++n;
 	}
 	cas_keyring_seal(fresh);
 	/* swap in place: the pack store and streams hold this pointer */
@@ -798,8 +1084,8 @@ cas_keyring_server_blob_id_init(const struct cas_keyring *keyring,
 {
 	i_assert(crypto_generichash_statebytes() <= sizeof(ctx->state));
 	crypto_generichash_init((crypto_generichash_state *)ctx->state,
-				keyring->secrets->blob_id, CAS_KEK_SIZE,
-				CAS_BLOB_ID_SIZE);
+				keyring->secrets->blob_id[keyring->cur_epoch],
+				CAS_KEK_SIZE, CAS_BLOB_ID_SIZE);
 }
 
 void cas_blob_id_update(struct cas_blob_id_ctx *ctx, const void *data,
@@ -1028,8 +1314,8 @@ cas_keyring_server_record_seal(const struct cas_keyring *keyring,
 			       const void *data, size_t size,
 			       buffer_t *sealed)
 {
-	cas_record_seal_key(keyring->secrets->index, aad, aad_size,
-			    data, size, sealed);
+	cas_record_seal_key(keyring->secrets->index[keyring->cur_epoch],
+			    aad, aad_size, data, size, sealed);
 }
 
 static void
@@ -1058,8 +1344,23 @@ cas_keyring_server_record_open(const struct cas_keyring *keyring,
 			       const void *sealed, size_t sealed_size,
 			       buffer_t *plain, const char **error_r)
 {
-	return cas_record_open_key(keyring->secrets->index, aad, aad_size,
-				   sealed, sealed_size, plain, error_r);
+	unsigned int i;
+
+	/* the current epoch first (what nearly every record is under),
+	   then the older ones: a wrong key fails the tag check, so trying
+	   each is safe; nothing in the record says its epoch */
+	if (cas_record_open_key(keyring->secrets->index[keyring->cur_epoch],
+				aad, aad_size, sealed, sealed_size, plain,
+				error_r) > 0)
+		return 1;
+	for (i = 0; i < keyring->epoch_count; i++) {
+		if (i != keyring->cur_epoch &&
+		    cas_record_open_key(keyring->secrets->index[i], aad,
+					aad_size, sealed, sealed_size, plain,
+					error_r) > 0)
+			return 1;
+	}
+	return -1;
 }
 
 static int
@@ -1122,6 +1423,181 @@ cas_keyring_get_userkey(const struct cas_keyring *keyring)
 bool cas_keyring_can_decrypt(const struct cas_keyring *keyring)
 {
 	return keyring->backend->can_decrypt(keyring);
+}
+
+uint32_t cas_keyring_store_epoch(const struct cas_keyring *keyring)
+{
+	return keyring->backend->store_epoch(keyring);
+}
+
+int cas_keyring_store_key(const struct cas_keyring *keyring,
+			  enum cas_store_key_purpose purpose, uint32_t epoch,
+			  unsigned char key_r[CAS_STORE_KEY_SIZE],
+			  const char **error_r)
+{
+	if (keyring->backend->store_key(keyring, purpose, epoch, key_r,
+					error_r) < 0) {
+		sodium_memzero(key_r, CAS_STORE_KEY_SIZE);
+		return -1;
+	}
+	return 1;
+}
+
+void cas_keyring_fingerprint(const struct cas_keyring *keyring,
+			     unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE])
+{
+	keyring->backend->fingerprint(keyring, fp_r);
+}
+
+static uint32_t
+cas_keyring_epoch0(const struct cas_keyring *keyring ATTR_UNUSED)
+{
+	return 0;
+}
+
+static uint32_t
+cas_keyring_server_store_epoch(const struct cas_keyring *keyring)
+{
+	return keyring->epoch_numbers[keyring->cur_epoch];
+}
+
+/* "epoch 3" or "epochs 3, 2" (public numbers). */
+static const char *cas_keyring_epochs_str(const struct cas_keyring *keyring)
+{
+	string_t *str = t_str_new(32);
+	unsigned int i;
+
+	str_append(str, keyring->epoch_count == 1 ? "epoch " : "epochs ");
+	for (i = 0; i < keyring->epoch_count; i++) {
+		if (i > 0)
+			str_append(str, ", ");
+		str_printfa(str, "%u", keyring->epoch_numbers[i]);
+	}
+	return str_c(str);
+}
+
+unsigned int cas_keyring_epoch_count(const struct cas_keyring *keyring)
+{
+	return keyring->secrets == NULL ? 1 : keyring->file_epochs;
+}
+
+bool cas_keyring_retiring_epoch(const struct cas_keyring *keyring,
+				uint32_t *epoch_r)
+{
+	unsigned int i;
+
+	if (keyring->secrets == NULL)
+		return FALSE;
+	for (i = 0; i < keyring->file_epochs; i++) {
+		if (i != keyring->cur_epoch) {
+			*epoch_r = keyring->epoch_numbers[i];
+			return TRUE;
+		}
+	}
+	return FALSE;
+}
+
+unsigned int cas_blob_id_key_count(const struct cas_keyring *keyring)
+{
+	return keyring->secrets == NULL ? 1 : keyring->epoch_count;
+}
+
+void cas_blob_id_init_nth(const struct cas_keyring *keyring, unsigned int n,
+			  struct cas_blob_id_ctx *ctx)
+{
+	unsigned int i;
+
+	if (n == 0 || keyring->secrets == NULL) {
+		i_assert(n == 0);
+		cas_blob_id_init(keyring, ctx);
+		return;
+	}
+	i_assert(n < keyring->epoch_count);
+	/* n counts the epochs other than the current one */
+	i = n <= keyring->cur_epoch ? n - 1 : n;
+	crypto_generichash_init((crypto_generichash_state *)ctx->state,
+				keyring->secrets->blob_id[i], CAS_KEK_SIZE,
+				CAS_BLOB_ID_SIZE);
+}
+
+int cas_record_reseal(const struct cas_keyring *keyring,
+		      const void *aad, size_t aad_size,
+		      const void *sealed, size_t sealed_size,
+		      buffer_t *resealed, const char **error_r)
+{
+	buffer_t *plain;
+	int ret;
+
+	plain = t_buffer_create(sealed_size);
+	if (keyring->secrets != NULL &&
+	    cas_record_open_key(keyring->secrets->index[keyring->cur_epoch],
+				aad, aad_size, sealed, sealed_size, plain,
+				error_r) > 0) {
+		ret = 0;
+	} else if (cas_record_open(keyring, aad, aad_size, sealed,
+				   sealed_size, plain, error_r) < 0) {
+		ret = -1;
+	} else if (keyring->secrets == NULL) {
+		/* password mode: one index key, nothing to re-seal */
+		ret = 0;
+	} else {
+		cas_record_seal(keyring, aad, aad_size, plain->data,
+				plain->used, resealed);
+		ret = 1;
+	}
+	sodium_memzero(buffer_get_modifiable_data(plain, NULL), plain->used);
+	return ret;
+}
+
+static int
+cas_keyring_server_store_key(const struct cas_keyring *keyring,
+			     enum cas_store_key_purpose purpose,
+			     uint32_t epoch,
+			     unsigned char key_r[CAS_STORE_KEY_SIZE],
+			     const char **error_r)
+{
+	unsigned int i = cas_keyring_epoch_index(keyring, epoch);
+
+	if (i == UINT_MAX) {
+		*error_r = t_strdup_printf(
+			"The key file does not hold key epoch %u (it has "
+			"%s)", epoch, cas_keyring_epochs_str(keyring));
+		return -1;
+	}
+	crypto_kdf_derive_from_key(key_r, CAS_STORE_KEY_SIZE, purpose,
+				   CAS_KDF_STORE_CONTEXT,
+				   keyring->secrets->epoch[i]);
+	return 1;
+}
+
+static void
+cas_keyring_server_fingerprint(const struct cas_keyring *keyring,
+			       unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE])
+{
+	memcpy(fp_r, keyring->fingerprint, CAS_KEY_FINGERPRINT_SIZE);
+}
+
+static int
+cas_keyring_password_store_key(const struct cas_keyring *keyring,
+			       enum cas_store_key_purpose purpose,
+			       uint32_t epoch,
+			       unsigned char key_r[CAS_STORE_KEY_SIZE],
+			       const char **error_r)
+{
+	if (epoch != 0) {
+		*error_r = t_strdup_printf(
+			"The user key file does not hold key epoch %u", epoch);
+		return -1;
+	}
+	cas_userkey_store_key(keyring->userkey, purpose, key_r);
+	return 1;
+}
+
+static void
+cas_keyring_password_fingerprint(const struct cas_keyring *keyring,
+				 unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE])
+{
+	cas_userkey_fingerprint(keyring->userkey, fp_r);
 }
 
 static bool
@@ -1279,6 +1755,9 @@ static const struct cas_keyring_backend cas_keyring_server = {
 	.dek_protect = cas_keyring_server_dek_protect,
 	.dek_open = cas_keyring_server_dek_open,
 	.dek_verify = cas_keyring_server_dek_verify,
+	.store_epoch = cas_keyring_server_store_epoch,
+	.store_key = cas_keyring_server_store_key,
+	.fingerprint = cas_keyring_server_fingerprint,
 };
 
 static const struct cas_keyring_backend cas_keyring_password = {
@@ -1293,4 +1772,7 @@ static const struct cas_keyring_backend cas_keyring_password = {
 	.dek_protect = cas_keyring_password_dek_protect,
 	.dek_open = cas_keyring_password_dek_open,
 	.dek_verify = cas_keyring_password_dek_verify,
+	.store_epoch = cas_keyring_epoch0,
+	.store_key = cas_keyring_password_store_key,
+	.fingerprint = cas_keyring_password_fingerprint,
 };

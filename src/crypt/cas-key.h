@@ -4,17 +4,24 @@
 /* cas-key: a user's key ring and the envelope-encryption primitives
    (see doc/casbox-format.md and doc/threat-model.md).
 
-   The key file holds the user's 32-byte root secret in a small
-   versioned, checksummed format. Sub-keys are derived from it with
-   BLAKE2b KDF contexts, one per purpose:
+   The key file holds the user's secrets in a small versioned,
+   checksummed format. A key epoch is a 32-byte secret; sub-keys are
+   derived from it with BLAKE2b KDF contexts, one per purpose:
      - the blob-id key (keyed BLAKE2b-256 content addresses),
-     - the index key (FTS segments, dictionaries, other small records),
-     - the key id that names the store's key (the LSM 'K' record).
-   The root never changes. The keys that wrap per-blob data keys (DEKs)
-   live in slots, each with a public key id: a CASKEY1 file has one
-   implicit slot (wrap key derived from the root, key id = the root's),
-   a CASKEY2 file one or two explicit slots, one of them current (new
-   wraps), the other, during a rotation, retiring (unwrap only).
+     - the index key (FTS segments, dictionaries, sealed metadata and
+       other small records),
+     - the store keys (cas_keyring_store_key()).
+   A CASKEY1/2 file holds one root: it is epoch 0's secret and also
+   gives the key id that names the store's key (the LSM 'K' record) and
+   the fingerprint; a CASKEY3 file stores those two and one or two
+   epochs, one of them current (new writes), the other, during a
+   rotation, retiring (opening only). Key rotation adds a random epoch,
+   --finish drops the old one. The keys that wrap per-blob data keys
+   (DEKs) live in slots, each with a public key id: a CASKEY1 file has
+   one implicit slot (wrap key derived from the root, key id = the
+   root's), a CASKEY2/3 file one or two explicit slots, one of them
+   current (new wraps), the other, during a rotation, retiring (unwrap
+   only). Slots and epochs are added and dropped together.
    Every secret lives in sodium_malloc()ed memory and is wiped on free.
    Nothing here logs key bytes. */
 
@@ -54,9 +61,10 @@ cas_keyring_create_from_kek(const unsigned char kek[CAS_KEK_SIZE]);
    Returns 1 ok, -1 damaged (error_r says why, without key bytes). */
 int cas_key_file_parse(const void *data, size_t size,
 		       struct cas_keyring **keyring_r, const char **error_r);
-/* Short public identifier of the root secret: names the store's key in
-   the LSM 'K' record; the same before and after key rotation. For a
-   never rotated key it is also the key id of its only wrap slot. */
+/* Short public identifier of the key: names the store's key in the LSM
+   'K' record; the same before and after key rotation (derived from the
+   first root, stored in a CASKEY3 file). For a never rotated key it is
+   also the key id of its only wrap slot. */
 uint32_t cas_keyring_key_id(const struct cas_keyring *keyring);
 
 /* Key slots (rotation). */
@@ -71,12 +79,22 @@ bool cas_keyring_retiring_key_id(const struct cas_keyring *keyring,
 /* Can cas_dek_unwrap() open DEKs wrapped under key_id? */
 bool cas_keyring_has_key_id(const struct cas_keyring *keyring,
 			    uint32_t key_id);
-/* Add a new random slot and make it current (the key ring must have one
-   slot). Memory only: cas_keyring_save() writes it. */
+/* Key epochs (rotation): how many the key file holds (1, or 2 while a
+   rotation is in progress; always 1 in password mode). */
+#define CAS_KEY_FILE_MAX_EPOCHS 2
+unsigned int cas_keyring_epoch_count(const struct cas_keyring *keyring);
+/* The key file's non-current epoch, if any. */
+bool cas_keyring_retiring_epoch(const struct cas_keyring *keyring,
+				uint32_t *epoch_r);
+/* Add a new random slot and a new random epoch (secret from
+   randombytes, nothing derived from the old one) and make both current
+   (the key ring must have one of each). Memory only: cas_keyring_save()
+   writes them. */
 void cas_keyring_rotate_add(struct cas_keyring *keyring);
-/* Forget every slot but the current one (memory only). */
+/* Forget every slot and epoch but the current ones, also those only
+   held in memory (memory only). */
 void cas_keyring_rotate_finish(struct cas_keyring *keyring);
-/* Write the key ring as a CASKEY2 file over path: temporary file,
+/* Write the key ring as a CASKEY3 file over path: temporary file,
    fsync, rename, directory fsync; an existing file's owner and mode are
    kept, a new file gets 0600. Returns 1 ok, -1 error (the old file is
    then still in place, unless only the directory fsync failed). */
@@ -85,13 +103,15 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
 /* Reload the key ring from path if the file changed since it was loaded
    or saved (one stat() when it did not). The root must be the same
    (else -1: another store's key); the file's slots are adopted, slots
-   it dropped are kept in memory for unwrapping only. The keyring
+   it dropped are kept in memory for unwrapping only, epochs it dropped
+   for opening only. The keyring
    pointer stays valid. Returns 1 ok, -1 error (missing, damaged or
    another key: the key ring is left as it was). */
 int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 			bool *changed_r, const char **error_r);
 
-/* Keyed content address: BLAKE2b-256 keyed with the blob-id key. */
+/* Keyed content address: BLAKE2b-256 keyed with the current epoch's
+   blob-id key. */
 void cas_blob_id_init(const struct cas_keyring *keyring,
 		      struct cas_blob_id_ctx *ctx);
 void cas_blob_id_update(struct cas_blob_id_ctx *ctx, const void *data,
@@ -99,6 +119,13 @@ void cas_blob_id_update(struct cas_blob_id_ctx *ctx, const void *data,
 void cas_blob_id_final(struct cas_blob_id_ctx *ctx, struct cas_blob_id *id_r);
 void cas_blob_id_compute(const struct cas_keyring *keyring, const void *data,
 			 size_t size, struct cas_blob_id *id_r);
+/* Blob-id keys the ring holds: 1 + the epochs other than the current
+   one. cas_blob_id_init_nth(n) starts a hash under the n-th (0 = the
+   current: as cas_blob_id_init()); a writer that checks a blob id a
+   save computed before the ring was refreshed tries each. */
+unsigned int cas_blob_id_key_count(const struct cas_keyring *keyring);
+void cas_blob_id_init_nth(const struct cas_keyring *keyring, unsigned int n,
+			  struct cas_blob_id_ctx *ctx);
 /* Lowercase hex, 64 chars, for logs and doveadm output. */
 const char *cas_blob_id_to_hex(const struct cas_blob_id *id);
 /* Returns 0 ok, -1 not 64 lowercase hex digits. */
@@ -135,7 +162,9 @@ int cas_dek_rewrap(const struct cas_keyring *old_keyring,
 
 /* Seal/open small records with the index key (FTS segments, compression
    dictionaries, ...). aad binds the record to its place (e.g. a file
-   name). sealed = nonce | ciphertext | tag. Returns 1 ok, -1 failure. */
+   name). sealed = nonce | ciphertext | tag. Sealing uses the current
+   epoch; opening tries the current epoch, then every other one the ring
+   holds. Returns 1 ok, -1 failure. */
 void cas_record_seal(const struct cas_keyring *keyring,
 		     const void *aad, size_t aad_size,
 		     const void *data, size_t size, buffer_t *sealed);
@@ -143,6 +172,15 @@ int cas_record_open(const struct cas_keyring *keyring,
 		    const void *aad, size_t aad_size,
 		    const void *sealed, size_t sealed_size,
 		    buffer_t *plain, const char **error_r);
+/* Key rotation --finish: if the record opens under the current epoch,
+   return 0 (resealed untouched); if it opens under another epoch the
+   ring holds, append it sealed under the current epoch to resealed and
+   return 1; -1 it opens under none (error_r). Password mode has one
+   index key: 0 or -1. */
+int cas_record_reseal(const struct cas_keyring *keyring,
+		      const void *aad, size_t aad_size,
+		      const void *sealed, size_t sealed_size,
+		      buffer_t *resealed, const char **error_r);
 /* The same with a caller-held 32-byte key (password mode's index key,
    cas-userkey.c): one implementation of the record format. */
 void cas_record_seal_key(const unsigned char key[CAS_KEK_SIZE],
@@ -174,6 +212,35 @@ int cas_aead_decrypt(const unsigned char key[CAS_DEK_SIZE],
    when unlocked). cas_dek_wrap()/unwrap() stay server mode only: code
    that serves both modes uses cas_keyring_dek_protect()/open(). */
 struct cas_userkey;
+
+/* Store keys (records v2, issue 15): sub-keys for the store's own
+   records, held by the server in both key modes (LMTP writes records
+   without the password): the per-record MAC key and the LSM table/WAL
+   encryption key. Server mode derives them from the epoch's secret,
+   password mode from the server-held delivery key. Each belongs to a key
+   epoch: epoch 0 is what every key file has; key rotation (rotate, then
+   --finish) starts the next one and later drops the old one. */
+enum cas_store_key_purpose {
+	CAS_STORE_KEY_RECORD = 1,
+	CAS_STORE_KEY_LSM = 2,
+};
+#define CAS_STORE_KEY_SIZE 32
+/* The epoch new records are written under. */
+uint32_t cas_keyring_store_epoch(const struct cas_keyring *keyring);
+/* The purpose's key of an epoch (for reading what that epoch wrote).
+   Returns 1 ok, -1 the key ring does not hold that epoch (error_r says
+   so, naming the epoch; key_r zeroed). Wipe key_r after use. */
+int cas_keyring_store_key(const struct cas_keyring *keyring,
+			  enum cas_store_key_purpose purpose, uint32_t epoch,
+			  unsigned char key_r[CAS_STORE_KEY_SIZE],
+			  const char **error_r);
+/* 256-bit public fingerprint of the key (both modes): what a store
+   records to tell its own key from another (a 32-bit key id can be
+   ground). Stays the same across rotation. */
+#define CAS_KEY_FINGERPRINT_SIZE 32
+void cas_keyring_fingerprint(const struct cas_keyring *keyring,
+			     unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE]);
+
 /* Key ring over a user key, public or unlocked; takes ownership. */
 struct cas_keyring *
 cas_keyring_create_from_userkey(struct cas_userkey **userkey);

@@ -159,7 +159,9 @@ int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
 
 int cas_keyfile_check_mode(int fd, const char *path, const char **error_r)
 {
-	struct stat st;
+	struct stat st, dst;
+	const char *dir;
+	uid_t euid;
 
 	if (fstat(fd, &st) < 0) {
 		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
@@ -171,6 +173,39 @@ int cas_keyfile_check_mode(int fd, const char *path, const char **error_r)
 			"accessible by group or others (the key may have "
 			"leaked; check, then chmod 0600 %s)",
 			path, (unsigned int)(st.st_mode & 07777), path);
+		return -1;
+	}
+	/* whoever owns the file or may write its directory can replace
+	   the key with one of their own (and read what is sealed to it) */
+	euid = geteuid();
+	if (euid != 0 && st.st_uid != euid && st.st_uid != 0) {
+		*error_r = t_strdup_printf(
+			"Key file %s is owned by uid %u, not by the mail user "
+			"(uid %u) or root: that user could replace the key "
+			"(check, then chown it to the mail user)", path,
+			(unsigned int)st.st_uid, (unsigned int)euid);
+		return -1;
+	}
+	dir = cas_durable_dir_of(path);
+	if (stat(dir, &dst) < 0) {
+		*error_r = t_strdup_printf("stat(%s) failed: %m", dir);
+		return -1;
+	}
+	if ((dst.st_mode & 0022) != 0 && (dst.st_mode & S_ISVTX) == 0) {
+		*error_r = t_strdup_printf(
+			"Key file directory %s has mode %04o: group or others "
+			"may write it and replace the key file %s (check, "
+			"then chmod go-w %s)", dir,
+			(unsigned int)(dst.st_mode & 07777), path, dir);
+		return -1;
+	}
+	if (euid != 0 && dst.st_uid != euid && dst.st_uid != 0) {
+		*error_r = t_strdup_printf(
+			"Key file directory %s is owned by uid %u, not by the "
+			"mail user (uid %u) or root: that user could replace "
+			"the key file %s (check, then chown the directory)",
+			dir, (unsigned int)dst.st_uid, (unsigned int)euid,
+			path);
 		return -1;
 	}
 	return 0;

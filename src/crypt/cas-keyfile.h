@@ -49,9 +49,12 @@ int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
 /* Refuse a key file that its group or others may read, write or
    execute (any of mode 077), as ssh does for private keys: such a file
    may already have leaked, and loading it silently would hide that.
-   fd is the open file, path only names it in the error. Returns 0 ok,
-   -1 refused or fstat() failed (error_r names the file, its mode and
-   the fix). */
+   Refuse it too when someone else could replace it: a file not owned
+   by this process's user or root, a directory that group or others may
+   write (unless sticky) or that another user owns (a process running
+   as root skips the owner checks). fd is the open file, path names it
+   (and its directory). Returns 0 ok, -1 refused or stat failed
+   (error_r names the file or directory, what is wrong and the fix). */
 int cas_keyfile_check_mode(int fd, const char *path, const char **error_r);
 
 #endif

@@ -63,7 +63,12 @@ enum cas_userkey_delivery_subkey {
 	UKEY_DLV_SEAL_MAC = 2,
 	UKEY_DLV_BOX_MAC = 3,
 	UKEY_DLV_LOCATOR = 4,
+	/* the base of the store keys and of the fingerprint */
+	UKEY_DLV_STORE = 5,
+	UKEY_DLV_FINGERPRINT = 6,
 };
+#define UKEY_STORE_CONTEXT "CASUSTO1"
+#define UKEY_FINGERPRINT_PERSONAL "CASUFP01"
 #define UKEY_SEAL_MAC_SIZE 16
 #define UKEY_SEAL_BOX_OFF 5
 #define UKEY_SEAL_MAC_OFF (CAS_SEALED_DEK_SIZE - UKEY_SEAL_MAC_SIZE)
@@ -78,6 +83,8 @@ struct cas_userkey_secrets {
 	unsigned char seal_mac_key[32];
 	unsigned char box_mac_key[32];
 	unsigned char locator_key[32];
+	unsigned char store_key[32];
+	unsigned char fingerprint_key[32];
 	unsigned char sk[crypto_box_SECRETKEYBYTES];
 	unsigned char index_key[32];
 };
@@ -236,6 +243,14 @@ cas_userkey_alloc(const unsigned char *pk, const unsigned char *delivery_key)
 				   sizeof(key->secrets->locator_key),
 				   UKEY_DLV_LOCATOR, UKEY_DELIVERY_CONTEXT,
 				   delivery_key);
+	crypto_kdf_derive_from_key(key->secrets->store_key,
+				   sizeof(key->secrets->store_key),
+				   UKEY_DLV_STORE, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
+	crypto_kdf_derive_from_key(key->secrets->fingerprint_key,
+				   sizeof(key->secrets->fingerprint_key),
+				   UKEY_DLV_FINGERPRINT, UKEY_DELIVERY_CONTEXT,
+				   delivery_key);
 	memcpy(key->pk, pk, sizeof(key->pk));
 
 	crypto_generichash_init(&state, NULL, 0, sizeof(hash));
@@ -389,14 +404,17 @@ cas_userkey_file_build(const unsigned char *secret,
    UKEY_FILE_SIZE + 1 bytes (one more to notice a file that grew).
    Returns 1 ok, 0 missing, -1 error. */
 static int
-cas_userkey_read(const char *path, unsigned char **data_r, size_t *size_r,
-		 struct stat *st_r, const char **error_r)
+cas_userkey_read_once(const char *path, unsigned char **data_r,
+		      size_t *size_r, struct stat *st_r, bool *replaced_r,
+		      const char **error_r)
 {
+	struct stat now;
 	unsigned char *data;
 	ssize_t ret;
 	int fd;
 
 	*data_r = NULL;
+	*replaced_r = FALSE;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd == -1) {
 		if (errno == ENOENT)
@@ -421,10 +439,38 @@ cas_userkey_read(const char *path, unsigned char **data_r, size_t *size_r,
 		i_close_fd(&fd);
 		return -1;
 	}
+	/* a password change renamed a new file over this one and shreds
+	   it (cas_userkey_change_password()): what was read may be zeros,
+	   read the new file instead */
+	if (fstat(fd, &now) == 0 && now.st_nlink == 0) {
+		*replaced_r = TRUE;
+		sodium_free(data);
+		i_close_fd(&fd);
+		return -1;
+	}
 	i_close_fd(&fd);
 	*data_r = data;
 	*size_r = (size_t)ret;
 	return 1;
+}
+
+static int
+cas_userkey_read(const char *path, unsigned char **data_r, size_t *size_r,
+		 struct stat *st_r, const char **error_r)
+{
+	unsigned int tries = 0;
+	bool replaced;
+	int ret;
+
+	do {
+		ret = cas_userkey_read_once(path, data_r, size_r, st_r,
+					    &replaced, error_r);
+	} while (ret < 0 && replaced && ++tries < 3);
+	if (ret < 0 && replaced) {
+		*error_r = t_strdup_printf("read(%s): the file was replaced "
+					   "while it was read, 3 times", path);
+	}
+	return ret;
 }
 
 int cas_userkey_parse_public(const void *data, size_t size,
@@ -585,11 +631,15 @@ int cas_userkey_change_password(const char *path,
 	bool wrong_password = FALSE;
 	struct stat st;
 	size_t size;
-	int ret;
+	int ret, old_fd;
 
 	cas_sodium_init();
 	if ((ret = cas_userkey_read(path, &data, &size, &st, error_r)) <= 0)
 		return ret;
+	/* held open across the rename to shred the file it replaces: the
+	   old file wraps the user secret under the old password, which
+	   must not survive in freed blocks (doc/threat-model.md) */
+	old_fd = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	secret = cas_secure_alloc(UKEY_SECRET_SIZE);
 	file = cas_secure_alloc(UKEY_FILE_SIZE);
 	ret = -1;
@@ -614,6 +664,14 @@ int cas_userkey_change_password(const char *path,
 				UKEY_FILE_SIZE, &st, TRUE, error_r) == 0) {
 			ret = 1;
 		}
+	}
+	if (old_fd != -1) {
+		if (ret > 0 &&
+		    cas_keyfile_shred_unlinked(old_fd, path, &error) < 0) {
+			i_warning("casbox: could not overwrite the replaced "
+				  "user key file: %s", error);
+		}
+		i_close_fd(&old_fd);
 	}
 	sodium_free(file);
 	sodium_free(secret);
@@ -979,6 +1037,33 @@ int cas_userkey_box_open(const struct cas_userkey *key,
 		return -1;
 	}
 	return 1;
+}
+
+void cas_userkey_store_key(const struct cas_userkey *key,
+			   enum cas_store_key_purpose purpose,
+			   unsigned char key_r[CAS_STORE_KEY_SIZE])
+{
+	crypto_kdf_derive_from_key(key_r, CAS_STORE_KEY_SIZE, purpose,
+				   UKEY_STORE_CONTEXT,
+				   key->secrets->store_key);
+}
+
+void cas_userkey_fingerprint(const struct cas_userkey *key,
+			     unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE])
+{
+	crypto_generichash_state state;
+	unsigned char sub[32];
+
+	crypto_generichash(sub, sizeof(sub),
+			   (const void *)UKEY_FINGERPRINT_PERSONAL,
+			   strlen(UKEY_FINGERPRINT_PERSONAL),
+			   key->secrets->fingerprint_key,
+			   sizeof(key->secrets->fingerprint_key));
+	crypto_generichash_init(&state, NULL, 0, CAS_KEY_FINGERPRINT_SIZE);
+	crypto_generichash_update(&state, key->pk, sizeof(key->pk));
+	crypto_generichash_update(&state, sub, sizeof(sub));
+	crypto_generichash_final(&state, fp_r, CAS_KEY_FINGERPRINT_SIZE);
+	sodium_memzero(sub, sizeof(sub));
 }
 
 void cas_userkey_locator(const struct cas_userkey *key,

@@ -172,6 +172,15 @@ int cas_userkey_box_open(const struct cas_userkey *key,
    candidate (gc without the password), while the tag tells nothing to
    someone without the key file. */
 #define CAS_USERKEY_LOCATOR_SIZE 16
+/* The store key of a purpose (cas_keyring_store_key(), epoch 0), from
+   the server-held delivery key (works on a public key). */
+void cas_userkey_store_key(const struct cas_userkey *key,
+			   enum cas_store_key_purpose purpose,
+			   unsigned char key_r[CAS_STORE_KEY_SIZE]);
+/* cas_keyring_fingerprint() of a user key: BLAKE2b-256 over the public
+   key and a delivery-key-derived value (works on a public key). */
+void cas_userkey_fingerprint(const struct cas_userkey *key,
+			     unsigned char fp_r[CAS_KEY_FINGERPRINT_SIZE]);
 void cas_userkey_locator(const struct cas_userkey *key,
 			 const void *data, size_t size,
 			 unsigned char locator_r[CAS_USERKEY_LOCATOR_SIZE]);
