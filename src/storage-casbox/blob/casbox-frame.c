@@ -8,6 +8,8 @@
 #include "casbox-frame.h"
 #include "casbox-pack.h"
 
+#include <sodium.h>
+
 #define CASBOX_PACK_MAGIC "CASBPACK"
 #define CASBOX_CHUNK_AAD_MAGIC "CBCK"
 
@@ -73,8 +75,38 @@ size_t casbox_frame_chunk_plain_size(uint64_t plain_size, uint32_t idx)
 
 size_t casbox_frame_header_size(uint8_t version)
 {
-	return version == CASBOX_FRAME_VERSION_V1 ?
-		CASBOX_FRAME_HEADER_SIZE : CASBOX_FRAME_V2_HEADER_SIZE;
+	switch (version) {
+	case CASBOX_FRAME_VERSION_V1:
+		return CASBOX_FRAME_HEADER_SIZE;
+	case CASBOX_FRAME_VERSION_BASE:
+		return CASBOX_FRAME_V3_HEADER_SIZE;
+	}
+	return CASBOX_FRAME_V2_HEADER_SIZE;
+}
+
+void casbox_frame_base_mask(const unsigned char subkey[CAS_AEAD_SUBKEY_SIZE],
+			    const unsigned char in[CAS_BLOB_ID_SIZE],
+			    unsigned char out_r[CAS_BLOB_ID_SIZE])
+{
+	static const char label[] = "CBBASEID";
+	unsigned char pad[CAS_BLOB_ID_SIZE];
+	unsigned int i;
+
+	if (crypto_generichash(pad, sizeof(pad), (const void *)label,
+			       sizeof(label) - 1, subkey,
+			       CAS_AEAD_SUBKEY_SIZE) != 0)
+		i_panic("crypto_generichash() failed");
+	for (i = 0; i < CAS_BLOB_ID_SIZE; i++)
+		out_r[i] = in[i] ^ pad[i];
+	sodium_memzero(pad, sizeof(pad));
+}
+
+void casbox_frame_base_digest(const void *prefix, size_t size,
+			      unsigned char digest_r[CASBOX_BASE_DIGEST_SIZE])
+{
+	if (crypto_generichash(digest_r, CASBOX_BASE_DIGEST_SIZE, prefix,
+			       size, NULL, 0) != 0)
+		i_panic("crypto_generichash() failed");
 }
 
 uint64_t casbox_padme(uint64_t size)
@@ -89,6 +121,38 @@ uint64_t casbox_padme(uint64_t size)
 	bits = e - s;
 	mask = (1ULL << bits) - 1;
 	return (size + mask) & ~mask;
+}
+
+int casbox_frame_zstd_window(const unsigned char *data, size_t size,
+			     uint64_t *window_r, const char **error_r)
+{
+	static const unsigned char did_size[] = { 0, 1, 2, 4 };
+	static const unsigned char fcs_size[] = { 1, 2, 4, 8 };
+	unsigned int fhd, pos, n, i;
+	uint64_t value = 0;
+
+	if (size < 6 || le32_to_cpu_unaligned(data) != 0xFD2FB528U) {
+		*error_r = "no zstd frame header";
+		return -1;
+	}
+	fhd = data[4];
+	if ((fhd & 0x20) == 0) {
+		/* window descriptor: exponent 5 bits, mantissa 3 */
+		value = 1ULL << (10 + (data[5] >> 3));
+		*window_r = value + (value / 8) * (data[5] & 7);
+		return 0;
+	}
+	/* single segment: the window is the content size, always there */
+	pos = 5 + did_size[fhd & 3];
+	n = fcs_size[fhd >> 6];
+	if (pos + n > size) {
+		*error_r = "zstd frame header truncated";
+		return -1;
+	}
+	for (i = n; i > 0; i--)
+		value = (value << 8) | data[pos + i - 1];
+	*window_r = n == 2 ? value + 256 : value;
+	return 0;
 }
 
 static void
@@ -119,7 +183,8 @@ void casbox_frame_header_write(const struct casbox_frame_header *hdr,
 	}
 	i_assert(hdr->cipher != 0 && hdr->cipher <= CAS_AEAD_CIPHER_MAX);
 	memcpy(dest, CASBOX_FRAME_MAGIC, CASBOX_FRAME_MAGIC_SIZE);
-	dest[4] = 2;
+	dest[4] = hdr->version == CASBOX_FRAME_VERSION_BASE ?
+		CASBOX_FRAME_VERSION_BASE : CASBOX_FRAME_VERSION_V2;
 	dest[5] = hdr->cipher;
 	dest[6] = 0;
 	dest[7] = 0;
@@ -129,6 +194,15 @@ void casbox_frame_header_write(const struct casbox_frame_header *hdr,
 	cpu32_to_le_unaligned(hdr->table_crc, dest + 20);
 	memcpy(dest + 24, hdr->nonce, CAS_AEAD_FRAME_NONCE_SIZE);
 	memcpy(dest + 48, hdr->id.id, CAS_BLOB_ID_SIZE);
+	if (dest[4] == CASBOX_FRAME_VERSION_BASE) {
+		i_assert(hdr->base_depth >= 1 &&
+			 hdr->base_depth <= CASBOX_BASE_MAX_DEPTH);
+		i_assert(hdr->dict_id == 0);
+		dest[6] = hdr->base_depth;
+		memcpy(dest + 80, hdr->base_masked, CAS_BLOB_ID_SIZE);
+		cpu32_to_le_unaligned(casbox_crc(dest, 112), dest + 112);
+		return;
+	}
 	cpu32_to_le_unaligned(casbox_crc(dest, 80), dest + 80);
 }
 
@@ -217,16 +291,22 @@ casbox_frame_header_parse_v1(const unsigned char *data,
 	return 0;
 }
 
+/* versions 2 and 3 (3 = 2 with a base: depth in byte 6, the masked
+   base id after the blob id, the CRC after that) */
 static int
 casbox_frame_header_parse_v2(const unsigned char *data, size_t size,
 			     struct casbox_frame_header *hdr_r,
 			     const char **error_r)
 {
-	if (size < CASBOX_FRAME_V2_HEADER_SIZE) {
+	bool base = data[4] == CASBOX_FRAME_VERSION_BASE;
+	size_t crc_pos = base ? 112 : 80;
+
+	if (size < crc_pos + 4) {
 		*error_r = "frame: header truncated";
 		return -1;
 	}
-	if (le32_to_cpu_unaligned(data + 80) != casbox_crc(data, 80)) {
+	if (le32_to_cpu_unaligned(data + crc_pos) !=
+	    casbox_crc(data, crc_pos)) {
 		*error_r = "frame: header CRC mismatch";
 		return -1;
 	}
@@ -235,11 +315,24 @@ casbox_frame_header_parse_v2(const unsigned char *data, size_t size,
 					   data[5]);
 		return -1;
 	}
-	if (data[6] != 0 || data[7] != 0) {
+	if ((!base && data[6] != 0) || data[7] != 0) {
 		*error_r = "frame: reserved bytes set";
 		return -1;
 	}
-	hdr_r->version = 2;
+	if (base && (data[6] == 0 || data[6] > CASBOX_BASE_MAX_DEPTH)) {
+		*error_r = t_strdup_printf("frame: base depth %u out of "
+			"range 1..%u", data[6], CASBOX_BASE_MAX_DEPTH);
+		return -1;
+	}
+	if (base && le32_to_cpu_unaligned(data + 12) != 0) {
+		*error_r = "frame: a delta frame with a dictionary";
+		return -1;
+	}
+	if (base) {
+		hdr_r->base_depth = data[6];
+		memcpy(hdr_r->base_masked, data + 80, CAS_BLOB_ID_SIZE);
+	}
+	hdr_r->version = data[4];
 	hdr_r->cipher = data[5];
 	hdr_r->frame_size = le32_to_cpu_unaligned(data + 8);
 	hdr_r->dict_id = le32_to_cpu_unaligned(data + 12);
@@ -267,7 +360,8 @@ int casbox_frame_header_parse(const unsigned char *data, size_t size,
 	}
 	if (data[4] == CASBOX_FRAME_VERSION_V1)
 		ret = casbox_frame_header_parse_v1(data, hdr_r, error_r);
-	else if (data[4] == 2)
+	else if (data[4] == CASBOX_FRAME_VERSION_V2 ||
+		 data[4] == CASBOX_FRAME_VERSION_BASE)
 		ret = casbox_frame_header_parse_v2(data, size, hdr_r, error_r);
 	else {
 		/* the version byte is under the CRC of either version: a
@@ -430,7 +524,9 @@ size_t casbox_frame_chunk_aad(const struct casbox_frame_header *hdr,
 	bool v1 = hdr->version == CASBOX_FRAME_VERSION_V1;
 
 	memcpy(aad_r, CASBOX_CHUNK_AAD_MAGIC, 4);
-	aad_r[4] = v1 ? CASBOX_FRAME_VERSION_V1 : 2;
+	aad_r[4] = v1 ? CASBOX_FRAME_VERSION_V1 :
+		hdr->version == CASBOX_FRAME_VERSION_BASE ?
+		CASBOX_FRAME_VERSION_BASE : CASBOX_FRAME_VERSION_V2;
 	memcpy(aad_r + 5, hdr->id.id, CAS_BLOB_ID_SIZE);
 	cpu32_to_le_unaligned(hdr->dict_id, aad_r + 5 + CAS_BLOB_ID_SIZE);
 	cpu32_to_le_unaligned(idx, aad_r + 9 + CAS_BLOB_ID_SIZE);
@@ -441,7 +537,14 @@ size_t casbox_frame_chunk_aad(const struct casbox_frame_header *hdr,
 	i_assert(chunk_plain_size <= CASBOX_CHUNK_SIZE);
 	cpu32_to_le_unaligned(chunk_plain_size,
 			      aad_r + CASBOX_CHUNK_AAD_V1_SIZE + 1);
-	return CASBOX_CHUNK_AAD_SIZE;
+	if (hdr->version != CASBOX_FRAME_VERSION_BASE)
+		return CASBOX_CHUNK_AAD_V2_SIZE;
+	memcpy(aad_r + CASBOX_CHUNK_AAD_V2_SIZE, hdr->base_id.id,
+	       CAS_BLOB_ID_SIZE);
+	memcpy(aad_r + CASBOX_CHUNK_AAD_V2_SIZE + CAS_BLOB_ID_SIZE,
+	       hdr->base_digest, CASBOX_BASE_DIGEST_SIZE);
+	aad_r[CASBOX_CHUNK_AAD_V3_SIZE - 1] = hdr->base_depth;
+	return CASBOX_CHUNK_AAD_V3_SIZE;
 }
 
 void casbox_frame_chunk_nonce(uint32_t idx,
@@ -451,14 +554,24 @@ void casbox_frame_chunk_nonce(uint32_t idx,
 	cpu32_to_le_unaligned(idx, nonce_r);
 }
 
+/* bytes a record's base adds: depth and base id (version 3 only) */
+static size_t casbox_blob_record_base_size(const struct casbox_blob_record *rec)
+{
+	return rec->base_depth == 0 ? 0 : 1 + CAS_BLOB_ID_SIZE;
+}
+
 size_t casbox_blob_record_export_size(const struct casbox_blob_record *rec)
 {
+	size_t base = casbox_blob_record_base_size(rec);
+
 	switch (rec->dek_kind) {
 	case CAS_DEK_KIND_SERVER_WRAP:
-		return CASBOX_BLOB_RECORD_FIXED_SIZE + 1 + CAS_WRAPPED_DEK_SIZE;
+		return CASBOX_BLOB_RECORD_FIXED_SIZE + base + 1 +
+			CAS_WRAPPED_DEK_SIZE;
 	case CAS_DEK_KIND_SEALED:
 		/* the sealed DEK starts with its kind byte */
-		return CASBOX_BLOB_RECORD_FIXED_SIZE + CAS_SEALED_DEK_SIZE;
+		return CASBOX_BLOB_RECORD_FIXED_SIZE + base +
+			CAS_SEALED_DEK_SIZE;
 	}
 	i_panic("blob record with invalid DEK kind %u", rec->dek_kind);
 }
@@ -469,13 +582,21 @@ void casbox_blob_record_export(const struct casbox_blob_record *rec,
 	size_t size = casbox_blob_record_export_size(rec);
 	unsigned char *p = buffer_append_space_unsafe(dest, size);
 
-	p[0] = CASBOX_BLOB_RECORD_VERSION;
+	i_assert(rec->base_depth <= CASBOX_BASE_MAX_DEPTH);
+	/* without a base: version 2, byte for byte what it was */
+	p[0] = rec->base_depth == 0 ? CASBOX_BLOB_RECORD_VERSION :
+		CASBOX_BLOB_RECORD_VERSION_BASE;
 	cpu32_to_le_unaligned(rec->pack_id, p + 1);
 	cpu64_to_le_unaligned(rec->offset, p + 5);
 	cpu32_to_le_unaligned(rec->frame_size, p + 13);
 	cpu64_to_le_unaligned(rec->plain_size, p + 17);
 	cpu32_to_le_unaligned(rec->dict_id, p + 25);
 	p += CASBOX_BLOB_RECORD_FIXED_SIZE;
+	if (rec->base_depth != 0) {
+		*p++ = rec->base_depth;
+		memcpy(p, rec->base_id.id, CAS_BLOB_ID_SIZE);
+		p += CAS_BLOB_ID_SIZE;
+	}
 	if (rec->dek_kind == CAS_DEK_KIND_SERVER_WRAP) {
 		*p++ = CAS_DEK_KIND_SERVER_WRAP;
 		memcpy(p, rec->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
@@ -504,7 +625,8 @@ casbox_blob_record_import_dek(const unsigned char *p, size_t size,
 		       CAS_WRAPPED_DEK_SIZE);
 		return 0;
 	}
-	if (p[0] != CASBOX_BLOB_RECORD_VERSION) {
+	if (p[0] != CASBOX_BLOB_RECORD_VERSION &&
+	    p[0] != CASBOX_BLOB_RECORD_VERSION_BASE) {
 		*error_r = t_strdup_printf(
 			"blob record: unsupported version %u", p[0]);
 		return -1;
@@ -516,6 +638,25 @@ casbox_blob_record_import_dek(const unsigned char *p, size_t size,
 	}
 	p += CASBOX_BLOB_RECORD_FIXED_SIZE;
 	size -= CASBOX_BLOB_RECORD_FIXED_SIZE;
+	if (p[-CASBOX_BLOB_RECORD_FIXED_SIZE] ==
+	    CASBOX_BLOB_RECORD_VERSION_BASE) {
+		if (size <= 1 + CAS_BLOB_ID_SIZE) {
+			*error_r = t_strdup_printf("blob record: version 3 "
+				"size %zu, no DEK after the base",
+				size + CASBOX_BLOB_RECORD_FIXED_SIZE);
+			return -1;
+		}
+		if (p[0] == 0 || p[0] > CASBOX_BASE_MAX_DEPTH) {
+			*error_r = t_strdup_printf("blob record: base depth "
+				"%u out of range 1..%u", p[0],
+				CASBOX_BASE_MAX_DEPTH);
+			return -1;
+		}
+		rec_r->base_depth = p[0];
+		memcpy(rec_r->base_id.id, p + 1, CAS_BLOB_ID_SIZE);
+		p += 1 + CAS_BLOB_ID_SIZE;
+		size -= 1 + CAS_BLOB_ID_SIZE;
+	}
 	rec_r->dek_kind = p[0];
 	switch (p[0]) {
 	case CAS_DEK_KIND_SERVER_WRAP:
@@ -565,6 +706,10 @@ int casbox_blob_record_import(const void *data, size_t size,
 
 	if (rec_r->offset < CASBOX_PACK_HEADER_SIZE) {
 		*error_r = "blob record: offset inside the pack header";
+		return -1;
+	}
+	if (rec_r->base_depth != 0 && rec_r->dict_id != 0) {
+		*error_r = "blob record: a blob with a base and a dictionary";
 		return -1;
 	}
 	if (!casbox_frame_size_possible(rec_r->plain_size,

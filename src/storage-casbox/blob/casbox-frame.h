@@ -39,6 +39,19 @@
     84     chunk*: AEAD(subkey, zstd(64 KiB) | zero padding to the padme()
            size) | tag(16)
            chunk table as in version 1
+   Frame version 3 (a delta frame: compressed against a base blob's
+   plaintext, doc/casbox-format.md "Frame version 3"): version 2 with
+     4  1  version (3)
+     6  1  base depth (1 .. CASBOX_BASE_MAX_DEPTH)
+     7  1  reserved (0)
+    12  4  dict_id (0: a delta frame uses no dictionary)
+    80 32  masked base id = base id XOR BLAKE2b-256(key = subkey,
+           "CBBASEID")
+   112  4  masked CRC32C of header bytes 0..111
+   116     chunks, each zstd-compressed with the base prefix (the
+           base's first min(base plain_size, CASBOX_BASE_PREFIX_MAX)
+           bytes) as raw-content prefix, or without it where that is
+           smaller; chunk table as in version 1
 */
 
 #include "cas-aead.h"
@@ -52,9 +65,22 @@
 /* version 1 header; casbox_frame_header_size() gives a version's */
 #define CASBOX_FRAME_HEADER_SIZE 68
 #define CASBOX_FRAME_V2_HEADER_SIZE 84
-#define CASBOX_FRAME_HEADER_MAX_SIZE CASBOX_FRAME_V2_HEADER_SIZE
+#define CASBOX_FRAME_V3_HEADER_SIZE 116
+#define CASBOX_FRAME_HEADER_MAX_SIZE CASBOX_FRAME_V3_HEADER_SIZE
 #define CASBOX_FRAME_VERSION_V1 1
-/* what writers write */
+#define CASBOX_FRAME_VERSION_V2 2
+/* a delta frame (written only for a blob given a base that helps) */
+#define CASBOX_FRAME_VERSION_BASE 3
+/* A delta frame's base is the first min(plain_size, this) bytes of the
+   base blob: a format constant (a frame does not record it; changing
+   it needs a new frame version). */
+#define CASBOX_BASE_PREFIX_MAX (1024 * 1024)
+/* A base may itself have a base, to this chain length: a blob of
+   depth d needs d bases decoded (each only its prefix) before it. */
+#define CASBOX_BASE_MAX_DEPTH 2
+/* BLAKE2b-256 of the base prefix, bound in every chunk's AAD */
+#define CASBOX_BASE_DIGEST_SIZE 32
+/* what writers write (CASBOX_FRAME_VERSION_BASE for a delta) */
 #define CASBOX_FRAME_VERSION 2
 #define CASBOX_FRAME_MAGIC "CBFR"
 #define CASBOX_FRAME_MAGIC_SIZE 4
@@ -71,10 +97,17 @@
 #define CASBOX_CHUNK_MIN_STORED (CAS_AEAD_TAG_SIZE + 1)
 #define CASBOX_CHUNK_AAD_V1_SIZE (4 + 1 + CAS_BLOB_ID_SIZE + 4 + 4 + 1)
 /* version 2 adds the cipher and the chunk's plaintext size */
-#define CASBOX_CHUNK_AAD_SIZE (CASBOX_CHUNK_AAD_V1_SIZE + 1 + 4)
-/* 2 added the DEK kind (password mode); 1 is still read */
+#define CASBOX_CHUNK_AAD_V2_SIZE (CASBOX_CHUNK_AAD_V1_SIZE + 1 + 4)
+/* version 3 adds base id, base prefix digest and base depth */
+#define CASBOX_CHUNK_AAD_V3_SIZE (CASBOX_CHUNK_AAD_V2_SIZE + \
+	CAS_BLOB_ID_SIZE + CASBOX_BASE_DIGEST_SIZE + 1)
+#define CASBOX_CHUNK_AAD_SIZE CASBOX_CHUNK_AAD_V3_SIZE
+/* 2 added the DEK kind (password mode); 1 is still read. 3 = a record
+   of a blob with a base (base depth and id before the DEK); records of
+   blobs without a base are still written as version 2. */
 #define CASBOX_BLOB_RECORD_VERSION 2
 #define CASBOX_BLOB_RECORD_VERSION_V1 1
+#define CASBOX_BLOB_RECORD_VERSION_BASE 3
 
 /* Meta frame: a sealed record that is not a blob (recovery record, DEK
    update; doc/casbox-format.md "Meta frames"). Its own magic, so no
@@ -146,6 +179,16 @@ struct casbox_frame_header {
 	uint32_t chunk_count;
 	uint32_t table_crc;
 	struct cas_blob_id id;
+	/* version 3 only: the chain depth (1..CASBOX_BASE_MAX_DEPTH; 0 in
+	   versions 1 and 2) and the base id as stored, masked
+	   (casbox_frame_base_mask()) */
+	uint8_t base_depth;
+	unsigned char base_masked[CAS_BLOB_ID_SIZE];
+	/* version 3, not parsed from the header but filled in by writer
+	   and reader before casbox_frame_chunk_aad(): the base id
+	   (unmasked) and the digest of the base prefix */
+	struct cas_blob_id base_id;
+	unsigned char base_digest[CASBOX_BASE_DIGEST_SIZE];
 };
 
 struct casbox_frame_chunk {
@@ -179,6 +222,17 @@ int casbox_frame_header_parse(const unsigned char *data, size_t size,
 bool casbox_frame_header_matches(const struct casbox_frame_header *hdr,
 				 uint32_t frame_size, uint64_t plain_size,
 				 uint32_t dict_id);
+/* Mask (or unmask: the same XOR) a base id with the frame's subkey:
+   out = in XOR BLAKE2b-256(key = subkey, "CBBASEID"). The subkey is
+   unique per frame, so the pad is used once; a disk reader without the
+   DEK cannot tell which blob a delta frame depends on. */
+void casbox_frame_base_mask(const unsigned char subkey[CAS_AEAD_SUBKEY_SIZE],
+			    const unsigned char in[CAS_BLOB_ID_SIZE],
+			    unsigned char out_r[CAS_BLOB_ID_SIZE]);
+/* The base prefix digest bound in the AAD: BLAKE2b-256 (unkeyed) of
+   the prefix bytes. */
+void casbox_frame_base_digest(const void *prefix, size_t size,
+			      unsigned char digest_r[CASBOX_BASE_DIGEST_SIZE]);
 /* Parse the chunk table (chunk_count entries, CRC checked against the
    header) into chunks_r[chunk_count], checking that the chunks exactly
    fill the frame. Returns 0 ok, -1 damaged. */
@@ -215,11 +269,27 @@ bool casbox_frame_size_possible(uint64_t plain_size, uint64_t frame_size);
    from 1 KiB to 64 KiB). Version 2 chunks pad their zstd output to this. */
 uint64_t casbox_padme(uint64_t size);
 
+/* The largest window a chunk's zstd frame may ask for, as a log2: the
+   reader refuses more (RFC 8878 3.1.1.1.2). Writers make single-segment
+   frames (window = content size <= CASBOX_CHUNK_SIZE); the bound leaves
+   room for a chunk plus a whole base prefix. zstd's one-shot decoder
+   ignores ZSTD_d_windowLogMax, hence the explicit check. */
+#define CASBOX_ZSTD_WINDOW_LOG_MAX 21
+
+/* The window the zstd frame at data (size bytes, authenticated) asks
+   for: its window descriptor, or the content size of a single-segment
+   frame. Returns 0 and sets *window_r, or -1 with *error_r if the
+   bytes do not start with a zstd frame header. */
+int casbox_frame_zstd_window(const unsigned char *data, size_t size,
+			     uint64_t *window_r, const char **error_r);
+
 /* The AEAD inputs of chunk idx: the AAD binds magic, frame version,
    blob id, dictionary id, chunk index and the last-chunk flag (so chunks
    cannot be reordered, moved to another blob or the blob truncated),
    and in version 2 also the cipher and the chunk's plaintext size
-   (chunk_plain_size; ignored for version 1). Returns the AAD's size.
+   (chunk_plain_size; ignored for version 1), and in version 3 the
+   base id, the base prefix digest and the base depth (hdr->base_id,
+   base_digest, base_depth). Returns the AAD's size.
    The version 1 nonce is the chunk index (the DEK is fresh for every
    frame); version 2: cas_aead_chunk_*(). */
 size_t casbox_frame_chunk_aad(const struct casbox_frame_header *hdr,

@@ -146,6 +146,87 @@ int casbox_pack_dicts_load(struct casbox_pack_store *store,
 	return 0;
 }
 
+/* Key rotation --finish: one dictionary file sealed under an older key
+   epoch, sealed again under the current one and written over its name
+   (temporary file, fsync, rename, directory fsync). Returns 1 rewritten,
+   0 already current, -1 I/O error, -2 it opens under no epoch. */
+static int casbox_pack_dict_reseal(struct casbox_pack_store *store,
+				   uint32_t id, const char **error_r)
+{
+	struct cas_durable_write_settings wset = {
+		.io = store->io,
+		.no_fsync = !store->set.fsync,
+	};
+	const char *aad = casbox_dict_aad(id), *path, *error;
+	buffer_t *sealed, *resealed;
+	int ret;
+
+	path = casbox_dict_path(store, id);
+	sealed = buffer_create_dynamic(default_pool, 1024);
+	resealed = buffer_create_dynamic(default_pool, 1024);
+	if (casbox_pack_dict_read(store, id, sealed, error_r) < 0)
+		ret = -1;
+	else if ((ret = cas_record_reseal(store->keyring, aad, strlen(aad),
+					  sealed->data, sealed->used,
+					  resealed, &error)) < 0) {
+		*error_r = t_strdup_printf("%s: %s", path, error);
+		ret = -2;
+	} else if (ret > 0 &&
+		   cas_durable_write_atomic(path, resealed->data,
+					    resealed->used, &wset,
+					    error_r) < 0) {
+		ret = -1;
+	}
+	buffer_free(&sealed);
+	buffer_free(&resealed);
+	return ret;
+}
+
+int casbox_pack_dicts_reseal(struct casbox_pack_store *store,
+			     unsigned int *resealed_r, unsigned int *failed_r,
+			     const char **error_r)
+{
+	struct dirent *d;
+	unsigned int id;
+	const char *error;
+	char end;
+	DIR *dir;
+	int ret = 0, r;
+
+	*resealed_r = *failed_r = 0;
+	dir = opendir(store->set.dir);
+	if (dir == NULL) {
+		*error_r = t_strdup_printf("opendir(%s) failed: %m",
+					   store->set.dir);
+		return -1;
+	}
+	while (ret == 0 && (d = readdir(dir)) != NULL) {
+		if (sscanf(d->d_name, "dict-%08u.cb%c", &id, &end) != 2 ||
+		    end != 'd' || strlen(d->d_name) != 17 || id == 0)
+			continue;
+		T_BEGIN {
+			r = casbox_pack_dict_reseal(store, id, &error);
+			if (r > 0)
+				(*resealed_r)++;
+			else if (r == -1) {
+				*error_r = t_strdup(error);
+				ret = -1;
+			} else if (r < 0) {
+				/* opens under no epoch: damaged before,
+				   stays as it is */
+				i_error("casbox key rotate: %s", error);
+				(*failed_r)++;
+			}
+		} T_END_PASS_STR_IF(ret < 0, error_r);
+	}
+	if (closedir(dir) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m",
+					   store->set.dir);
+		ret = -1;
+	}
+	return ret;
+}
+
 void casbox_pack_dicts_free(struct casbox_pack_store *store)
 {
 	struct casbox_pack_dict *dict;

@@ -4,6 +4,7 @@
 #include "array.h"
 #include "casbox-pack.h"
 #include "casbox-frame.h"
+#include "casbox-base-cache.h"
 
 #include <zstd.h>
 
@@ -48,6 +49,9 @@ struct casbox_pack_store {
 	ARRAY(struct casbox_pack_dict) dicts;
 	uint32_t cur_dict_id; /* 0 = none */
 
+	/* decoded base prefixes (delta frames) */
+	struct casbox_base_cache *base_cache;
+
 	ZSTD_CCtx *cctx;
 	ZSTD_DCtx *dctx;
 	/* highest pack id seen, 0 = not looked yet */
@@ -55,6 +59,9 @@ struct casbox_pack_store {
 	struct casbox_pack_txn *txn;
 	/* chunk buffers of the (single) transaction, kept between them */
 	unsigned char *txn_plain, *txn_stored;
+	/* the chunk compressed the other way (with or without a base),
+	   allocated at the first delta frame */
+	unsigned char *txn_alt;
 	/* idle scratch buffers, already wiped */
 	struct casbox_blob_scratch *free_scratch;
 	unsigned int free_scratch_count;

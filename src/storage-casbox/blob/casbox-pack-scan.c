@@ -8,6 +8,7 @@
 #include "casbox-pack-private.h"
 #include "casbox-pack-file.h"
 
+#include <sodium.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -250,6 +251,13 @@ casbox_pack_scan_frame(struct casbox_pack_scan *scan,
 		/* version 2 does not show it: 0 */
 		info_r->plain_size = hdr.plain_size;
 		info_r->dict_id = hdr.dict_id;
+		/* a delta frame: its depth, and the base id masked (only
+		   the blob's DEK unmasks it: casbox_pack_frame_base_id()) */
+		info_r->base_depth = hdr.base_depth;
+		info_r->cipher = hdr.cipher;
+		memcpy(info_r->nonce, hdr.nonce, sizeof(info_r->nonce));
+		memcpy(info_r->base_masked, hdr.base_masked,
+		       sizeof(info_r->base_masked));
 		damage = casbox_pack_scan_verify(scan, scan->offset, &hdr);
 		if (damage == NULL || scan->offset + hdr.frame_size <=
 		    scan->size) {
@@ -365,5 +373,35 @@ int casbox_pack_scan_deinit(struct casbox_pack_scan **_scan,
 	i_free(scan->path);
 	i_free(scan->buf);
 	i_free(scan);
+	return ret;
+}
+
+int casbox_pack_frame_base_id(struct casbox_pack_store *store,
+			      const struct casbox_pack_frame_info *info,
+			      uint8_t dek_kind, const unsigned char *stored_dek,
+			      struct cas_blob_id *base_id_r,
+			      const char **error_r)
+{
+	unsigned char *keys;
+	int ret = 1;
+
+	if (info->meta_kind != CASBOX_META_KIND_NONE ||
+	    info->base_depth == 0) {
+		*error_r = "not a delta frame";
+		return -1;
+	}
+	keys = sodium_malloc(CAS_DEK_SIZE + CAS_AEAD_SUBKEY_SIZE);
+	if (keys == NULL)
+		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	if (cas_keyring_dek_open(store->keyring, &info->id, dek_kind,
+				 stored_dek, keys, error_r) < 0)
+		ret = -1;
+	else {
+		cas_aead_frame_subkey(info->cipher, keys, info->nonce,
+				      keys + CAS_DEK_SIZE);
+		casbox_frame_base_mask(keys + CAS_DEK_SIZE,
+				       info->base_masked, base_id_r->id);
+	}
+	sodium_free(keys);
 	return ret;
 }

@@ -51,7 +51,10 @@ struct casbox_pack_txn {
 	   are wiped when the transaction ends */
 	unsigned char *plain;	/* CASBOX_CHUNK_SIZE */
 	unsigned char *stored;	/* CASBOX_CHUNK_MAX_STORED */
-	size_t plain_used, stored_used;
+	/* the store's txn_alt (CASBOX_CHUNK_MAX_STORED), NULL until a
+	   blob with a base is added */
+	unsigned char *alt;
+	size_t plain_used, stored_used, alt_used;
 	buffer_t *table;
 };
 
@@ -150,10 +153,16 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 		return -1;
 	}
 	i_array_init(&store->dicts, 4);
+	store->base_cache = casbox_base_cache_create(set->base_cache_size);
 	store->cctx = ZSTD_createCCtx();
 	store->dctx = ZSTD_createDCtx();
 	if (store->cctx == NULL || store->dctx == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "ZSTD_create*Ctx() failed");
+	/* bounds any streaming use; one-shot decoding checks it itself */
+	if (ZSTD_isError(ZSTD_DCtx_setParameter(store->dctx,
+			ZSTD_d_windowLogMax, CASBOX_ZSTD_WINDOW_LOG_MAX)))
+		i_panic("ZSTD_d_windowLogMax %d refused",
+			CASBOX_ZSTD_WINDOW_LOG_MAX);
 	i_assert(casbox_padme(ZSTD_compressBound(CASBOX_CHUNK_SIZE)) ==
 		 CASBOX_CHUNK_MAX_PADDED);
 	if (sodium_init() < 0)
@@ -199,6 +208,8 @@ void casbox_pack_store_close(struct casbox_pack_store **_store)
 	ZSTD_freeDCtx(store->dctx);
 	i_free(store->txn_plain);
 	i_free(store->txn_stored);
+	i_free(store->txn_alt);
+	casbox_base_cache_destroy(&store->base_cache);
 	pool_unref(&store->pool);
 }
 
@@ -250,6 +261,30 @@ int casbox_pack_list(struct casbox_pack_store *store,
 	if (local > 1 && store->remote != NULL)
 		store->upload_pending = TRUE;
 	return 0;
+}
+
+int casbox_pack_store_id_range(struct casbox_pack_store *store,
+			       uint32_t *oldest_r, uint32_t *newest_r,
+			       const char **error_r)
+{
+	ARRAY_TYPE(uint32_t) ids;
+	const uint32_t *id;
+	unsigned int count;
+	int ret = 0;
+
+	*oldest_r = *newest_r = 0;
+	i_array_init(&ids, 16);
+	if (casbox_pack_list(store, &ids, error_r) < 0)
+		ret = -1;
+	else {
+		id = array_get(&ids, &count);
+		if (count > 0) {
+			*oldest_r = id[0];
+			*newest_r = id[count - 1];
+		}
+	}
+	array_free(&ids);
+	return ret;
 }
 
 static int
@@ -409,6 +444,8 @@ static void casbox_pack_txn_free(struct casbox_pack_txn *txn)
 		i_close_fd(&txn->lock_fd);
 	sodium_memzero(txn->plain, txn->plain_used);
 	sodium_memzero(txn->stored, txn->stored_used);
+	if (txn->alt != NULL)
+		sodium_memzero(txn->alt, txn->alt_used);
 	buffer_free(&txn->table);
 	txn->store->txn = NULL;
 	i_free(txn);
@@ -530,11 +567,142 @@ struct casbox_pack_add_ctx {
 	struct casbox_frame_header hdr;
 	const struct casbox_pack_dict *dict;
 	uint32_t dict_id;
+	/* a base offered (NULL = none), and whether this frame uses it
+	   (decided at chunk 0: a version 3 frame); base_next offers the
+	   next one when it does not pay (NULL = no more) */
+	const struct casbox_pack_base *base;
+	size_t base_prefix;
+	bool base_used;
+	casbox_pack_base_next_func_t *base_next;
+	void *base_context;
 	uint32_t idx;
 	/* absolute pack offset of the next chunk */
 	uint64_t pos;
 	uint64_t plain_size;
+	/* FALSE: the input is a blob stream that authenticated every chunk
+	   as id's content (casbox_pack_txn_add_reencode()) */
+	bool verify_id;
 };
+
+/* Offer base (NULL = none) to the frame being added: ctx->base is NULL
+   after this when it gives nothing (a chain may not grow longer; an
+   empty base or the blob itself). Returns 0 ok, -1 when its data is
+   shorter than its prefix (the caller's bug, reported). */
+static int
+casbox_pack_add_set_base(struct casbox_pack_add_ctx *ctx,
+			 const struct casbox_pack_base *base,
+			 const char **error_r)
+{
+	struct casbox_pack_store *store = ctx->txn->store;
+
+	ctx->base = NULL;
+	if (base == NULL)
+		return 0;
+	if (base->size < I_MIN(base->plain_size, CASBOX_BASE_PREFIX_MAX)) {
+		*error_r = t_strdup_printf("base %s: %zu bytes given, its "
+			"prefix is %"PRIu64, cas_blob_id_to_hex(&base->id),
+			base->size, I_MIN(base->plain_size,
+					  (uint64_t)CASBOX_BASE_PREFIX_MAX));
+		return -1;
+	}
+	if (base->depth >= CASBOX_BASE_MAX_DEPTH || base->plain_size == 0 ||
+	    memcmp(base->id.id, ctx->id->id, CAS_BLOB_ID_SIZE) == 0)
+		return 0;
+	ctx->base = base;
+	ctx->base_prefix = I_MIN(base->plain_size, CASBOX_BASE_PREFIX_MAX);
+	if (store->txn_alt == NULL)
+		store->txn_alt = i_malloc(CASBOX_CHUNK_MAX_STORED);
+	ctx->txn->alt = store->txn_alt;
+	return 0;
+}
+
+/* Chunk txn->plain compressed with the base prefix as zstd raw-content
+   prefix, into txn->alt. Returns its size or a zstd error code. */
+static size_t
+casbox_pack_compress_base(struct casbox_pack_add_ctx *ctx, size_t size)
+{
+	struct casbox_pack_txn *txn = ctx->txn;
+	ZSTD_CCtx *cctx = txn->store->cctx;
+	size_t ret;
+
+	ret = ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+	if (!ZSTD_isError(ret)) {
+		ret = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel,
+					     txn->store->set.zstd_level);
+	}
+	if (!ZSTD_isError(ret))
+		ret = ZSTD_CCtx_refPrefix(cctx, ctx->base->data,
+					  ctx->base_prefix);
+	if (!ZSTD_isError(ret)) {
+		ret = ZSTD_compress2(cctx, txn->alt, CASBOX_CHUNK_MAX_PADDED,
+				     txn->plain, size);
+	}
+	/* what zstd may have written: wiped when the txn ends */
+	txn->alt_used = I_MAX(txn->alt_used, ZSTD_isError(ret) ?
+			      CASBOX_CHUNK_MAX_PADDED : ret);
+	/* the prefix is for one frame only, but leave nothing behind */
+	(void)ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+	return ret;
+}
+
+/* The other way of a chunk of a blob offered a base: at chunk 0, decide
+   whether the frame uses the base at all (a version 3 frame, whose
+   header is larger: only if the padded chunk shrinks by more than
+   that); in a frame that does, keep each chunk's smaller encoding (a
+   chunk compressed without the prefix decodes the same with it). *out
+   and *clen are the encoding to write. */
+static int
+casbox_pack_chunk_vs_base(struct casbox_pack_add_ctx *ctx, size_t size,
+			  unsigned char **out, size_t *clen,
+			  const char **error_r)
+{
+	struct casbox_pack_txn *txn = ctx->txn;
+	const struct casbox_pack_base *next;
+	size_t blen;
+
+	blen = casbox_pack_compress_base(ctx, size);
+	if (casbox_zstd_check(blen, "ZSTD_compress2(prefix)", error_r) < 0)
+		return -1;
+	while (ctx->idx == 0 &&
+	       casbox_padme(blen) + CASBOX_FRAME_V3_HEADER_SIZE >=
+	       casbox_padme(*clen) + CASBOX_FRAME_V2_HEADER_SIZE) {
+		/* this base does not pay: the next one offered, else a
+		   plain version 2 frame */
+		do {
+			next = ctx->base_next == NULL ? NULL :
+				ctx->base_next(ctx->base_context);
+			if (casbox_pack_add_set_base(ctx, next, error_r) < 0)
+				return -1;
+		} while (next != NULL && ctx->base == NULL);
+		if (ctx->base == NULL)
+			return 0;
+		blen = casbox_pack_compress_base(ctx, size);
+		if (casbox_zstd_check(blen, "ZSTD_compress2(prefix)",
+				      error_r) < 0)
+			return -1;
+	}
+	if (ctx->idx == 0) {
+		ctx->base_used = TRUE;
+		ctx->dict = NULL;
+		ctx->dict_id = 0;
+		ctx->hdr.dict_id = 0;
+		ctx->hdr.version = CASBOX_FRAME_VERSION_BASE;
+		ctx->hdr.base_depth = ctx->base->depth + 1;
+		ctx->hdr.base_id = ctx->base->id;
+		casbox_frame_base_digest(ctx->base->data, ctx->base_prefix,
+					 ctx->hdr.base_digest);
+		casbox_frame_base_mask(ctx->subkey, ctx->base->id.id,
+				       ctx->hdr.base_masked);
+		/* the chunks start after the larger header */
+		ctx->pos += CASBOX_FRAME_V3_HEADER_SIZE -
+			CASBOX_FRAME_V2_HEADER_SIZE;
+	}
+	if (blen < *clen) {
+		*out = txn->alt;
+		*clen = blen;
+	}
+	return 0;
+}
 
 static int
 casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
@@ -542,7 +710,7 @@ casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
 {
 	struct casbox_pack_txn *txn = ctx->txn;
 	struct casbox_pack_store *store = txn->store;
-	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], entry[8];
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], entry[8], *out;
 	size_t clen, padded, stored, aad_size;
 	uint32_t crc;
 
@@ -561,21 +729,29 @@ casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
 				 CASBOX_CHUNK_MAX_PADDED : clen);
 	if (casbox_zstd_check(clen, "ZSTD_compress()", error_r) < 0)
 		return -1;
+	out = txn->stored;
+	if (ctx->base != NULL && (ctx->idx == 0 || ctx->base_used)) {
+		if (casbox_pack_chunk_vs_base(ctx, size, &out, &clen,
+					      error_r) < 0)
+			return -1;
+	}
 	/* zeros to the padme() size, inside the AEAD: the stored size
 	   shows only the bucket, not the compressed size */
 	padded = casbox_padme(clen);
 	i_assert(padded <= CASBOX_CHUNK_MAX_PADDED);
-	memset(txn->stored + clen, 0, padded - clen);
+	memset(out + clen, 0, padded - clen);
 	aad_size = casbox_frame_chunk_aad(&ctx->hdr, ctx->idx, last, size,
 					  aad);
 	/* in place: libsodium allows ciphertext == plaintext */
 	cas_aead_chunk_encrypt(ctx->hdr.cipher, ctx->subkey, ctx->idx,
-			       aad, aad_size, txn->stored, padded,
-			       txn->stored);
+			       aad, aad_size, out, padded, out);
 	stored = padded + CAS_AEAD_TAG_SIZE;
-	txn->stored_used = I_MAX(txn->stored_used, stored);
-	crc = cas_crc32c_mask(cas_crc32c(txn->stored, stored));
-	if (txn_pwrite(txn, txn->stored, stored, ctx->pos) < 0) {
+	if (out == txn->stored)
+		txn->stored_used = I_MAX(txn->stored_used, stored);
+	else
+		txn->alt_used = I_MAX(txn->alt_used, stored);
+	crc = cas_crc32c_mask(cas_crc32c(out, stored));
+	if (txn_pwrite(txn, out, stored, ctx->pos) < 0) {
 		*error_r = t_strdup_printf("write(%s) failed: %m",
 			casbox_pack_path(store, txn->pack_id));
 		return -1;
@@ -631,22 +807,40 @@ casbox_pack_add_finish(struct casbox_pack_add_ctx *ctx, uint64_t frame_off,
 	rec_r->frame_size = frame_size;
 	rec_r->plain_size = ctx->plain_size;
 	rec_r->dict_id = ctx->dict_id;
+	if (ctx->base_used) {
+		rec_r->base_depth = hdr.base_depth;
+		rec_r->base_id = hdr.base_id;
+	}
 	txn->offset = frame_off + frame_size;
 	txn->store->bytes_appended += frame_size;
 	return 0;
 }
+
+/* blob-id keys a pack append checks an id against: the current epoch's
+   and, during a rotation, the retiring one's (more only in a process
+   that kept epochs a reload dropped) */
+#define CASBOX_PACK_MAX_ID_KEYS 4
 
 static int
 casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 		     const char **error_r)
 {
 	struct casbox_pack_store *store = ctx->txn->store;
-	struct cas_blob_id_ctx id_ctx;
+	/* the save computed the id before it took the write lock; a key
+	   rotation may have started a new epoch since (the key ring was
+	   refreshed under the lock): the id is checked under each blob-id
+	   key the ring holds, the current one first */
+	struct cas_blob_id_ctx id_ctx[CASBOX_PACK_MAX_ID_KEYS];
 	struct cas_blob_id real_id;
+	unsigned int i, n_keys;
 	ssize_t size;
-	bool last;
+	bool last, match = FALSE;
 
-	cas_blob_id_init(store->keyring, &id_ctx);
+	n_keys = !ctx->verify_id ? 0 :
+		I_MIN(cas_blob_id_key_count(store->keyring),
+		      CASBOX_PACK_MAX_ID_KEYS);
+	for (i = 0; i < n_keys; i++)
+		cas_blob_id_init_nth(store->keyring, i, &id_ctx[i]);
 	do {
 		size = casbox_pack_read_chunk(ctx->txn, input, &last, error_r);
 		if (size < 0)
@@ -658,7 +852,8 @@ casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 			ctx->dict_id = store->cur_dict_id;
 			ctx->hdr.dict_id = ctx->dict_id;
 		}
-		cas_blob_id_update(&id_ctx, ctx->txn->plain, size);
+		for (i = 0; i < n_keys; i++)
+			cas_blob_id_update(&id_ctx[i], ctx->txn->plain, size);
 		if (casbox_pack_add_chunk(ctx, size, last, error_r) < 0) {
 			size = -1;
 			break;
@@ -669,10 +864,15 @@ casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 			break;
 		}
 	} while (!last);
-	cas_blob_id_final(&id_ctx, &real_id);
+	for (i = 0; i < n_keys; i++) {
+		cas_blob_id_final(&id_ctx[i], &real_id);
+		if (sodium_memcmp(real_id.id, ctx->id->id,
+				  CAS_BLOB_ID_SIZE) == 0)
+			match = TRUE;
+	}
 	if (size < 0)
 		return -1;
-	if (sodium_memcmp(real_id.id, ctx->id->id, CAS_BLOB_ID_SIZE) != 0) {
+	if (!match && ctx->verify_id) {
 		*error_r = t_strdup_printf("blob id %s does not match content",
 					   cas_blob_id_to_hex(ctx->id));
 		return -1;
@@ -680,22 +880,35 @@ casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 	return 0;
 }
 
-int casbox_pack_txn_add(struct casbox_pack_txn *txn,
-			const struct cas_blob_id *id, struct istream *input,
-			struct casbox_blob_record *rec_r,
-			const char **error_r)
+/* verify_id: compute the blob id of the content and require it to be
+   id (FALSE: input is id's own authenticated blob stream, gc's copies) */
+static int
+casbox_pack_txn_add_full(struct casbox_pack_txn *txn,
+			 const struct cas_blob_id *id, struct istream *input,
+			 const struct casbox_pack_base *base,
+			 casbox_pack_base_next_func_t *base_next,
+			 void *base_context, bool verify_id,
+			 struct casbox_blob_record *rec_r,
+			 const char **error_r)
 {
 	struct casbox_pack_add_ctx ctx;
 	uint64_t frame_off;
 	int ret = -1;
 
 	i_zero(rec_r);
-	if (txn->offset >= txn->store->set.max_pack_size &&
-	    casbox_pack_rotate(txn, error_r) < 0)
-		return -1;
 	i_zero(&ctx);
 	ctx.txn = txn;
 	ctx.id = id;
+	if (casbox_pack_add_set_base(&ctx, base, error_r) < 0)
+		return -1;
+	if (ctx.base != NULL) {
+		ctx.base_next = base_next;
+		ctx.base_context = base_context;
+	}
+	if (txn->offset >= txn->store->set.max_pack_size &&
+	    casbox_pack_rotate(txn, error_r) < 0)
+		return -1;
+	ctx.verify_id = verify_id;
 	frame_off = txn->offset;
 	ctx.hdr.version = CASBOX_FRAME_VERSION;
 	ctx.hdr.cipher = txn->store->set.cipher;
@@ -721,6 +934,49 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 		}
 	}
 	return ret;
+}
+
+int casbox_pack_txn_add(struct casbox_pack_txn *txn,
+			const struct cas_blob_id *id, struct istream *input,
+			struct casbox_blob_record *rec_r,
+			const char **error_r)
+{
+	return casbox_pack_txn_add_full(txn, id, input, NULL, NULL, NULL,
+					TRUE, rec_r, error_r);
+}
+
+int casbox_pack_txn_add_base(struct casbox_pack_txn *txn,
+			     const struct cas_blob_id *id,
+			     struct istream *input,
+			     const struct casbox_pack_base *base,
+			     struct casbox_blob_record *rec_r,
+			     const char **error_r)
+{
+	return casbox_pack_txn_add_full(txn, id, input, base, NULL, NULL,
+					TRUE, rec_r, error_r);
+}
+
+int casbox_pack_txn_add_bases(struct casbox_pack_txn *txn,
+			      const struct cas_blob_id *id,
+			      struct istream *input,
+			      const struct casbox_pack_base *base,
+			      casbox_pack_base_next_func_t *next,
+			      void *context,
+			      struct casbox_blob_record *rec_r,
+			      const char **error_r)
+{
+	return casbox_pack_txn_add_full(txn, id, input, base, next, context,
+					TRUE, rec_r, error_r);
+}
+
+int casbox_pack_txn_add_reencode(struct casbox_pack_txn *txn,
+				 const struct cas_blob_id *id,
+				 struct istream *input,
+				 struct casbox_blob_record *rec_r,
+				 const char **error_r)
+{
+	return casbox_pack_txn_add_full(txn, id, input, NULL, NULL, NULL,
+					FALSE, rec_r, error_r);
 }
 
 /* Meta records are sealed one way per key mode, chosen once when the
@@ -973,10 +1229,11 @@ int casbox_pack_meta_verify(struct casbox_pack_store *store,
 				   error_r);
 }
 
-int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
-				    enum casbox_meta_kind kind,
-				    const void *sealed, size_t size,
-				    const char **error_r)
+static int
+casbox_pack_txn_add_meta_as_is(struct casbox_pack_txn *txn,
+			       enum casbox_meta_kind kind,
+			       const void *sealed, size_t size,
+			       const char **error_r)
 {
 	struct casbox_meta_header hdr;
 	unsigned char hdr_buf[CASBOX_META_HEADER_SIZE];
@@ -1016,6 +1273,45 @@ int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
 	txn->offset = frame_off + hdr.frame_size;
 	txn->store->bytes_appended += hdr.frame_size;
 	return 1;
+}
+
+int casbox_pack_txn_add_meta_sealed(struct casbox_pack_txn *txn,
+				    enum casbox_meta_kind kind,
+				    const void *sealed, size_t size,
+				    const char **error_r)
+{
+	unsigned char aad[CASBOX_META_AAD_MAX_SIZE];
+	buffer_t *resealed;
+	const char *error;
+	size_t aad_size;
+	int ret;
+
+	/* a record copied as it was sealed (gc) moves to the current key
+	   epoch on the way: after key rotate, gc --all is what re-seals
+	   the packs' meta records, so that --finish can drop the old
+	   epoch and rebuild --from-packs still opens them. One that opens
+	   under no epoch is copied as it is (scrub names it). Password
+	   mode seals meta records to the key pair: no epochs. */
+	if (txn->store->meta != &casbox_meta_sealer_server ||
+	    cas_keyring_epoch_count(txn->store->keyring) < 2) {
+		return casbox_pack_txn_add_meta_as_is(txn, kind, sealed, size,
+						      error_r);
+	}
+	aad_size = casbox_meta_aad(CASBOX_META_VERSION, kind, NULL, aad);
+	resealed = buffer_create_dynamic(default_pool, size + 64);
+	T_BEGIN {
+		ret = cas_record_reseal(txn->store->keyring, aad, aad_size,
+					sealed, size, resealed, &error);
+	} T_END;
+	if (ret > 0) {
+		ret = casbox_pack_txn_add_meta_as_is(txn, kind,
+			resealed->data, resealed->used, error_r);
+	} else {
+		ret = casbox_pack_txn_add_meta_as_is(txn, kind, sealed, size,
+						     error_r);
+	}
+	buffer_free(&resealed);
+	return ret;
 }
 
 int casbox_pack_txn_add_meta_locator(struct casbox_pack_txn *txn,
@@ -1216,11 +1512,14 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn,
 	uint32_t i;
 	int ret = 0;
 
-	if (casbox_pack_pread_exact(src_fd, src_path, hdr_buf,
-				    sizeof(hdr_buf), src_rec->offset,
-				    error_r) < 0)
+	/* the smallest version 2 frame (109 bytes) is shorter than the
+	   version 3 header */
+	size_t hdr_read = I_MIN(sizeof(hdr_buf), src_rec->frame_size);
+
+	if (casbox_pack_pread_exact(src_fd, src_path, hdr_buf, hdr_read,
+				    src_rec->offset, error_r) < 0)
 		return -1;
-	if (casbox_frame_header_parse(hdr_buf, sizeof(hdr_buf), &hdr,
+	if (casbox_frame_header_parse(hdr_buf, hdr_read, &hdr,
 				      &error) < 0) {
 		*error_r = t_strdup_printf("%s offset %"PRIu64": %s",
 					   src_path, src_rec->offset, error);
@@ -1229,7 +1528,8 @@ casbox_pack_copy_frame_body(struct casbox_pack_txn *txn,
 	if (sodium_memcmp(hdr.id.id, id->id, CAS_BLOB_ID_SIZE) != 0 ||
 	    !casbox_frame_header_matches(&hdr, src_rec->frame_size,
 					 src_rec->plain_size,
-					 src_rec->dict_id)) {
+					 src_rec->dict_id) ||
+	    hdr.base_depth != src_rec->base_depth) {
 		*error_r = t_strdup_printf("%s offset %"PRIu64": the frame "
 			"is not the one the blob record describes",
 			src_path, src_rec->offset);

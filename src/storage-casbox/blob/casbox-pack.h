@@ -28,6 +28,12 @@ struct casbox_blob_record {
 	uint32_t frame_size;	/* whole frame, header included */
 	uint64_t plain_size;	/* bytes of plaintext */
 	uint32_t dict_id;	/* 0 = no dictionary */
+	/* 0 = no base; else the blob's frame is a delta frame (version 3)
+	   against base_id's plaintext prefix, and this is its chain depth
+	   (1 .. CASBOX_BASE_MAX_DEPTH: base_id's own depth + 1). The store
+	   keeps base_id alive while this blob exists. */
+	uint8_t base_depth;
+	struct cas_blob_id base_id;
 	/* enum cas_dek_kind: which member of the union holds the DEK
 	   (server mode: wrapped_dek, password mode: sealed_dek, whose
 	   byte 0 is the kind again). Open it with cas_keyring_dek_open(
@@ -66,6 +72,9 @@ struct casbox_pack_settings {
 	   (NULL = <dir>/cache) and bound (0 = 1 GiB) */
 	const char *cache_dir;
 	uint64_t cache_size;
+	/* bound of the decoded base cache in memory (casbox-base-cache.h;
+	   0 = CASBOX_BASE_CACHE_DEFAULT_SIZE, 4 MiB) */
+	size_t base_cache_size;
 };
 
 /* What uploads of this store did (casbox-pack-upload.c). */
@@ -132,6 +141,63 @@ int casbox_pack_txn_add(struct casbox_pack_txn *txn,
 			const struct cas_blob_id *id, struct istream *input,
 			struct casbox_blob_record *rec_r,
 			const char **error_r);
+/* A base a new blob may be compressed against (frame version 3,
+   doc/casbox-format.md "Frame version 3"): an earlier blob of the same
+   store, given as its decoded plaintext. */
+struct casbox_pack_base {
+	struct cas_blob_id id;
+	/* the base's own blob record: its size and base_depth */
+	uint64_t plain_size;
+	uint8_t depth;
+	/* its plaintext: at least the first min(plain_size,
+	   CASBOX_BASE_PREFIX_MAX) bytes (more are ignored) */
+	const void *data;
+	size_t size;
+};
+/* casbox_pack_txn_add() against an optional base (NULL = none). The
+   encoder compresses the first chunk with and without the base and
+   writes a delta frame only if that is smaller by more than the larger
+   header, and then every later chunk the smaller way, so a base never
+   makes a frame bigger. rec_r->base_depth says which it chose (0 = no
+   base: a version 2 frame as casbox_pack_txn_add() writes); the store
+   must then keep base->id alive while this blob exists. A base at the
+   maximum depth (CASBOX_BASE_MAX_DEPTH) or whose data is shorter than
+   its prefix is not used / is an error respectively. */
+int casbox_pack_txn_add_base(struct casbox_pack_txn *txn,
+			     const struct cas_blob_id *id,
+			     struct istream *input,
+			     const struct casbox_pack_base *base,
+			     struct casbox_blob_record *rec_r,
+			     const char **error_r);
+/* The next base for casbox_pack_txn_add_bases() to try, or NULL when
+   none is left. What it returns must stay valid until the add
+   returns. */
+typedef const struct casbox_pack_base *
+casbox_pack_base_next_func_t(void *context);
+/* casbox_pack_txn_add_base() with more bases offered one at a time:
+   when base (or the last one next gave) does not pay at chunk 0, next
+   is called for another, and the first that pays is used (a base next
+   gives that cannot be used, as above, is skipped). next is not called
+   when base pays or cannot be used itself. Each base tried costs one
+   compression of chunk 0. */
+int casbox_pack_txn_add_bases(struct casbox_pack_txn *txn,
+			      const struct cas_blob_id *id,
+			      struct istream *input,
+			      const struct casbox_pack_base *base,
+			      casbox_pack_base_next_func_t *next,
+			      void *context,
+			      struct casbox_blob_record *rec_r,
+			      const char **error_r);
+/* casbox_pack_txn_add() for input that is a blob stream of id itself
+   (casbox_pack_blob_open(): every chunk authenticated under the blob's
+   DEK with id in the AAD), e.g. gc's copies: the id is not computed
+   again. It could not be once key rotation --finish has dropped the
+   epoch whose blob-id key named the blob. */
+int casbox_pack_txn_add_reencode(struct casbox_pack_txn *txn,
+				 const struct cas_blob_id *id,
+				 struct istream *input,
+				 struct casbox_blob_record *rec_r,
+				 const char **error_r);
 /* Append a meta frame (casbox-frame.h): plain is sealed with
    casbox_pack_meta_seal() and written after the blobs added so far, so
    the same commit makes both durable. Returns 1 ok, -1 error. */
@@ -214,6 +280,19 @@ int casbox_pack_txn_commit(struct casbox_pack_txn **txn,
 			   const char **error_r);
 void casbox_pack_txn_rollback(struct casbox_pack_txn **txn);
 
+/* The lowest and highest id of the store's packs now, local or uploaded
+   (0, 0: none). Returns 0 ok, -1 error. */
+int casbox_pack_store_id_range(struct casbox_pack_store *store,
+			       uint32_t *oldest_r, uint32_t *newest_r,
+			       const char **error_r);
+/* Key rotation --finish: every dictionary file that opens under an older
+   key epoch is sealed again under the current one and replaced
+   atomically (resealed_r counts them; failed_r those that open under no
+   epoch the key ring holds: left as they are, logged). Returns 0 ok, -1
+   I/O error. */
+int casbox_pack_dicts_reseal(struct casbox_pack_store *store,
+			     unsigned int *resealed_r, unsigned int *failed_r,
+			     const char **error_r);
 /* Train a zstd dictionary from samples (e.g. message headers), store it
    sealed with the index key as the next dictionary id and make it the
    current one: small blobs added after this use it. Dictionaries are
@@ -261,6 +340,63 @@ struct istream *
 casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,
 		      const struct casbox_blob_record *rec);
+/* Reading a blob with a base (rec->base_depth > 0; casbox_pack_blob_open()
+   fails such a stream with an error that says so). */
+struct casbox_base_plain;
+/* The blob record of a base blob, from the LSM: returns 1 found, 0 no
+   such blob, -1 error (error_r set for 0 and -1). */
+typedef int casbox_pack_base_lookup_func_t(void *context,
+					   const struct cas_blob_id *base_id,
+					   struct casbox_blob_record *rec_r,
+					   const char **error_r);
+/* The decoded prefix of base_id, from the store's base cache or decoded
+   now (its own base first, through lookup; at most
+   CASBOX_BASE_MAX_DEPTH deep) and cached. depth is the depth the
+   dependent's record expects the base to have (dependent's depth - 1).
+   Each base's pack is opened before it is read, as
+   casbox_pack_blob_open_pinned() does. Returns 1 ok (*plain_r
+   referenced), 0 when the pack of a base in the chain does not exist
+   (gc moved it since lookup's view of the LSM: refresh it and call
+   again), -1 error naming the base: missing, of the wrong depth, or
+   damaged; error_r is set for 0 and -1. */
+int casbox_pack_base_get(struct casbox_pack_store *store,
+			 const struct cas_blob_id *base_id, uint8_t depth,
+			 casbox_pack_base_lookup_func_t *lookup,
+			 void *context, struct casbox_base_plain **plain_r,
+			 const char **error_r);
+/* Tests: called between a base's record lookup and the open of its
+   pack (gc moving the base there). */
+extern void (*casbox_pack_base_open_hook)(const struct cas_blob_id *base_id);
+/* A blob istream decoding with base (which must be rec->base_id's
+   prefix: any other fails authentication, never wrong data); the stream
+   holds its own reference. */
+struct istream *
+casbox_pack_blob_open_base(struct casbox_pack_store *store,
+			   const struct cas_blob_id *id,
+			   const struct casbox_blob_record *rec,
+			   struct casbox_base_plain *base);
+/* casbox_pack_blob_open() for any record: with its base from
+   casbox_pack_base_get() when it has one. Returns 1 ok, -1 error (the
+   base missing, damaged or its pack gone; error_r names blob and
+   base). */
+int casbox_pack_blob_open_chain(struct casbox_pack_store *store,
+				const struct cas_blob_id *id,
+				const struct casbox_blob_record *rec,
+				casbox_pack_base_lookup_func_t *lookup,
+				void *context, struct istream **input_r,
+				const char **error_r);
+/* Keep this blob stream's prefix in the store's base cache once it
+   has been read from the start (sequential reads; a seek past what was
+   read gives up), so a delta against this blob read next does not
+   decode it again: sequential FETCH of a message and then its reply.
+   Costs a copy of the prefix (at most CASBOX_BASE_PREFIX_MAX bytes) into
+   locked memory; nothing for a blob that cannot be a base (at the
+   maximum depth) or is cached already. Call before the first read. */
+void casbox_pack_blob_cache_as_base(struct istream *input);
+/* The store's base cache (tests, statistics). */
+struct casbox_base_cache *
+casbox_pack_store_get_base_cache(struct casbox_pack_store *store);
+
 /* casbox_pack_blob_open() with the pack file opened now instead of at
    the first read: the stream then reads the frame even after gc has
    moved the blob and unlinked the pack. Returns 1 ok, 0 when the pack
@@ -271,18 +407,36 @@ int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
 				 const struct casbox_blob_record *rec,
 				 struct istream **input_r,
 				 const char **error_r);
+/* The same for a blob with a base: base as for
+   casbox_pack_blob_open_base() (NULL for a record without one). */
+int casbox_pack_blob_open_pinned_base(struct casbox_pack_store *store,
+				      const struct cas_blob_id *id,
+				      const struct casbox_blob_record *rec,
+				      struct casbox_base_plain *base,
+				      struct istream **input_r,
+				      const char **error_r);
 
 /* Serialisation of a blob record for the LSM (doc/casbox-format.md,
    "Blob record"): version 2 = the fixed fields, the DEK kind and the
-   DEK of that kind (106 bytes server-wrapped, 162 sealed). Version 1
-   (105 bytes, always a server-wrapped DEK without kind byte) is still
-   read. */
+   DEK of that kind (106 bytes server-wrapped, 162 sealed); version 3
+   (a blob with a base: 139 / 195 bytes) = the same with base depth and
+   base id after the fixed fields. Records of blobs without a base are
+   written as version 2. Version 1 (105 bytes, always a server-wrapped
+   DEK without kind byte) is still read. */
 #define CASBOX_BLOB_RECORD_FIXED_SIZE (1 + 4 + 8 + 4 + 8 + 4)
 #define CASBOX_BLOB_RECORD_V1_SIZE (CASBOX_BLOB_RECORD_FIXED_SIZE + \
 				    CAS_WRAPPED_DEK_SIZE)
-/* the largest export (a sealed DEK; its kind byte is its byte 0) */
-#define CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE \
+/* version 3 (a blob with a base): depth (1) and base id (32) between
+   the fixed fields and the DEK */
+#define CASBOX_BLOB_RECORD_BASE_SIZE (1 + CAS_BLOB_ID_SIZE)
+/* the largest export of a record without a base (a sealed DEK; its
+   kind byte is its byte 0) */
+#define CASBOX_BLOB_RECORD_EXPORT_NOBASE_MAX_SIZE \
 	(CASBOX_BLOB_RECORD_FIXED_SIZE + CAS_STORED_DEK_MAX_SIZE)
+/* the largest export of any record */
+#define CASBOX_BLOB_RECORD_EXPORT_MAX_SIZE \
+	(CASBOX_BLOB_RECORD_EXPORT_NOBASE_MAX_SIZE + \
+	 CASBOX_BLOB_RECORD_BASE_SIZE)
 /* the export of a server-mode record */
 #define CASBOX_BLOB_RECORD_EXPORT_SIZE \
 	(CASBOX_BLOB_RECORD_FIXED_SIZE + 1 + CAS_WRAPPED_DEK_SIZE)
@@ -360,6 +514,13 @@ struct casbox_pack_frame_info {
 	uint8_t frame_version;
 	uint64_t plain_size;
 	uint32_t dict_id;
+	/* frame version 3 (a delta frame): the chain depth (0 otherwise),
+	   and what casbox_pack_frame_base_id() needs to unmask the base
+	   id: cipher, frame nonce, masked base id */
+	uint8_t base_depth;
+	uint8_t cipher;
+	unsigned char nonce[CAS_AEAD_FRAME_NONCE_SIZE];
+	unsigned char base_masked[CAS_BLOB_ID_SIZE];
 	/* NULL if the frame is intact, else why not */
 	const char *damage;
 	/* damaged because it was never finished: its header is all zero,
@@ -373,5 +534,16 @@ bool casbox_pack_scan_next(struct casbox_pack_scan *scan,
 			   struct casbox_pack_frame_info *info_r);
 int casbox_pack_scan_deinit(struct casbox_pack_scan **scan,
 			    const char **error_r);
+/* The base id of a delta frame the scan reported (info->base_depth >
+   0), unmasked with the blob's DEK (dek_kind/stored_dek as in a blob
+   record, e.g. from the recovery record: rebuild --from-packs). Not
+   authenticated by itself: reading the blob with that base proves it
+   (the chunk AAD binds it). Returns 1 ok, -1 error (no delta frame, the
+   DEK does not open). */
+int casbox_pack_frame_base_id(struct casbox_pack_store *store,
+			      const struct casbox_pack_frame_info *info,
+			      uint8_t dek_kind, const unsigned char *stored_dek,
+			      struct cas_blob_id *base_id_r,
+			      const char **error_r);
 
 #endif

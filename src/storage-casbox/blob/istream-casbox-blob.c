@@ -29,6 +29,12 @@ struct casbox_blob_istream {
 	struct casbox_pack_file *pf;
 	bool opened, failed;
 	const struct casbox_pack_dict *dict;
+	/* a delta frame's base prefix (referenced), NULL = none given */
+	struct casbox_base_plain *base;
+	/* casbox_pack_blob_cache_as_base(): this blob's prefix, filled as
+	   it is read, cached once complete */
+	struct casbox_base_plain *tee;
+	size_t tee_filled;
 	struct casbox_frame_header hdr;
 	struct casbox_frame_chunk *chunks;
 
@@ -177,9 +183,33 @@ static int casbox_blob_check_header(struct casbox_blob_istream *bstream)
 	if (sodium_memcmp(hdr->id.id, bstream->id.id, CAS_BLOB_ID_SIZE) != 0)
 		return casbox_blob_error(bstream, "frame holds another blob");
 	if (!casbox_frame_header_matches(hdr, rec->frame_size,
-					 rec->plain_size, rec->dict_id)) {
+					 rec->plain_size, rec->dict_id) ||
+	    hdr->base_depth != rec->base_depth) {
 		return casbox_blob_error(bstream,
 			"frame header does not match the blob record");
+	}
+	if (rec->base_depth != 0 && bstream->base == NULL) {
+		return casbox_blob_error(bstream,
+			"the blob is compressed against base %s, which was "
+			"not given (casbox_pack_blob_open_chain())",
+			cas_blob_id_to_hex(&rec->base_id));
+	}
+	if (bstream->base != NULL) {
+		if (rec->base_depth == 0) {
+			return casbox_blob_error(bstream,
+				"a base was given, but the blob has none");
+		}
+		if (memcmp(bstream->base->id.id, rec->base_id.id,
+			   CAS_BLOB_ID_SIZE) != 0) {
+			return casbox_blob_error(bstream,
+				"base %s given, the blob record names "
+				"base %s",
+				cas_blob_id_to_hex(&bstream->base->id),
+				cas_blob_id_to_hex(&rec->base_id));
+		}
+		bstream->hdr.base_id = rec->base_id;
+		memcpy(bstream->hdr.base_digest, bstream->base->digest,
+		       CASBOX_BASE_DIGEST_SIZE);
 	}
 	if (!cas_aead_cipher_available(hdr->cipher)) {
 		return casbox_blob_error(bstream,
@@ -314,6 +344,27 @@ static int casbox_blob_open_frame(struct casbox_blob_istream *bstream)
 	return ret < 0 ? -1 : 0;
 }
 
+/* A delta frame names its base masked: it must be the record's (the
+   AAD binds the record's, so this only makes the error clearer). */
+static int
+casbox_blob_check_base_id(struct casbox_blob_istream *bstream,
+			  const unsigned char *subkey)
+{
+	struct cas_blob_id frame_base;
+
+	if (bstream->hdr.base_depth == 0)
+		return 0;
+	casbox_frame_base_mask(subkey, bstream->hdr.base_masked,
+			       frame_base.id);
+	if (sodium_memcmp(frame_base.id, bstream->rec.base_id.id,
+			  CAS_BLOB_ID_SIZE) != 0) {
+		return casbox_blob_error(bstream,
+			"the frame's base is not base %s, which the blob "
+			"record names", cas_blob_id_to_hex(&bstream->rec.base_id));
+	}
+	return 0;
+}
+
 /* Authenticate and decrypt chunk idx in place. */
 static int
 casbox_blob_chunk_decrypt(struct casbox_blob_istream *bstream, uint32_t idx,
@@ -339,10 +390,18 @@ casbox_blob_chunk_decrypt(struct casbox_blob_istream *bstream, uint32_t idx,
 					      bstream->scratch->dek,
 					      hdr->nonce, subkey);
 			bstream->subkey_ready = TRUE;
+			if (casbox_blob_check_base_id(bstream, subkey) < 0)
+				return -1;
 		}
 		ret = cas_aead_chunk_decrypt(hdr->cipher, subkey, idx, aad,
 					     aad_size, stored, stored_size,
 					     stored);
+	}
+	if (ret < 0 && hdr->base_depth != 0) {
+		return casbox_blob_error(bstream,
+			"chunk %u: authentication failed (a delta frame: "
+			"the chunk, or base %s given, is not what was "
+			"written)", idx, cas_blob_id_to_hex(&hdr->base_id));
 	}
 	if (ret < 0) {
 		return casbox_blob_error(bstream,
@@ -372,6 +431,26 @@ casbox_blob_chunk_unpad(struct casbox_blob_istream *bstream, uint32_t idx,
 			"chunk %u: padding is not zero", idx);
 	}
 	*clen_r = zlen;
+	return 0;
+}
+
+/* A frame asking for a larger window than any writer makes is refused
+   before zstd sees it (which, one-shot, would not check). */
+static int
+casbox_blob_chunk_window(struct casbox_blob_istream *bstream, uint32_t idx,
+			 const unsigned char *data, size_t clen)
+{
+	uint64_t window;
+	const char *error;
+
+	if (casbox_frame_zstd_window(data, clen, &window, &error) < 0)
+		return casbox_blob_error(bstream, "chunk %u: %s", idx, error);
+	if (window > (1ULL << CASBOX_ZSTD_WINDOW_LOG_MAX)) {
+		return casbox_blob_error(bstream,
+			"chunk %u: zstd window of %"PRIu64" bytes exceeds "
+			"the limit of %u", idx, window,
+			1U << CASBOX_ZSTD_WINDOW_LOG_MAX);
+	}
 	return 0;
 }
 
@@ -413,10 +492,22 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	if (bstream->hdr.version != CASBOX_FRAME_VERSION_V1 &&
 	    casbox_blob_chunk_unpad(bstream, idx, stored, &clen) < 0)
 		return -1;
+	if (casbox_blob_chunk_window(bstream, idx, stored, clen) < 0)
+		return -1;
 	if (bstream->dict != NULL) {
 		ret = ZSTD_decompress_usingDDict(dctx, plain,
 			CASBOX_CHUNK_SIZE, stored, clen,
 			bstream->dict->ddict);
+	} else if (bstream->base != NULL) {
+		/* for this one zstd frame; a chunk written without the
+		   prefix (it was smaller) decodes the same with it */
+		ret = ZSTD_DCtx_refPrefix(dctx, bstream->base->data,
+					  bstream->base->size);
+		if (!ZSTD_isError(ret)) {
+			ret = ZSTD_decompressDCtx(dctx, plain,
+				CASBOX_CHUNK_SIZE, stored, clen);
+		}
+		(void)ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
 	} else {
 		ret = ZSTD_decompressDCtx(dctx, plain,
 			CASBOX_CHUNK_SIZE, stored, clen);
@@ -437,6 +528,32 @@ casbox_blob_decode_chunk(struct casbox_blob_istream *bstream, uint32_t idx)
 	casbox_blob_chunks_decoded++;
 	casbox_blob_bytes_decoded += ret;
 	return 0;
+}
+
+/* Copy what was just returned into the tee; a jump past its end (a
+   seek) gives it up, its completion caches it. */
+static void
+casbox_blob_tee(struct casbox_blob_istream *bstream, uint64_t offset,
+		const unsigned char *data, size_t n)
+{
+	struct casbox_base_plain *tee = bstream->tee;
+	size_t skip, copy;
+
+	if (offset > bstream->tee_filled) {
+		casbox_base_plain_unref(&bstream->tee);
+		return;
+	}
+	skip = bstream->tee_filled - offset;
+	if (skip >= n)
+		return;
+	copy = I_MIN(n - skip, tee->size - bstream->tee_filled);
+	memcpy(tee->data + bstream->tee_filled, data + skip, copy);
+	bstream->tee_filled += copy;
+	if (bstream->tee_filled < tee->size)
+		return;
+	casbox_base_plain_seal(tee);
+	casbox_base_cache_add(bstream->store->base_cache, tee);
+	casbox_base_plain_unref(&bstream->tee);
 }
 
 static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
@@ -472,6 +589,10 @@ static ssize_t i_stream_casbox_blob_read(struct istream_private *stream)
 	memcpy(stream->w_buffer + stream->pos,
 	       bstream->scratch->plain + in_chunk, n);
 	stream->pos += n;
+	if (bstream->tee != NULL) {
+		casbox_blob_tee(bstream, offset,
+				bstream->scratch->plain + in_chunk, n);
+	}
 	if (offset + n == bstream->rec.plain_size) {
 		/* the last byte is out: hand the scratch back now. Readers
 		   that know the message size (FETCH BODY[]) never read on
@@ -518,22 +639,30 @@ static void i_stream_casbox_blob_destroy(struct iostream_private *stream)
 
 	casbox_pack_file_close(&bstream->pf);
 	casbox_blob_release(bstream, FALSE);
+	casbox_base_plain_unref(&bstream->base);
+	casbox_base_plain_unref(&bstream->tee);
 	i_free(bstream->chunks);
 	i_free(bstream->path);
 	i_stream_free_buffer(&bstream->istream);
 }
 
-/* pf: the pack, opened already, or NULL to open it at the first read */
+/* pf: the pack, opened already, or NULL to open it at the first read;
+   base: a delta frame's base prefix (the stream takes a reference) */
 static struct istream *
 casbox_blob_istream_create(struct casbox_pack_store *store,
 			   const struct cas_blob_id *id,
 			   const struct casbox_blob_record *rec,
-			   struct casbox_pack_file *pf)
+			   struct casbox_pack_file *pf,
+			   struct casbox_base_plain *base)
 {
 	struct casbox_blob_istream *bstream;
 	struct istream *input;
 
 	bstream = i_new(struct casbox_blob_istream, 1);
+	if (base != NULL) {
+		casbox_base_plain_ref(base);
+		bstream->base = base;
+	}
 	bstream->store = store;
 	bstream->id = *id;
 	bstream->rec = *rec;
@@ -563,7 +692,16 @@ casbox_pack_blob_open(struct casbox_pack_store *store,
 		      const struct cas_blob_id *id,
 		      const struct casbox_blob_record *rec)
 {
-	return casbox_blob_istream_create(store, id, rec, NULL);
+	return casbox_blob_istream_create(store, id, rec, NULL, NULL);
+}
+
+struct istream *
+casbox_pack_blob_open_base(struct casbox_pack_store *store,
+			   const struct cas_blob_id *id,
+			   const struct casbox_blob_record *rec,
+			   struct casbox_base_plain *base)
+{
+	return casbox_blob_istream_create(store, id, rec, NULL, base);
 }
 
 int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
@@ -571,6 +709,17 @@ int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
 				 const struct casbox_blob_record *rec,
 				 struct istream **input_r,
 				 const char **error_r)
+{
+	return casbox_pack_blob_open_pinned_base(store, id, rec, NULL,
+						 input_r, error_r);
+}
+
+int casbox_pack_blob_open_pinned_base(struct casbox_pack_store *store,
+				      const struct cas_blob_id *id,
+				      const struct casbox_blob_record *rec,
+				      struct casbox_base_plain *base,
+				      struct istream **input_r,
+				      const char **error_r)
 {
 	struct casbox_pack_file *pf;
 	const char *error;
@@ -594,6 +743,25 @@ int casbox_pack_blob_open_pinned(struct casbox_pack_store *store,
 		casbox_pack_file_close(&pf);
 		return -1;
 	}
-	*input_r = casbox_blob_istream_create(store, id, rec, pf);
+	*input_r = casbox_blob_istream_create(store, id, rec, pf, base);
 	return 1;
+}
+
+void casbox_pack_blob_cache_as_base(struct istream *input)
+{
+	struct casbox_blob_istream *bstream =
+		(struct casbox_blob_istream *)input->real_stream;
+
+	i_assert(bstream->istream.read == i_stream_casbox_blob_read);
+	i_assert(!bstream->opened && bstream->tee == NULL);
+	/* only what can serve as a base (casbox_pack_txn_add_base()) */
+	if (bstream->rec.plain_size == 0 ||
+	    bstream->rec.base_depth >= CASBOX_BASE_MAX_DEPTH)
+		return;
+	if (casbox_base_cache_has(bstream->store->base_cache, &bstream->id))
+		return;
+	bstream->tee = casbox_base_plain_new(&bstream->id,
+					     bstream->rec.plain_size,
+					     bstream->rec.base_depth);
+	bstream->tee_filled = 0;
 }
