@@ -1,5 +1,5 @@
 /* Process-wide LRU cache of table data blocks that passed their CRC and
-   the structure walk, bounded in bytes (CASBOX_LSM_CACHE_BYTES).
+   the structure walk, bounded in bytes (casbox_lsm_cache_set_limit()).
 
    Tables are immutable, so a cached block never goes stale; entries are
    keyed by a table id that is never reused within the process, and a
@@ -28,7 +28,7 @@ HASH_TABLE_DEFINE_TYPE(lsm_cache, struct lsm_cache_key *,
 
 static HASH_TABLE_TYPE(lsm_cache) cache_hash;
 static struct lsm_cache_entry *cache_head, *cache_tail;
-static size_t cache_bytes;
+static size_t cache_bytes, cache_limit = CASBOX_LSM_CACHE_BYTES;
 static unsigned int cache_users;
 static uint64_t cache_last_id;
 
@@ -102,6 +102,18 @@ void casbox_lsm_cache_unregister(uint64_t table_id)
 	}
 }
 
+size_t casbox_lsm_cache_get_used(void)
+{
+	return cache_bytes;
+}
+
+void casbox_lsm_cache_set_limit(size_t bytes)
+{
+	cache_limit = bytes;
+	while (cache_tail != NULL && cache_bytes > cache_limit)
+		lsm_cache_remove(cache_tail);
+}
+
 const unsigned char *
 casbox_lsm_cache_get(uint64_t table_id, uoff_t offset, size_t *size_r)
 {
@@ -125,11 +137,10 @@ void casbox_lsm_cache_put(uint64_t table_id, uoff_t offset,
 	struct lsm_cache_key key = { .table_id = table_id, .offset = offset };
 	struct lsm_cache_entry *entry;
 
-	if (size > CASBOX_LSM_CACHE_MAX_BLOCK ||
+	if (size > CASBOX_LSM_CACHE_MAX_BLOCK || size > cache_limit ||
 	    hash_table_lookup(cache_hash, &key) != NULL)
 		return;
-	while (cache_tail != NULL &&
-	       cache_bytes + size > CASBOX_LSM_CACHE_BYTES)
+	while (cache_tail != NULL && cache_bytes + size > cache_limit)
 		lsm_cache_remove(cache_tail);
 	entry = i_malloc(sizeof(*entry) + size);
 	entry->key = key;

@@ -57,18 +57,23 @@ static int lsm_fsync_dir(struct casbox_lsm *lsm, const char **error_r)
 }
 
 int casbox_lsm_wal_create(struct casbox_lsm *lsm, uint64_t wal_no,
-			  const char **error_r)
+			  uint32_t *epoch_r, const char **error_r)
 {
 	const char *path = casbox_lsm_path(lsm, wal_no, "wal");
-	buffer_t *buf = t_buffer_create(CASBOX_LSM_WAL_HEADER_SIZE);
+	buffer_t *buf = t_buffer_create(CASBOX_LSM_WAL_HEADER_MAX);
+	const struct casbox_lsm_key *key;
 	int fd, ret = 0;
+
+	if (casbox_lsm_write_key(lsm, &key, error_r) < 0)
+		return -1;
+	*epoch_r = key == NULL ? CASBOX_LSM_EPOCH_PLAINTEXT : key->epoch;
 
 	fd = lsm->io->open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	casbox_lsm_wal_header_write(buf, wal_no);
+	casbox_lsm_wal_header_write(buf, wal_no, *epoch_r);
 	if (lsm_write_all(lsm, fd, path, buf->data, buf->used, 0,
 			  error_r) < 0 ||
 	    lsm_fsync(lsm, fd, path, error_r) < 0)
@@ -78,9 +83,10 @@ int casbox_lsm_wal_create(struct casbox_lsm *lsm, uint64_t wal_no,
 }
 
 int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
-			      const struct casbox_lsm_manifest *man,
+			      struct casbox_lsm_manifest *man,
 			      const char **error_r)
 {
+	const struct casbox_lsm_key *key;
 	const struct cas_durable_write_settings set = {
 		.io = lsm->io,
 		.tmp_path = t_strconcat(lsm->manifest_path, ".tmp", NULL),
@@ -93,7 +99,15 @@ int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
 	   them */
 	if (lsm_fsync_dir(lsm, error_r) < 0)
 		return -1;
-	casbox_lsm_manifest_encode(man, buf);
+	if (casbox_lsm_write_key(lsm, &key, error_r) < 0)
+		return -1;
+	man->sealed = key != NULL;
+	if (key != NULL) {
+		man->mac_epoch = key->epoch;
+		memcpy(man->fingerprint, lsm->set.codec->fingerprint,
+		       sizeof(man->fingerprint));
+	}
+	casbox_lsm_manifest_encode(man, key, buf);
 	return cas_durable_write_atomic(lsm->manifest_path, buf->data,
 					buf->used, &set, error_r);
 }
@@ -138,7 +152,14 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 		return -1;
 	}
 	buffer_set_used_size(rec, 0);
-	casbox_lsm_wal_record_encode(rec, lsm->last_seq + 1, count, entries);
+	if (lsm->wal_key != NULL) {
+		casbox_lsm_wal_record_encode_sealed(rec, lsm->wal_key,
+			lsm->wal_no, lsm->wal_offset, lsm->last_seq + 1,
+			count, entries);
+	} else {
+		casbox_lsm_wal_record_encode(rec, lsm->last_seq + 1, count,
+					     entries);
+	}
 	ret = lsm_write_all(lsm, lsm->wal_fd, path, rec->data, rec->used,
 			    lsm->wal_offset, error_r);
 	if (ret == 0 && sync)
@@ -163,18 +184,25 @@ int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 static int lsm_write_table(struct casbox_lsm *lsm,
 			   struct casbox_lsm_source *src, bool drop_deletes,
 			   uint64_t file_no, uint64_t *entries_r,
-			   uoff_t *size_r, const char **error_r)
+			   uoff_t *size_r, uint32_t *epoch_r,
+			   const char **error_r)
 {
 	const char *path = casbox_lsm_path(lsm, file_no, "sst");
 	struct casbox_lsm_table_builder *builder;
+	const struct casbox_lsm_key *key;
 	int fd, ret = 0;
+
+	if (casbox_lsm_write_key(lsm, &key, error_r) < 0)
+		return -1;
+	*epoch_r = key == NULL ? CASBOX_LSM_EPOCH_PLAINTEXT : key->epoch;
 
 	fd = lsm->io->open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
 	if (fd == -1) {
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	builder = casbox_lsm_table_builder_init(lsm->io, fd, path);
+	builder = casbox_lsm_table_builder_init(lsm->io, fd, path, file_no,
+						key);
 	for (src->seek(src, (const unsigned char *)"", 0); src->valid;
 	     src->next(src)) {
 		if (drop_deletes && src->type == CASBOX_LSM_TYPE_DELETE)
@@ -207,6 +235,7 @@ static void lsm_manifest_from_state(struct casbox_lsm *lsm,
 	man->wal_no = lsm->wal_no;
 	man->next_file_no = lsm->next_file_no;
 	man->last_seq = lsm->flushed_seq;
+	man->wal_epoch = lsm->wal_epoch;
 }
 
 static void lsm_manifest_add_tables(struct casbox_lsm *lsm,
@@ -222,6 +251,7 @@ static void lsm_manifest_add_tables(struct casbox_lsm *lsm,
 		mt = array_append_space(&man->tables);
 		mt->file_no = casbox_lsm_table_file_no(tables[i]);
 		mt->size = casbox_lsm_table_size(tables[i]);
+		mt->epoch = casbox_lsm_table_epoch(tables[i]);
 	}
 }
 
@@ -297,6 +327,9 @@ static void lsm_event_finished(struct event *event, const char *name,
 		event_add_int(event, "tables", tables);
 	event_add_int(event, "input_bytes", input_bytes);
 	event_add_int(event, "entries", entries);
+	/* 0 when nothing was left to write: no table (a forced flush of
+	   an empty memtable starts a new WAL only) */
+	event_add_int(event, "tables_written", entries > 0 ? 1 : 0);
 	event_add_int(event, "table_bytes", table_bytes);
 	e_debug(event, "%s: %"PRIu64" entries, %"PRIuUOFF_T" bytes in, "
 		"%"PRIuUOFF_T" bytes out", name, entries, input_bytes,
@@ -315,6 +348,7 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	unsigned int i, total;
 	uint64_t file_no, entries;
 	uoff_t input_bytes = 0, size;
+	uint32_t epoch;
 	int ret;
 
 	event = event_create(lsm->event);
@@ -329,7 +363,7 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	file_no = lsm->next_file_no++;
 	/* deletes can go only when nothing older is left to shadow */
 	ret = lsm_write_table(lsm, src, count == total, file_no, &entries,
-			      &size, error_r);
+			      &size, &epoch, error_r);
 	casbox_lsm_source_free(&src);
 	if (ret < 0) {
 		event_unref(&event);
@@ -340,6 +374,9 @@ static int lsm_merge_tables(struct casbox_lsm *lsm, unsigned int count,
 	if (entries > 0) {
 		mt = array_append_space(&man.tables);
 		mt->file_no = file_no;
+		mt->size = size;
+		mt->entries = entries;
+		mt->epoch = epoch;
 	}
 	lsm_manifest_add_tables(lsm, &man, count);
 	ret = lsm_install(lsm, &man, error_r);
@@ -373,30 +410,38 @@ static unsigned int lsm_pick_merge(struct casbox_lsm *lsm)
 	return n;
 }
 
-static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
+/* force: start a new WAL even when the memtable is empty (a plaintext
+   WAL or one of an older epoch is replaced) */
+static int lsm_flush_memtable(struct casbox_lsm *lsm, bool force,
+			      const char **error_r)
 {
 	struct casbox_lsm_source *src;
 	struct casbox_lsm_manifest man;
 	struct casbox_lsm_manifest_table *mt;
 	struct event *event;
-	uint64_t file_no, wal_no, entries;
-	uoff_t wal_bytes = lsm->wal_offset, size;
-	int ret;
+	uint64_t file_no, wal_no, entries = 0;
+	uoff_t wal_bytes = lsm->wal_offset, size = 0;
+	uint32_t epoch = CASBOX_LSM_EPOCH_PLAINTEXT, wal_epoch;
+	int ret = 0;
 
-	if (casbox_lsm_memtable_count(lsm->mt) == 0)
+	if (casbox_lsm_memtable_count(lsm->mt) == 0 && !force)
 		return 0;
 	event = event_create(lsm->event);
 	file_no = lsm->next_file_no;
 	wal_no = file_no + 1;
-	src = casbox_lsm_memtable_source(lsm->mt, lsm->last_seq);
-	ret = lsm_write_table(lsm, src, array_count(&lsm->tables) == 0,
-			      file_no, &entries, &size, error_r);
-	casbox_lsm_source_free(&src);
+	if (casbox_lsm_memtable_count(lsm->mt) > 0) {
+		src = casbox_lsm_memtable_source(lsm->mt, lsm->last_seq);
+		ret = lsm_write_table(lsm, src,
+				      array_count(&lsm->tables) == 0,
+				      file_no, &entries, &size, &epoch,
+				      error_r);
+		casbox_lsm_source_free(&src);
+	}
 	if (ret < 0) {
 		event_unref(&event);
 		return -1;
 	}
-	if (casbox_lsm_wal_create(lsm, wal_no, error_r) < 0) {
+	if (casbox_lsm_wal_create(lsm, wal_no, &wal_epoch, error_r) < 0) {
 		(void)lsm->io->unlink(casbox_lsm_path(lsm, file_no, "sst"));
 		event_unref(&event);
 		return -1;
@@ -404,10 +449,14 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	lsm->next_file_no = wal_no + 1;
 	lsm_manifest_from_state(lsm, &man);
 	man.wal_no = wal_no;
+	man.wal_epoch = wal_epoch;
 	man.last_seq = lsm->last_seq;
 	if (entries > 0) {
 		mt = array_append_space(&man.tables);
 		mt->file_no = file_no;
+		mt->size = size;
+		mt->entries = entries;
+		mt->epoch = epoch;
 	}
 	lsm_manifest_add_tables(lsm, &man, 0);
 	ret = lsm_install(lsm, &man, error_r);
@@ -420,7 +469,8 @@ static int lsm_flush_memtable(struct casbox_lsm *lsm, const char **error_r)
 	return ret;
 }
 
-int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r)
+int casbox_lsm_flush_locked(struct casbox_lsm *lsm, bool force,
+			    const char **error_r)
 {
 	unsigned int n;
 
@@ -428,10 +478,11 @@ int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r)
 	   process must not be undone by a manifest built from our list */
 	if (casbox_lsm_refresh_full(lsm, TRUE, error_r) < 0)
 		return -1;
-	if (lsm->wal_offset < lsm->wal_flush_bytes)
+	if (force ? casbox_lsm_memtable_count(lsm->mt) == 0 :
+	    lsm->wal_offset < lsm->wal_flush_bytes)
 		return 0;
 
-	if (lsm_flush_memtable(lsm, error_r) < 0)
+	if (lsm_flush_memtable(lsm, FALSE, error_r) < 0)
 		return -1;
 	n = lsm_pick_merge(lsm);
 	if (n > 0 && lsm_merge_tables(lsm, n, error_r) < 0)
@@ -448,9 +499,62 @@ int casbox_lsm_compact(struct casbox_lsm *lsm, const char **error_r)
 		return -1;
 	if (casbox_lsm_refresh(lsm, error_r) < 0 ||
 	    casbox_lsm_wal_cut_tail(lsm, error_r) < 0 ||
-	    lsm_flush_memtable(lsm, error_r) < 0)
+	    lsm_flush_memtable(lsm, lsm->set.codec != NULL &&
+			       lsm->wal_key == NULL, error_r) < 0)
 		ret = -1;
 	else if (array_count(&lsm->tables) > 1 &&
+		 lsm_merge_tables(lsm, array_count(&lsm->tables),
+				  error_r) < 0)
+		ret = -1;
+	casbox_lsm_unlock_state(lsm, ret == 0);
+	return ret < 0 ? -1 : 1;
+}
+
+int casbox_lsm_flush_wal_locked(struct casbox_lsm *lsm, const char **error_r)
+{
+	if (casbox_lsm_refresh_full(lsm, TRUE, error_r) < 0)
+		return -1;
+	return lsm_flush_memtable(lsm, TRUE, error_r);
+}
+
+/* Is anything not sealed under the current epoch, or more than one
+   table left? */
+static bool lsm_reseal_needed(struct casbox_lsm *lsm, uint32_t epoch)
+{
+	struct casbox_lsm_table *const *tablep;
+
+	if (!lsm->sealed || lsm->mac_epoch != epoch ||
+	    lsm->wal_epoch != epoch || array_count(&lsm->tables) > 1)
+		return TRUE;
+	array_foreach(&lsm->tables, tablep) {
+		if (casbox_lsm_table_epoch(*tablep) != epoch)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+int casbox_lsm_reseal(struct casbox_lsm *lsm, const char **error_r)
+{
+	const struct casbox_lsm_codec *codec = lsm->set.codec;
+	uint32_t epoch;
+	int ret = 0;
+
+	i_assert(lsm->batch == NULL);
+	if (codec == NULL) {
+		*error_r = "casbox_lsm_reseal() needs a key (codec)";
+		return -1;
+	}
+	if (casbox_lsm_lock(lsm, error_r) < 0)
+		return -1;
+	epoch = codec->current_epoch(codec->context);
+	if (casbox_lsm_refresh_full(lsm, TRUE, error_r) < 0 ||
+	    casbox_lsm_wal_cut_tail(lsm, error_r) < 0)
+		ret = -1;
+	else if (!lsm_reseal_needed(lsm, epoch))
+		;
+	else if (lsm_flush_memtable(lsm, TRUE, error_r) < 0)
+		ret = -1;
+	else if (array_count(&lsm->tables) > 0 &&
 		 lsm_merge_tables(lsm, array_count(&lsm->tables),
 				  error_r) < 0)
 		ret = -1;
@@ -466,9 +570,10 @@ static int lsm_verify_wal(struct casbox_lsm *lsm,
 {
 	const char *path = casbox_lsm_path(lsm, lsm->wal_no, "wal");
 	const unsigned char *data, *payload;
-	size_t size, pos = CASBOX_LSM_WAL_HEADER_SIZE, payload_size, rec_size;
+	size_t size, pos, payload_size, rec_size;
 	enum casbox_lsm_wal_status status;
 	uint64_t first_seq, file_no;
+	uint32_t epoch;
 	unsigned int count;
 	const char *error;
 	struct stat st;
@@ -488,8 +593,13 @@ static int lsm_verify_wal(struct casbox_lsm *lsm,
 	}
 	data = lsm->read_buf->data;
 	size = ret;
-	if (casbox_lsm_wal_header_parse(data, size, &file_no, &error) < 0) {
+	if (casbox_lsm_wal_header_parse(data, size, &file_no, &epoch, &pos,
+					&error) < 0) {
 		report(context, path, 0, error);
+		return 0;
+	}
+	if (epoch != lsm->wal_epoch) {
+		report(context, path, 0, "WAL key epoch changed");
 		return 0;
 	}
 	while (pos < size) {
@@ -499,6 +609,11 @@ static int lsm_verify_wal(struct casbox_lsm *lsm,
 		if (status == CASBOX_LSM_WAL_END)
 			break;
 		if (status == CASBOX_LSM_WAL_OK &&
+		    casbox_lsm_wal_payload_open(lsm->wal_key, lsm->wal_no, pos,
+						&payload, &payload_size,
+						lsm->plain_buf, &error) < 0)
+			status = CASBOX_LSM_WAL_CORRUPT;
+		else if (status == CASBOX_LSM_WAL_OK &&
 		    casbox_lsm_wal_payload_apply(payload, payload_size,
 						 &first_seq, &count, NULL,
 						 NULL, &error) < 0)

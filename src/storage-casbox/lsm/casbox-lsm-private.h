@@ -94,13 +94,36 @@ struct casbox_lsm_source *
 casbox_lsm_memtable_source(struct casbox_lsm_memtable *mt, uint64_t max_seq);
 
 /* ---- WAL (casbox-lsm-wal.c) ---- */
+/* format 1 (plaintext) header; format 2 (sealed) adds u32 epoch | u32 0 */
 #define CASBOX_LSM_WAL_HEADER_SIZE 24
+#define CASBOX_LSM_WAL_HEADER2_SIZE 32
+#define CASBOX_LSM_WAL_HEADER_MAX CASBOX_LSM_WAL_HEADER2_SIZE
 #define CASBOX_LSM_WAL_RECORD_HDR 8
 #define CASBOX_LSM_WAL_MAX_PAYLOAD (256U * 1024 * 1024)
 
-void casbox_lsm_wal_header_write(buffer_t *buf, uint64_t file_no);
+struct casbox_lsm_key;
+
+/* epoch CASBOX_LSM_EPOCH_PLAINTEXT: a format-1 header */
+void casbox_lsm_wal_header_write(buffer_t *buf, uint64_t file_no,
+				 uint32_t epoch);
 int casbox_lsm_wal_header_parse(const unsigned char *data, size_t size,
-				uint64_t *file_no_r, const char **error_r);
+				uint64_t *file_no_r, uint32_t *epoch_r,
+				size_t *header_size_r, const char **error_r);
+/* A format-2 record at offset of WAL wal_no: the payload (first_seq |
+   count | entries) sealed, bound to the WAL and the offset. */
+void casbox_lsm_wal_record_encode_sealed(buffer_t *out,
+					 const struct casbox_lsm_key *key,
+					 uint64_t wal_no, uoff_t offset,
+					 uint64_t first_seq, unsigned int count,
+					 const buffer_t *entries);
+/* key != NULL: open the sealed payload of the record at offset into
+   plain and point *payload at it. Returns 0 ok (also for key NULL:
+   nothing to do), -1 authentication failed (error_r). */
+int casbox_lsm_wal_payload_open(const struct casbox_lsm_key *key,
+				uint64_t wal_no, uoff_t offset,
+				const unsigned char **payload,
+				size_t *payload_size, buffer_t *plain,
+				const char **error_r);
 /* Append one encoded entry to a batch's entry buffer. */
 void casbox_lsm_wal_entry_encode(buffer_t *entries, enum casbox_lsm_type type,
 				 const void *key, size_t key_size,
@@ -148,9 +171,12 @@ void casbox_lsm_wal_entries_apply(const buffer_t *entries, uint64_t first_seq,
 struct casbox_lsm_table;
 struct casbox_lsm_table_builder;
 
+/* key != NULL: a sealed (format 2) table under key's epoch, bound to
+   file_no; NULL: format 1. */
 struct casbox_lsm_table_builder *
 casbox_lsm_table_builder_init(const struct cas_io *io, int fd,
-			      const char *path);
+			      const char *path, uint64_t file_no,
+			      const struct casbox_lsm_key *key);
 /* Keys must be added in strictly increasing order. */
 int casbox_lsm_table_builder_add(struct casbox_lsm_table_builder *builder,
 				 enum casbox_lsm_type type,
@@ -162,9 +188,12 @@ int casbox_lsm_table_builder_finish(struct casbox_lsm_table_builder **builder,
 				    bool fsync, uoff_t *size_r,
 				    uint64_t *entries_r, const char **error_r);
 
-/* Open a table (takes ownership of fd, closes it on error too). */
+/* Open a table (takes ownership of fd, closes it on error too). key:
+   the key of the epoch the MANIFEST names for it (copied), NULL for a
+   plaintext table; a table of another epoch or format fails. */
 int casbox_lsm_table_open(const struct cas_io *io, int fd,
 			  const char *path, uint64_t file_no,
+			  const struct casbox_lsm_key *key,
 			  struct casbox_lsm_table **table_r,
 			  const char **error_r);
 /* Open a table from a memory buffer (fuzzing). The data must stay
@@ -176,6 +205,8 @@ void casbox_lsm_table_ref(struct casbox_lsm_table *table);
 void casbox_lsm_table_unref(struct casbox_lsm_table **table);
 uint64_t casbox_lsm_table_file_no(struct casbox_lsm_table *table);
 uoff_t casbox_lsm_table_size(struct casbox_lsm_table *table);
+/* CASBOX_LSM_EPOCH_PLAINTEXT for a format-1 table */
+uint32_t casbox_lsm_table_epoch(struct casbox_lsm_table *table);
 /* Returns 1 found (type_r says whether put or delete; value appended
    for a put), 0 not in this table, -1 damage (error_r has file and
    offset). */
@@ -192,13 +223,18 @@ int casbox_lsm_table_verify(struct casbox_lsm_table *table,
 
 /* ---- block cache (casbox-lsm-cache.c) ---- */
 /* One LRU cache per process, like LevelDB's default 8 MiB block cache:
-   a block is read, CRC-checked and walked once, not on every lookup. */
+   a block is read, CRC-checked and walked once, not on every lookup.
+   The default bound (casbox_lsm_settings.cache_bytes = 0). */
 #define CASBOX_LSM_CACHE_BYTES (8 * 1024 * 1024)
 #define CASBOX_LSM_CACHE_MAX_BLOCK (64 * 1024)
 
 /* Every table registers (getting a process-unique id) and unregisters
    when freed, which drops its blocks. */
 uint64_t casbox_lsm_cache_register(void);
+/* The bound of the process's cache: the last store opened sets it (a
+   process serves one user; tests open several stores alike). Evicts
+   down to it at once. */
+void casbox_lsm_cache_set_limit(size_t bytes);
 void casbox_lsm_cache_unregister(uint64_t table_id);
 /* The block's bytes, valid until the next casbox_lsm_cache_put() or
    unregister; NULL if not cached. */
@@ -207,6 +243,44 @@ casbox_lsm_cache_get(uint64_t table_id, uoff_t offset, size_t *size_r);
 /* Store a copy of a validated block (too large ones are skipped). */
 void casbox_lsm_cache_put(uint64_t table_id, uoff_t offset,
 			  const void *data, size_t size);
+
+/* ---- sealing (casbox-lsm-seal.c): format 2 ---- */
+/* An epoch's LSM key, in sodium_malloc()ed memory. */
+struct casbox_lsm_key {
+	uint32_t epoch;
+	unsigned char key[CASBOX_LSM_KEY_SIZE];
+};
+enum casbox_lsm_seal_kind {
+	CASBOX_LSM_SEAL_DATA = 1,
+	CASBOX_LSM_SEAL_INDEX = 2,
+	CASBOX_LSM_SEAL_BLOOM = 3,
+	CASBOX_LSM_SEAL_WAL = 4,
+};
+/* nonce + tag + the compression byte */
+#define CASBOX_LSM_SEAL_OVERHEAD (16 + 16 + 1)
+#define CASBOX_LSM_MAC_SIZE 32
+
+struct casbox_lsm_key *casbox_lsm_key_new(uint32_t epoch);
+struct casbox_lsm_key *casbox_lsm_key_dup(const struct casbox_lsm_key *key);
+void casbox_lsm_key_free(struct casbox_lsm_key **key);
+/* Append the sealed form of plain (zstd-compressed first if compress
+   and it gets smaller) to out. */
+void casbox_lsm_seal(const struct casbox_lsm_key *key,
+		     enum casbox_lsm_seal_kind kind, uint64_t file_no,
+		     uint64_t offset, const void *plain, size_t size,
+		     bool compress, buffer_t *out);
+/* Verify and open a sealed item into plain_r (replacing its content).
+   Returns 0 ok, -1 authentication or format failure (error_r). */
+int casbox_lsm_unseal(const struct casbox_lsm_key *key,
+		      enum casbox_lsm_seal_kind kind, uint64_t file_no,
+		      uint64_t offset, const void *sealed, size_t size,
+		      buffer_t *plain_r, const char **error_r);
+void casbox_lsm_manifest_mac(const struct casbox_lsm_key *key,
+			     const void *data, size_t size,
+			     unsigned char mac_r[CASBOX_LSM_MAC_SIZE]);
+/* constant time */
+bool casbox_lsm_mac_equal(const unsigned char *a, const unsigned char *b,
+			  size_t size);
 
 /* ---- merge (casbox-lsm-merge.c) ---- */
 /* Merge sources, sources[0] newest: for equal keys the newest wins.

@@ -59,7 +59,16 @@ struct casbox_lsm {
 	uoff_t wal_file_size;
 	uint64_t last_seq;
 
-	buffer_t *read_buf, *write_buf, *batch_buf;
+	/* sealing: the MANIFEST's format and MAC epoch, the WAL's epoch,
+	   header size and key (NULL: plaintext WAL), the keys fetched
+	   from the codec so far */
+	bool sealed;
+	uint32_t mac_epoch, wal_epoch;
+	size_t wal_hdr_size;
+	const struct casbox_lsm_key *wal_key;
+	ARRAY(struct casbox_lsm_key *) keys;
+
+	buffer_t *read_buf, *write_buf, *batch_buf, *plain_buf;
 	struct casbox_lsm_batch *batch;
 	/* a failed commit could not be undone in the WAL */
 	bool broken;
@@ -70,6 +79,15 @@ const char *casbox_lsm_path(struct casbox_lsm *lsm, uint64_t file_no,
 /* path, or the current WAL's path if NULL (built only for errors) */
 const char *casbox_lsm_wal_path(struct casbox_lsm *lsm, const char *path);
 int casbox_lsm_lock(struct casbox_lsm *lsm, const char **error_r);
+/* The key of epoch (cached; owned by lsm). Returns 0 ok, -1 no codec or
+   the codec has no such epoch. */
+int casbox_lsm_epoch_key(struct casbox_lsm *lsm, uint32_t epoch,
+			 const struct casbox_lsm_key **key_r,
+			 const char **error_r);
+/* The key new files are sealed with: NULL without a codec. */
+int casbox_lsm_write_key(struct casbox_lsm *lsm,
+			 const struct casbox_lsm_key **key_r,
+			 const char **error_r);
 /* Release the write lock. current = our state is exactly what is on
    disk (the operation succeeded): publish it, so the next holder and
    readers can skip their refresh. */
@@ -95,10 +113,13 @@ int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
 int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r);
 
 /* casbox-lsm-flush.c; all need the write lock. */
+/* epoch_r: the epoch the new WAL is sealed with (or PLAINTEXT) */
 int casbox_lsm_wal_create(struct casbox_lsm *lsm, uint64_t wal_no,
-			  const char **error_r);
+			  uint32_t *epoch_r, const char **error_r);
+/* With a codec the manifest is written sealed (format 2) under the
+   current epoch (its sealed, fingerprint, mac_epoch fields are set). */
 int casbox_lsm_manifest_write(struct casbox_lsm *lsm,
-			      const struct casbox_lsm_manifest *man,
+			      struct casbox_lsm_manifest *man,
 			      const char **error_r);
 /* Cut a torn tail left by a writer that crashed. */
 int casbox_lsm_wal_cut_tail(struct casbox_lsm *lsm, const char **error_r);
@@ -106,7 +127,12 @@ int casbox_lsm_wal_cut_tail(struct casbox_lsm *lsm, const char **error_r);
 int casbox_lsm_wal_append(struct casbox_lsm *lsm, const buffer_t *entries,
 			  unsigned int count, bool sync,
 			  const char **error_r);
-/* Flush the memtable into a table, then compact if needed. */
-int casbox_lsm_flush_locked(struct casbox_lsm *lsm, const char **error_r);
+/* Flush the memtable into a table if the WAL passed wal_flush_bytes
+   (force: if the memtable holds anything), then compact if needed. */
+int casbox_lsm_flush_locked(struct casbox_lsm *lsm, bool force,
+			    const char **error_r);
+/* Flush the memtable and start a new (sealed) WAL even if the memtable
+   is empty: before the first append to a plaintext WAL. */
+int casbox_lsm_flush_wal_locked(struct casbox_lsm *lsm, const char **error_r);
 
 #endif

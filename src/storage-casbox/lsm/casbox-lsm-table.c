@@ -11,18 +11,30 @@
 	   "CBXSST01"
 
    Block sizes exclude their 4-byte CRC trailer. Every block is checked
-   against its CRC before any byte of it is parsed. */
+   against its CRC before any byte of it is parsed.
+
+   Format 2 (sealed): every block (data, index, bloom) is stored as
+   casbox_lsm_seal() of the format-1 block (casbox-lsm-seal.c), still
+   followed by the masked CRC32C of the stored bytes; block handles give
+   the stored size. The footer grows to 56 bytes:
+	   u64 index_off | u32 index_size | u64 bloom_off |
+	   u32 bloom_size | u64 entries | u32 epoch | u32 0 | u32 version |
+	   u32 crc | "CBXSST02" */
 
 #include "lib.h"
 #include "array.h"
 #include "buffer.h"
 #include "numpack.h"
 #include "byteorder.h"
+#include "safe-memset.h"
 #include "cas-crc32c.h"
 #include "casbox-lsm-block.h"
 
 #define TABLE_MAGIC "CBXSST01"
 #define TABLE_VERSION 1
+#define TABLE_MAGIC2 "CBXSST02"
+#define TABLE_VERSION2 2
+#define TABLE_FOOTER2_SIZE 56
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
 
 struct casbox_lsm_table_builder {
@@ -35,6 +47,10 @@ struct casbox_lsm_table_builder {
 	buffer_t *out;
 	ARRAY(uint32_t) key_hashes;
 	char *error;
+	/* format 2: the key (not owned) and a block being sealed */
+	const struct casbox_lsm_key *key;
+	uint64_t file_no;
+	buffer_t *plain;
 };
 
 struct table_index_entry {
@@ -64,6 +80,10 @@ struct casbox_lsm_table {
 
 	/* key of this table's blocks in the process's block cache */
 	uint64_t cache_id;
+	/* format 2: the epoch's key (owned), stored bytes of a block */
+	struct casbox_lsm_key *key;
+	buffer_t *sealed_buf;
+	uint32_t epoch;
 };
 
 enum table_read_mode {
@@ -91,7 +111,8 @@ struct table_source {
 
 struct casbox_lsm_table_builder *
 casbox_lsm_table_builder_init(const struct cas_io *io, int fd,
-			      const char *path)
+			      const char *path, uint64_t file_no,
+			      const struct casbox_lsm_key *key)
 {
 	struct casbox_lsm_table_builder *builder;
 
@@ -104,6 +125,12 @@ casbox_lsm_table_builder_init(const struct cas_io *io, int fd,
 	builder->out = buffer_create_dynamic(default_pool,
 					     CASBOX_LSM_BLOCK_SIZE * 4);
 	i_array_init(&builder->key_hashes, 1024);
+	builder->key = key;
+	builder->file_no = file_no;
+	if (key != NULL) {
+		builder->plain = buffer_create_dynamic(default_pool,
+						CASBOX_LSM_BLOCK_SIZE + 64);
+	}
 	return builder;
 }
 
@@ -127,6 +154,28 @@ static int builder_write_out(struct casbox_lsm_table_builder *builder)
 	return 0;
 }
 
+/* Append a finished format-1 block (in plain, with its CRC) to out,
+   sealed if the table is: size_r = stored size without the CRC. */
+static void builder_emit(struct casbox_lsm_table_builder *builder,
+			 enum casbox_lsm_seal_kind kind, uint32_t *size_r)
+{
+	uoff_t offset = builder->offset + builder->out->used;
+	size_t start = builder->out->used;
+	unsigned char num[4];
+	uint32_t crc;
+
+	/* plain holds the block and its CRC trailer */
+	casbox_lsm_seal(builder->key, kind, builder->file_no, offset,
+			builder->plain->data, builder->plain->used - 4, TRUE,
+			builder->out);
+	*size_r = builder->out->used - start;
+	crc = cas_crc32c(CONST_PTR_OFFSET(builder->out->data, start),
+			 *size_r);
+	cpu32_to_be_unaligned(cas_crc32c_mask(crc), num);
+	buffer_append(builder->out, num, 4);
+	buffer_set_used_size(builder->plain, 0);
+}
+
 static int builder_flush_block(struct casbox_lsm_table_builder *builder)
 {
 	struct casbox_lsm_block_builder *bb = &builder->block;
@@ -137,7 +186,12 @@ static int builder_flush_block(struct casbox_lsm_table_builder *builder)
 	if (bb->entries == 0)
 		return 0;
 	offset = builder->offset + builder->out->used;
-	casbox_lsm_block_builder_finish(bb, builder->out, &size);
+	if (builder->key == NULL)
+		casbox_lsm_block_builder_finish(bb, builder->out, &size);
+	else {
+		casbox_lsm_block_builder_finish(bb, builder->plain, &size);
+		builder_emit(builder, CASBOX_LSM_SEAL_DATA, &size);
+	}
 	cpu64_to_be_unaligned(offset, handle);
 	cpu32_to_be_unaligned(size, handle + 8);
 	casbox_lsm_block_builder_add(&builder->index, FALSE, bb->last_key->data,
@@ -179,12 +233,17 @@ static void builder_free(struct casbox_lsm_table_builder *builder)
 	array_free(&builder->key_hashes);
 	i_free(builder->error);
 	i_free(builder->path);
+	if (builder->plain != NULL) {
+		safe_memset(buffer_get_modifiable_data(builder->plain, NULL),
+			    0, builder->plain->used);
+		buffer_free(&builder->plain);
+	}
 	i_free(builder);
 }
 
 static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 {
-	unsigned char footer[CASBOX_LSM_TABLE_FOOTER_SIZE];
+	unsigned char footer[TABLE_FOOTER2_SIZE];
 	const uint32_t *hashes;
 	unsigned int hash_count;
 	uoff_t index_off, bloom_off;
@@ -193,8 +252,14 @@ static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 	size_t start;
 
 	index_off = builder->offset + builder->out->used;
-	casbox_lsm_block_builder_finish(&builder->index, builder->out,
-					&index_size);
+	if (builder->key == NULL) {
+		casbox_lsm_block_builder_finish(&builder->index, builder->out,
+						&index_size);
+	} else {
+		casbox_lsm_block_builder_finish(&builder->index,
+						builder->plain, &index_size);
+		builder_emit(builder, CASBOX_LSM_SEAL_INDEX, &index_size);
+	}
 
 	bloom_off = builder->offset + builder->out->used;
 	bloom = buffer_create_dynamic(default_pool, 1024);
@@ -203,12 +268,18 @@ static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 	hashes = array_get(&builder->key_hashes, &hash_count);
 	casbox_lsm_bloom_build(bloom, hashes, hash_count);
 	bloom_size = bloom->used;
-	start = builder->out->used;
-	buffer_append_buf(builder->out, bloom, 0, SIZE_MAX);
-	crc = cas_crc32c(CONST_PTR_OFFSET(builder->out->data, start),
-			 bloom_size);
-	cpu32_to_be_unaligned(cas_crc32c_mask(crc), footer);
-	buffer_append(builder->out, footer, 4);
+	if (builder->key != NULL) {
+		buffer_append_buf(builder->plain, bloom, 0, SIZE_MAX);
+		buffer_append_zero(builder->plain, 4);
+		builder_emit(builder, CASBOX_LSM_SEAL_BLOOM, &bloom_size);
+	} else {
+		start = builder->out->used;
+		buffer_append_buf(builder->out, bloom, 0, SIZE_MAX);
+		crc = cas_crc32c(CONST_PTR_OFFSET(builder->out->data, start),
+				 bloom_size);
+		cpu32_to_be_unaligned(cas_crc32c_mask(crc), footer);
+		buffer_append(builder->out, footer, 4);
+	}
 	buffer_free(&bloom);
 
 	cpu64_to_be_unaligned(index_off, footer);
@@ -216,10 +287,19 @@ static void builder_write_tail(struct casbox_lsm_table_builder *builder)
 	cpu64_to_be_unaligned(bloom_off, footer + 12);
 	cpu32_to_be_unaligned(bloom_size, footer + 20);
 	cpu64_to_be_unaligned(builder->entries, footer + 24);
+	if (builder->key != NULL) {
+		cpu32_to_be_unaligned(builder->key->epoch, footer + 32);
+		cpu32_to_be_unaligned(0, footer + 36);
+		cpu32_to_be_unaligned(TABLE_VERSION2, footer + 40);
+		cpu32_to_be_unaligned(cas_crc32c(footer, 44), footer + 44);
+		memcpy(footer + 48, TABLE_MAGIC2, 8);
+		buffer_append(builder->out, footer, TABLE_FOOTER2_SIZE);
+		return;
+	}
 	cpu32_to_be_unaligned(TABLE_VERSION, footer + 32);
 	cpu32_to_be_unaligned(cas_crc32c(footer, 36), footer + 36);
 	memcpy(footer + 40, TABLE_MAGIC, 8);
-	buffer_append(builder->out, footer, sizeof(footer));
+	buffer_append(builder->out, footer, CASBOX_LSM_TABLE_FOOTER_SIZE);
 }
 
 int casbox_lsm_table_builder_finish(struct casbox_lsm_table_builder **_builder,
@@ -285,10 +365,14 @@ static int table_pread(struct casbox_lsm_table *table, void *buf,
 	return 0;
 }
 
-/* Read a block (size bytes + CRC) into buf and check the CRC. */
-static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
+/* Read a block (size bytes + CRC) into buf and check the CRC; open it
+   if the table is sealed. */
+static int table_read_raw(struct casbox_lsm_table *table,
+			  enum casbox_lsm_seal_kind kind, uoff_t offset,
 			  uint32_t size, buffer_t *buf, const char **error_r)
 {
+	buffer_t *raw = table->key == NULL ? buf : table->sealed_buf;
+	const char *error;
 	unsigned char *data;
 	uint32_t crc;
 
@@ -296,8 +380,8 @@ static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
 		*error_r = table_error(table, offset, "block size too large");
 		return -1;
 	}
-	buffer_set_used_size(buf, 0);
-	data = buffer_append_space_unsafe(buf, size + 4);
+	buffer_set_used_size(raw, 0);
+	data = buffer_append_space_unsafe(raw, size + 4);
 	if (table_pread(table, data, size + 4, offset, error_r) < 0)
 		return -1;
 	crc = cas_crc32c(data, size);
@@ -307,7 +391,15 @@ static int table_read_raw(struct casbox_lsm_table *table, uoff_t offset,
 				       "block checksum mismatch");
 		return -1;
 	}
-	buffer_set_used_size(buf, size);
+	buffer_set_used_size(raw, size);
+	if (table->key == NULL)
+		return 0;
+	if (casbox_lsm_unseal(table->key, kind, table->file_no, offset,
+			      raw->data, raw->used, buf, &error) < 0) {
+		*error_r = table_error(table, offset,
+			t_strdup_printf("block %s", error));
+		return -1;
+	}
 	return 0;
 }
 
@@ -346,7 +438,8 @@ static int block_parse(struct casbox_lsm_table *table,
 	return 0;
 }
 
-static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
+static int table_read_block(struct casbox_lsm_table *table,
+			    enum casbox_lsm_seal_kind kind, uoff_t offset,
 			    uint32_t size, enum table_read_mode mode,
 			    struct casbox_lsm_block *block,
 			    const char **error_r)
@@ -358,18 +451,21 @@ static int table_read_block(struct casbox_lsm_table *table, uoff_t offset,
 	if (mode != TABLE_READ_DISK) {
 		data = casbox_lsm_cache_get(table->cache_id, offset,
 					    &cached_size);
-		if (data != NULL && cached_size == size) {
+		/* a sealed block's cached size is its plaintext size */
+		if (data != NULL &&
+		    (cached_size == size || table->key != NULL)) {
 			if (mode == TABLE_READ_CACHED) {
 				buffer_set_used_size(block->buf, 0);
-				buffer_append(block->buf, data, size);
+				buffer_append(block->buf, data, cached_size);
 				data = block->buf->data;
 			}
 			/* cached blocks were validated when read */
-			return block_parse(table, block, offset, data, size,
-					   error_r);
+			return block_parse(table, block, offset, data,
+					   cached_size, error_r);
 		}
 	}
-	if (table_read_raw(table, offset, size, block->buf, error_r) < 0 ||
+	if (table_read_raw(table, kind, offset, size, block->buf,
+			   error_r) < 0 ||
 	    block_parse(table, block, offset, block->buf->data,
 			block->buf->used, error_r) < 0)
 		return -1;
@@ -401,8 +497,8 @@ static int table_load_index(struct casbox_lsm_table *table,
 	i_zero(&block);
 	i_zero(&bi);
 	block.buf = table->index_block;
-	if (table_read_block(table, offset, size, TABLE_READ_DISK, &block,
-			     error_r) < 0)
+	if (table_read_block(table, CASBOX_LSM_SEAL_INDEX, offset, size,
+			     TABLE_READ_DISK, &block, error_r) < 0)
 		return -1;
 	/* decoded keys go into keys; entries hold offsets until the end */
 	keys = buffer_create_dynamic(default_pool, block.data_size + 64);
@@ -442,33 +538,70 @@ static int table_load_index(struct casbox_lsm_table *table,
 	return 0;
 }
 
-static int table_load(struct casbox_lsm_table *table, const char **error_r)
+static int table_load(struct casbox_lsm_table *table,
+		      const struct casbox_lsm_key *key, const char **error_r)
 {
-	unsigned char footer[CASBOX_LSM_TABLE_FOOTER_SIZE];
+	unsigned char footer[TABLE_FOOTER2_SIZE], magic[8];
 	uoff_t index_off, bloom_off, footer_off;
-	uint32_t index_size, bloom_size;
+	uint32_t index_size, bloom_size, version, epoch;
+	size_t footer_size;
 
-	if (table->size < sizeof(footer)) {
+	if (table->size < CASBOX_LSM_TABLE_FOOTER_SIZE) {
 		*error_r = table_error(table, 0, "file too short for footer");
 		return -1;
 	}
-	footer_off = table->size - sizeof(footer);
-	if (table_pread(table, footer, sizeof(footer), footer_off,
+	if (table_pread(table, magic, sizeof(magic), table->size - 8,
 			error_r) < 0)
 		return -1;
-	if (memcmp(footer + 40, TABLE_MAGIC, 8) != 0) {
-		*error_r = table_error(table, footer_off, "bad magic");
+	if (memcmp(magic, TABLE_MAGIC, 8) == 0) {
+		footer_size = CASBOX_LSM_TABLE_FOOTER_SIZE;
+		version = TABLE_VERSION;
+	} else if (memcmp(magic, TABLE_MAGIC2, 8) == 0 &&
+		   table->size >= TABLE_FOOTER2_SIZE) {
+		footer_size = TABLE_FOOTER2_SIZE;
+		version = TABLE_VERSION2;
+	} else {
+		*error_r = table_error(table, table->size - 8, "bad magic");
 		return -1;
 	}
-	if (CASBOX_LSM_CRC_BAD(cas_crc32c(footer, 36),
-			       be32_to_cpu_unaligned(footer + 36))) {
+	footer_off = table->size - footer_size;
+	if (table_pread(table, footer, footer_size, footer_off,
+			error_r) < 0)
+		return -1;
+	if (CASBOX_LSM_CRC_BAD(cas_crc32c(footer, footer_size - 12),
+			       be32_to_cpu_unaligned(footer +
+						     footer_size - 12))) {
 		*error_r = table_error(table, footer_off,
 				       "footer checksum mismatch");
 		return -1;
 	}
-	if (be32_to_cpu_unaligned(footer + 32) != TABLE_VERSION) {
+	if (be32_to_cpu_unaligned(footer + footer_size - 16) != version) {
 		*error_r = table_error(table, footer_off,
 				       "unsupported version");
+		return -1;
+	}
+	epoch = version == TABLE_VERSION ? CASBOX_LSM_EPOCH_PLAINTEXT :
+		be32_to_cpu_unaligned(footer + 32);
+	table->epoch = epoch;
+	if (epoch != CASBOX_LSM_EPOCH_PLAINTEXT) {
+		if (key == NULL) {
+			*error_r = table_error(table, footer_off,
+				"table is sealed but no key was given");
+			return -1;
+		}
+		if (key->epoch != epoch) {
+			*error_r = table_error(table, footer_off,
+				t_strdup_printf("table sealed with epoch %u, "
+						"MANIFEST says %u", epoch,
+						key->epoch));
+			return -1;
+		}
+		table->key = casbox_lsm_key_dup(key);
+		table->sealed_buf = buffer_create_dynamic(default_pool,
+						CASBOX_LSM_BLOCK_SIZE + 128);
+	} else if (key != NULL) {
+		*error_r = table_error(table, footer_off,
+			"table is plaintext, MANIFEST says sealed");
 		return -1;
 	}
 	index_off = be64_to_cpu_unaligned(footer);
@@ -483,8 +616,8 @@ static int table_load(struct casbox_lsm_table *table, const char **error_r)
 				       "footer block handles out of range");
 		return -1;
 	}
-	if (table_read_raw(table, bloom_off, bloom_size, table->bloom,
-			   error_r) < 0)
+	if (table_read_raw(table, CASBOX_LSM_SEAL_BLOOM, bloom_off, bloom_size,
+			   table->bloom, error_r) < 0)
 		return -1;
 	return table_load_index(table, index_off, index_size, error_r);
 }
@@ -504,11 +637,13 @@ static struct casbox_lsm_table *table_alloc(const char *path)
 						CASBOX_LSM_BLOCK_SIZE + 64);
 	table->lookup_iter.key = buffer_create_dynamic(default_pool, 128);
 	table->cache_id = casbox_lsm_cache_register();
+	table->epoch = CASBOX_LSM_EPOCH_PLAINTEXT;
 	return table;
 }
 
 int casbox_lsm_table_open(const struct cas_io *io, int fd,
 			  const char *path, uint64_t file_no,
+			  const struct casbox_lsm_key *key,
 			  struct casbox_lsm_table **table_r,
 			  const char **error_r)
 {
@@ -525,7 +660,7 @@ int casbox_lsm_table_open(const struct cas_io *io, int fd,
 		return -1;
 	}
 	table->size = st.st_size;
-	if (table_load(table, error_r) < 0) {
+	if (table_load(table, key, error_r) < 0) {
 		casbox_lsm_table_unref(&table);
 		return -1;
 	}
@@ -542,7 +677,7 @@ int casbox_lsm_table_open_mem(const void *data, size_t size,
 	table = table_alloc("(memory)");
 	table->mem = data;
 	table->size = size;
-	if (table_load(table, error_r) < 0) {
+	if (table_load(table, NULL, error_r) < 0) {
 		casbox_lsm_table_unref(&table);
 		return -1;
 	}
@@ -572,8 +707,16 @@ void casbox_lsm_table_unref(struct casbox_lsm_table **_table)
 	buffer_free(&table->index_block);
 	buffer_free(&table->bloom);
 	array_free(&table->index);
+	casbox_lsm_key_free(&table->key);
+	if (table->sealed_buf != NULL)
+		buffer_free(&table->sealed_buf);
 	i_free(table->path);
 	i_free(table);
+}
+
+uint32_t casbox_lsm_table_epoch(struct casbox_lsm_table *table)
+{
+	return table->epoch;
 }
 
 uint64_t casbox_lsm_table_file_no(struct casbox_lsm_table *table)
@@ -647,7 +790,8 @@ static bool table_source_load(struct table_source *ts, unsigned int idx,
 	if (idx >= array_count(&ts->table->index))
 		return FALSE;
 	entry = array_idx(&ts->table->index, idx);
-	if (table_read_block(ts->table, entry->offset, entry->size,
+	if (table_read_block(ts->table, CASBOX_LSM_SEAL_DATA, entry->offset,
+			     entry->size,
 			     ts->verify ? TABLE_READ_DISK : TABLE_READ_CACHED,
 			     &ts->block, &error) < 0) {
 		ts->src.valid = FALSE;
@@ -778,8 +922,8 @@ int casbox_lsm_table_lookup(struct casbox_lsm_table *table,
 		return 0;
 	entry = array_idx(&table->index, idx);
 	/* the same checks a table source does, without allocating one */
-	if (table_read_block(table, entry->offset, entry->size,
-			     TABLE_READ_BORROW, &table->lookup_block,
+	if (table_read_block(table, CASBOX_LSM_SEAL_DATA, entry->offset,
+			     entry->size, TABLE_READ_BORROW, &table->lookup_block,
 			     error_r) < 0)
 		return -1;
 	casbox_lsm_block_iter_seek(bi, &table->lookup_block, key, key_size);
@@ -828,7 +972,8 @@ int casbox_lsm_table_verify(struct casbox_lsm_table *table,
 		ret = 0;
 	} else if (count != table->entries) {
 		report(context, table->path, table->size -
-		       CASBOX_LSM_TABLE_FOOTER_SIZE,
+		       (table->key != NULL ? TABLE_FOOTER2_SIZE :
+			CASBOX_LSM_TABLE_FOOTER_SIZE),
 		       "entry count differs from footer");
 		ret = 0;
 	}

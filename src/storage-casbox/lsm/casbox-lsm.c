@@ -22,6 +22,7 @@ struct casbox_lsm_batch {
 	buffer_t *entries;
 	unsigned int count;
 	bool lazy;
+	bool flush;
 };
 
 struct casbox_lsm_iter {
@@ -175,6 +176,57 @@ void casbox_lsm_unlock(struct casbox_lsm *lsm)
 	casbox_lsm_unlock_state(lsm, FALSE);
 }
 
+/* ---- keys ---- */
+
+int casbox_lsm_epoch_key(struct casbox_lsm *lsm, uint32_t epoch,
+			 const struct casbox_lsm_key **key_r,
+			 const char **error_r)
+{
+	const struct casbox_lsm_codec *codec = lsm->set.codec;
+	struct casbox_lsm_key *const *keyp, *key;
+	const char *error;
+
+	array_foreach(&lsm->keys, keyp) {
+		if ((*keyp)->epoch == epoch) {
+			*key_r = *keyp;
+			return 0;
+		}
+	}
+	if (codec == NULL) {
+		*error_r = t_strdup_printf("%s is sealed (key epoch %u), but "
+			"it was opened without a key", lsm->dir, epoch);
+		return -1;
+	}
+	if (epoch == CASBOX_LSM_EPOCH_PLAINTEXT) {
+		*error_r = "invalid key epoch";
+		return -1;
+	}
+	key = casbox_lsm_key_new(epoch);
+	if (codec->get_key(codec->context, epoch, key->key, &error) < 0) {
+		casbox_lsm_key_free(&key);
+		*error_r = t_strdup_printf("no LSM key for epoch %u: %s",
+					   epoch, error);
+		return -1;
+	}
+	array_push_back(&lsm->keys, &key);
+	*key_r = key;
+	return 0;
+}
+
+int casbox_lsm_write_key(struct casbox_lsm *lsm,
+			 const struct casbox_lsm_key **key_r,
+			 const char **error_r)
+{
+	const struct casbox_lsm_codec *codec = lsm->set.codec;
+
+	if (codec == NULL) {
+		*key_r = NULL;
+		return 0;
+	}
+	return casbox_lsm_epoch_key(lsm, codec->current_epoch(codec->context),
+				    key_r, error_r);
+}
+
 /* ---- loading state ---- */
 
 static void lsm_apply_entry(void *context, uint64_t seq,
@@ -191,6 +243,7 @@ static void lsm_apply_entry(void *context, uint64_t seq,
 /* Apply the WAL records of [*offset, wal size) to mt. Stops cleanly at
    a torn tail (or a batch still being written). */
 static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
+			const struct casbox_lsm_key *key, uint64_t wal_no,
 			struct casbox_lsm_memtable *mt, uoff_t *offset,
 			uint64_t *last_seq, off_t file_size,
 			const char **error_r)
@@ -234,6 +287,11 @@ static int lsm_wal_read(struct casbox_lsm *lsm, int fd, const char *path,
 		if (status == CASBOX_LSM_WAL_END)
 			break;
 		if (status == CASBOX_LSM_WAL_OK &&
+		    casbox_lsm_wal_payload_open(key, wal_no, *offset + pos,
+						&payload, &payload_size,
+						lsm->plain_buf, &error) < 0)
+			status = CASBOX_LSM_WAL_CORRUPT;
+		else if (status == CASBOX_LSM_WAL_OK &&
 		    casbox_lsm_wal_payload_apply(payload, payload_size,
 						 &first_seq, &count, NULL,
 						 NULL, &error) == 0 &&
@@ -312,6 +370,9 @@ struct lsm_state {
 	int wal_fd;
 	uoff_t wal_offset;
 	uint64_t last_seq;
+	uint32_t wal_epoch;
+	size_t wal_hdr_size;
+	const struct casbox_lsm_key *wal_key;
 };
 
 static void lsm_state_free(struct casbox_lsm *lsm, struct lsm_state *state)
@@ -334,10 +395,13 @@ static int lsm_state_open(struct casbox_lsm *lsm,
 			  struct lsm_state *state, const char **error_r)
 {
 	const struct casbox_lsm_manifest_table *mt;
+	const struct casbox_lsm_key *key;
 	struct casbox_lsm_table *table;
-	unsigned char hdr[CASBOX_LSM_WAL_HEADER_SIZE];
-	const char *path;
+	unsigned char hdr[CASBOX_LSM_WAL_HEADER_MAX];
+	const char *path, *error;
 	uint64_t file_no;
+	uint32_t epoch;
+	ssize_t ret;
 	int fd;
 
 	array_foreach(&man->tables, mt) {
@@ -348,6 +412,12 @@ static int lsm_state_open(struct casbox_lsm *lsm,
 			continue;
 		}
 		path = casbox_lsm_path(lsm, mt->file_no, "sst");
+		key = NULL;
+		if (mt->epoch != CASBOX_LSM_EPOCH_PLAINTEXT &&
+		    casbox_lsm_epoch_key(lsm, mt->epoch, &key, &error) < 0) {
+			*error_r = t_strdup_printf("table %s: %s", path, error);
+			return -1;
+		}
 		fd = lsm->io->open(path, O_RDONLY, 0);
 		if (fd == -1 && errno == ENOENT)
 			return 0;
@@ -356,7 +426,7 @@ static int lsm_state_open(struct casbox_lsm *lsm,
 			return -1;
 		}
 		if (casbox_lsm_table_open(lsm->io, fd, path, mt->file_no,
-					  &table, error_r) < 0)
+					  key, &table, error_r) < 0)
 			return -1;
 		array_push_back(&state->tables, &table);
 	}
@@ -369,24 +439,41 @@ static int lsm_state_open(struct casbox_lsm *lsm,
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	if (lsm->io->pread(state->wal_fd, hdr, sizeof(hdr), 0) !=
-	    sizeof(hdr)) {
+	ret = lsm->io->pread(state->wal_fd, hdr, sizeof(hdr), 0);
+	if (ret < CASBOX_LSM_WAL_HEADER_SIZE) {
 		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: "
 					   "header unreadable", path);
 		return -1;
 	}
-	if (casbox_lsm_wal_header_parse(hdr, sizeof(hdr), &file_no,
-					error_r) < 0 ||
-	    file_no != man->wal_no) {
+	if (casbox_lsm_wal_header_parse(hdr, ret, &file_no, &epoch,
+					&state->wal_hdr_size, &error) < 0) {
 		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: %s",
-			path, file_no != man->wal_no ?
-			"WAL number does not match its name" : *error_r);
+					   path, error);
+		return -1;
+	}
+	if (file_no != man->wal_no) {
+		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: "
+			"WAL number does not match its name", path);
+		return -1;
+	}
+	if (epoch != man->wal_epoch) {
+		*error_r = t_strdup_printf("Corrupted WAL %s at offset 0: "
+			"WAL key epoch %u, MANIFEST says %u", path, epoch,
+			man->wal_epoch);
+		return -1;
+	}
+	state->wal_epoch = epoch;
+	state->wal_key = NULL;
+	if (epoch != CASBOX_LSM_EPOCH_PLAINTEXT &&
+	    casbox_lsm_epoch_key(lsm, epoch, &state->wal_key, &error) < 0) {
+		*error_r = t_strdup_printf("WAL %s: %s", path, error);
 		return -1;
 	}
 	state->mt = casbox_lsm_memtable_create();
-	state->wal_offset = CASBOX_LSM_WAL_HEADER_SIZE;
+	state->wal_offset = state->wal_hdr_size;
 	state->last_seq = man->last_seq;
-	return lsm_wal_read(lsm, state->wal_fd, path, state->mt,
+	return lsm_wal_read(lsm, state->wal_fd, path, state->wal_key,
+			    man->wal_no, state->mt,
 			    &state->wal_offset, &state->last_seq, -1,
 			    error_r) < 0 ? -1 : 1;
 }
@@ -405,6 +492,11 @@ static void lsm_state_swap(struct casbox_lsm *lsm, struct lsm_state *state,
 	lsm->wal_fd = state->wal_fd;
 	lsm->wal_offset = state->wal_offset;
 	lsm->last_seq = state->last_seq;
+	lsm->wal_epoch = state->wal_epoch;
+	lsm->wal_hdr_size = state->wal_hdr_size;
+	lsm->wal_key = state->wal_key;
+	lsm->sealed = man->sealed;
+	lsm->mac_epoch = man->mac_epoch;
 	lsm->generation = man->generation;
 	lsm->wal_no = man->wal_no;
 	lsm->next_file_no = man->next_file_no;
@@ -412,6 +504,40 @@ static void lsm_state_swap(struct casbox_lsm *lsm, struct lsm_state *state,
 
 	if (array_is_created(&old.tables))
 		lsm_state_free(lsm, &old);
+}
+
+/* Format 2: the fingerprint, then the MAC, before anything the MANIFEST
+   names is opened. */
+static int lsm_manifest_check(struct casbox_lsm *lsm,
+			      const struct casbox_lsm_manifest *man,
+			      const char **error_r)
+{
+	const struct casbox_lsm_codec *codec = lsm->set.codec;
+	const struct casbox_lsm_key *key;
+	const char *error;
+
+	if (!man->sealed)
+		return 0;
+	if (codec == NULL) {
+		*error_r = t_strdup_printf("%s is sealed (format 2): opening "
+			"it needs the store's key", lsm->manifest_path);
+		return -1;
+	}
+	if (!casbox_lsm_mac_equal(man->fingerprint, codec->fingerprint,
+				  sizeof(man->fingerprint))) {
+		*error_r = t_strdup_printf("%s was written with another key "
+			"(key fingerprint differs)", lsm->manifest_path);
+		return -1;
+	}
+	if (casbox_lsm_epoch_key(lsm, man->mac_epoch, &key, &error) < 0 ||
+	    casbox_lsm_manifest_verify(lsm->read_buf->data,
+				       lsm->read_buf->used, key,
+				       &error) < 0) {
+		*error_r = t_strdup_printf("%s: %s", lsm->manifest_path,
+					   error);
+		return -1;
+	}
+	return 0;
 }
 
 /* (Re)load from MANIFEST. Returns 1 ok, 0 no store exists, -1 error. */
@@ -434,6 +560,10 @@ int casbox_lsm_load(struct casbox_lsm *lsm, const char **error_r)
 					       error_r) < 0) {
 			*error_r = t_strdup_printf("Corrupted %s at offset 0: "
 				"%s", lsm->manifest_path, *error_r);
+			ret = -1;
+			break;
+		}
+		if (lsm_manifest_check(lsm, &man, error_r) < 0) {
 			ret = -1;
 			break;
 		}
@@ -497,7 +627,8 @@ int casbox_lsm_refresh_full(struct casbox_lsm *lsm, bool check_manifest,
 			st.st_size = -1;
 		}
 	}
-	if (lsm_wal_read(lsm, lsm->wal_fd, NULL, lsm->mt, &lsm->wal_offset,
+	if (lsm_wal_read(lsm, lsm->wal_fd, NULL, lsm->wal_key, lsm->wal_no,
+			 lsm->mt, &lsm->wal_offset,
 			 &lsm->last_seq, st.st_size, error_r) < 0)
 		return -1;
 	return 1;
@@ -538,7 +669,8 @@ static int lsm_create(struct casbox_lsm *lsm, const char **error_r)
 		man.generation = 1;
 		man.wal_no = 1;
 		man.next_file_no = 2;
-		if (casbox_lsm_wal_create(lsm, man.wal_no, error_r) < 0 ||
+		if (casbox_lsm_wal_create(lsm, man.wal_no, &man.wal_epoch,
+					  error_r) < 0 ||
 		    casbox_lsm_manifest_write(lsm, &man, error_r) < 0 ||
 		    lsm_fsync_parent(lsm, error_r) < 0)
 			ret = -1;
@@ -596,11 +728,15 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 		set->lock_timeout_secs : LSM_DEFAULT_LOCK_TIMEOUT_SECS;
 	lsm->wal_flush_bytes = set->wal_flush_bytes != 0 ?
 		set->wal_flush_bytes : LSM_DEFAULT_WAL_FLUSH_BYTES;
+	casbox_lsm_cache_set_limit(set->cache_bytes != 0 ?
+				   set->cache_bytes : CASBOX_LSM_CACHE_BYTES);
 	lsm->manifest_path = i_strconcat(set->dir, "/MANIFEST", NULL);
 	lsm->lock_path = i_strconcat(set->dir, "/LOCK", NULL);
 	lsm->read_buf = buffer_create_dynamic(default_pool, 4096);
 	lsm->write_buf = buffer_create_dynamic(default_pool, 1024);
 	lsm->batch_buf = buffer_create_dynamic(default_pool, 1024);
+	lsm->plain_buf = buffer_create_dynamic(default_pool, 1024);
+	i_array_init(&lsm->keys, 2);
 	lsm->wal_fd = -1;
 	lsm->lock_fd = -1;
 	i_array_init(&lsm->tables, 8);
@@ -661,6 +797,14 @@ void casbox_lsm_close(struct casbox_lsm **_lsm)
 	buffer_free(&lsm->read_buf);
 	buffer_free(&lsm->write_buf);
 	buffer_free(&lsm->batch_buf);
+	buffer_free(&lsm->plain_buf);
+	if (array_is_created(&lsm->keys)) {
+		struct casbox_lsm_key **keyp;
+
+		array_foreach_modifiable(&lsm->keys, keyp)
+			casbox_lsm_key_free(keyp);
+		array_free(&lsm->keys);
+	}
 	i_free(lsm->manifest_path);
 	i_free(lsm->lock_path);
 	i_free(lsm->dir);
@@ -723,6 +867,12 @@ int casbox_lsm_batch_begin(struct casbox_lsm *lsm,
 		casbox_lsm_unlock(lsm);
 		return -1;
 	}
+	/* an upgraded store: nothing more goes into a plaintext WAL */
+	if (lsm->set.codec != NULL && lsm->wal_key == NULL &&
+	    casbox_lsm_flush_wal_locked(lsm, error_r) < 0) {
+		casbox_lsm_unlock(lsm);
+		return -1;
+	}
 	batch = i_new(struct casbox_lsm_batch, 1);
 	batch->lsm = lsm;
 	batch->entries = lsm->batch_buf;
@@ -748,6 +898,11 @@ void casbox_lsm_batch_set_lazy(struct casbox_lsm_batch *batch)
 	batch->lazy = TRUE;
 }
 
+void casbox_lsm_batch_set_flush(struct casbox_lsm_batch *batch)
+{
+	batch->flush = TRUE;
+}
+
 size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch)
 {
 	return batch->entries->used;
@@ -762,13 +917,29 @@ void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
 	batch->count++;
 }
 
+/* A handle lives as long as its session: a big batch (a COPY's chunk,
+   up to the store's checkpoint size) must not leave its buffers that
+   big until then. */
+#define LSM_KEEP_BUFFER_SIZE (64 * 1024)
+static void lsm_buffer_trim(buffer_t **buf)
+{
+	if (buffer_get_size(*buf) <= LSM_KEEP_BUFFER_SIZE)
+		return;
+	buffer_free(buf);
+	*buf = buffer_create_dynamic(default_pool, 1024);
+}
+
 static void lsm_batch_free(struct casbox_lsm_batch **_batch)
 {
 	struct casbox_lsm_batch *batch = *_batch;
+	struct casbox_lsm *lsm = batch->lsm;
 
 	*_batch = NULL;
-	batch->lsm->batch = NULL;
+	lsm->batch = NULL;
 	i_free(batch);
+	lsm_buffer_trim(&lsm->batch_buf);
+	lsm_buffer_trim(&lsm->write_buf);
+	lsm_buffer_trim(&lsm->plain_buf);
 }
 
 void casbox_lsm_batch_rollback(struct casbox_lsm_batch **_batch)
@@ -786,7 +957,7 @@ int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
 	struct casbox_lsm_batch *batch = *_batch;
 	struct casbox_lsm *lsm = batch->lsm;
 	const char *error;
-	bool current = TRUE;
+	bool current = TRUE, flush = batch->flush;
 	int ret = 1;
 
 	if (batch->count > 0 &&
@@ -794,10 +965,10 @@ int casbox_lsm_batch_commit(struct casbox_lsm_batch **_batch,
 				  !batch->lazy, error_r) < 0)
 		ret = -1;
 	lsm_batch_free(_batch);
-	if (ret > 0 && lsm->wal_offset >= lsm->wal_flush_bytes) {
+	if (ret > 0 && (lsm->wal_offset >= lsm->wal_flush_bytes || flush)) {
 		/* the batch is durable already; a failed flush only means
 		   the WAL stays longer, and the next commit retries */
-		if (casbox_lsm_flush_locked(lsm, &error) < 0) {
+		if (casbox_lsm_flush_locked(lsm, flush, &error) < 0) {
 			i_error("casbox-lsm: flush failed: %s", error);
 			current = FALSE;
 		}
@@ -888,4 +1059,87 @@ int casbox_lsm_iter_deinit(struct casbox_lsm_iter **_iter,
 	buffer_free(&iter->prefix);
 	i_free(iter);
 	return ret < 0 ? -1 : 1;
+}
+
+/* ---- sealing: what is in use ---- */
+
+static void lsm_epochs_add(ARRAY_TYPE(uint32_t) *epochs, uint32_t epoch)
+{
+	const uint32_t *ep;
+	unsigned int i, count;
+
+	ep = array_get(epochs, &count);
+	for (i = 0; i < count; i++) {
+		if (ep[i] == epoch)
+			return;
+		if (ep[i] > epoch)
+			break;
+	}
+	array_insert(epochs, i, &epoch, 1);
+}
+
+void casbox_lsm_get_epochs(struct casbox_lsm *lsm, ARRAY_TYPE(uint32_t) *epochs)
+{
+	struct casbox_lsm_table *const *tablep;
+
+	array_clear(epochs);
+	lsm_epochs_add(epochs, lsm->sealed ? lsm->mac_epoch :
+		       CASBOX_LSM_EPOCH_PLAINTEXT);
+	lsm_epochs_add(epochs, lsm->wal_epoch);
+	array_foreach(&lsm->tables, tablep)
+		lsm_epochs_add(epochs, casbox_lsm_table_epoch(*tablep));
+}
+
+bool casbox_lsm_is_sealed(struct casbox_lsm *lsm)
+{
+	return lsm->sealed;
+}
+
+int casbox_lsm_peek(const char *dir, struct casbox_lsm_info *info_r,
+		    const char **error_r)
+{
+	struct casbox_lsm_manifest man;
+	const char *path = t_strconcat(dir, "/MANIFEST", NULL), *error;
+	buffer_t *buf;
+	struct stat st;
+	size_t hdr_size;
+	int ret;
+
+	i_zero(info_r);
+	buf = t_buffer_create(256);
+	ret = cas_durable_read_file(NULL, path, 16 * 1024 * 1024, buf, &error);
+	if (ret == 0)
+		return 0;
+	if (ret < 0) {
+		*error_r = error;
+		return -1;
+	}
+	casbox_lsm_manifest_init(&man);
+	if (casbox_lsm_manifest_decode(buf->data, buf->used, &man,
+				       &error) < 0) {
+		*error_r = t_strdup_printf("Corrupted %s at offset 0: %s",
+					   path, error);
+		casbox_lsm_manifest_deinit(&man);
+		return -1;
+	}
+	info_r->sealed = man.sealed;
+	memcpy(info_r->fingerprint, man.fingerprint,
+	       sizeof(info_r->fingerprint));
+	info_r->tables = array_count(&man.tables);
+	hdr_size = man.wal_epoch == CASBOX_LSM_EPOCH_PLAINTEXT ?
+		CASBOX_LSM_WAL_HEADER_SIZE : CASBOX_LSM_WAL_HEADER2_SIZE;
+	path = t_strdup_printf("%s/%06"PRIu64".wal", dir, man.wal_no);
+	casbox_lsm_manifest_deinit(&man);
+	if (stat(path, &st) < 0) {
+		if (errno == ENOENT) {
+			/* flushed since we read the MANIFEST: it had data */
+			info_r->wal_record_bytes = 1;
+			return 1;
+		}
+		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
+		return -1;
+	}
+	if ((uoff_t)st.st_size > hdr_size)
+		info_r->wal_record_bytes = st.st_size - hdr_size;
+	return 1;
 }

@@ -20,6 +20,7 @@
    at any point leaves every acknowledged batch visible after reopen and
    never exposes part of a batch. */
 
+#include "array.h"
 #include "file-lock.h"
 
 struct casbox_lsm;
@@ -29,6 +30,39 @@ struct cas_io;
 
 #define CASBOX_LSM_MAX_KEY_SIZE 1024
 #define CASBOX_LSM_MAX_VALUE_SIZE (16 * 1024 * 1024)
+
+/* Sealing (format 2, doc/casbox-lsm.md "Sealing"). With a codec every
+   table block (data, index, bloom) is zstd-compressed and encrypted
+   (XChaCha20-Poly1305, AAD = kind, epoch, file number, offset), every
+   WAL record encrypted, and the MANIFEST carries the key's fingerprint
+   and a MAC, so no record is readable on disk and tables cannot be
+   swapped in or out without the key. Each table and WAL records the
+   epoch of the key it was sealed with; reading an older epoch's table
+   asks get_key() for that epoch. Without a codec the store writes the
+   plaintext format 1 (library tests only) and refuses a sealed one.
+   A codec store still reads format-1 tables and WAL (an upgrade):
+   new writes are sealed, a plaintext WAL is flushed away before the
+   first append, merges rewrite plaintext tables sealed, and
+   casbox_lsm_reseal() rewrites everything. */
+#define CASBOX_LSM_KEY_SIZE 32
+#define CASBOX_LSM_FINGERPRINT_SIZE 32
+/* The "epoch" of a format-1 (plaintext) table, WAL or MANIFEST. */
+#define CASBOX_LSM_EPOCH_PLAINTEXT 0xffffffffU
+
+struct casbox_lsm_codec {
+	void *context;
+	/* The epoch new tables, WAL files and manifests are sealed under. */
+	uint32_t (*current_epoch)(void *context);
+	/* The 32-byte LSM key of epoch. Returns 0 ok, -1 this key does not
+	   hold that epoch (error_r says so). */
+	int (*get_key)(void *context, uint32_t epoch,
+		       unsigned char key_r[CASBOX_LSM_KEY_SIZE],
+		       const char **error_r);
+	/* The key's public fingerprint: written into the MANIFEST and
+	   compared (constant time) before anything is decrypted, so
+	   another store's key fails with "fingerprint" in the error. */
+	unsigned char fingerprint[CASBOX_LSM_FINGERPRINT_SIZE];
+};
 
 struct casbox_lsm_settings {
 	/* Directory of the store; created (mode 0700) if missing. */
@@ -41,13 +75,36 @@ struct casbox_lsm_settings {
 	/* Flush the memtable to a table when the WAL passes this size
 	   (0 = default 4 MiB). */
 	size_t wal_flush_bytes;
+	/* Bound of the process's block cache of table blocks, shared by
+	   every store the process has open (the last opened sets it;
+	   0 = 8 MiB, LevelDB's default). */
+	size_t cache_bytes;
 	/* File I/O table; NULL = the real POSIX one. Tests inject faults. */
 	const struct cas_io *io;
 	/* Parent of the named events (casbox_lsm_flush_finished,
 	   casbox_lsm_compaction_finished; doc/events.md), which inherit
 	   its categories and fields. NULL = a parentless event. */
 	struct event *event;
+	/* NULL = plaintext format 1 (tests); see struct casbox_lsm_codec.
+	   Must stay valid while the store is open. */
+	const struct casbox_lsm_codec *codec;
 };
+
+/* What a disk reader sees without the key (MANIFEST header and file
+   sizes): whether a store exists and may hold data. */
+struct casbox_lsm_info {
+	/* format 2: the MANIFEST names the key's fingerprint */
+	bool sealed;
+	unsigned char fingerprint[CASBOX_LSM_FINGERPRINT_SIZE];
+	unsigned int tables;
+	/* bytes past the WAL's header (records, maybe a torn tail) */
+	uoff_t wal_record_bytes;
+};
+/* Read dir's MANIFEST (unauthenticated: for deciding, e.g., whether a
+   missing key may be created, never for trusting content). Returns 1
+   ok, 0 no store at dir, -1 error (damaged MANIFEST, I/O). */
+int casbox_lsm_peek(const char *dir, struct casbox_lsm_info *info_r,
+		    const char **error_r);
 
 /* Open (creating if missing) the store. Replays the WAL; a torn tail
    is cut off cleanly. Returns 1 ok, -1 error (error_r says why, with
@@ -93,6 +150,11 @@ void casbox_lsm_batch_delete(struct casbox_lsm_batch *batch,
    for a torn write. For writes whose loss is harmless: what Dovecot
    itself does not fsync under mail_fsync = optimized. */
 void casbox_lsm_batch_set_lazy(struct casbox_lsm_batch *batch);
+/* After the commit, flush the WAL into a table even below
+   wal_flush_bytes: for the last batch of a transaction that committed
+   in pieces, so the sessions that open the store next do not replay
+   its tail. */
+void casbox_lsm_batch_set_flush(struct casbox_lsm_batch *batch);
 /* Bytes the batch's entries take in the WAL so far. One commit takes at
    most CASBOX_LSM_WAL_MAX_PAYLOAD (256 MiB, "batch too large"). */
 size_t casbox_lsm_batch_get_size(const struct casbox_lsm_batch *batch);
@@ -118,8 +180,31 @@ bool casbox_lsm_iter_next(struct casbox_lsm_iter *iter,
 int casbox_lsm_iter_deinit(struct casbox_lsm_iter **iter,
 			   const char **error_r);
 
+/* Bytes of table blocks the process's block cache holds now (at most
+   the last opened store's cache_bytes). */
+size_t casbox_lsm_cache_get_used(void);
+
 /* Flush the memtable and merge all tables into one (doveadm, tests). */
 int casbox_lsm_compact(struct casbox_lsm *lsm, const char **error_r);
+
+/* Key rotation (doveadm casbox key rotate --finish) and upgrades:
+   make everything the store uses sealed under the codec's current
+   epoch. Under the write lock: the memtable is flushed into a new
+   table, a new WAL is started and all tables are merged into one, each
+   step installed by an atomic MANIFEST swap (crash-safe: a crash leaves
+   the old or the new state; rerun to finish). Does nothing (no write)
+   when casbox_lsm_get_epochs() already returns only the current epoch
+   and there is at most one table. Needs a codec. Returns 1 ok, -1
+   error. */
+int casbox_lsm_reseal(struct casbox_lsm *lsm, const char **error_r);
+/* The epochs the store's MANIFEST, WAL and tables are sealed under as
+   of the last open/refresh, sorted, each once; CASBOX_LSM_EPOCH_PLAINTEXT
+   (the largest value) for format-1 parts. After a successful
+   casbox_lsm_reseal() (and until the current epoch changes) it is just
+   the current epoch: key rotation may then forget older LSM keys. */
+void casbox_lsm_get_epochs(struct casbox_lsm *lsm, ARRAY_TYPE(uint32_t) *epochs);
+/* TRUE if the MANIFEST is format 2 (fingerprint checked at load). */
+bool casbox_lsm_is_sealed(struct casbox_lsm *lsm);
 
 /* Verify every table block and the WAL (CRC, order, footer). Calls
    report(context, file, offset, reason) for each damaged item. Returns
