@@ -5,13 +5,18 @@
    lookups need, kept sealed in the message record so that they decode no
    blob (doc/casbox-storage.md, "LSM records").
 
-   plaintext = u8 version (1) | u32 len | BODYSTRUCTURE
-                              | u32 len | BODY
-                              | u32 len | ENVELOPE
-                              | u32 len | message_part_serialize() tree
-   sealed    = cas_record_seal(index key,
-                 AAD = "casbox-msg-meta" | parts (blob id | u64 size))
+   plaintext v2 = u8 2 | u32 raw size | zstd frame of raw, compressed
+                  against the fixed dictionary in casbox-meta.c
+       raw      = u32 len | BODYSTRUCTURE | u32 len | ENVELOPE
+                | u32 len | message_part_serialize() tree
+   plaintext v1 = u8 1 | u32 len | BODYSTRUCTURE | u32 len | BODY
+                       | u32 len | ENVELOPE | u32 len | tree   (read only)
+   sealed       = cas_record_seal(index key,
+                    AAD = "casbox-msg-meta" | parts (blob id | u64 size))
 
+   Version 2 leaves BODY out: it is BODYSTRUCTURE without the extension
+   data, and the glue derives it with imap_body_parse_from_bodystructure()
+   as Dovecot's index-mail does when its cache holds only BODYSTRUCTURE.
    The AAD binds the metadata to the bytes it describes, so COPY and
    MOVE reuse it unchanged and it cannot be moved to a record with
    other content. Decoders treat the plaintext as untrusted too. */
@@ -22,6 +27,8 @@ struct message_part;
 
 struct casbox_msg_meta {
 	const char *bodystructure;
+	/* NULL when read from version 2 (derive it from bodystructure);
+	   ignored by casbox_meta_seal() */
 	const char *body;
 	const char *envelope;
 	/* message_part_serialize() of the tree, positions relative to the
@@ -37,16 +44,17 @@ struct message_part *
 casbox_meta_get_parts(const struct casbox_msg_meta *meta, pool_t pool,
 		      const char **error_r);
 
-/* Metadata larger than this is not sealed: BODYSTRUCTURE and BODY both
-   carry every header parameter, so one message can make them many MB,
-   and the record has to fit in one LSM value (16 MiB). Reads of such a
-   message parse it, as for one without metadata. */
+/* Metadata larger than this (before compression) is not sealed:
+   BODYSTRUCTURE carries every header parameter, so one message can make
+   it many MB, and the record has to fit in one LSM value (16 MiB).
+   Reads of such a message parse it, as for one without metadata. */
 #define CASBOX_META_MAX_PLAIN_SIZE (1024 * 1024)
 
-/* Seal meta's strings and parts (meta->tree is ignored) for rec, whose
-   part ids are final, into pool and set rec->sealed_meta. Returns FALSE
-   and leaves rec unchanged if the metadata is over
-   CASBOX_META_MAX_PLAIN_SIZE. */
+/* Seal meta's BODYSTRUCTURE, ENVELOPE and parts (meta->body and
+   meta->tree are ignored) as version 2 for rec, whose part ids are
+   final, into pool and set rec->sealed_meta. Returns FALSE and leaves
+   rec unchanged if the metadata is over CASBOX_META_MAX_PLAIN_SIZE (or
+   zstd fails for want of memory). */
 bool casbox_meta_seal(const struct cas_keyring *keyring,
 		      struct casbox_msg_record *rec,
 		      const struct casbox_msg_meta *meta,
@@ -57,5 +65,13 @@ bool casbox_meta_seal(const struct cas_keyring *keyring,
 int casbox_meta_open(const struct cas_keyring *keyring,
 		     const struct casbox_msg_record *rec, pool_t pool,
 		     struct casbox_msg_meta *meta_r, const char **error_r);
+
+/* Key rotation --finish: if rec's sealed metadata opens under an older
+   key epoch, seal it again under the current one (rec->sealed_meta then
+   points into pool). Returns 1 re-sealed, 0 none or already current, -1
+   it opens under no epoch the key ring holds (error_r). */
+int casbox_meta_reseal(const struct cas_keyring *keyring,
+		       struct casbox_msg_record *rec, pool_t pool,
+		       const char **error_r);
 
 #endif

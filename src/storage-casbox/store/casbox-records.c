@@ -35,6 +35,72 @@ void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id)
 	buffer_append(key, id->id, sizeof(id->id));
 }
 
+void casbox_key_meta(buffer_t *key,
+		     const unsigned char meta_id[CASBOX_META_ID_SIZE])
+{
+	buffer_append_c(key, CASBOX_KEY_META);
+	buffer_append(key, meta_id, CASBOX_META_ID_SIZE);
+}
+
+void casbox_key_meta_refs(buffer_t *key,
+			  const unsigned char meta_id[CASBOX_META_ID_SIZE])
+{
+	buffer_append_c(key, CASBOX_KEY_META_REFS);
+	buffer_append(key, meta_id, CASBOX_META_ID_SIZE);
+}
+
+void casbox_meta_refs_export(uint32_t refcount, buffer_t *dest)
+{
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	wr_u32(dest, refcount);
+}
+
+int casbox_meta_refs_import(const void *data, size_t size,
+			    uint32_t *refcount_r, const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
+
+	rd_version(&rd, CASBOX_RECORD_VERSION);
+	*refcount_r = rd_u32(&rd, "refcount");
+	if (rd.error == NULL && *refcount_r == 0)
+		rd.error = "zero refcount";
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("metadata refcount record: ", rd.error,
+				       NULL);
+		return -1;
+	}
+	return 1;
+}
+
+void casbox_meta_record_export(const void *sealed, size_t sealed_size,
+			       buffer_t *dest)
+{
+	buffer_append_c(dest, CASBOX_RECORD_VERSION);
+	buffer_append(dest, sealed, sealed_size);
+}
+
+int casbox_meta_record_import(const void *data, size_t size,
+			      const unsigned char **sealed_r,
+			      size_t *sealed_size_r, const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size)
+	};
+
+	rd_version(&rd, CASBOX_RECORD_VERSION);
+	if (rd.error == NULL && rd.p == rd.end)
+		rd.error = "no sealed metadata";
+	if (rd.error != NULL) {
+		*error_r = t_strconcat("metadata record: ", rd.error, NULL);
+		return -1;
+	}
+	*sealed_r = rd.p;
+	*sealed_size_r = rd.end - rd.p;
+	return 1;
+}
+
 int casbox_key_message_parse(const unsigned char *key, size_t key_size,
 			     guid_128_t mailbox_guid_r, uint32_t *uid_r)
 {
@@ -75,6 +141,7 @@ void casbox_msg_record_dup_lean(pool_t pool,
 	array_append_array(&dest_r->parts, &src->parts);
 	dest_r->sealed_meta = NULL;
 	dest_r->sealed_meta_size = 0;
+	dest_r->meta_ref = FALSE;
 }
 
 static void
@@ -166,13 +233,14 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 	wr_u32(dest, rec->sealed_meta_size);
 	buffer_append(dest, rec->sealed_meta, rec->sealed_meta_size);
 	/* optional tail, third addition: part transforms, only when a part
-	   has one (records without stay byte for byte as before) */
+	   has one (records without stay byte for byte as before) or a
+	   fourth tail follows */
 	n = 0;
 	array_foreach(&rec->parts, part) {
 		if (part->transform != CASBOX_PART_TRANSFORM_NONE)
 			n++;
 	}
-	if (n == 0)
+	if (n == 0 && !rec->meta_ref)
 		return;
 	wr_u32(dest, n);
 	i = 0;
@@ -188,6 +256,12 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 			wr_u64(dest, part->stored_size);
 		}
 		i++;
+	}
+	/* optional tail, fourth addition (records v2): u8 1 | the id of
+	   the shared metadata record */
+	if (rec->meta_ref) {
+		wr_u8(dest, 1);
+		buffer_append(dest, rec->meta_id, sizeof(rec->meta_id));
 	}
 }
 
@@ -317,6 +391,13 @@ int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 		casbox_msg_record_read_meta(&rd, pool, rec_r);
 	if (rd.error == NULL && rd.p < rd.end)
 		casbox_msg_record_read_transforms(&rd, rec_r);
+	if (rd.error == NULL && rd.p < rd.end &&
+	    rd_u8(&rd, "meta ref") == 1 &&
+	    rd_need(&rd, CASBOX_META_ID_SIZE, "meta id")) {
+		rec_r->meta_ref = TRUE;
+		memcpy(rec_r->meta_id, rd.p, CASBOX_META_ID_SIZE);
+		rd.p += CASBOX_META_ID_SIZE;
+	}
 	/* newer minor versions may append more fields: ignore the rest */
 	if (rd.error != NULL) {
 		*error_r = t_strconcat("message record: ", rd.error, NULL);

@@ -26,6 +26,11 @@
 #define CASBOX_KEY_MESSAGE 'm'
 #define CASBOX_KEY_FLAGS 'f'
 #define CASBOX_KEY_BLOB 'b'
+/* 's' | meta id (32): shared sealed metadata, written once; 'r' | meta
+   id: its refcount (casbox-record-auth.h) */
+#define CASBOX_KEY_META 's'
+#define CASBOX_KEY_META_REFS 'r'
+#define CASBOX_META_ID_SIZE 32
 
 #define CASBOX_RECORD_VERSION 1
 
@@ -64,6 +69,11 @@ struct casbox_msg_record {
 	   AAD binds it to the parts, so COPY reuses it as is. */
 	const unsigned char *sealed_meta;
 	size_t sealed_meta_size;
+	/* records v2: the sealed metadata is in the shared 's' record of
+	   this id (its content: the part list), not in the record; the
+	   store's lookups fill sealed_meta from it */
+	bool meta_ref;
+	unsigned char meta_id[CASBOX_META_ID_SIZE];
 };
 
 struct casbox_mailbox_record {
@@ -102,6 +112,10 @@ void casbox_key_message(buffer_t *key, const guid_128_t mailbox_guid,
 void casbox_key_flags(buffer_t *key, const guid_128_t mailbox_guid,
 		      uint32_t uid);
 void casbox_key_blob(buffer_t *key, const struct cas_blob_id *id);
+void casbox_key_meta(buffer_t *key,
+		     const unsigned char meta_id[CASBOX_META_ID_SIZE]);
+void casbox_key_meta_refs(buffer_t *key,
+			  const unsigned char meta_id[CASBOX_META_ID_SIZE]);
 /* Parse the UID out of a message key. Returns 1 ok, -1 not one. */
 int casbox_key_message_parse(const unsigned char *key, size_t key_size,
 			     guid_128_t mailbox_guid_r, uint32_t *uid_r);
@@ -118,6 +132,18 @@ void casbox_msg_record_export(const struct casbox_msg_record *rec,
 int casbox_msg_record_import(const void *data, size_t size, pool_t pool,
 			     struct casbox_msg_record *rec_r,
 			     const char **error_r);
+
+/* Shared metadata record (inside the v2 envelope): u8 version, the
+   sealed metadata. sealed_r points into data. */
+void casbox_meta_record_export(const void *sealed, size_t sealed_size,
+			       buffer_t *dest);
+int casbox_meta_record_import(const void *data, size_t size,
+			      const unsigned char **sealed_r,
+			      size_t *sealed_size_r, const char **error_r);
+/* Its refcount record: u8 version, u32 refcount (> 0). */
+void casbox_meta_refs_export(uint32_t refcount, buffer_t *dest);
+int casbox_meta_refs_import(const void *data, size_t size,
+			    uint32_t *refcount_r, const char **error_r);
 
 /* Flag record: u8 version, u32 flags, u64 modseq, u16 keyword count,
    then each keyword as u16 length + bytes. */

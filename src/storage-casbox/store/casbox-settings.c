@@ -37,6 +37,12 @@ int casbox_settings_check(struct casbox_settings *set, const char **error_r)
 				      1024 * 1024, error_r) < 0 ||
 	    casbox_settings_check_min("casbox_lsm_wal_size",
 				      set->lsm_wal_size, 64 * 1024,
+				      error_r) < 0 ||
+	    casbox_settings_check_min("casbox_lsm_cache_size",
+				      set->lsm_cache_size, 64 * 1024,
+				      error_r) < 0 ||
+	    casbox_settings_check_min("casbox_base_cache_size",
+				      set->base_cache_size, 64 * 1024,
 				      error_r) < 0)
 		return -1;
 	if (set->key_mode == CAS_KEY_MODE_PASSWORD && set->cache_plaintext) {

@@ -9,6 +9,7 @@
 struct mail_user;
 
 #define CASBOX_DEFAULT_PART_SPLIT_SIZE (64 * 1024)
+#define CASBOX_DEFAULT_METADATA_MIN_SIZE (32 * 1024)
 #define CASBOX_DEFAULT_PACK_SIZE (64 * 1024 * 1024)
 #define CASBOX_DEFAULT_ZSTD_LEVEL 3
 #define CASBOX_DEFAULT_GC_DEAD_RATIO 30
@@ -16,6 +17,13 @@ struct mail_user;
    WAL flushes into a table much sooner than the LSM's own default (4 MiB,
    LevelDB's write buffer), which suits one long-lived handle. */
 #define CASBOX_DEFAULT_LSM_WAL_SIZE (256 * 1024)
+/* Per process, as Dovecot's own index caches are: a server runs an imap
+   process per session, so a quarter of the LSM library's 8 MiB (the
+   lookups of a big COPY or FETCH miss it either way). */
+#define CASBOX_DEFAULT_LSM_CACHE_SIZE (2 * 1024 * 1024)
+/* Decoded bases of cross-message deltas, in locked memory per process
+   (blob/casbox-base-cache.h). */
+#define CASBOX_DEFAULT_BASE_CACHE_SIZE (2 * 1024 * 1024)
 /* LMTP/LDA deliveries of a message already delivered to the same
    mailbox this recently are acknowledged without a second copy
    (doc/casbox-storage.md, "Duplicate deliveries"): one day covers an
@@ -39,6 +47,9 @@ struct casbox_settings {
 	int zstd_level;
 	/* MIME leaf bodies at least this large become their own blob. */
 	uoff_t part_split_size;
+	/* Messages smaller than this get no sealed BODYSTRUCTURE/ENVELOPE
+	   metadata (reads parse their bytes); 0 = every message. */
+	uoff_t metadata_min_size;
 	/* Packs rotate past this size. */
 	uoff_t pack_size;
 	/* casbox_pack_storage: where sealed packs go (dir:/rados:/s3:...,
@@ -53,6 +64,10 @@ struct casbox_settings {
 	/* The LSM's WAL is flushed to a sorted table past this size
 	   (0 = the LSM library's default). */
 	uoff_t lsm_wal_size;
+	/* Bounds of the process's LSM block cache and decoded base
+	   cache (memory, bytes). */
+	uoff_t lsm_cache_size;
+	uoff_t base_cache_size;
 	/* Let Dovecot's dovecot.index.cache keep headers, envelopes and
 	   BODYSTRUCTUREs. They are plaintext, so the default is no: those
 	   are then parsed from the (encrypted) blobs when asked for. */
@@ -71,6 +86,11 @@ struct casbox_settings {
 	   stored as they are, never decoded (casbox-b64.h). Negated like
 	   dedup_disabled. */
 	bool decode_base64_disabled;
+	/* casbox_cross_message = no (default yes): a message's lead part
+	   is never compressed against an earlier message of the user
+	   (casbox-xmsg.h). Also off with dedup_disabled. Negated like
+	   dedup_disabled. */
+	bool cross_message_disabled;
 	/* casbox_cipher: the chunk cipher of new frames (auto =
 	   AES-256-GCM with AES-NI, else XChaCha20-Poly1305) */
 	enum cas_aead_cipher cipher;
@@ -98,8 +118,11 @@ static inline void casbox_settings_defaults(struct casbox_settings *set_r)
 	set_r->key_mode = CAS_KEY_MODE_SERVER;
 	set_r->zstd_level = CASBOX_DEFAULT_ZSTD_LEVEL;
 	set_r->part_split_size = CASBOX_DEFAULT_PART_SPLIT_SIZE;
+	set_r->metadata_min_size = CASBOX_DEFAULT_METADATA_MIN_SIZE;
 	set_r->pack_size = CASBOX_DEFAULT_PACK_SIZE;
 	set_r->lsm_wal_size = CASBOX_DEFAULT_LSM_WAL_SIZE;
+	set_r->lsm_cache_size = CASBOX_DEFAULT_LSM_CACHE_SIZE;
+	set_r->base_cache_size = CASBOX_DEFAULT_BASE_CACHE_SIZE;
 	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
 	set_r->duplicate_window = CASBOX_DEFAULT_DUPLICATE_WINDOW;
 	set_r->expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION;

@@ -7,10 +7,12 @@
 #include "hex-binary.h"
 #include "istream.h"
 #include "safe-memset.h"
+#include "byteorder.h"
 #include "casbox-lsm.h"
 #include "casbox-recovery.h"
 #include "casbox-store.h"
 #include "casbox-store-census.h"
+#include "casbox-record-auth.h"
 #include "casbox-store-safety.h"
 #include "casbox-store-quarantine.h"
 #include "casbox-pack-file.h"
@@ -74,8 +76,126 @@ casbox_census_damage(casbox_census_damage_callback_t *damage, void *context,
 		damage(context, mailbox, uid, object, cause);
 }
 
+static struct casbox_census_meta_ref *
+casbox_census_meta_get(struct casbox_census *census,
+		       const unsigned char id[CASBOX_META_ID_SIZE])
+{
+	struct casbox_census_meta_ref *ref;
+	const char *hex = binary_to_hex(id, CASBOX_META_ID_SIZE);
+
+	ref = hash_table_lookup(census->meta_refs, hex);
+	if (ref == NULL) {
+		ref = p_new(census->pool, struct casbox_census_meta_ref, 1);
+		hash_table_insert(census->meta_refs,
+				  p_strdup(census->pool, hex), ref);
+	}
+	return ref;
+}
+
+/* A shared metadata record ('s') or its refcount record ('r'):
+   authentic, and (checked after all records are read) referenced as
+   often as its refcount says. */
 static void
-casbox_census_message(struct casbox_census *census,
+casbox_census_meta(struct casbox_store *store, struct casbox_census *census,
+		   const unsigned char *key, size_t key_size,
+		   const unsigned char *value, size_t value_size,
+		   casbox_census_damage_callback_t *damage, void *context)
+{
+	struct casbox_census_meta_ref *ref;
+	bool is_refs = key[0] == CASBOX_KEY_META_REFS;
+	const unsigned char *sealed;
+	const void *body;
+	size_t sealed_size, body_size;
+	uint32_t refcount = 0;
+	const char *error;
+	int ret;
+
+	if (key_size != 1 + CASBOX_META_ID_SIZE) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed metadata key");
+		return;
+	}
+	if (census->records_unverified) {
+		if (!casbox_record_body_unverified(value, value_size,
+						   &body, &body_size))
+			ret = -1;
+		else if (is_refs) {
+			ret = casbox_meta_refs_import(body, body_size,
+						      &refcount, &error);
+		} else {
+			ret = casbox_meta_record_import(body, body_size,
+							&sealed, &sealed_size,
+							&error);
+		}
+		if (ret < 0)
+			error = "malformed metadata record";
+	} else if (is_refs) {
+		ret = casbox_store_meta_refs_import(store, key, key_size,
+						    value, value_size,
+						    &refcount, &error);
+	} else {
+		ret = casbox_store_meta_value_import(store, key, key_size,
+						     value, value_size,
+						     &sealed, &sealed_size,
+						     &error);
+	}
+	if (ret < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("metadata %s",
+				binary_to_hex(key + 1, key_size - 1)), error);
+		return;
+	}
+	ref = casbox_census_meta_get(census, key + 1);
+	if (is_refs) {
+		ref->have_refs = TRUE;
+		ref->refcount = refcount;
+	} else {
+		ref->have_record = TRUE;
+	}
+}
+
+static void
+casbox_census_meta_check(struct casbox_census *census,
+			 casbox_census_damage_callback_t *damage,
+			 void *context)
+{
+	struct hash_iterate_context *iter;
+	struct casbox_census_meta_ref *ref;
+	const char *cause;
+	char *hex;
+
+	iter = hash_table_iterate_init(census->meta_refs);
+	while (hash_table_iterate(iter, census->meta_refs, &hex, &ref)) {
+		cause = NULL;
+		if (!ref->have_record && ref->counted > 0) {
+			/* reads parse those messages instead */
+			cause = t_strdup_printf("metadata record missing, %u "
+						"references", ref->counted);
+		} else if (ref->refcount != ref->counted) {
+			cause = t_strdup_printf("metadata refcount %u, but %u "
+						"references", ref->refcount,
+						ref->counted);
+		} else if (ref->have_refs && !ref->have_record) {
+			cause = "metadata refcount record without its "
+				"metadata record";
+		} else if (ref->have_record && !ref->have_refs) {
+			cause = "metadata record without a refcount record";
+		}
+		if (cause != NULL) {
+			casbox_census_damage(damage, context, "-", 0,
+				t_strdup_printf("metadata %s", hex), cause);
+		}
+	}
+	hash_table_iterate_deinit(&iter);
+}
+
+static void
+casbox_census_message(struct casbox_store *store,
+		      struct casbox_census *census,
 		      const unsigned char *key, size_t key_size,
 		      const unsigned char *value, size_t value_size,
 		      casbox_census_damage_callback_t *damage, void *context)
@@ -85,6 +205,9 @@ casbox_census_message(struct casbox_census *census,
 	struct casbox_census_blob *blob;
 	guid_128_t guid;
 	const char *error;
+	const void *body = NULL;
+	size_t body_size;
+	bool authenticated;
 	uint32_t uid;
 
 	if (casbox_key_message_parse(key, key_size, guid, &uid) < 0) {
@@ -95,14 +218,37 @@ casbox_census_message(struct casbox_census *census,
 			"malformed message key");
 		return;
 	}
-	if (casbox_msg_record_import(value, value_size,
+	if (!casbox_record_body_unverified(value, value_size,
+					   &body, &body_size) ||
+	    casbox_msg_record_import(body, body_size,
 				     pool_datastack_create(), &rec,
 				     &error) < 0) {
 		census->bad_records++;
 		casbox_census_damage(damage, context,
 			casbox_census_mailbox_name(census, guid), uid, "-",
 			t_strdup_printf("malformed message record: %s",
-					error));
+				body == NULL ? "unknown version" : error));
+		return;
+	}
+	/* a record that fails authentication below still holds its
+	   reference (as its parts do) */
+	if (rec.meta_ref)
+		casbox_census_meta_get(census, rec.meta_id)->counted++;
+	if (!census->records_unverified &&
+	    casbox_record_open(store, key, key_size, value, value_size,
+			       &body, &body_size, &authenticated,
+			       &error) < 0) {
+		/* names the mailbox GUID, the UID and what failed */
+		census->bad_records++;
+		casbox_census_damage(damage, context,
+			casbox_census_mailbox_name(census, guid), uid, "-",
+			error);
+		/* its parts still count as references: a repair must not
+		   release blobs because of a record it cannot trust (that
+		   only keeps blobs alive) */
+		array_foreach(&rec.parts, part) {
+			casbox_census_blob_get(census, &part->id)->counted++;
+		}
 		return;
 	}
 	census->messages++;
@@ -115,10 +261,106 @@ casbox_census_message(struct casbox_census *census,
 	}
 }
 
+/* A message (is_msg) or flag record into rec: verified, or without the
+   keys (census->records_unverified) only decoded. Returns 1 ok, -1 bad
+   (error_r says why). */
+static int
+casbox_census_decode(struct casbox_store *store, struct casbox_census *census,
+		     const unsigned char *key, size_t key_size,
+		     const unsigned char *value, size_t value_size,
+		     bool is_msg, struct casbox_msg_record *rec,
+		     const char **error_r)
+{
+	pool_t pool = pool_datastack_create();
+	const void *body;
+	size_t body_size;
+
+	if (!census->records_unverified) {
+		return is_msg ?
+			casbox_store_msg_value_import(store, key, key_size,
+				value, value_size, pool, rec, error_r) :
+			casbox_store_flags_value_import(store, key, key_size,
+				value, value_size, pool, rec, error_r);
+	}
+	if (!casbox_record_body_unverified(value, value_size,
+					   &body, &body_size)) {
+		*error_r = "unknown version";
+		return -1;
+	}
+	return is_msg ?
+		casbox_msg_record_import(body, body_size, pool, rec, error_r) :
+		casbox_flags_record_import(body, body_size, pool, rec,
+					   error_r);
+}
+
+/* A flag record: authentic, of a message that exists, and not older
+   than the message record (a flag record replayed from before the
+   message was saved again under its UID). */
+static void
+casbox_census_flags(struct casbox_store *store, struct casbox_census *census,
+		    const unsigned char *key, size_t key_size,
+		    const unsigned char *value, size_t value_size,
+		    casbox_census_damage_callback_t *damage, void *context)
+{
+	struct casbox_msg_record frec, mrec;
+	const char *error, *name;
+	buffer_t *mkey, *mvalue;
+	guid_128_t guid;
+	uint32_t uid;
+	int ret;
+
+	if (key_size != 1 + GUID_128_SIZE + 4) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, "-", 0,
+			t_strdup_printf("lsm key %s",
+					binary_to_hex(key, key_size)),
+			"malformed flag key");
+		return;
+	}
+	memcpy(guid, key + 1, GUID_128_SIZE);
+	uid = be32_to_cpu_unaligned(key + 1 + GUID_128_SIZE);
+	name = casbox_census_mailbox_name(census, guid);
+	casbox_msg_record_init(pool_datastack_create(), &frec);
+	if (casbox_census_decode(store, census, key, key_size, value,
+				 value_size, FALSE, &frec, &error) < 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, name, uid, "-",
+			t_strdup_printf("bad flag record: %s", error));
+		return;
+	}
+	mkey = t_buffer_create(32);
+	casbox_key_message(mkey, guid, uid);
+	mvalue = t_buffer_create(256);
+	ret = casbox_lsm_get(casbox_store_get_lsm(store), mkey->data,
+			     mkey->used, mvalue, &error);
+	if (ret == 0) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, name, uid, "-",
+			"flag record without a message record "
+			"(left over or replayed)");
+		return;
+	}
+	/* an unreadable message record is reported on its own */
+	if (ret < 0 ||
+	    casbox_census_decode(store, census, mkey->data, mkey->used,
+				 mvalue->data, mvalue->used, TRUE, &mrec,
+				 &error) < 0)
+		return;
+	if (frec.modseq < mrec.modseq) {
+		census->bad_records++;
+		casbox_census_damage(damage, context, name, uid, "-",
+			t_strdup_printf("flag record older than its message "
+					"record (modseq %"PRIu64" < %"PRIu64
+					"): replayed", frec.modseq,
+					mrec.modseq));
+	}
+}
+
 /* A retained message (undelete window) references its blobs as a
    message record does, but is not mail the user sees. */
 static void
-casbox_census_retained(struct casbox_census *census,
+casbox_census_retained(struct casbox_store *store,
+		       struct casbox_census *census,
 		       const unsigned char *key, size_t key_size,
 		       const unsigned char *value, size_t value_size,
 		       casbox_census_damage_callback_t *damage, void *context)
@@ -127,10 +369,15 @@ casbox_census_retained(struct casbox_census *census,
 	const struct casbox_msg_part *part;
 	guid_128_t guid;
 	const char *error;
+	const void *body;
+	size_t body_size;
+	bool authenticated;
 	uint32_t uid;
 
 	if (casbox_key_retained_parse(key, key_size, guid, &uid) < 0 ||
-	    casbox_retained_record_import(value, value_size,
+	    !casbox_record_body_unverified(value, value_size,
+					   &body, &body_size) ||
+	    casbox_retained_record_import(body, body_size,
 					  pool_datastack_create(), &rec,
 					  &error) < 0) {
 		census->bad_records++;
@@ -138,6 +385,19 @@ casbox_census_retained(struct casbox_census *census,
 			t_strdup_printf("lsm key %s",
 					binary_to_hex(key, key_size)),
 			"malformed retained record");
+		return;
+	}
+	if (!census->records_unverified &&
+	    casbox_record_open(store, key, key_size, value, value_size,
+			       &body, &body_size, &authenticated,
+			       &error) < 0) {
+		/* reported with the mailbox it was expunged from; its
+		   parts stay counted (see casbox_census_message()) */
+		census->bad_records++;
+		casbox_census_damage(damage, context, rec.mailbox_name, uid,
+				     "-", error);
+		array_foreach(&rec.msg.parts, part)
+			casbox_census_blob_get(census, &part->id)->counted++;
 		return;
 	}
 	census->retained_messages++;
@@ -183,6 +443,10 @@ casbox_census_blob(struct casbox_census *census,
 		return;
 	}
 	blob->refcount = bval.refcount;
+	/* a delta blob's record holds a reference on its base, as a
+	   message record does on its parts */
+	if (blob->rec.base_depth > 0)
+		casbox_census_blob_get(census, &blob->rec.base_id)->counted++;
 	loc = p_new(census->pool, struct casbox_census_loc, 1);
 	loc->pack_id = blob->rec.pack_id;
 	loc->offset = blob->rec.offset;
@@ -253,6 +517,7 @@ int casbox_census_build(struct casbox_store *store,
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
 	struct casbox_lsm *lsm = casbox_store_get_lsm(store);
+	const char *key_error;
 	unsigned char prefix;
 	pool_t pool;
 
@@ -266,9 +531,17 @@ int casbox_census_build(struct casbox_store *store,
 	hash_table_create(&census->locs, pool, 0, casbox_census_loc_hash,
 			  casbox_census_loc_cmp);
 	hash_table_create(&census->mailbox_names, pool, 0, str_hash, strcmp);
+	hash_table_create(&census->meta_refs, pool, 0, str_hash, strcmp);
 	p_array_init(&census->blob_list, pool, 256);
 	p_array_init(&census->metas, pool, 64);
 	p_array_init(&census->packs, pool, 4);
+
+	/* records v2 are verified with the record key; without a key
+	   (keyless scrub) they are only decoded */
+	if (casbox_store_get_keyring(store) == NULL &&
+	    (casbox_store_open_keys_for_records(store, &key_error) < 0 ||
+	     casbox_store_get_keyring(store) == NULL))
+		census->records_unverified = TRUE;
 
 	/* mailbox names first, so message damage can name its mailbox */
 	prefix = CASBOX_KEY_MAILBOX;
@@ -288,14 +561,25 @@ int casbox_census_build(struct casbox_store *store,
 		if (key_size == 0)
 			;
 		else if (key[0] == CASBOX_KEY_MESSAGE) {
-			casbox_census_message(census, key, key_size, value,
-					      value_size, damage, context);
+			casbox_census_message(store, census, key, key_size,
+					      value, value_size, damage,
+					      context);
+		} else if (key[0] == CASBOX_KEY_FLAGS) {
+			casbox_census_flags(store, census, key, key_size,
+					    value, value_size, damage,
+					    context);
 		} else if (key[0] == CASBOX_KEY_BLOB) {
 			casbox_census_blob(census, key, key_size, value,
 					   value_size, damage, context);
 		} else if (key[0] == CASBOX_KEY_RETAINED) {
-			casbox_census_retained(census, key, key_size, value,
+			casbox_census_retained(store, census, key, key_size,
+					       value,
 					       value_size, damage, context);
+		} else if (key[0] == CASBOX_KEY_META ||
+			   key[0] == CASBOX_KEY_META_REFS) {
+			casbox_census_meta(store, census, key, key_size,
+					   value, value_size, damage,
+					   context);
 		} else if (key[0] == CASBOX_KEY_QUARANTINE) {
 			casbox_census_quarantine(census, key, key_size, value,
 						 value_size, damage, context);
@@ -305,6 +589,9 @@ int casbox_census_build(struct casbox_store *store,
 		casbox_census_free(&census);
 		return -1;
 	}
+	T_BEGIN {
+		casbox_census_meta_check(census, damage, context);
+	} T_END;
 	*census_r = census;
 	return 0;
 }
@@ -451,6 +738,7 @@ void casbox_census_free(struct casbox_census **_census)
 	hash_table_destroy(&census->blobs);
 	hash_table_destroy(&census->locs);
 	hash_table_destroy(&census->mailbox_names);
+	hash_table_destroy(&census->meta_refs);
 	pool_unref(&census->pool);
 }
 
@@ -526,16 +814,47 @@ int casbox_census_verify_lsm(struct casbox_store *store,
 				 error_r);
 }
 
+/* casbox_pack_base_lookup_func_t over the census's blob records. */
+static int casbox_census_base_lookup(void *context,
+				     const struct cas_blob_id *base_id,
+				     struct casbox_blob_record *rec_r,
+				     const char **error_r)
+{
+	struct casbox_census *census = context;
+	struct casbox_census_blob *base;
+
+	base = hash_table_lookup(census->blobs, base_id);
+	if (base == NULL || !base->have_record) {
+		*error_r = "no blob record";
+		return 0;
+	}
+	if (base->record_bad) {
+		*error_r = base->damage;
+		return -1;
+	}
+	*rec_r = base->rec;
+	return 1;
+}
+
 void casbox_census_decode_blob(struct casbox_store *store,
 			       struct casbox_census *census,
 			       struct casbox_census_blob *blob)
 {
 	struct istream *input;
 	const unsigned char *data;
+	const char *error;
 	size_t size;
 
-	input = casbox_pack_blob_open(casbox_store_get_packs(store),
-				      &blob->id, &blob->rec);
+	/* a delta blob with its chain: a base that is missing or damaged
+	   is this blob's damage too, naming the base */
+	if (casbox_pack_blob_open_chain(casbox_store_get_packs(store),
+					&blob->id, &blob->rec,
+					casbox_census_base_lookup, census,
+					&input, &error) < 0) {
+		blob->damage = p_strdup(census->pool, error);
+		blob->base_damaged = TRUE;
+		return;
+	}
 	while (i_stream_read_more(input, &data, &size) > 0)
 		i_stream_skip(input, size);
 	if (input->stream_errno != 0) {
@@ -601,17 +920,22 @@ int casbox_census_foreach_msg(struct casbox_store *store,
 	const unsigned char *key, *value;
 	size_t key_size, value_size;
 	struct casbox_msg_record rec;
+	struct casbox_census census;
 	const char *error;
 	guid_128_t guid;
 	uint32_t uid;
 
+	i_zero(&census);
+	census.records_unverified = casbox_store_get_keyring(store) == NULL;
 	iter = casbox_lsm_iter_init(casbox_store_get_lsm(store), &prefix, 1);
 	while (casbox_lsm_iter_next(iter, &key, &key_size,
 				    &value, &value_size)) T_BEGIN {
+		/* without the key (keyless scrub) decoded unverified, so
+		   the CRC scan's damage still names its messages */
 		if (casbox_key_message_parse(key, key_size, guid, &uid) >= 0 &&
-		    casbox_msg_record_import(value, value_size,
-					     pool_datastack_create(), &rec,
-					     &error) >= 0)
+		    casbox_census_decode(store, &census, key, key_size,
+					 value, value_size, TRUE, &rec,
+					 &error) >= 0)
 			callback(context, guid, uid, &rec);
 	} T_END;
 	return casbox_lsm_iter_deinit(&iter, error_r);

@@ -27,11 +27,21 @@ struct casbox_census_blob {
 	struct casbox_blob_record rec;
 	/* NULL = not known to be damaged, else why it is */
 	const char *damage;
+	/* the damage is its base's (rec.base_id: missing or damaged, its
+	   own frame not decoded) */
+	bool base_damaged;
 	/* NULL, or the cause in its quarantine record (scrub --repair) */
 	const char *quarantined;
 	time_t quarantine_time;
 	/* gc: copied to a new frame (under a fresh DEK) */
 	bool gc_moved;
+};
+
+/* A shared metadata record ('s') and the message records naming it. */
+struct casbox_census_meta_ref {
+	/* refcount in its 'r' record (0 = none) */
+	uint32_t refcount, counted;
+	bool have_record, have_refs;
 };
 
 /* A frame location: (pack id, offset). */
@@ -87,10 +97,17 @@ struct casbox_census {
 		   struct casbox_census_blob *) locs;
 	/* mailbox guid (hex) -> name, from the 'M' records */
 	HASH_TABLE(char *, char *) mailbox_names;
+	/* shared metadata records (records v2): meta id (hex) ->
+	   struct casbox_census_meta_ref */
+	HASH_TABLE(char *, struct casbox_census_meta_ref *) meta_refs;
 	/* intact meta frames, in scan order (casbox_census_scan_packs) */
 	ARRAY(struct casbox_census_meta) metas;
-	/* malformed records met while iterating */
+	/* malformed records met while iterating (and, records v2, records
+	   that failed authentication) */
 	unsigned int bad_records;
+	/* the store's keys could not be loaded: message and flag records
+	   were decoded without verifying their MACs (keyless scrub) */
+	bool records_unverified;
 	ARRAY_TYPE(casbox_census_pack) packs;
 
 	/* set by the caller before casbox_census_scan_packs(), may be NULL */

@@ -88,7 +88,7 @@ static void dict_cut_to_header(buffer_t *buf)
 }
 
 static int
-dict_read_blob(struct casbox_pack_store *packs, const struct dict_blob *blob,
+dict_read_blob(struct casbox_store *store, const struct dict_blob *blob,
 	       buffer_t *dest, const char **error_r)
 {
 	struct istream *input;
@@ -96,7 +96,10 @@ dict_read_blob(struct casbox_pack_store *packs, const struct dict_blob *blob,
 	size_t size;
 	int ret = 0;
 
-	input = casbox_pack_blob_open(packs, &blob->id, &blob->rec);
+	/* a delta blob (a lead part: its header) with its base */
+	if (casbox_store_blob_open_record(store, &blob->id, &blob->rec,
+					  &input, error_r) < 0)
+		return -1;
 	while (i_stream_read_more(input, &data, &size) > 0) {
 		buffer_append(dest, data, size);
 		i_stream_skip(input, size);
@@ -168,7 +171,7 @@ int casbox_store_dict_train(struct casbox_store *store,
 			continue;
 		buf = buffer_create_dynamic(default_pool,
 					    blob->rec.plain_size);
-		if (dict_read_blob(packs, blob, buf, error_r) < 0) {
+		if (dict_read_blob(store, blob, buf, error_r) < 0) {
 			sodium_memzero(buffer_get_modifiable_data(buf, NULL),
 				       buffer_get_size(buf));
 			buffer_free(&buf);

@@ -33,6 +33,7 @@
 #include "casbox-store-census.h"
 #include "casbox-store-progress.h"
 #include "casbox-store-frompacks.h"
+#include "casbox-record-auth.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -109,9 +110,12 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 		return;
 	}
 	/* DEKs count even if a newer record of this UID replaces it */
-	array_foreach(&rec.blobs, rblob)
+	array_foreach(&rec.blobs, rblob) {
 		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
 				  rblob->stored_dek);
+		frompacks_blob_get(fp, &rblob->id)->size_hint =
+			rblob->plain_size;
+	}
 
 	key = t_strdup_printf("%s:%u", binary_to_hex(rec.mailbox_guid,
 				GUID_128_SIZE), rec.uid);
@@ -129,6 +133,9 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 		i_unreached();
 	guid_128_copy(msg->mailbox_guid, msg->rec.mailbox_guid);
 	msg->uid = msg->rec.uid;
+	/* the new LSM has no shared metadata records (recovery records are
+	   written without a reference; this keeps a stray one out) */
+	msg->rec.msg.meta_ref = FALSE;
 }
 
 static void frompacks_add_dek_update(struct casbox_frompacks *fp,
@@ -211,6 +218,11 @@ static void frompacks_frame(struct casbox_frompacks *fp,
 	frame->plain_size = info->plain_size;
 	frame->version = info->frame_version;
 	frame->dict_id = info->dict_id;
+	frame->base_depth = info->base_depth;
+	if (info->base_depth > 0) {
+		frame->delta = *info;
+		frame->delta.damage = NULL;
+	}
 }
 
 static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
@@ -244,8 +256,40 @@ static int frompacks_scan(struct casbox_frompacks *fp, const char **error_r)
 	return 0;
 }
 
+static int frompacks_blob_resolve(struct casbox_frompacks *fp,
+				  struct casbox_frompacks_blob *blob,
+				  uoff_t size);
+
+/* casbox_pack_base_lookup_func_t: a base resolved as any blob, with the
+   size its recovery records list. */
+static int frompacks_base_lookup(void *context,
+				 const struct cas_blob_id *base_id,
+				 struct casbox_blob_record *rec_r,
+				 const char **error_r)
+{
+	struct casbox_frompacks *fp = context;
+	struct casbox_frompacks_blob *base;
+	int ret;
+
+	base = hash_table_lookup(fp->blobs, base_id);
+	if (base == NULL || array_count(&base->frames) == 0) {
+		*error_r = "no intact frame";
+		return 0;
+	}
+	T_BEGIN {
+		ret = frompacks_blob_resolve(fp, base, base->size_hint);
+	} T_END;
+	if (ret < 0) {
+		*error_r = "no DEK opens it";
+		return -1;
+	}
+	*rec_r = base->rec;
+	return 1;
+}
+
 /* TRUE if the blob opens with rec: the DEK unwraps (or unseals) and
-   the first chunk's tag verifies. */
+   the first chunk's tag verifies (a delta blob's: with its base, which
+   is resolved first). */
 static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 				 const struct cas_blob_id *id,
 				 const struct casbox_blob_record *rec)
@@ -261,8 +305,10 @@ static bool frompacks_blob_opens(struct casbox_frompacks *fp,
 				 rec->stored_dek, dek, &error) < 0)
 		return FALSE;
 	safe_memset(dek, 0, sizeof(dek));
-	input = casbox_pack_blob_open(casbox_store_get_packs(fp->store),
-				      id, rec);
+	if (casbox_pack_blob_open_chain(casbox_store_get_packs(fp->store),
+					id, rec, frompacks_base_lookup, fp,
+					&input, &error) < 0)
+		return FALSE;
 	ret = i_stream_read(input);
 	ok = input->stream_errno == 0 && (ret > 0 || ret == -1);
 	i_stream_unref(&input);
@@ -281,6 +327,7 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 	const struct casbox_frompacks_dek *dek;
 	struct casbox_blob_record rec;
 	unsigned int i, count;
+	const char *error;
 
 	if (blob->resolved != 0)
 		return blob->resolved;
@@ -298,6 +345,13 @@ static int frompacks_blob_resolve(struct casbox_frompacks *fp,
 			rec.dek_kind = dek->kind;
 			memcpy(rec.stored_dek, dek->stored,
 			       cas_dek_kind_size(dek->kind));
+			if (frames[i-1].base_depth > 0 &&
+			    casbox_pack_frame_base_id(
+				casbox_store_get_packs(fp->store),
+				&frames[i-1].delta, dek->kind, dek->stored,
+				&rec.base_id, &error) < 0)
+				continue;
+			rec.base_depth = frames[i-1].base_depth;
 			if (frompacks_blob_opens(fp, &blob->id, &rec)) {
 				blob->rec = rec;
 				blob->resolved = 1;
@@ -455,6 +509,28 @@ static void frompacks_drop_deleted(struct casbox_frompacks *fp)
 	}
 }
 
+/* A live delta blob's record holds a reference on its base: deepest
+   first, so a base that only its dependents keep alive passes its own
+   reference on. */
+static void frompacks_base_refs(struct casbox_frompacks *fp)
+{
+	struct casbox_frompacks_blob *blob, *base;
+	unsigned int depth;
+
+	for (depth = CASBOX_BASE_MAX_DEPTH; depth > 0; depth--) {
+		array_foreach_elem(&fp->blob_list, blob) {
+			if (blob->refcount == 0 || blob->resolved <= 0 ||
+			    blob->rec.base_depth != depth)
+				continue;
+			base = hash_table_lookup(fp->blobs,
+						 &blob->rec.base_id);
+			/* resolved with its base: it exists */
+			i_assert(base != NULL && base->resolved > 0);
+			base->refcount++;
+		}
+	}
+}
+
 static void frompacks_resolve(struct casbox_frompacks *fp)
 {
 	struct casbox_frompacks_msg *msg;
@@ -507,6 +583,7 @@ static void frompacks_resolve(struct casbox_frompacks *fp)
 						 now_usecs);
 	}
 	frompacks_mailbox_names(fp);
+	frompacks_base_refs(fp);
 	array_foreach_elem(&fp->blob_list, blob) {
 		if (blob->refcount > 0)
 			fp->blob_count++;
@@ -556,21 +633,20 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 	struct casbox_frompacks_blob *blob;
 	struct casbox_blob_value bval;
 	buffer_t *key, *value, *prec;
-	uint32_t key_id;
 
+	/* no 'K' record: the new LSM is sealed, its MANIFEST names the
+	   key's fingerprint */
 	key = t_buffer_create(64);
 	value = t_buffer_create(512);
 	prec = t_buffer_create(CASBOX_BLOB_RECORD_EXPORT_SIZE);
-	buffer_append_c(key, CASBOX_KEY_KEYRING);
-	buffer_append_c(value, CASBOX_RECORD_VERSION);
-	key_id = cas_keyring_key_id(casbox_store_get_keyring(fp->store));
-	buffer_append_c(value, key_id >> 24);
-	buffer_append_c(value, key_id >> 16);
-	buffer_append_c(value, key_id >> 8);
-	buffer_append_c(value, key_id);
 	if (frompacks_writer_next(w) < 0)
 		return;
-	frompacks_put(w->batch, key, value);
+	/* every record written here is v2 */
+	if (casbox_records_put_marker_done(fp->store, w->batch,
+					   &w->error) < 0) {
+		w->error = t_strdup(w->error);
+		return;
+	}
 
 	array_foreach_elem(&fp->mailbox_list, mbox) {
 		buffer_set_used_size(key, 0);
@@ -587,7 +663,12 @@ static void frompacks_write_records(struct casbox_frompacks *fp,
 		buffer_set_used_size(key, 0);
 		buffer_set_used_size(value, 0);
 		casbox_key_message(key, msg->mailbox_guid, msg->uid);
-		casbox_msg_record_export(&msg->rec.msg, value);
+		if (casbox_store_msg_value_export(fp->store, key,
+						  &msg->rec.msg, value,
+						  &w->error) < 0) {
+			w->error = t_strdup(w->error);
+			return;
+		}
 		if (frompacks_writer_next(w) < 0)
 			return;
 		frompacks_put(w->batch, key, value);
@@ -619,11 +700,9 @@ static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 	struct frompacks_writer w;
 	int ret = 0;
 
-	i_zero(&set);
-	set.dir = new_dir;
-	set.fsync = casbox_store_get_fsync(fp->store);
-	set.lock_method = casbox_store_get_lock_method(fp->store);
-	set.event = casbox_store_get_settings(fp->store)->event;
+	/* sealed with the store's key, like every LSM of the store */
+	if (casbox_store_lsm_settings(fp->store, new_dir, &set, error_r) < 0)
+		return -1;
 	i_zero(&w);
 	if (casbox_lsm_open(&set, &w.lsm, error_r) < 0)
 		return -1;
@@ -689,12 +768,14 @@ static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 	struct stat st;
 
 	if (stat(lsm_dir, &st) == 0) {
-		i_zero(&set);
-		set.dir = lsm_dir;
-		set.fsync = casbox_store_get_fsync(fp->store);
-		set.lock_method = casbox_store_get_lock_method(fp->store);
+		/* a sealed old LSM opens only with the key (and a damaged
+		   or foreign one not at all: moved aside below) */
+		if (casbox_store_lsm_settings(fp->store, lsm_dir, &set,
+					      &error) < 0)
+			set.dir = NULL;
 		set.lock_timeout_secs = fp->lsm_lock_timeout_secs;
-		if (casbox_lsm_open(&set, &fp->old_lsm, &error) > 0 &&
+		if (set.dir != NULL &&
+		    casbox_lsm_open(&set, &fp->old_lsm, &error) > 0 &&
 		    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
 					   &error) < 0 &&
 		    casbox_lsm_lock_timed_out(fp->old_lsm)) {

@@ -17,6 +17,10 @@ struct casbox_frompacks_frame {
 	uint64_t plain_size;
 	uint32_t dict_id;
 	uint8_t version;
+	/* a delta frame (version 3): the scan's report, which unmasks its
+	   base id with a DEK (casbox_pack_frame_base_id()) */
+	uint8_t base_depth;
+	struct casbox_pack_frame_info delta;
 };
 
 /* A candidate DEK of a blob: wrapped (server mode) or sealed (password
@@ -30,8 +34,12 @@ struct casbox_frompacks_blob {
 	struct cas_blob_id id;
 	ARRAY(struct casbox_frompacks_frame) frames;
 	ARRAY(struct casbox_frompacks_dek) deks;
-	/* references from the recovered message records */
+	/* references from the recovered message records, and from the
+	   blob records of the delta blobs based on it */
 	uint32_t refcount;
+	/* its plaintext size as a recovery record lists it (0 = none did):
+	   how a base that is no message's part is opened */
+	uint64_t size_hint;
 	/* 0 = not tried, 1 = rec is good, -1 = no frame opens */
 	int resolved;
 	struct casbox_blob_record rec;

@@ -42,8 +42,11 @@
 #include "casbox-store-progress.h"
 #include "casbox-store-gc.h"
 #include "casbox-store-safety.h"
+#include "casbox-record-auth.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 /* commit the pack appends (and so release the pack lock for saves)
@@ -105,6 +108,19 @@ struct casbox_gc {
 	/* casbox_gc_expire(): retained mail and dup records released */
 	struct casbox_expire_result expired;
 };
+
+/* Test seam for the kill -9 runs (tests/e2e/test_storage_xmsg.py):
+   CASBOX_TEST_GC_KILL=copy|copied|switched|unlink kills this process
+   with SIGKILL after the first blob copy is appended (not committed),
+   after the copies are committed, after the records are switched, or
+   after the first pack is deleted. */
+static void casbox_gc_crash_point(const char *step)
+{
+	const char *at = getenv("CASBOX_TEST_GC_KILL");
+
+	if (at != NULL && strcmp(at, step) == 0)
+		(void)kill(getpid(), SIGKILL);
+}
 
 static const char *casbox_gc_msg_key(const guid_128_t mailbox_guid,
 				     uint32_t uid)
@@ -226,7 +242,10 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 		return -1;
 	i_zero(&move);
 	move.blob = blob;
-	verbatim = !cas_keyring_can_decrypt(gc->keyring);
+	/* a delta frame too: its AEAD binds its base's id and prefix,
+	   not a location, and re-encoding it would need the base */
+	verbatim = !cas_keyring_can_decrypt(gc->keyring) ||
+		blob->rec.base_depth > 0;
 	if (verbatim) {
 		/* password mode without the password: move the frame as
 		   it is (CRC-checked, DEK unchanged) */
@@ -236,8 +255,11 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 	} else {
 		input = casbox_pack_blob_open(gc->packs, &blob->id,
 					      &blob->rec);
-		ret = casbox_pack_txn_add(gc->txn, &blob->id, input,
-					  &move.new_rec, &error);
+		/* the blob stream authenticates every chunk as this
+		   blob's: no id to compute again (its epoch's blob-id key
+		   may be gone after key rotation) */
+		ret = casbox_pack_txn_add_reencode(gc->txn, &blob->id, input,
+						   &move.new_rec, &error);
 		i_stream_unref(&input);
 	}
 	if (ret < 0) {
@@ -250,9 +272,13 @@ static int casbox_gc_copy_blob(struct casbox_gc *gc,
 	}
 	array_push_back(&gc->moves, &move);
 	blob->gc_moved = TRUE;
+	casbox_gc_crash_point("copy");
 	/* a re-encoded copy has a fresh DEK that no recovery record
-	   carries; a verbatim copy keeps the DEK the records have */
-	if (!verbatim &&
+	   carries; a verbatim copy keeps the DEK the records have. A
+	   delta copied verbatim with the key loaded gets one too: its DEK
+	   may be a key rotation's rewrap, whose update the DEK update
+	   walk (casbox_gc_dek_frame()) drops for every moved blob. */
+	if ((!verbatim || cas_keyring_can_decrypt(gc->keyring)) &&
 	    casbox_gc_dek_update(gc, &blob->id, move.new_rec.dek_kind,
 				 move.new_rec.stored_dek, error_r) < 0)
 		return -1;
@@ -280,9 +306,10 @@ static int casbox_gc_msg_live(struct casbox_gc *gc,
 			     error_r);
 	if (ret <= 0)
 		return ret;
-	if (casbox_msg_record_import(value->data, value->used,
-				     pool_datastack_create(), &mrec,
-				     error_r) < 0)
+	if (casbox_store_msg_value_import(gc->store, key->data, key->used,
+					  value->data, value->used,
+					  pool_datastack_create(), &mrec,
+					  error_r) < 0)
 		return -1;
 	return strcmp(mrec.guid, guid) == 0 ? 1 : 0;
 }
@@ -317,9 +344,10 @@ casbox_gc_locator_add(struct casbox_gc *gc,
 
 	if (casbox_key_message_parse(key, key_size, guid, &uid) <= 0)
 		return 0;
-	if (casbox_msg_record_import(value, value_size,
-				     pool_datastack_create(), &mrec,
-				     error_r) < 0)
+	if (casbox_store_msg_value_import(gc->store, key, key_size,
+					  value, value_size,
+					  pool_datastack_create(), &mrec,
+					  error_r) < 0)
 		return -1;
 	casbox_gc_locator(gc, guid, uid, mrec.guid, locator);
 	hash_table_update(*map,
@@ -595,6 +623,7 @@ static int casbox_gc_copy_metas(struct casbox_gc *gc, const char **error_r)
    names it), -1 error. */
 static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 				  const guid_128_t mailbox_guid, uint32_t uid,
+				  const unsigned char *mkey, size_t mkey_size,
 				  const unsigned char *value, size_t value_size,
 				  const char **error_r)
 {
@@ -611,13 +640,17 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 	int ret;
 
 	i_zero(&rrec);
-	if (casbox_msg_record_import(value, value_size,
-				     pool_datastack_create(), &rrec.msg,
-				     error_r) < 0)
+	if (casbox_store_msg_value_import(gc->store, mkey, mkey_size,
+					  value, value_size,
+					  pool_datastack_create(), &rrec.msg,
+					  error_r) < 0)
 		return 0;
 	/* as casbox_store_txn_add_recovery(): derived data left out */
 	rrec.msg.sealed_meta = NULL;
 	rrec.msg.sealed_meta_size = 0;
+	/* nor a reference to the LSM's shared metadata record, which a
+	   rebuild from the packs does not have */
+	rrec.msg.meta_ref = FALSE;
 	key = t_buffer_create(32);
 	casbox_key_mailbox(key, mailbox_guid);
 	mvalue = t_buffer_create(128);
@@ -692,7 +725,8 @@ static int casbox_gc_backfill(struct casbox_gc *gc, const char **error_r)
 		if (casbox_key_message_parse(key, key_size, guid, &uid) > 0 &&
 		    hash_table_lookup(gc->covered,
 				      casbox_gc_msg_key(guid, uid)) == NULL) {
-			ret = casbox_gc_backfill_msg(gc, guid, uid, value,
+			ret = casbox_gc_backfill_msg(gc, guid, uid,
+						     key, key_size, value,
 						     value_size, error_r);
 		}
 	} T_END_PASS_STR_IF(ret < 0, error_r);
@@ -922,6 +956,7 @@ static int casbox_gc_unlink(struct casbox_gc *gc, const char **error_r)
 				cand->pack->pack_id, error_r) < 0)
 			return -1;
 		gc->packs_deleted++;
+		casbox_gc_crash_point("unlink");
 	}
 	if (gc->packs_deleted == 0 || !casbox_store_get_fsync(gc->store))
 		return 0;
@@ -971,9 +1006,12 @@ static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
 	if (array_count(&gc->candidates) == 0)
 		return 0;
 	if (casbox_gc_rotate(gc, error_r) < 0 ||
-	    casbox_gc_copy(gc, error_r) < 0 ||
-	    casbox_gc_commit(gc, error_r) < 0)
+	    casbox_gc_copy(gc, error_r) < 0)
 		return -1;
+	casbox_gc_crash_point("copied");
+	if (casbox_gc_commit(gc, error_r) < 0)
+		return -1;
+	casbox_gc_crash_point("switched");
 	/* only now that the switched records are durable */
 	return casbox_gc_unlink(gc, error_r);
 }

@@ -80,4 +80,67 @@ int casbox_rekey_count(struct casbox_lsm *lsm,
 		       uint64_t *count_r, uint64_t *foreign_r,
 		       const char **error_r);
 
+/* Key rotation --finish (doc/doveadm.md): the re-seal steps after the
+   DEK walk. Each is idempotent (what is under the current epoch is left
+   alone), so a run killed anywhere redoes at most one step.
+
+   One step of the sealed-metadata walk, as casbox_rekey_step() for blob
+   records: under the write lock, from after pos (opaque: give an empty
+   buffer to start), re-seal the sealed BODYSTRUCTURE/ENVELOPE metadata
+   of message records (inline, or the shared 's' record a record names)
+   that opens under an older epoch, and MAC each message record whose
+   metadata changed or whose MAC is of an older epoch again under the
+   current one; up to max_records rewritten records (stats->rewrapped),
+   committed as one LSM batch. ->failed counts metadata that opens under
+   no epoch the key ring holds (left as it is), ->bad_records records
+   that fail to verify. Returns 1 more, 0 done, -1 error (nothing of
+   this step applied). */
+struct casbox_store;
+int casbox_rekey_meta_step(struct casbox_store *store,
+			   unsigned int max_records, buffer_t *pos,
+			   struct casbox_rekey_stats *stats,
+			   const char **error_r);
+/* The same walk over every other authenticated record (the records
+   marker, flag, shared-metadata, metadata refcount and retained
+   records, casbox-record-auth.h): each whose MAC is of an older epoch
+   is MACed again under the current one, its contents unchanged; a
+   cross-message record (casbox-xmsg.h) of an older epoch is deleted
+   (its key is a hash under that epoch's key). After both walks no
+   record needs an older epoch's record key. */
+int casbox_rekey_records_step(struct casbox_store *store,
+			      unsigned int max_records, buffer_t *pos,
+			      struct casbox_rekey_stats *stats,
+			      const char **error_r);
+/* The LSM's tables, WAL and MANIFEST sealed again under the current
+   epoch's LSM key (casbox_lsm_reseal(), crash-safe; nothing to do when
+   they already are). After it the old epoch's LSM key opens nothing
+   the store uses. Returns 0 ok, -1 error. */
+int casbox_rekey_lsm(struct casbox_store *store, const char **error_r);
+/* Re-seal the compression dictionaries (packs/dict-*.cbd) under the
+   current epoch, each replaced atomically. Returns 0 ok, -1 error. */
+int casbox_rekey_dicts(struct casbox_pack_store *packs,
+		       struct casbox_rekey_stats *stats,
+		       const char **error_r);
+
+/* The lowest and highest id of the packs in the store now (local or
+   uploaded; 0, 0 = none): the packs step of --finish runs gc --all until
+   no pack that existed when it began is left. Returns 0 ok, -1 error. */
+int casbox_rekey_oldest_pack(struct casbox_pack_store *packs,
+			     uint32_t *oldest_r, uint32_t *newest_r,
+			     const char **error_r);
+
+/* The durable progress marker of --finish, root_dir/rotate-finish:
+     casbox-rotate-finish 1
+     epoch <the epoch being finished into>
+     done <name of the last step completed>
+   written atomically (temporary file, fsync, rename, directory fsync).
+   read: 1 and *step_r = the last step done, 0 none for this epoch (no
+   file, or one of an earlier rotation), -1 unreadable/damaged. */
+int casbox_rekey_progress_read(const char *root_dir, uint32_t epoch,
+			       const char **step_r, const char **error_r);
+int casbox_rekey_progress_write(const char *root_dir, uint32_t epoch,
+				const char *step, bool fsync,
+				const char **error_r);
+int casbox_rekey_progress_remove(const char *root_dir, const char **error_r);
+
 #endif

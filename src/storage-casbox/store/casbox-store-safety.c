@@ -9,6 +9,7 @@
 #include "casbox-record-io.h"
 #include "casbox-store.h"
 #include "casbox-store-safety.h"
+#include "casbox-record-auth.h"
 
 #define CASBOX_SAFETY_RECORD_VERSION 1
 /* A header block longer than this is hashed whole, trace fields and
@@ -371,7 +372,8 @@ int casbox_store_retained_iterate(struct casbox_store *store,
 						&value, &value_size)) T_BEGIN {
 		if (casbox_key_retained_parse(key, key_size, guid, &uid) < 0)
 			;
-		else if (casbox_retained_record_import(value, value_size,
+		else if (casbox_store_retained_value_import(store, key,
+				key_size, value, value_size,
 				pool_datastack_create(), &rec, error_r) < 0) {
 			*error_r = t_strdup_printf("%s uid=%u: %s",
 				guid_128_to_string(guid), uid, *error_r);
@@ -386,13 +388,13 @@ int casbox_store_retained_iterate(struct casbox_store *store,
 }
 
 struct casbox_expire_ctx {
+	struct casbox_store *store;
 	time_t retained_before, dup_before;
 	uint64_t bytes;
 };
 
 static bool
-casbox_retained_select_expired(const unsigned char *key ATTR_UNUSED,
-			       size_t key_size ATTR_UNUSED,
+casbox_retained_select_expired(const unsigned char *key, size_t key_size,
 			       const unsigned char *value, size_t value_size,
 			       void *context)
 {
@@ -400,9 +402,10 @@ casbox_retained_select_expired(const unsigned char *key ATTR_UNUSED,
 	struct casbox_retained_record rec;
 	const char *error;
 
-	if (casbox_retained_record_import(value, value_size,
-					  pool_datastack_create(), &rec,
-					  &error) < 0) {
+	if (casbox_store_retained_value_import(ctx->store, key, key_size,
+					       value, value_size,
+					       pool_datastack_create(), &rec,
+					       &error) < 0) {
 		/* its references are unknown: keep it (scrub reports the
 		   refcounts it explains) */
 		return FALSE;
@@ -475,6 +478,7 @@ int casbox_store_safety_expire(struct casbox_store *store, time_t now,
 
 	i_zero(result_r);
 	i_zero(&ctx);
+	ctx.store = store;
 	ctx.retained_before = now - (time_t)retention;
 	ctx.dup_before = now - (time_t)duplicate_window;
 	if (casbox_store_txn_begin(store, &txn, error_r) < 0)

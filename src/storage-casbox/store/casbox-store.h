@@ -151,6 +151,20 @@ int casbox_store_msg_open(struct casbox_store *store,
 			  const struct casbox_msg_record *rec,
 			  struct istream **input_r, const char **error_r);
 
+/* A blob's plaintext from its blob record, a delta blob with its base
+   (looked up in the LSM as last read, from the base cache or decoded):
+   for admin tools that walk blob records. Its pack and its bases' are
+   opened now; one that gc unlinked since rec was read makes the record
+   be read again from the refreshed LSM, as for a message. Needs the
+   keys. Returns 1 ok, -1 error (the blob gone, a base missing or
+   damaged; error_r names them). */
+struct casbox_blob_record;
+int casbox_store_blob_open_record(struct casbox_store *store,
+				  const struct cas_blob_id *id,
+				  const struct casbox_blob_record *rec,
+				  struct istream **input_r,
+				  const char **error_r);
+
 /* Write transaction: holds the LSM write lock until commit/rollback. */
 int casbox_store_txn_begin(struct casbox_store *store,
 			   struct casbox_store_txn **txn_r,
@@ -176,6 +190,15 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const struct casbox_msg_record *rec,
 			     struct istream *const *part_inputs,
 			     const char **error_r);
+/* Cross-message compression (casbox-xmsg.h): hints (not copied: they
+   must live until then) for the next casbox_store_txn_add_msg() only.
+   Its lead part, if written, is compressed against the blob the hints
+   find when that pays, and recorded under its own Message-ID and
+   sender. Ignored with casbox_cross_message = no or casbox_dedup = no,
+   and while the key cannot decrypt (password mode without password). */
+struct casbox_xmsg_hints;
+void casbox_store_txn_set_xmsg_hints(struct casbox_store_txn *txn,
+				     const struct casbox_xmsg_hints *hints);
 /* Commit this transaction's records without fsync unless mail_fsync =
    always (casbox_lsm_batch_set_lazy()): for flag mirror updates, which
    Dovecot's index does not fsync either under mail_fsync = optimized.
@@ -231,7 +254,7 @@ int casbox_store_txn_update_flags(struct casbox_store_txn *txn,
    and flag mirrors are right message by message. Returns 0 nothing
    done, 1 committed, -1 error (what was committed before stays; roll
    the transaction back). */
-#define CASBOX_STORE_TXN_CHECKPOINT_SIZE (8 * 1024 * 1024)
+#define CASBOX_STORE_TXN_CHECKPOINT_SIZE (1024 * 1024)
 /* what a blob record adds to the batch at commit, at most */
 #define CASBOX_STORE_BLOB_ENTRY_SIZE 512
 int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
@@ -250,6 +273,9 @@ struct casbox_store_stats {
 	uint64_t blobs_written, written_bytes;
 	/* message parts whose blob was already stored */
 	uint64_t blobs_deduplicated, deduplicated_bytes;
+	/* blob records ('b') put or deleted by the commits that reached
+	   the LSM batch (counted there) */
+	uint64_t blob_records_written;
 };
 void casbox_store_get_stats(struct casbox_store *store,
 			    struct casbox_store_stats *stats_r);
@@ -264,6 +290,15 @@ struct casbox_pack_store;
 struct cas_keyring;
 const char *casbox_store_get_root(struct casbox_store *store);
 struct casbox_lsm *casbox_store_get_lsm(struct casbox_store *store);
+/* Settings for opening an LSM of this store at dir (its own, or one
+   rebuild --from-packs writes): fsync, lock method, event and the codec
+   that seals it with the store's key (loaded here if needed; the
+   settings point into store). A sealed LSM at dir of another key is
+   refused here, naming the key file. Returns 0 ok, -1 error. */
+struct casbox_lsm_settings;
+int casbox_store_lsm_settings(struct casbox_store *store, const char *dir,
+			      struct casbox_lsm_settings *set_r,
+			      const char **error_r);
 /* NULL until casbox_store_open_keys() or casbox_store_open_packs_keyless() */
 struct casbox_pack_store *casbox_store_get_packs(struct casbox_store *store);
 /* NULL until casbox_store_open_keys() */
@@ -301,9 +336,11 @@ int casbox_store_dict_train(struct casbox_store *store,
 			    const char **error_r);
 
 /* The one "has data" rule: TRUE if the store holds anything a new key
-   could not read: a key ('K'), blob or message record in the LSM, or
-   any file in packs/ (a pack, or a dictionary, which is sealed with the
-   key). Before a key is created for a store (casbox_key_autocreate,
+   could not read: a sealed LSM (bound to its key's fingerprint), a
+   plaintext (format 1) LSM with a table or WAL records, or any file in
+   packs/ (a pack, or a dictionary, which is sealed with the key). Reads
+   only what is plaintext on disk (casbox_lsm_peek()): works without
+   the key. Before a key is created for a store (casbox_key_autocreate,
    doveadm casbox key init). Returns 0 ok, -1 error. */
 int casbox_store_has_data(struct casbox_store *store, bool *have_r,
 			  const char **error_r);
