@@ -14,13 +14,31 @@
 #include "casbox-save.h"
 #include "casbox-copy.h"
 
+/* The copy's keywords (those of the save data), NULL-terminated, from
+   pool; NULL = none. */
+static const char *const *
+casbox_copy_keywords(struct mail_save_context *ctx, pool_t pool)
+{
+	ARRAY_TYPE(const_string) names;
+
+	if (ctx->data.keywords == NULL || ctx->data.keywords->count == 0)
+		return NULL;
+	p_array_init(&names, pool, ctx->data.keywords->count + 1);
+	casbox_save_keyword_names(ctx, pool, &names);
+	if (array_count(&names) == 0)
+		return NULL;
+	array_append_zero(&names);
+	return array_front(&names);
+}
+
 /* Returns 1 copied, 0 use the slow path, -1 error. */
 static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 {
 	struct mail_save_data *mdata = &ctx->data;
 	struct casbox_mailbox *src_mbox = CASBOX_MAILBOX(mail->box);
 	struct casbox_store *store;
-	struct casbox_msg_record src_rec, rec;
+	struct casbox_msg_record src_rec;
+	struct casbox_save_copy copy;
 	pool_t pool = casbox_save_get_pool(ctx);
 	const char *error;
 	uint32_t seq, t;
@@ -30,16 +48,19 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 		return 0;
 	if (casbox_storage_get_store(src_mbox->storage, &store) < 0)
 		return -1;
-	/* A copy is held until commit, and a COPY may take a whole big
-	   mailbox: keep no sealed metadata (most of a record, up to 1 MiB
-	   each) until then. The commit reads it from the source again. */
+	/* the source must have a record; the copy keeps none of it
+	   (casbox_save_copy) */
+	i_zero(&copy);
 	T_BEGIN {
 		ret = casbox_store_msg_lookup(store, src_mbox->mailbox_guid,
 					      mail->uid,
 					      pool_datastack_create(),
 					      &src_rec, &error);
-		if (ret > 0)
-			casbox_msg_record_dup_lean(pool, &src_rec, &rec);
+		if (ret > 0) {
+			copy.received_date = src_rec.received_date;
+			copy.save_date = src_rec.save_date;
+			copy.physical_size = src_rec.physical_size;
+		}
 	} T_END_PASS_STR_IF(ret < 0, &error);
 	if (ret < 0) {
 		mail_set_critical(mail, CASBOX_LOG_PREFIX"uid=%u: %s",
@@ -49,32 +70,31 @@ static int casbox_copy_refs(struct mail_save_context *ctx, struct mail *mail)
 	if (ret == 0)
 		return 0;
 
+	guid_128_copy(copy.src_mailbox_guid, src_mbox->mailbox_guid);
+	copy.src_uid = mail->uid;
 	if (mdata->guid != NULL)
-		rec.guid = p_strdup(pool, mdata->guid);
+		copy.guid = p_strdup(pool, mdata->guid);
 	if (mdata->received_date != (time_t)-1)
-		rec.received_date = mdata->received_date;
+		copy.received_date = mdata->received_date;
 	/* the copy keeps the source's save date, as sdbox's copies do
 	   (their cached date.save is copied): dsync renumbers messages by
 	   copying them and expects the date to stay */
 	if (mdata->save_date != (time_t)-1)
-		rec.save_date = mdata->save_date;
-	rec.flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
-	rec.modseq = mdata->min_modseq;
+		copy.save_date = mdata->save_date;
+	copy.flags = mdata->flags & ENUM_NEGATE(MAIL_RECENT);
+	copy.modseq = mdata->min_modseq;
 	if (mdata->pop3_uidl != NULL)
-		rec.pop3_uidl = p_strdup(pool, mdata->pop3_uidl);
-	if (mdata->pop3_order != 0)
-		rec.pop3_order = mdata->pop3_order;
-	p_array_init(&rec.keywords, pool, 4);
-	casbox_save_keyword_names(ctx, pool, &rec.keywords);
+		copy.pop3_uidl = p_strdup(pool, mdata->pop3_uidl);
+	copy.pop3_order = mdata->pop3_order;
+	copy.keywords = casbox_copy_keywords(ctx, pool);
 
 	seq = casbox_save_add_to_index(ctx);
 	index_copy_cache_fields(ctx, mail, seq);
 	mail_set_seq_saving(ctx->dest_mail, seq);
-	t = rec.save_date;
+	t = copy.save_date;
 	index_mail_cache_add(INDEX_MAIL(ctx->dest_mail), MAIL_CACHE_SAVE_DATE,
 			     &t, sizeof(t));
-	casbox_save_add_copy(ctx, seq, &rec, src_mbox->mailbox_guid,
-			     mail->uid);
+	casbox_save_add_copy(ctx, seq, &copy);
 	if (ctx->moving) {
 		if (!array_is_created(&src_mbox->moved_uids))
 			p_array_init(&src_mbox->moved_uids,

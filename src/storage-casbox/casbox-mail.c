@@ -7,6 +7,7 @@
 #include "istream.h"
 #include "str.h"
 #include "index-mail.h"
+#include "imap-bodystructure.h"
 #include "casbox-plugin.h"
 #include "casbox-store.h"
 #include "casbox-store-quarantine.h"
@@ -340,6 +341,26 @@ static int casbox_mail_get_parts(struct mail *_mail,
 	return index_mail_get_parts(_mail, parts_r);
 }
 
+/* BODY of metadata version 2, which stores only BODYSTRUCTURE: derived
+   the way Dovecot's index-mail derives it from a cached BODYSTRUCTURE.
+   Returns FALSE (logged) if the sealed BODYSTRUCTURE does not parse. */
+static bool casbox_mail_derive_body(struct mail *_mail)
+{
+	struct casbox_mail *mail = CASBOX_MAIL(_mail);
+	string_t *str = str_new(mail->rec_pool, 256);
+	const char *error;
+
+	if (imap_body_parse_from_bodystructure(mail->meta.bodystructure,
+					       str, &error) < 0) {
+		e_warning(mail_event(_mail), CASBOX_LOG_PREFIX
+			  "uid=%u: sealed BODYSTRUCTURE: %s "
+			  "(parsing the message instead)", _mail->uid, error);
+		return FALSE;
+	}
+	mail->meta.body = str_c(str);
+	return TRUE;
+}
+
 static bool
 casbox_mail_get_meta_special(struct mail *_mail, enum mail_fetch_field field,
 			     const char **value_r)
@@ -354,6 +375,8 @@ casbox_mail_get_meta_special(struct mail *_mail, enum mail_fetch_field field,
 		return FALSE;
 	switch (field) {
 	case MAIL_FETCH_IMAP_BODY:
+		if (meta->body == NULL && !casbox_mail_derive_body(_mail))
+			return FALSE;
 		*value_r = meta->body;
 		break;
 	case MAIL_FETCH_IMAP_ENVELOPE:

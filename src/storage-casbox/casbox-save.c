@@ -26,6 +26,7 @@
 #include "casbox-save.h"
 #include "casbox-spool.h"
 #include "casbox-store-safety.h"
+#include "casbox-save-xmsg.h"
 #include "mail-cache.h"
 
 /* Saved messages are held until commit (casbox-spool.h). Up to this
@@ -33,18 +34,30 @@
    or import goes to unlinked, encrypted files in mail_temp_dir. */
 #define CASBOX_SAVE_MAX_MEM_SIZE (8 * 1024 * 1024)
 
-struct casbox_save_mail {
-	uint32_t seq;
-	/* the saved bytes (NULL for copies) */
+/* A saved (not copied) message. */
+struct casbox_save_msg {
+	/* the saved bytes */
 	struct istream *input;
 	struct casbox_msg_record rec;
-	/* copies: where the sealed metadata is read from at commit */
-	guid_128_t src_mailbox_guid;
-	uint32_t src_uid;
 	/* deliveries (LMTP, LDA) with casbox_duplicate_window: the key
 	   that tells a redelivery of the same message */
 	bool have_dup;
 	struct casbox_dup_key dup;
+	/* casbox_cross_message: what the header says of the message's
+	   base (casbox-xmsg.h) */
+	bool have_hints;
+	struct casbox_xmsg_hints hints;
+};
+
+/* A COPY may hold a whole big mailbox until commit: a copy keeps only
+   what the save data sets (about 100 bytes), the commit takes the rest
+   from the source record. */
+struct casbox_save_mail {
+	uint32_t seq;
+	/* NULL for a copy */
+	struct casbox_save_msg *msg;
+	/* a copy's */
+	struct casbox_save_copy copy;
 };
 
 struct casbox_save_context {
@@ -63,6 +76,8 @@ struct casbox_save_context {
 	uoff_t mem_used;
 
 	ARRAY(struct casbox_save_mail) mails;
+	/* casbox_save_lookup()'s record of a copy */
+	pool_t lookup_pool;
 
 	/* casbox_save_finished (doc/events.md), created when the commit
 	   begins; the store's counters at that point */
@@ -98,7 +113,9 @@ casbox_save_alloc(struct mailbox_transaction_context *t)
 	ctx->ctx.transaction = t;
 	ctx->trans = t->itrans;
 	ctx->mbox = mbox;
-	p_array_init(&ctx->mails, pool, 32);
+	/* not from the alloconly pool: growing it there would leave every
+	   smaller copy of a big COPY's array behind */
+	i_array_init(&ctx->mails, 32);
 	t->save_ctx = &ctx->ctx;
 	return t->save_ctx;
 }
@@ -317,6 +334,11 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 	casbox_save_add_range(rec, pos, size);
 	pool_unref(&parser_pool);
 
+	/* blob ids under the current key epoch: a session that loaded the
+	   key file before key rotation began reloads it (one stat() when
+	   nothing changed) */
+	if (casbox_store_refresh_keys(store, error_r) < 0)
+		return -1;
 	array_foreach_modifiable(&rec->parts, part) {
 		if (part->transform == CASBOX_PART_TRANSFORM_BASE64) {
 			if (ctx->mbox->storage->set.decode_base64_disabled)
@@ -356,7 +378,7 @@ static bool casbox_save_is_delivery(struct casbox_save_context *ctx)
 
 static int
 casbox_save_finish_mail(struct casbox_save_context *ctx,
-			struct casbox_save_mail *smail, uoff_t size)
+			struct casbox_save_msg *smail, uoff_t size)
 {
 	struct mail_save_context *_ctx = &ctx->ctx;
 	struct mail_save_data *mdata = &_ctx->data;
@@ -396,7 +418,12 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	if (casbox_storage_get_store(storage, &store) < 0)
 		return -1;
 	smail->have_dup = casbox_save_is_delivery(ctx);
+	smail->have_hints = !storage->set.cross_message_disabled &&
+		!storage->set.dedup_disabled;
 	if (casbox_store_open_keys(store, &error) < 0 ||
+	    (smail->have_hints &&
+	     casbox_save_xmsg_hints(smail->input, ctx->pool, &smail->hints,
+				    &error) < 0) ||
 	    casbox_save_split(ctx, store, smail->input, rec->physical_size,
 			      rec, &error) < 0 ||
 	    (smail->have_dup &&
@@ -415,13 +442,20 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
    the message, so a failure here does not fail the save. */
 static void
 casbox_save_seal_meta(struct casbox_save_context *ctx,
-		      struct casbox_save_mail *smail)
+		      struct casbox_save_msg *smail)
 {
 	struct mail *mail = ctx->ctx.dest_mail;
 	struct casbox_store *store;
 	struct message_part *parts;
 	struct casbox_msg_meta meta;
+	const char *error;
 
+	if (smail->rec.physical_size <
+	    ctx->mbox->storage->set.metadata_min_size) {
+		/* small: its record costs more than parsing it on a read
+		   (doc/settings.md, casbox_metadata_min_size) */
+		return;
+	}
 	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
 		i_unreached(); /* opened by casbox_save_finish_mail() */
 	if (!cas_keyring_can_decrypt(casbox_store_get_keyring(store))) {
@@ -429,11 +463,18 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 		   key is not available; reads parse the message instead */
 		return;
 	}
+	/* seal under the current key epoch: a session that loaded the
+	   key file before a key rotation began must not seal new
+	   metadata under the old one (one stat() when nothing changed) */
+	if (casbox_store_refresh_keys(store, &error) < 0) {
+		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
+			"no sealed metadata: %s", error);
+		return;
+	}
 	i_zero(&meta);
 	if (mail_get_parts(mail, &parts) < 0 ||
 	    mail_get_special(mail, MAIL_FETCH_IMAP_BODYSTRUCTURE,
 			     &meta.bodystructure) < 0 ||
-	    mail_get_special(mail, MAIL_FETCH_IMAP_BODY, &meta.body) < 0 ||
 	    mail_get_special(mail, MAIL_FETCH_IMAP_ENVELOPE,
 			     &meta.envelope) < 0) {
 		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
@@ -453,6 +494,7 @@ static int casbox_save_finish_write(struct mail_save_context *_ctx)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct casbox_save_mail smail;
+	struct casbox_save_msg *msg;
 
 	ctx->finished = TRUE;
 	if (ctx->output == NULL)
@@ -469,32 +511,34 @@ static int casbox_save_finish_write(struct mail_save_context *_ctx)
 
 	i_zero(&smail);
 	smail.seq = ctx->seq;
-	smail.input = casbox_spool_finish(&ctx->output);
+	smail.msg = msg = p_new(ctx->pool, struct casbox_save_msg, 1);
+	msg->input = casbox_spool_finish(&ctx->output);
 	_ctx->data.output = NULL;
 	if (!ctx->failed) T_BEGIN {
 		uoff_t size;
 
-		if (i_stream_get_size(smail.input, TRUE, &size) <= 0 ||
+		if (i_stream_get_size(msg->input, TRUE, &size) <= 0 ||
 		    size != ctx->input->v_offset) {
 			/* nothing may change the bytes on the way */
 			mail_set_critical(_ctx->dest_mail, CASBOX_LOG_PREFIX
 				"saved size differs from the %"PRIuUOFF_T
 				" bytes read", ctx->input->v_offset);
 			ctx->failed = TRUE;
-		} else if (casbox_save_finish_mail(ctx, &smail, size) < 0)
+		} else if (casbox_save_finish_mail(ctx, msg, size) < 0)
 			ctx->failed = TRUE;
 	} T_END;
 
 	if (ctx->failed) {
 		index_storage_save_abort_last(_ctx, ctx->seq);
-		i_stream_unref(&smail.input);
+		i_stream_unref(&msg->input);
 	} else {
-		ctx->mem_used += smail.rec.physical_size;
+		ctx->mem_used += msg->rec.physical_size;
 		array_push_back(&ctx->mails, &smail);
 		T_BEGIN {
-			casbox_save_seal_meta(ctx, array_back_modifiable(
-				&ctx->mails));
+			casbox_save_seal_meta(ctx, msg);
 		} T_END;
+		/* held until commit: without the read buffer */
+		casbox_spool_reopen(&msg->input);
 	}
 	i_stream_unref(&ctx->input);
 	return ctx->failed ? -1 : 0;
@@ -523,55 +567,57 @@ void casbox_save_copy_begin(struct mail_save_context *_ctx)
 }
 
 void casbox_save_add_copy(struct mail_save_context *_ctx, uint32_t seq,
-			  const struct casbox_msg_record *rec,
-			  const guid_128_t src_mailbox_guid, uint32_t src_uid)
+			  const struct casbox_save_copy *copy)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
 	struct casbox_save_mail *smail;
 
-	i_assert(rec->sealed_meta == NULL);
 	smail = array_append_space(&ctx->mails);
 	smail->seq = seq;
-	smail->rec = *rec;
-	guid_128_copy(smail->src_mailbox_guid, src_mailbox_guid);
-	smail->src_uid = src_uid;
+	smail->copy = *copy;
 }
 
-static bool casbox_msg_parts_equal(const struct casbox_msg_record *rec1,
-				   const struct casbox_msg_record *rec2)
+int casbox_save_copy_record(struct casbox_store *store,
+			    const struct casbox_save_copy *copy, pool_t pool,
+			    struct casbox_msg_record *rec_r,
+			    const char **error_r)
 {
-	const struct casbox_msg_part *p1, *p2;
-	unsigned int i, count1, count2;
+	const char *const *kw;
+	int ret;
 
-	p1 = array_get(&rec1->parts, &count1);
-	p2 = array_get(&rec2->parts, &count2);
-	if (count1 != count2)
-		return FALSE;
-	for (i = 0; i < count1; i++) {
-		if (p1[i].size != p2[i].size ||
-		    memcmp(p1[i].id.id, p2[i].id.id, CAS_BLOB_ID_SIZE) != 0)
-			return FALSE;
+	ret = casbox_store_msg_lookup(store, copy->src_mailbox_guid,
+				      copy->src_uid, pool, rec_r, error_r);
+	if (ret <= 0) {
+		if (ret == 0) {
+			*error_r = t_strdup_printf(
+				"Copy source uid=%u is gone", copy->src_uid);
+			errno = ENOENT;
+		}
+		return -1;
 	}
-	return TRUE;
+	/* the source's metadata as it is now, stored as the copy's own
+	   (the commit makes it a reference again) */
+	rec_r->meta_ref = FALSE;
+	if (copy->guid != NULL)
+		rec_r->guid = copy->guid;
+	rec_r->received_date = copy->received_date;
+	rec_r->save_date = copy->save_date;
+	rec_r->flags = copy->flags;
+	rec_r->modseq = copy->modseq;
+	if (copy->pop3_uidl != NULL)
+		rec_r->pop3_uidl = copy->pop3_uidl;
+	if (copy->pop3_order != 0)
+		rec_r->pop3_order = copy->pop3_order;
+	p_array_init(&rec_r->keywords, pool, 4);
+	for (kw = copy->keywords; kw != NULL && *kw != NULL; kw++)
+		array_push_back(&rec_r->keywords, kw);
+	return 0;
 }
 
-/* A copy's sealed metadata, from its source record as it is now (on the
-   data stack). None if the source is gone or was replaced meanwhile:
-   the metadata is derived data, reads then parse the message. */
-static void casbox_save_copy_meta(struct casbox_store *store,
-				  const struct casbox_save_mail *smail,
-				  struct casbox_msg_record *rec)
+static int casbox_save_mail_cmp(const uint32_t *seq,
+				const struct casbox_save_mail *smail)
 {
-	struct casbox_msg_record src;
-	const char *error;
-
-	if (casbox_store_msg_lookup(store, smail->src_mailbox_guid,
-				    smail->src_uid, pool_datastack_create(),
-				    &src, &error) > 0 &&
-	    casbox_msg_parts_equal(&src, rec)) {
-		rec->sealed_meta = src.sealed_meta;
-		rec->sealed_meta_size = src.sealed_meta_size;
-	}
+	return *seq < smail->seq ? -1 : (*seq > smail->seq ? 1 : 0);
 }
 
 bool casbox_save_lookup(struct mailbox_transaction_context *t, uint32_t seq,
@@ -580,26 +626,52 @@ bool casbox_save_lookup(struct mailbox_transaction_context *t, uint32_t seq,
 {
 	struct casbox_save_context *ctx;
 	const struct casbox_save_mail *smail;
+	struct casbox_msg_record *rec;
+	struct casbox_store *store;
+	const char *error;
+	int ret;
 
 	if (t->save_ctx == NULL)
 		return FALSE;
 	ctx = CASBOX_SAVECTX(t->save_ctx);
-	array_foreach(&ctx->mails, smail) {
-		if (smail->seq == seq) {
-			*rec_r = &smail->rec;
-			*input_r = smail->input;
-			return TRUE;
-		}
+	/* seqs are appended in ascending order */
+	smail = array_bsearch(&ctx->mails, &seq, casbox_save_mail_cmp);
+	if (smail == NULL)
+		return FALSE;
+	if (smail->msg != NULL) {
+		*rec_r = &smail->msg->rec;
+		*input_r = smail->msg->input;
+		return TRUE;
 	}
-	return FALSE;
+	if (casbox_storage_get_store(ctx->mbox->storage, &store) < 0)
+		return FALSE;
+	if (ctx->lookup_pool == NULL)
+		ctx->lookup_pool = pool_alloconly_create("casbox copy", 1024);
+	p_clear(ctx->lookup_pool);
+	rec = p_new(ctx->lookup_pool, struct casbox_msg_record, 1);
+	T_BEGIN {
+		ret = casbox_save_copy_record(store, &smail->copy,
+					      ctx->lookup_pool, rec, &error);
+		if (ret < 0) {
+			e_error(ctx->mbox->box.event, CASBOX_LOG_PREFIX
+				"Copy being saved: %s", error);
+		}
+	} T_END;
+	if (ret < 0)
+		return FALSE;
+	*rec_r = rec;
+	*input_r = NULL;
+	return TRUE;
 }
 
 static void casbox_save_free_mails(struct casbox_save_context *ctx)
 {
 	struct casbox_save_mail *smail;
 
-	array_foreach_modifiable(&ctx->mails, smail)
-		i_stream_unref(&smail->input);
+	array_foreach_modifiable(&ctx->mails, smail) {
+		if (smail->msg != NULL)
+			i_stream_unref(&smail->msg->input);
+	}
 	array_clear(&ctx->mails);
 }
 
@@ -609,28 +681,34 @@ casbox_save_add_msg(struct casbox_store *store, struct casbox_store_txn *txn,
 		    const struct casbox_save_mail *smail,
 		    const char **error_r)
 {
+	const struct casbox_save_msg *msg = smail->msg;
 	const struct casbox_msg_part *part;
-	struct casbox_msg_record rec = smail->rec;
-	struct istream **inputs = NULL;
+	struct casbox_msg_record rec;
+	struct istream **inputs;
 	unsigned int i, count;
 	uoff_t offset = 0;
 	int ret;
 
-	if (smail->input == NULL && smail->src_uid != 0)
-		casbox_save_copy_meta(store, smail, &rec);
-	count = array_count(&smail->rec.parts);
-	if (smail->input != NULL) {
-		inputs = t_new(struct istream *, count + 1);
-		i = 0;
-		array_foreach(&smail->rec.parts, part) {
-			inputs[i++] = casbox_save_part_input(smail->input,
-							     offset, part);
-			offset += part->size;
-		}
+	if (msg == NULL) {
+		if (casbox_save_copy_record(store, &smail->copy,
+					    pool_datastack_create(), &rec,
+					    error_r) < 0)
+			return -1;
+		return casbox_store_txn_add_msg(txn, mailbox_guid, uid, &rec,
+						NULL, error_r);
 	}
-	ret = casbox_store_txn_add_msg(txn, mailbox_guid, uid, &rec,
+	count = array_count(&msg->rec.parts);
+	inputs = t_new(struct istream *, count + 1);
+	i = 0;
+	array_foreach(&msg->rec.parts, part) {
+		inputs[i++] = casbox_save_part_input(msg->input, offset, part);
+		offset += part->size;
+	}
+	if (msg->have_hints)
+		casbox_store_txn_set_xmsg_hints(txn, &msg->hints);
+	ret = casbox_store_txn_add_msg(txn, mailbox_guid, uid, &msg->rec,
 				       inputs, error_r);
-	for (i = 0; inputs != NULL && i < count; i++)
+	for (i = 0; i < count; i++)
 		i_stream_unref(&inputs[i]);
 	return ret;
 }
@@ -645,22 +723,24 @@ static uint64_t casbox_save_modseq_bound(struct casbox_save_context *ctx)
 
 	bound = mail_index_modseq_get_highest(ctx->sync_ctx->sync_view) + 3 +
 		array_count(mail_index_get_keywords(ctx->mbox->box.index));
-	array_foreach(&ctx->mails, smail)
-		bound = I_MAX(bound, smail->rec.modseq);
+	array_foreach(&ctx->mails, smail) {
+		bound = I_MAX(bound, smail->msg != NULL ?
+			      smail->msg->rec.modseq : smail->copy.modseq);
+	}
 	return bound;
 }
 
 static void
 casbox_save_put_dup(struct casbox_store_txn *txn, struct casbox_mailbox *mbox,
-		    uint32_t uid, const struct casbox_save_mail *smail)
+		    uint32_t uid, const struct casbox_save_msg *msg)
 {
 	struct casbox_dup_record drec;
 
 	i_zero(&drec);
 	drec.delivered = ioloop_time;
 	drec.uid = uid;
-	drec.guid = smail->rec.guid;
-	casbox_store_txn_dup_put(txn, mbox->mailbox_guid, &smail->dup, &drec);
+	drec.guid = msg->rec.guid;
+	casbox_store_txn_dup_put(txn, mbox->mailbox_guid, &msg->dup, &drec);
 }
 
 /* Write every saved mail's blobs and record in one durable batch. */
@@ -724,9 +804,14 @@ casbox_save_write_records(struct casbox_save_context *ctx,
 			ret = casbox_save_add_msg(store, txn,
 						  mbox->mailbox_guid, uid,
 						  smail, &error);
-			if (ret == 0 && smail->have_dup)
-				casbox_save_put_dup(txn, mbox, uid, smail);
-			source_gone = ret < 0 && smail->input == NULL &&
+			if (ret == 0 && smail->msg != NULL &&
+			    smail->msg->have_dup)
+				casbox_save_put_dup(txn, mbox, uid, smail->msg);
+			/* its blobs are written: drop the read buffer
+			   until the whole transaction is done */
+			if (ret == 0 && smail->msg != NULL)
+				casbox_spool_reopen(&smail->msg->input);
+			source_gone = ret < 0 && smail->msg == NULL &&
 				errno == ENOENT;
 			/* a COPY of 100,000 mails is more than one batch;
 			   a crash between two leaves records above the
@@ -790,9 +875,12 @@ static void casbox_save_event_fields(struct casbox_save_context *ctx)
 	i_assert(store != NULL); /* the commit used it */
 	casbox_store_get_stats(store, &now);
 	array_foreach(&ctx->mails, smail) {
-		bytes += smail->rec.physical_size;
-		if (smail->input == NULL)
+		if (smail->msg != NULL)
+			bytes += smail->msg->rec.physical_size;
+		else {
+			bytes += smail->copy.physical_size;
 			copied++;
+		}
 	}
 	event_add_int(ctx->event, "messages", array_count(&ctx->mails));
 	event_add_int(ctx->event, "copied", copied);
@@ -822,15 +910,17 @@ casbox_save_find_duplicate(struct casbox_save_context *ctx,
 			   struct casbox_dup_record *drec_r)
 {
 	struct casbox_mailbox *mbox = ctx->mbox;
-	const struct casbox_save_mail *smail;
+	const struct casbox_save_mail *first;
+	const struct casbox_save_msg *smail;
 	struct casbox_msg_record rec;
 	const char *error;
 	int ret;
 
 	if (array_count(&ctx->mails) != 1)
 		return 0;
-	smail = array_front(&ctx->mails);
-	if (!smail->have_dup)
+	first = array_front(&ctx->mails);
+	smail = first->msg;
+	if (smail == NULL || !smail->have_dup)
 		return 0;
 	ret = casbox_store_dup_lookup(mbox->storage->store, mbox->mailbox_guid,
 				      &smail->dup, pool_datastack_create(),
@@ -872,6 +962,8 @@ casbox_save_suppress(struct casbox_save_context *ctx,
 {
 	struct mailbox_transaction_context *_t = ctx->ctx.transaction;
 	const struct casbox_save_mail *smail = array_front(&ctx->mails);
+	uoff_t size = smail->msg != NULL ? smail->msg->rec.physical_size :
+		smail->copy.physical_size;
 	long age = (long)(ioloop_time - drec->delivered);
 	struct event *event;
 
@@ -880,7 +972,7 @@ casbox_save_suppress(struct casbox_save_context *ctx,
 	event = event_create(ctx->mbox->box.event);
 	event_set_name(event, "casbox_duplicate_suppressed");
 	event_add_int(event, "original_uid", drec->uid);
-	event_add_int(event, "size", smail->rec.physical_size);
+	event_add_int(event, "size", size);
 	event_add_int(event, "age", age);
 	e_info(event, CASBOX_LOG_PREFIX
 	       "Duplicate delivery suppressed: the same message was "
@@ -946,7 +1038,9 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 static void casbox_save_context_free(struct casbox_save_context *ctx)
 {
 	casbox_save_free_mails(ctx);
+	array_free(&ctx->mails);
 	event_unref(&ctx->event);
+	pool_unref(&ctx->lookup_pool);
 	pool_unref(&ctx->pool);
 }
 

@@ -101,6 +101,16 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 		}
 		set_r->decode_base64_disabled = strcmp(value, "no") == 0;
 	}
+	value = mail_user_plugin_getenv(user, "casbox_cross_message");
+	if (value != NULL && *value != '\0') {
+		if (strcmp(value, "yes") != 0 && strcmp(value, "no") != 0) {
+			*error_r = t_strdup_printf("casbox_cross_message: "
+				"invalid value '%s' (expected yes or no)",
+				value);
+			return -1;
+		}
+		set_r->cross_message_disabled = strcmp(value, "no") == 0;
+	}
 	value = mail_user_plugin_getenv(user, "casbox_cipher");
 	if (value != NULL && *value != '\0' &&
 	    cas_aead_cipher_parse(value, &set_r->cipher) < 0) {
@@ -128,10 +138,16 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 				error_r) < 0 ||
 	    casbox_setting_size(user, "casbox_part_split_size",
 				&set_r->part_split_size, error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_metadata_min_size",
+				&set_r->metadata_min_size, error_r) < 0 ||
 	    casbox_setting_size(user, "casbox_pack_size",
 				&set_r->pack_size, error_r) < 0 ||
 	    casbox_setting_size(user, "casbox_lsm_wal_size",
 				&set_r->lsm_wal_size, error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_lsm_cache_size",
+				&set_r->lsm_cache_size, error_r) < 0 ||
+	    casbox_setting_size(user, "casbox_base_cache_size",
+				&set_r->base_cache_size, error_r) < 0 ||
 	    casbox_setting_uint(user, "casbox_gc_dead_ratio",
 				&set_r->gc_dead_ratio, error_r) < 0 ||
 	    casbox_setting_time(user, "casbox_duplicate_window",

@@ -22,11 +22,13 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	set_r->cache_plaintext = src->cache_plaintext;
 	set_r->dedup_disabled = !src->dedup;
 	set_r->decode_base64_disabled = !src->decode_base64;
+	set_r->cross_message_disabled = !src->cross_message;
 	if (src->key_password[0] != '\0')
 		set_r->key_password = p_strdup(pool, src->key_password);
 	set_r->zstd_level = src->zstd_level > INT_MAX ? -1 :
 		(int)src->zstd_level;
 	set_r->part_split_size = src->part_split_size;
+	set_r->metadata_min_size = src->metadata_min_size;
 	set_r->pack_size = src->pack_size;
 	if (src->pack_storage[0] != '\0')
 		set_r->pack_storage = p_strdup(pool, src->pack_storage);
@@ -36,6 +38,8 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	}
 	set_r->pack_cache_size = src->pack_cache_size;
 	set_r->lsm_wal_size = src->lsm_wal_size;
+	set_r->lsm_cache_size = src->lsm_cache_size;
+	set_r->base_cache_size = src->base_cache_size;
 	set_r->gc_dead_ratio = src->gc_dead_ratio;
 	set_r->duplicate_window = src->duplicate_window;
 	set_r->expunge_retention = src->expunge_retention;

@@ -15,17 +15,21 @@ struct casbox_24_settings {
 	const char *key_password;
 	unsigned int zstd_level;
 	uoff_t part_split_size;
+	uoff_t metadata_min_size;
 	uoff_t pack_size;
 	const char *pack_storage;
 	const char *pack_cache_dir;
 	uoff_t pack_cache_size;
 	uoff_t lsm_wal_size;
+	uoff_t lsm_cache_size;
+	uoff_t base_cache_size;
 	unsigned int gc_dead_ratio;
 	bool cache_plaintext;
 	unsigned int duplicate_window;
 	unsigned int expunge_retention;
 	bool dedup;
 	bool decode_base64;
+	bool cross_message;
 	const char *cipher;
 };
 

@@ -317,18 +317,14 @@ static void i_stream_spool_destroy(struct iostream_private *stream)
 	spool_unref(&sstream->spool);
 }
 
-struct istream *casbox_spool_finish(struct ostream **output)
+static struct istream *spool_istream_create(struct casbox_spool *spool)
 {
-	struct casbox_spool_ostream *ostream =
-		container_of((*output)->real_stream,
-			     struct casbox_spool_ostream, ostream);
 	struct casbox_spool_istream *sstream;
 	struct istream *input;
 
 	sstream = i_new(struct casbox_spool_istream, 1);
-	sstream->spool = ostream->spool;
-	sstream->spool->refcount++;
-	o_stream_destroy(output);
+	sstream->spool = spool;
+	spool->refcount++;
 
 	sstream->istream.max_buffer_size = IO_BLOCK_SIZE;
 	sstream->istream.iostream.destroy = i_stream_spool_destroy;
@@ -341,6 +337,30 @@ struct istream *casbox_spool_finish(struct ostream **output)
 	sstream->istream.istream.seekable = TRUE;
 	input = i_stream_create(&sstream->istream, NULL, -1, 0);
 	i_stream_set_name(input, t_strdup_printf("(casbox spool %s*)",
-						 sstream->spool->temp_prefix));
+						 spool->temp_prefix));
 	return input;
+}
+
+struct istream *casbox_spool_finish(struct ostream **output)
+{
+	struct casbox_spool_ostream *ostream =
+		container_of((*output)->real_stream,
+			     struct casbox_spool_ostream, ostream);
+	struct istream *input;
+
+	input = spool_istream_create(ostream->spool);
+	o_stream_destroy(output);
+	return input;
+}
+
+void casbox_spool_reopen(struct istream **input)
+{
+	struct casbox_spool_istream *sstream =
+		container_of((*input)->real_stream,
+			     struct casbox_spool_istream, istream);
+	struct istream *new_input;
+
+	new_input = spool_istream_create(sstream->spool);
+	i_stream_unref(input);
+	*input = new_input;
 }

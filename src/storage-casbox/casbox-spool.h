@@ -27,6 +27,13 @@ struct ostream *casbox_spool_create(const char *temp_prefix, size_t mem_max);
    the file go when the last reference does. */
 struct istream *casbox_spool_finish(struct ostream **output);
 
+/* Replace *input (a casbox_spool_finish() stream) with a new reader of
+   the same bytes at offset 0 and unref the old one, whose read buffer
+   (up to IO_BLOCK_SIZE) goes with its last reference. A save holds a
+   stream per message until commit: a MULTIAPPEND of hundreds of
+   messages would otherwise keep a buffer for each. */
+void casbox_spool_reopen(struct istream **input);
+
 /* For tests: the file descriptor of the spool file, -1 while everything
    is in memory. */
 int casbox_spool_get_fd(struct istream *input);

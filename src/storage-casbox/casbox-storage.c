@@ -374,14 +374,47 @@ static void casbox_mailbox_unlock_key(struct casbox_mailbox *mbox)
 	}
 }
 
+/* The mailbox does not exist and is probably about to be autocreated
+   (INBOX on a user's first delivery). Dovecot holds the mailbox list
+   lock (mailboxes.lock) through create_box, and other processes of the
+   same user then wait for it while holding the list index log; a new
+   store's first open (key file, LSM, their fsyncs) inside that window
+   made Dovecot's own lock-order race between the two (a panic on
+   EDEADLK, sdbox has it too) several times as likely. Open the store
+   here, before any Dovecot lock is taken; a failure is logged and
+   create_box tries again. */
+static void casbox_mailbox_open_store_before_create(struct casbox_mailbox *mbox)
+{
+	struct mail_storage *storage = mbox->box.storage;
+	struct casbox_store *store;
+	enum mail_error error;
+	const char *root, *errstr;
+
+	(void)mailbox_get_last_error(&mbox->box, &error);
+	if (error != MAIL_ERROR_NOTFOUND || mbox->storage->store != NULL)
+		return;
+	mail_storage_last_error_push(storage);
+	/* a new user's home and mail root do not exist yet: made here as
+	   create_box would make them (same permissions) */
+	if (mailbox_list_get_root_path(mbox->box.list,
+				       MAILBOX_LIST_PATH_TYPE_DIR, &root) &&
+	    mailbox_list_try_mkdir_root(mbox->box.list, root,
+					MAILBOX_LIST_PATH_TYPE_DIR,
+					&errstr) >= 0)
+		(void)casbox_storage_get_store(mbox->storage, &store);
+	mail_storage_last_error_pop(storage);
+}
+
 static int casbox_mailbox_open(struct mailbox *box)
 {
 	struct casbox_mailbox *mbox = CASBOX_MAILBOX(box);
 	struct casbox_index_header hdr;
 	bool need_resize;
 
-	if (casbox_mailbox_check_existence(box) < 0)
+	if (casbox_mailbox_check_existence(box) < 0) {
+		casbox_mailbox_open_store_before_create(mbox);
 		return -1;
+	}
 	if (casbox_mailbox_alloc_index(mbox) < 0)
 		return -1;
 	if (index_storage_mailbox_open(box, FALSE) < 0)
