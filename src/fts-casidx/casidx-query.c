@@ -5,6 +5,7 @@
 #include "array.h"
 #include "hash.h"
 #include "casidx-tokenizer.h"
+#include "casidx-dtgram.h"
 #include "casidx-bm25.h"
 #include "casidx-query.h"
 
@@ -189,15 +190,92 @@ void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     enum casidx_field field, const char *marker,
 			     struct casidx_doc_state *state)
 {
-	uint32_t mask = 1U << field;
+	uint32_t mask = 1U << field, *markers;
 
-	i_assert(strcmp(marker, CASIDX_TERM_UNINDEXED) == 0);
-
-	if ((state->markers & mask) != 0)
+	if (strcmp(marker, CASIDX_TERM_UNINDEXED) == 0)
+		markers = &state->markers;
+	else {
+		i_assert(strcmp(marker, CASIDX_TERM_DTPARTIAL) == 0);
+		markers = &state->dt_markers;
+	}
+	if ((*markers & mask) != 0)
 		return;
-	state->markers |= mask;
+	*markers |= mask;
 	casidx_index_writer_add_term(writer, field, marker,
 				     CASIDX_TERM_MARKER_LEN);
+}
+
+void casidx_query_dtgram_restart(struct casidx_doc_state *state)
+{
+	if (state->dt_pos_end < CASIDX_POS_MAX - 1)
+		state->dt_pos_base = state->dt_pos_end + 2;
+	else
+		state->dt_no_positions = TRUE;
+}
+
+void casidx_query_add_dtgram(struct casidx_index_writer *writer,
+			     enum casidx_field field,
+			     const unsigned char *gram, size_t gram_len,
+			     uint32_t pos, struct casidx_doc_state *state)
+{
+	uint32_t code = CASIDX_POS_NONE;
+	uint64_t abs;
+
+	if (state->dtgrams[field] >= CASIDX_DTGRAM_DOC_MAX) {
+		casidx_query_add_marker(writer, field, CASIDX_TERM_DTPARTIAL,
+					state);
+		return;
+	}
+	state->dtgrams[field]++;
+	if (field == CASIDX_FIELD_BODY && !state->dt_no_positions) {
+		abs = (uint64_t)state->dt_pos_base + pos;
+		if (abs + 2 > CASIDX_POS_MAX)
+			state->dt_no_positions = TRUE;
+		else {
+			code = (uint32_t)abs << 1;
+			if (abs + 2 > state->dt_pos_end)
+				state->dt_pos_end = abs + 2;
+		}
+	}
+	casidx_index_writer_add_dtgram(writer, field, gram, gram_len, code);
+}
+
+void casidx_query_body_restart(struct casidx_doc_state *state)
+{
+	if (state->pos_end < CASIDX_POS_MAX)
+		state->pos_base = state->pos_end + 1;
+	else
+		state->no_positions = TRUE;
+}
+
+/* Position code of a body token (casidx-segment.h): only whole RAW
+   tokens that are their own term (not a window of a longer one) get
+   one; the query needs exactly those (query_phrase_docs()). Encoded
+   runs (base64-looking) get none: phrases with them are rare, their
+   codes many. */
+static uint32_t token_pos_code(enum casidx_field field,
+			       const struct casidx_token *token,
+			       struct casidx_doc_state *state)
+{
+	uint64_t pos;
+
+	if (field != CASIDX_FIELD_BODY || state->no_positions ||
+	    (token->flags & CASIDX_TOKEN_FLAG_RAW) == 0 ||
+	    (token->flags & (CASIDX_TOKEN_FLAG_PART |
+			     CASIDX_TOKEN_FLAG_WINDOW |
+			     CASIDX_TOKEN_FLAG_FOLDED |
+			     CASIDX_TOKEN_FLAG_CJK |
+			     CASIDX_TOKEN_FLAG_ENCODED)) != 0)
+		return CASIDX_POS_NONE;
+	pos = (uint64_t)state->pos_base + token->position;
+	if (pos > CASIDX_POS_MAX) {
+		state->no_positions = TRUE;
+		return CASIDX_POS_NONE;
+	}
+	if (pos + 1 > state->pos_end)
+		state->pos_end = pos + 1;
+	return ((uint32_t)pos << 1) |
+		((token->flags & CASIDX_TOKEN_FLAG_SPACE_BEFORE) != 0 ? 1 : 0);
 }
 
 void casidx_query_add_token(struct casidx_index_writer *writer,
@@ -207,6 +285,7 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 {
 	size_t budget = field == CASIDX_FIELD_BODY ?
 		CASIDX_ENCODED_BODY_BUDGET : CASIDX_ENCODED_HEADER_BUDGET;
+	uint32_t pos_code;
 
 	if ((token->flags & CASIDX_TOKEN_FLAG_ENCODED) != 0) {
 		if (state->encoded_bytes[field] + token->term_len > budget) {
@@ -218,8 +297,9 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 		state->encoded_bytes[field] += token->term_len;
 	}
 	if ((token->flags & CASIDX_TOKEN_FLAG_FOLDED) == 0) {
-		casidx_index_writer_add_term(writer, field, token->term,
-					     token->term_len);
+		pos_code = token_pos_code(field, token, state);
+		casidx_index_writer_add_term_pos(writer, field, token->term,
+						 token->term_len, pos_code);
 		return;
 	}
 	T_BEGIN {
@@ -232,9 +312,33 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 	} T_END;
 }
 
-bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
-				      const char *value)
+#define ADDRESS_FIELDS_MASK \
+	(CASIDX_FIELD_MASK(CASIDX_FIELD_FROM) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_TO) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_CC) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_BCC))
+#define DTGRAM_FIELDS_MASK \
+	(CASIDX_FIELD_MASK(CASIDX_FIELD_BODY) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_SUBJECT) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER))
+
+/* The fields whose dtgrams answer a leaf of field_mask: body, subject
+   and other headers (the raw values of the address headers are there).
+   None for FROM/TO/CC/BCC alone: Dovecot compares their normalised
+   addresses, whose dtgrams are not indexed. */
+static unsigned int dtgram_field_mask(unsigned int field_mask)
 {
+	if ((field_mask & ADDRESS_FIELDS_MASK) != 0 &&
+	    (field_mask & CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER)) == 0)
+		return 0;
+	return field_mask & DTGRAM_FIELDS_MASK;
+}
+
+bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
+				      const char *value,
+				      unsigned int field_mask)
+{
+	struct casidx_dtgram_value dtv;
 	struct tokens_ctx ctx;
 	pool_t pool;
 	bool ret;
@@ -242,6 +346,10 @@ bool casidx_query_value_is_answerable(struct casidx_tokenizer *tok,
 	pool = pool_alloconly_create("casidx query tokens", 256);
 	query_tokenize(tok, value, pool, &ctx);
 	ret = array_count(&ctx.tokens) > 0;
+	if (!ret && dtgram_field_mask(field_mask) != 0) {
+		casidx_dtgram_value(value, pool, &dtv);
+		ret = array_count(&dtv.grams) > 0;
+	}
 	pool_unref(&pool);
 	return ret;
 }
@@ -457,11 +565,670 @@ static int query_marker_docs(struct casidx_index *index, const char *marker,
 				universe, NULL, docs_r, NULL, error_r);
 }
 
-#define ADDRESS_FIELDS_MASK \
-	(CASIDX_FIELD_MASK(CASIDX_FIELD_FROM) | \
-	 CASIDX_FIELD_MASK(CASIDX_FIELD_TO) | \
-	 CASIDX_FIELD_MASK(CASIDX_FIELD_CC) | \
-	 CASIDX_FIELD_MASK(CASIDX_FIELD_BCC))
+/* ---- proofs beyond one word (doc/search-semantics.md) ---- */
+
+/* Most words of a value a phrase proof looks at. */
+#define PHRASE_MAX_WORDS 16
+
+/* A value of 2..PHRASE_MAX_WORDS words of printable ASCII separated by
+   single spaces: its words, lower-cased, into words (count returned),
+   else 0. A word may hold punctuation ("1,000 dollars"): it is matched
+   against the bytes of RAW terms, which are the text's. */
+static unsigned int phrase_words(const char *value, pool_t pool,
+				 char **words)
+{
+	unsigned int n = 0;
+	size_t i, start;
+
+	for (i = 0;;) {
+		start = i;
+		while ((unsigned char)value[i] > 0x20 &&
+		       (unsigned char)value[i] < 0x7f)
+			i++;
+		if (i == start || n == PHRASE_MAX_WORDS)
+			return 0;
+		words[n] = p_strndup(pool, value + start, i - start);
+		str_lcase(words[n++]);
+		if (value[i] == '\0')
+			break;
+		if (value[i] != ' ')
+			return 0;
+		i++;
+	}
+	return n < 2 ? 0 : n;
+}
+
+/* A value of printable ASCII without whitespace that has punctuation
+   (a single word is value_is_definite()'s): lower-cased, else NULL. */
+static const char *punct_value(const char *value)
+{
+	bool punct = FALSE;
+	size_t i;
+
+	for (i = 0; value[i] != '\0'; i++) {
+		if ((unsigned char)value[i] <= 0x20 ||
+		    (unsigned char)value[i] >= 0x7f)
+			return NULL;
+		if (!i_isalnum(value[i]))
+			punct = TRUE;
+	}
+	return punct && i > 0 ? t_str_lcase(value) : NULL;
+}
+
+HASH_TABLE_DEFINE_TYPE(uid_starts, void *, roaring_bitmap_t *);
+
+struct phrase_word_ctx {
+	const char *word;
+	size_t len;
+	/* 0 = first (a suffix of the term), last (a prefix), else the
+	   whole term */
+	unsigned int idx, count;
+	/* uid -> roaring bitmap of start positions; prev = the previous
+	   word's (NULL for the first) */
+	HASH_TABLE_TYPE(uid_starts) starts;
+	HASH_TABLE_TYPE(uid_starts) prev;
+	const roaring_bitmap_t *candidates;
+	/* if not NULL: candidates with an occurrence of the word (in any
+	   term) that has no code */
+	roaring_bitmap_t *unsure;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
+};
+
+static bool phrase_term_ok(const struct phrase_word_ctx *ctx,
+			   const unsigned char *term, size_t len)
+{
+	if (len < ctx->len || term[0] < 0x20)
+		return FALSE;
+	if (ctx->idx == 0)
+		return memcmp(term + len - ctx->len, ctx->word, ctx->len) == 0;
+	if (ctx->idx + 1 == ctx->count)
+		return memcmp(term, ctx->word, ctx->len) == 0;
+	return len == ctx->len && memcmp(term, ctx->word, len) == 0;
+}
+
+static int phrase_entry_cb(struct casidx_segment *seg,
+			   const struct casidx_term_entry *entry,
+			   void *context, const char **error_r)
+{
+	struct phrase_word_ctx *ctx = context;
+	roaring_uint32_iterator_t *it;
+	roaring_bitmap_t *docs, *bm, *prev;
+	const uint32_t *codes, *idx;
+	uint32_t uid, code, pos;
+	unsigned int i, j;
+
+	bool term_ok = phrase_term_ok(ctx, entry->key + 1,
+				      entry->key_len - 1);
+	const uint32_t *tfs;
+
+	if (!term_ok && ctx->unsure == NULL)
+		return 0;
+	if (casidx_segment_read_positions(seg, entry, &docs, &ctx->tfs,
+					  &ctx->pos, &ctx->pos_idx,
+					  error_r) < 0)
+		return -1;
+	idx = array_front(&ctx->pos_idx);
+	tfs = array_front(&ctx->tfs);
+	if (ctx->unsure != NULL) {
+		it = roaring_create_iterator(docs);
+		for (i = 0; it->has_value;
+		     roaring_advance_uint32_iterator(it), i++) {
+			if (idx[i + 1] - idx[i] < tfs[i] &&
+			    roaring_bitmap_contains(ctx->candidates,
+						    it->current_value)) {
+				roaring_bitmap_add(ctx->unsure,
+						   it->current_value);
+			}
+		}
+		roaring_free_uint32_iterator(it);
+	}
+	if (!term_ok || array_count(&ctx->pos) == 0) {
+		roaring_bitmap_free(docs);
+		return 0;
+	}
+	codes = array_front(&ctx->pos);
+	it = roaring_create_iterator(docs);
+	for (i = 0; it->has_value; roaring_advance_uint32_iterator(it), i++) {
+		uid = it->current_value;
+		if (idx[i] == idx[i + 1] ||
+		    !roaring_bitmap_contains(ctx->candidates, uid))
+			continue;
+		prev = NULL;
+		if (ctx->idx > 0) {
+			prev = hash_table_lookup(ctx->prev, POINTER_CAST(uid));
+			if (prev == NULL)
+				continue;
+		}
+		bm = hash_table_lookup(ctx->starts, POINTER_CAST(uid));
+		for (j = idx[i]; j < idx[i + 1]; j++) {
+			code = codes[j];
+			pos = code >> 1;
+			/* after the first word: one space before it */
+			if (ctx->idx > 0 && ((code & 1) == 0 || pos < ctx->idx))
+				continue;
+			pos -= ctx->idx;
+			if (prev != NULL && !roaring_bitmap_contains(prev, pos))
+				continue;
+			if (bm == NULL) {
+				bm = bitmap_create();
+				hash_table_insert(ctx->starts,
+						  POINTER_CAST(uid), bm);
+			}
+			roaring_bitmap_add(bm, pos);
+		}
+	}
+	roaring_free_uint32_iterator(it);
+	roaring_bitmap_free(docs);
+	return 0;
+}
+
+static void phrase_starts_free(HASH_TABLE_TYPE(uid_starts) *map)
+{
+	struct hash_iterate_context *iter;
+	roaring_bitmap_t *bm;
+	void *key;
+
+	if (!hash_table_is_created(*map))
+		return;
+	iter = hash_table_iterate_init(*map);
+	while (hash_table_iterate(iter, *map, &key, &bm))
+		roaring_bitmap_free(bm);
+	hash_table_iterate_deinit(&iter);
+	hash_table_destroy(map);
+}
+
+/* The candidates whose body holds the words literally, one space
+   apart: word 1 at the end of a RAW term at position p, each next word
+   i a whole RAW term at p + i with SPACE_BEFORE, the last one at the
+   start of its term. Terms are the text's bytes lower-cased (RAW), so
+   this is the value occurring in the text, as Dovecot's search sees
+   it. Only segments with positions take part; others prove nothing. */
+static int query_phrase_docs(struct casidx_index *index,
+			     char *const *words, unsigned int count,
+			     const roaring_bitmap_t *candidates,
+			     roaring_bitmap_t *proven, roaring_bitmap_t *unsure,
+			     const char **error_r)
+{
+	struct casidx_segment **segs;
+	struct phrase_word_ctx ctx;
+	struct hash_iterate_context *iter;
+	roaring_bitmap_t *bm;
+	unsigned int s, nsegs, i;
+	void *key;
+	int ret = 0;
+
+	i_zero(&ctx);
+	ctx.candidates = candidates;
+	ctx.unsure = unsure;
+	ctx.count = count;
+	i_array_init(&ctx.tfs, 64);
+	i_array_init(&ctx.pos, 64);
+	i_array_init(&ctx.pos_idx, 64);
+	nsegs = casidx_index_get_open_segments(index, &segs);
+	for (s = 0; s < nsegs && ret == 0; s++) {
+		if (!casidx_segment_has_positions(segs[s])) {
+			/* nothing proven, nothing excluded there */
+			if (unsure != NULL) {
+				roaring_bitmap_t *docs = roaring_bitmap_and(
+					casidx_segment_get_docs(segs[s]),
+					candidates);
+
+				roaring_bitmap_or_inplace(unsure, docs);
+				roaring_bitmap_free(docs);
+			}
+			continue;
+		}
+		for (i = 0; i < count; i++) {
+			ctx.word = words[i];
+			ctx.len = strlen(words[i]);
+			ctx.idx = i;
+			phrase_starts_free(&ctx.prev);
+			ctx.prev = ctx.starts;
+			hash_table_create_direct(&ctx.starts, default_pool, 0);
+			if (casidx_segment_find_substring(segs[s],
+				CASIDX_FIELD_KEY_CHAR(CASIDX_FIELD_BODY),
+				ctx.word, ctx.len, phrase_entry_cb, &ctx,
+				error_r) < 0) {
+				ret = -1;
+				break;
+			}
+			/* the exclusion needs every word's occurrences */
+			if (hash_table_count(ctx.starts) == 0 &&
+			    unsure == NULL)
+				break;
+		}
+		if (ret == 0 && i == count) {
+			iter = hash_table_iterate_init(ctx.starts);
+			while (hash_table_iterate(iter, ctx.starts, &key, &bm)) {
+				roaring_bitmap_add(proven,
+					POINTER_CAST_TO(key, uint32_t));
+			}
+			hash_table_iterate_deinit(&iter);
+		}
+		phrase_starts_free(&ctx.prev);
+		phrase_starts_free(&ctx.starts);
+	}
+	array_free(&ctx.tfs);
+	array_free(&ctx.pos);
+	array_free(&ctx.pos_idx);
+	if (ret < 0)
+		casidx_index_set_corrupted(index);
+	return ret;
+}
+
+/* Words that can be excluded by their positions: ASCII alphanumeric
+   (each a whole piece between the single spaces is one word of the
+   tokenizer) and at most CASIDX_TOKEN_WINDOW_SAFE bytes (inside a
+   longer word one window term holds it, so it is seen without a code). */
+static bool phrase_words_excludable(char *const *words, unsigned int count)
+{
+	unsigned int i;
+	size_t j;
+
+	for (i = 0; i < count; i++) {
+		for (j = 0; words[i][j] != '\0'; j++) {
+			if (!i_isalnum(words[i][j]))
+				return FALSE;
+		}
+		if (j > CASIDX_TOKEN_WINDOW_SAFE)
+			return FALSE;
+	}
+	return TRUE;
+}
+
+/* Phrase proof, and where it can be shown the value is absent, the
+   candidates it drops from set. A body holding the value literally has
+   each word inside a term: if every occurrence in the doc of every term
+   containing a word has a code (all whole RAW tokens), the proof finds
+   it; so a candidate the proof did not find is dropped unless some
+   such occurrence has no code (ICU words, parts, windows, encoded runs,
+   folded terms, segments without positions), its body is UNINDEXED, or
+   (TEXT) all the words are in its other fields too. */
+static int query_phrase_prove(struct casidx_index *index,
+			      char *const *words, unsigned int count,
+			      unsigned int mask,
+			      const roaring_bitmap_t *universe,
+			      roaring_bitmap_t *set, roaring_bitmap_t *proven,
+			      const char **error_r)
+{
+	unsigned int other = mask & ~CASIDX_FIELD_MASK(CASIDX_FIELD_BODY);
+	roaring_bitmap_t *keep, *docs, *hdr = NULL, *hdr_unindexed;
+	struct query_token token;
+	unsigned int i;
+
+	if (!phrase_words_excludable(words, count)) {
+		return query_phrase_docs(index, words, count, set, proven,
+					 NULL, error_r);
+	}
+	keep = bitmap_create();
+	if (query_phrase_docs(index, words, count, set, proven, keep,
+			      error_r) < 0 ||
+	    query_marker_docs(index, CASIDX_TERM_UNINDEXED,
+			      CASIDX_FIELD_MASK(CASIDX_FIELD_BODY), universe,
+			      &docs, error_r) < 0) {
+		roaring_bitmap_free(keep);
+		return -1;
+	}
+	roaring_bitmap_or_inplace(keep, docs);
+	roaring_bitmap_free(docs);
+	roaring_bitmap_or_inplace(keep, proven);
+	if (other != 0) {
+		/* a match in another field needs every word there */
+		for (i = 0; i < count; i++) {
+			i_zero(&token);
+			token.term = words[i];
+			token.len = strlen(words[i]);
+			token.ascii = TRUE;
+			if (query_token_docs(index, &token,
+					     CASIDX_MATCH_SUBSTRING, other,
+					     universe, NULL, &docs, NULL,
+					     error_r) < 0) {
+				if (hdr != NULL)
+					roaring_bitmap_free(hdr);
+				roaring_bitmap_free(keep);
+				return -1;
+			}
+			if (hdr == NULL)
+				hdr = docs;
+			else {
+				roaring_bitmap_and_inplace(hdr, docs);
+				roaring_bitmap_free(docs);
+			}
+		}
+		if (query_marker_docs(index, CASIDX_TERM_UNINDEXED, other,
+				      universe, &hdr_unindexed, error_r) < 0) {
+			roaring_bitmap_free(hdr);
+			roaring_bitmap_free(keep);
+			return -1;
+		}
+		roaring_bitmap_or_inplace(keep, hdr);
+		roaring_bitmap_or_inplace(keep, hdr_unindexed);
+		roaring_bitmap_free(hdr);
+		roaring_bitmap_free(hdr_unindexed);
+	}
+	roaring_bitmap_and_inplace(set, keep);
+	roaring_bitmap_free(keep);
+	return 0;
+}
+
+/* Definite answers beyond a single word, added to def (and set): a
+   multi-word value proven by positions in the body, a value with
+   punctuation found inside one plain term (a term is its text's bytes
+   lower-cased unless folded, doc/search-semantics.md). TEXT takes such
+   terms from the body only: the address fields hold Dovecot's
+   normalised lists, which TEXT does not read. */
+static int query_leaf_prove(struct casidx_index *index,
+			    const struct casidx_query_leaf *leaf,
+			    bool definite, const roaring_bitmap_t *universe,
+			    roaring_bitmap_t *set, roaring_bitmap_t *def,
+			    const char **error_r)
+{
+	char *words[PHRASE_MAX_WORDS];
+	struct query_token token;
+	roaring_bitmap_t *proven, *docs, *plain;
+	unsigned int count, mask = leaf->field_mask;
+	const char *value;
+	pool_t pool;
+	int ret = 0;
+
+	if (definite || roaring_bitmap_is_empty(set))
+		return 0;
+	pool = pool_alloconly_create("casidx proof", 256);
+	proven = bitmap_create();
+	count = phrase_words(leaf->value, pool, words);
+	if (count > 0) {
+		if ((mask & CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0) {
+			ret = query_phrase_prove(index, words, count, mask,
+						 universe, set, proven,
+						 error_r);
+		}
+	} else if ((value = punct_value(leaf->value)) != NULL) {
+		if ((mask & CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0)
+			mask = CASIDX_FIELD_MASK(CASIDX_FIELD_BODY);
+		else if ((mask & (mask - 1)) != 0)
+			mask = 0;
+		i_zero(&token);
+		token.term = value;
+		token.len = strlen(value);
+		token.ascii = TRUE;
+		if (mask != 0 &&
+		    (ret = query_token_docs(index, &token,
+					    CASIDX_MATCH_SUBSTRING, mask,
+					    universe, NULL, &docs, &plain,
+					    error_r)) == 0) {
+			roaring_bitmap_or_inplace(proven, plain);
+			roaring_bitmap_free(docs);
+			roaring_bitmap_free(plain);
+		}
+	}
+	if (ret == 0) {
+		roaring_bitmap_and_inplace(proven, universe);
+		roaring_bitmap_or_inplace(set, proven);
+		roaring_bitmap_or_inplace(def, proven);
+	}
+	roaring_bitmap_free(proven);
+	pool_unref(&pool);
+	return ret;
+}
+
+/* ---- dtgrams (casidx-dtgram.h, doc/search-semantics.md) ---- */
+
+/* Docs having gram in a field of mask, or'ed into docs. */
+static int dtgram_docs(struct casidx_index *index, const char *gram,
+		       unsigned int mask, roaring_bitmap_t *docs,
+		       const char **error_r)
+{
+	enum casidx_field field;
+
+	for (field = 0; field < CASIDX_FIELD_COUNT; field++) {
+		if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
+		    casidx_index_lookup_dtgram(index, field, gram,
+					       strlen(gram), docs,
+					       error_r) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Docs whose dtgrams of the fields of mask may be incomplete. */
+static int dtgram_partial_docs(struct casidx_index *index, unsigned int mask,
+			       const roaring_bitmap_t *universe,
+			       roaring_bitmap_t **docs_r, const char **error_r)
+{
+	if (query_marker_docs(index, CASIDX_TERM_DTPARTIAL, mask, universe,
+			      docs_r, error_r) < 0)
+		return -1;
+	casidx_index_add_docs_without_dtgrams(index, *docs_r);
+	return 0;
+}
+
+static void query_dtgrams_free(roaring_bitmap_t **cand, roaring_bitmap_t **def)
+{
+	if (*cand != NULL)
+		roaring_bitmap_free(*cand);
+	if (*def != NULL)
+		roaring_bitmap_free(*def);
+	*cand = *def = NULL;
+}
+
+/* The body dtgram key's entry in seg: 1 found (positions read into
+   docs_r and the arrays), 0 not there, -1 corrupted. */
+static int dtgram_seg_positions(struct casidx_segment *seg, const char *gram,
+				roaring_bitmap_t **docs_r,
+				ARRAY_TYPE(uint32_t) *tfs,
+				ARRAY_TYPE(uint32_t) *pos,
+				ARRAY_TYPE(uint32_t) *pos_idx,
+				const char **error_r)
+{
+	unsigned char key[CASIDX_DTGRAM_MAX_BYTES + 1];
+	const struct casidx_term_entry *entry;
+	struct casidx_segment_iter *iter;
+	size_t len = strlen(gram);
+	int ret, found = 0;
+
+	i_assert(len <= CASIDX_DTGRAM_MAX_BYTES);
+	key[0] = CASIDX_DTGRAM_KEY_CHAR(CASIDX_FIELD_BODY);
+	memcpy(key + 1, gram, len);
+	iter = casidx_segment_iter_init(seg, key, len + 1);
+	ret = casidx_segment_iter_next(iter, &entry);
+	if (ret > 0 && entry->key_len == len + 1) {
+		found = casidx_segment_read_positions(seg, entry, docs_r, tfs,
+						      pos, pos_idx, error_r);
+	}
+	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0)
+		found = -1;
+	return found;
+}
+
+/* Chain step i: the starts p (uid -> bitmap) where seq[i] is at p + i,
+   and for i > 0 p is one of prev's. */
+static void dtgram_chain_step(unsigned int i, const roaring_bitmap_t *docs,
+			      const ARRAY_TYPE(uint32_t) *pos,
+			      const ARRAY_TYPE(uint32_t) *pos_idx,
+			      const roaring_bitmap_t *candidates,
+			      HASH_TABLE_TYPE(uid_starts) prev,
+			      HASH_TABLE_TYPE(uid_starts) cur)
+{
+	const uint32_t *codes, *idx = array_front(pos_idx);
+	roaring_uint32_iterator_t *it;
+	roaring_bitmap_t *bm, *pbm = NULL;
+	unsigned int d, j;
+	uint32_t uid, p;
+
+	if (array_count(pos) == 0)
+		return;
+	codes = array_front(pos);
+	it = roaring_create_iterator(docs);
+	for (d = 0; it->has_value; roaring_advance_uint32_iterator(it), d++) {
+		uid = it->current_value;
+		if (!roaring_bitmap_contains(candidates, uid))
+			continue;
+		if (i > 0 && (pbm = hash_table_lookup(prev,
+					POINTER_CAST(uid))) == NULL)
+			continue;
+		bm = NULL;
+		for (j = idx[d]; j < idx[d + 1]; j++) {
+			if ((codes[j] >> 1) < i)
+				continue;
+			p = (codes[j] >> 1) - i;
+			if (i > 0 && !roaring_bitmap_contains(pbm, p))
+				continue;
+			if (bm == NULL) {
+				bm = bitmap_create();
+				hash_table_insert(cur, POINTER_CAST(uid), bm);
+			}
+			roaring_bitmap_add(bm, p);
+		}
+	}
+	roaring_free_uint32_iterator(it);
+}
+
+/* The candidates whose body holds the value's whole image: every pair
+   of it is a dtgram (all_pairs), and seq[0], seq[1], ... sit at
+   positions p, p + 1, ... of the body's dtgram codes, which count the
+   code points of one run of the text as Dovecot's search reads it
+   (casidx_query_add_dtgram()). */
+static int dtgram_chain_docs(struct casidx_index *index,
+			     const struct casidx_dtgram_value *dtv,
+			     const roaring_bitmap_t *candidates,
+			     roaring_bitmap_t *proven, const char **error_r)
+{
+	HASH_TABLE_TYPE(uid_starts) prev, cur;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
+	struct hash_iterate_context *iter;
+	struct casidx_segment **segs;
+	const char *const *seq;
+	roaring_bitmap_t *docs, *bm;
+	unsigned int s, nsegs, i, n;
+	void *key;
+	int ret = 0;
+
+	seq = array_get(&dtv->seq, &n);
+	i_array_init(&tfs, 16);
+	i_array_init(&pos, 64);
+	i_array_init(&pos_idx, 16);
+	nsegs = casidx_index_get_open_segments(index, &segs);
+	for (s = 0; s < nsegs && ret == 0; s++) {
+		if (!casidx_segment_has_dtgrams(segs[s]))
+			continue;
+		i_zero(&prev);
+		hash_table_create_direct(&cur, default_pool, 0);
+		for (i = 0; i < n; i++) {
+			ret = dtgram_seg_positions(segs[s], seq[i], &docs,
+						   &tfs, &pos, &pos_idx,
+						   error_r);
+			if (ret <= 0)
+				break;
+			phrase_starts_free(&prev);
+			prev = cur;
+			hash_table_create_direct(&cur, default_pool, 0);
+			dtgram_chain_step(i, docs, &pos, &pos_idx, candidates,
+					  prev, cur);
+			roaring_bitmap_free(docs);
+			if (hash_table_count(cur) == 0)
+				break;
+		}
+		if (ret > 0 && i == n) {
+			iter = hash_table_iterate_init(cur);
+			while (hash_table_iterate(iter, cur, &key, &bm)) {
+				roaring_bitmap_add(proven,
+					POINTER_CAST_TO(key, uint32_t));
+			}
+			hash_table_iterate_deinit(&iter);
+		}
+		if (ret > 0)
+			ret = 0;
+		phrase_starts_free(&prev);
+		phrase_starts_free(&cur);
+	}
+	array_free(&tfs);
+	array_free(&pos);
+	array_free(&pos_idx);
+	if (ret < 0)
+		casidx_index_set_corrupted(index);
+	return ret;
+}
+
+/* A value with dtgrams: its candidates are the docs with every one of
+   them in a field of the leaf (or with DTPARTIAL there), in cand_r; in
+   def_r the docs where the index proves it: a value whose image is
+   exactly two code points, found as a dtgram in the body, or whose
+   pairs all are dtgrams that follow each other in the body (BODY,
+   TEXT).
+   Both NULL when the value has no dtgrams or the leaf's fields have
+   none. */
+static int query_leaf_dtgrams(struct casidx_index *index,
+			      const struct casidx_query_leaf *leaf,
+			      const roaring_bitmap_t *universe,
+			      roaring_bitmap_t **cand_r,
+			      roaring_bitmap_t **def_r, const char **error_r)
+{
+	unsigned int i, count, mask = dtgram_field_mask(leaf->field_mask);
+	struct casidx_dtgram_value dtv;
+	roaring_bitmap_t *cand = NULL, *docs, *partial;
+	const char *const *grams;
+	pool_t pool;
+	int ret = 0;
+
+	*cand_r = *def_r = NULL;
+	if (mask == 0)
+		return 0;
+	pool = pool_alloconly_create("casidx dtgrams", 256);
+	casidx_dtgram_value(leaf->value, pool, &dtv);
+	grams = array_get(&dtv.grams, &count);
+	if (count == 0) {
+		pool_unref(&pool);
+		return 0;
+	}
+	for (i = 0; i < count && i < CASIDX_QUERY_MAX_TOKENS; i++) {
+		if (cand != NULL && roaring_bitmap_is_empty(cand))
+			break;
+		docs = bitmap_create();
+		if (dtgram_docs(index, grams[i], mask, docs, error_r) < 0) {
+			roaring_bitmap_free(docs);
+			ret = -1;
+			break;
+		}
+		if (cand == NULL)
+			cand = docs;
+		else {
+			roaring_bitmap_and_inplace(cand, docs);
+			roaring_bitmap_free(docs);
+		}
+	}
+	if (ret == 0 && dtv.image_len == 2 && count == 1 &&
+	    (mask & CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0) {
+		*def_r = bitmap_create();
+		ret = dtgram_docs(index, grams[0],
+				  CASIDX_FIELD_MASK(CASIDX_FIELD_BODY),
+				  *def_r, error_r);
+	} else if (ret == 0 && dtv.all_pairs &&
+		   !roaring_bitmap_is_empty(cand) &&
+		   (mask & CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0) {
+		*def_r = bitmap_create();
+		ret = dtgram_chain_docs(index, &dtv, cand, *def_r, error_r);
+	}
+	if (ret == 0 &&
+	    (ret = dtgram_partial_docs(index, mask, universe, &partial,
+				       error_r)) == 0) {
+		roaring_bitmap_or_inplace(cand, partial);
+		roaring_bitmap_free(partial);
+	}
+	pool_unref(&pool);
+	if (ret < 0) {
+		if (cand != NULL)
+			roaring_bitmap_free(cand);
+		if (*def_r != NULL)
+			roaring_bitmap_free(*def_r);
+		*def_r = NULL;
+		return -1;
+	}
+	roaring_bitmap_and_inplace(cand, universe);
+	if (*def_r != NULL)
+		roaring_bitmap_and_inplace(*def_r, cand);
+	*cand_r = cand;
+	return 0;
+}
 
 static int query_leaf(struct casidx_index *index,
 		      struct casidx_tokenizer *tok,
@@ -517,19 +1284,45 @@ static int query_leaf(struct casidx_index *index,
 	const struct query_token *tokens;
 	roaring_bitmap_t *set = NULL, *docs, *def = NULL, *inv;
 	roaring_bitmap_t *unindexed = NULL, *plain, *typo, *fuzzy = NULL;
+	roaring_bitmap_t *dt_cand, *dt_def, *partial = NULL;
+	struct query_token *qt;
 	unsigned int i, count;
 	bool definite;
 	pool_t pool;
 	int ret = 0;
 
+	if (query_leaf_dtgrams(index, leaf, universe, &dt_cand, &dt_def,
+			       error_r) < 0)
+		return -1;
 	pool = pool_alloconly_create("casidx query leaf", 512);
 	query_tokenize(tok, leaf->value, pool, &tctx);
+	if (casidx_dtgram_image_is_ascii(leaf->value)) {
+		/* "ı" is "I" to Dovecot: it may match in encoded runs */
+		array_foreach_modifiable(&tctx.tokens, qt)
+			qt->ascii = TRUE;
+	}
 	tokens = array_get(&tctx.tokens, &count);
-	i_assert(count > 0);
+	i_assert(count > 0 || dt_cand != NULL);
 	definite = value_is_definite(leaf->value, &tctx);
 	if (query_marker_docs(index, CASIDX_TERM_UNINDEXED, leaf->field_mask,
 			      universe, &unindexed, error_r) < 0) {
 		pool_unref(&pool);
+		query_dtgrams_free(&dt_cand, &dt_def);
+		return -1;
+	}
+	/* text the index did not get as Dovecot reads it (DTPARTIAL
+	   marker: an attached message's address header, a truncated
+	   document) may hold any word, not only encoded ASCII runs */
+	for (i = 0; i < count; i++) {
+		if (!tokens[i].ascii)
+			break;
+	}
+	if (i < count &&
+	    query_marker_docs(index, CASIDX_TERM_DTPARTIAL, leaf->field_mask,
+			      universe, &partial, error_r) < 0) {
+		roaring_bitmap_free(unindexed);
+		pool_unref(&pool);
+		query_dtgrams_free(&dt_cand, &dt_def);
 		return -1;
 	}
 	/* Each token is a scan of the term dictionary, and a value of
@@ -573,6 +1366,8 @@ static int query_leaf(struct casidx_index *index,
 		}
 		if (tokens[i].ascii)
 			roaring_bitmap_or_inplace(docs, unindexed);
+		else if (partial != NULL)
+			roaring_bitmap_or_inplace(docs, partial);
 		if (set == NULL)
 			set = docs;
 		else {
@@ -581,6 +1376,8 @@ static int query_leaf(struct casidx_index *index,
 		}
 	}
 	roaring_bitmap_free(unindexed);
+	if (partial != NULL)
+		roaring_bitmap_free(partial);
 	pool_unref(&pool);
 	if (ret < 0) {
 		if (set != NULL)
@@ -589,12 +1386,34 @@ static int query_leaf(struct casidx_index *index,
 			roaring_bitmap_free(def);
 		if (fuzzy != NULL)
 			roaring_bitmap_free(fuzzy);
+		query_dtgrams_free(&dt_cand, &dt_def);
 		return -1;
+	}
+	if (dt_cand != NULL) {
+		/* both are supersets of the matches (FUZZY: the tokens'
+		   folded matches are wanted) */
+		if (set == NULL)
+			set = roaring_bitmap_copy(dt_cand);
+		else if (!leaf->fuzzy)
+			roaring_bitmap_and_inplace(set, dt_cand);
 	}
 	roaring_bitmap_and_inplace(set, universe);
 	if (def == NULL)
 		def = bitmap_create();
 	roaring_bitmap_and_inplace(def, set);
+	if (dt_def != NULL) {
+		roaring_bitmap_or_inplace(def, dt_def);
+		roaring_bitmap_or_inplace(set, dt_def);
+	}
+	query_dtgrams_free(&dt_cand, &dt_def);
+	if (!leaf->fuzzy && query_leaf_prove(index, leaf, definite, universe,
+					     set, def, error_r) < 0) {
+		roaring_bitmap_free(set);
+		roaring_bitmap_free(def);
+		if (fuzzy != NULL)
+			roaring_bitmap_free(fuzzy);
+		return -1;
+	}
 	if ((leaf->field_mask & ADDRESS_FIELDS_MASK) != 0 &&
 	    (leaf->field_mask & CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER)) == 0 &&
 	    address_leaf_add_raw(index, tok, leaf, universe, set,

@@ -24,6 +24,7 @@
 #include "fts-api-private.h"
 #include "cas-keymode.h"
 #include "casidx-tokenizer.h"
+#include "casidx-dtgram.h"
 #include "casidx-index.h"
 #include "casidx-query.h"
 #include "fts-casidx-settings.h"
@@ -53,6 +54,7 @@ struct casidx_fts_backend {
 	char *root;
 	struct casidx_index_settings set;
 	struct casidx_tokenizer *tok;
+	struct casidx_dtgram *dtgram;
 	/* casbox key file whose index key seals the segments, NULL =
 	   segments are plaintext (fts_casidx_encrypt) */
 	char *key_path;
@@ -85,6 +87,9 @@ struct casidx_fts_backend_update_context {
 	/* address headers whose raw values the document got, ":name:" */
 	string_t *raw_hdrs_done;
 	enum casidx_field field;
+	/* the field the text fed now gives dtgrams to, if dt_on */
+	enum casidx_field dt_field;
+	bool dt_on;
 	/* what the current document got (casidx_query_add_token()) */
 	struct casidx_doc_state doc_state;
 	bool doc_open;
@@ -198,6 +203,7 @@ fts_backend_casidx_init(struct fts_backend *_backend, const char **error_r)
 			       CASIDX_USER_MAIL_DEBUG(ns->user));
 	event_set_append_log_prefix(backend->event, CASIDX_LOG_PREFIX);
 	backend->tok = casidx_tokenizer_create();
+	backend->dtgram = casidx_dtgram_create();
 	backend->pool = pool_alloconly_create("casidx backend", 1024);
 	hash_table_create(&backend->indexes, backend->pool, 0,
 			  str_hash, strcmp);
@@ -227,6 +233,7 @@ static void fts_backend_casidx_deinit(struct fts_backend *_backend)
 		hash_table_destroy(&backend->indexes);
 		pool_unref(&backend->pool);
 		casidx_tokenizer_destroy(&backend->tok);
+		casidx_dtgram_destroy(&backend->dtgram);
 		event_unref(&backend->event);
 	}
 	cas_keyring_free(&backend->keyring);
@@ -291,8 +298,18 @@ casidx_backend_get_index(struct casidx_fts_backend *backend,
 {
 	struct mailbox_metadata metadata;
 	struct casidx_index *index;
-	const char *guid, *root;
+	const char *guid, *root, *error;
+	bool changed;
 
+	/* key rotation: seal new segments under the key file's current
+	   epoch (one stat() when the file did not change); epochs a
+	   rewrite dropped stay in memory for opening */
+	if (backend->keyring != NULL &&
+	    cas_keyring_refresh(backend->keyring, backend->key_path,
+				&changed, &error) < 0) {
+		e_error(backend->event, "casbox_key_file: %s", error);
+		return -1;
+	}
 	if (mailbox_get_metadata(box, MAILBOX_METADATA_GUID, &metadata) < 0) {
 		e_error(backend->event, "%s: Couldn't get mailbox GUID: %s",
 			mailbox_get_vname(box),
@@ -623,6 +640,59 @@ static void casidx_update_token(const struct casidx_token *token,
 			       &ctx->doc_state);
 }
 
+static void casidx_update_dtgram(const unsigned char *gram, size_t gram_len,
+				 uint32_t pos, void *context)
+{
+	struct casidx_fts_backend_update_context *ctx = context;
+
+	casidx_query_add_dtgram(ctx->writer, ctx->dt_field, gram, gram_len,
+				pos, &ctx->doc_state);
+}
+
+/* Text fed from now on is a new run of field's dtgrams, as Dovecot's
+   own search reads it. */
+static void casidx_update_dtgram_start(struct casidx_fts_backend_update_context
+				       *ctx, enum casidx_field field)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+
+	casidx_dtgram_reset(backend->dtgram);
+	if (field == CASIDX_FIELD_BODY)
+		casidx_query_dtgram_restart(&ctx->doc_state);
+	ctx->dt_field = field;
+	ctx->dt_on = TRUE;
+}
+
+static void
+casidx_update_dtgram_feed(struct casidx_fts_backend_update_context *ctx,
+			  const void *data, size_t size)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+
+	if (ctx->dt_on) {
+		casidx_dtgram_feed(backend->dtgram, data, size,
+				   casidx_update_dtgram, ctx);
+	}
+}
+
+/* A header line as Dovecot's search reads it is "Name: value": the
+   value's first character follows the name's ':' or whitespace. The
+   name and ':' are fed first (they give a dtgram only with a non-ASCII
+   name, or with a value starting right after the ':', which may then
+   be one Dovecot does not see: header dtgrams never prove a match). */
+static void
+casidx_update_dtgram_header(struct casidx_fts_backend_update_context *ctx,
+			    enum casidx_field field, const char *name)
+{
+	casidx_update_dtgram_start(ctx, field);
+	casidx_update_dtgram_feed(ctx, name, strlen(name));
+	casidx_update_dtgram_feed(ctx, ":", 1);
+}
+
 static bool
 casidx_update_next_doc(struct casidx_fts_backend_update_context *ctx,
 		       uint32_t uid)
@@ -731,6 +801,9 @@ casidx_update_html_stream(struct casidx_fts_backend_update_context *ctx,
 		} else if (raw.size == 0) {
 			if (html) {
 				casidx_tokenizer_reset(backend->tok);
+				casidx_query_body_restart(&ctx->doc_state);
+				casidx_update_dtgram_start(ctx,
+					CASIDX_FIELD_BODY);
 				in_body = TRUE;
 			}
 		} else if (!in_body) {
@@ -744,6 +817,8 @@ casidx_update_html_stream(struct casidx_fts_backend_update_context *ctx,
 			casidx_tokenizer_feed(backend->tok, block.data,
 					      block.size, casidx_update_token,
 					      ctx);
+			casidx_update_dtgram_feed(ctx, block.data,
+						  block.size);
 		}
 	}
 	if (in_body)
@@ -829,13 +904,19 @@ casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
 		casidx_query_add_marker(ctx->writer, ctx->field,
 					CASIDX_TERM_UNINDEXED,
 					&ctx->doc_state);
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_DTPARTIAL,
+					&ctx->doc_state);
 		return;
 	}
 	for (; *values != NULL; values++) {
 		casidx_tokenizer_tokenize(backend->tok, *values,
 					  strlen(*values),
 					  casidx_update_token, ctx);
+		casidx_update_dtgram_header(ctx, CASIDX_FIELD_HEADER, name);
+		casidx_update_dtgram_feed(ctx, *values, strlen(*values));
 	}
+	ctx->dt_on = FALSE;
 }
 
 static bool
@@ -858,6 +939,7 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 	if (key->uid != ctx->uid && !casidx_update_next_doc(ctx, key->uid))
 		return FALSE;
 
+	ctx->dt_on = FALSE;
 	switch (key->type) {
 	case FTS_BACKEND_BUILD_KEY_HDR:
 	case FTS_BACKEND_BUILD_KEY_MIME_HDR:
@@ -869,28 +951,55 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 		ctx->field = key->type == FTS_BACKEND_BUILD_KEY_HDR ?
 			casidx_header_field(key->hdr_name) :
 			CASIDX_FIELD_HEADER;
+		if (!message_header_is_address(key->hdr_name)) {
+			casidx_update_dtgram_header(ctx, ctx->field,
+						    key->hdr_name);
+		} else if (key->type == FTS_BACKEND_BUILD_KEY_MIME_HDR) {
+			/* handed over normalised (comments and quoting
+			   dropped), and its raw value is not read (the
+			   top-level ones are, above): TEXT searches of
+			   the headers are maybe here */
+			casidx_query_add_marker(ctx->writer,
+						CASIDX_FIELD_HEADER,
+						CASIDX_TERM_UNINDEXED,
+						&ctx->doc_state);
+			casidx_query_add_marker(ctx->writer,
+						CASIDX_FIELD_HEADER,
+						CASIDX_TERM_DTPARTIAL,
+						&ctx->doc_state);
+		}
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART:
 		ctx->field = CASIDX_FIELD_BODY;
-		if (strcasecmp(key->body_content_type, "text/html") != 0)
+		if (strcasecmp(key->body_content_type, "text/html") != 0) {
+			casidx_update_dtgram_start(ctx, CASIDX_FIELD_BODY);
 			break;
+		}
 		/* all HTML parts of the message at the first one */
 		if (ctx->html_uid == key->uid)
 			return FALSE;
 		if (casidx_update_html(ctx) == 0) {
 			ctx->html_uid = key->uid;
+			ctx->dt_on = FALSE;
 			return FALSE;
 		}
-		/* the converted text then, without the markup */
+		/* the converted text then, without the markup; its
+		   words' neighbours are not the mail's */
 		ctx->field = CASIDX_FIELD_BODY;
+		ctx->doc_state.no_positions = TRUE;
+		ctx->dt_on = FALSE;
 		casidx_query_add_marker(ctx->writer, ctx->field,
 					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_state);
+		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_DTPARTIAL,
 					&ctx->doc_state);
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART_BINARY:
 		return FALSE;
 	}
 	casidx_tokenizer_reset(backend->tok);
+	casidx_query_body_restart(&ctx->doc_state);
 	ctx->key_open = TRUE;
 	return TRUE;
 }
@@ -928,6 +1037,7 @@ fts_backend_casidx_update_build_more(struct fts_backend_update_context *_ctx,
 	ctx->bytes += size;
 	casidx_tokenizer_feed(backend->tok, data, size,
 			      casidx_update_token, ctx);
+	casidx_update_dtgram_feed(ctx, data, size);
 	return _ctx->failed ? -1 : 0;
 }
 
@@ -961,6 +1071,7 @@ static int fts_backend_casidx_optimize(struct fts_backend *_backend)
 	struct casidx_index *index;
 	struct dirent *d;
 	const char *error;
+	unsigned int resealed;
 	DIR *dir;
 	int ret = 0;
 
@@ -985,10 +1096,17 @@ static int fts_backend_casidx_optimize(struct fts_backend *_backend)
 		if (backend->keyring != NULL)
 			casidx_index_set_crypt(index, backend->keyring,
 					       d->d_name);
+		/* and, after key rotate, every segment moves to the
+		   current key epoch (doc/threat-model.md, "Key rotation") */
 		if (casidx_index_refresh(index, &error) < 0 ||
-		    casidx_index_optimize(index, &error) < 0) {
+		    casidx_index_optimize(index, &error) < 0 ||
+		    casidx_index_reseal(index, &resealed, &error) < 0) {
 			e_error(backend->event, "optimize: %s", error);
 			ret = -1;
+		} else if (resealed > 0) {
+			e_debug(backend->event, "optimize: %s: %u segment(s) "
+				"sealed under the current key epoch",
+				d->d_name, resealed);
 		}
 		casidx_index_deinit(&index);
 	}
@@ -1175,7 +1293,7 @@ fts_backend_casidx_lookup(struct fts_backend *_backend, struct mailbox *box,
 		/* SUB/OR children are looked up separately by the core */
 		mask = casidx_arg_field_mask(arg);
 		if (mask == 0 || !casidx_query_value_is_answerable(
-				backend->tok, arg->value.str))
+				backend->tok, arg->value.str, mask))
 			continue;
 		leaf = array_append_space(&leaves);
 		leaf->field_mask = mask;

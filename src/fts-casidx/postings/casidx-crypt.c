@@ -76,3 +76,34 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 			"(wrong key, moved or tampered)";
 	return ret < 0 ? -1 : 1;
 }
+
+int casidx_crypt_reseal(const struct cas_keyring *keyring,
+			const char *box_guid, const char *file_name,
+			const void *data, size_t size, buffer_t *resealed,
+			const char **error_r)
+{
+	const unsigned char *p = data;
+	buffer_t *aad;
+	const char *error;
+	int ret;
+
+	if (size < CASIDX_CRYPT_OVERHEAD ||
+	    memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0 ||
+	    (p[8] | (p[9] << 8) | (p[10] << 16) |
+	     ((uint32_t)p[11] << 24)) != CASIDX_CRYPT_VERSION) {
+		*error_r = "not a sealed casidx file of this version";
+		return -1;
+	}
+	aad = crypt_aad(box_guid, file_name, CASIDX_CRYPT_VERSION);
+	buffer_append(resealed, p, CRYPT_HEADER_SIZE);
+	ret = cas_record_reseal(keyring, aad->data, aad->used,
+				p + CRYPT_HEADER_SIZE,
+				size - CRYPT_HEADER_SIZE, resealed, &error);
+	if (ret <= 0)
+		buffer_set_used_size(resealed, 0);
+	if (ret < 0) {
+		*error_r = "sealed file: authentication failed "
+			"(wrong key, moved or tampered)";
+	}
+	return ret;
+}

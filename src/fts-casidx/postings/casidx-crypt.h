@@ -40,4 +40,13 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		      const void *data, size_t size, buffer_t *plain,
 		      const char **error_r);
 
+/* Key rotation: if the sealed file opens under an older key epoch than
+   the key ring's current one, append it sealed under the current one to
+   resealed and return 1; 0 it is current already (or the ring has one
+   index key); -1 it opens under none (error_r). */
+int casidx_crypt_reseal(const struct cas_keyring *keyring,
+			const char *box_guid, const char *file_name,
+			const void *data, size_t size, buffer_t *resealed,
+			const char **error_r);
+
 #endif

@@ -652,6 +652,25 @@ roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index)
 	return all;
 }
 
+void casidx_index_set_corrupted(struct casidx_index *index)
+{
+	index->corrupted = TRUE;
+}
+
+unsigned int casidx_index_get_open_segments(const struct casidx_index *index,
+					    struct casidx_segment ***segs_r)
+{
+	const struct open_segment *os;
+	struct casidx_segment **segs;
+	unsigned int i = 0, count = array_count(&index->segments);
+
+	segs = t_new(struct casidx_segment *, count + 1);
+	array_foreach(&index->segments, os)
+		segs[i++] = os->seg;
+	*segs_r = segs;
+	return count;
+}
+
 unsigned int casidx_index_get_segment_count(const struct casidx_index *index)
 {
 	/* the snapshot's, also before its segments are opened */
@@ -857,26 +876,25 @@ index_scan_segment(struct casidx_segment *seg, const unsigned char *prefix,
 	return found;
 }
 
-int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
-		      const char *token, size_t token_len,
-		      enum casidx_match match,
-		      casidx_index_term_callback_t *callback, void *context,
-		      const char **error_r)
+/* index_scan_segment() over every open segment (dtgrams_only: those
+   that have dtgrams). Returns 1 if any matched, 0 if none, -1 with the
+   index marked corrupted. */
+static int
+index_scan_segments(struct casidx_index *index, const unsigned char *prefix,
+		    size_t prefix_len, const char *token, size_t token_len,
+		    enum casidx_match match, bool dtgrams_only,
+		    casidx_index_term_callback_t *callback, void *context,
+		    const char **error_r)
 {
 	const struct open_segment *os;
-	buffer_t *prefix;
 	int ret, found = 0;
 
-	i_assert(field < CASIDX_FIELD_COUNT);
-	prefix = t_buffer_create(token_len + 1);
-	buffer_append_c(prefix, CASIDX_FIELD_KEY_CHAR(field));
-	if (match != CASIDX_MATCH_SUBSTRING && match != CASIDX_MATCH_TYPO)
-		buffer_append(prefix, token, token_len);
-
 	array_foreach(&index->segments, os) {
-		ret = index_scan_segment(os->seg, prefix->data, prefix->used,
-					 token, token_len, match,
-					 callback, context, error_r);
+		if (dtgrams_only && !casidx_segment_has_dtgrams(os->seg))
+			continue;
+		ret = index_scan_segment(os->seg, prefix, prefix_len, token,
+					 token_len, match, callback, context,
+					 error_r);
 		if (ret < 0) {
 			/* segments are mmapped: every failure is bad bytes */
 			index->corrupted = TRUE;
@@ -888,6 +906,63 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 			found = 1;
 	}
 	return found;
+}
+
+int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
+		      const char *token, size_t token_len,
+		      enum casidx_match match,
+		      casidx_index_term_callback_t *callback, void *context,
+		      const char **error_r)
+{
+	buffer_t *prefix;
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	prefix = t_buffer_create(token_len + 1);
+	buffer_append_c(prefix, CASIDX_FIELD_KEY_CHAR(field));
+	if (match != CASIDX_MATCH_SUBSTRING && match != CASIDX_MATCH_TYPO)
+		buffer_append(prefix, token, token_len);
+
+	return index_scan_segments(index, prefix->data, prefix->used, token,
+				   token_len, match, FALSE, callback, context,
+				   error_r);
+}
+
+static void dtgram_docs_cb(struct casidx_segment *seg ATTR_UNUSED,
+			   const unsigned char *term ATTR_UNUSED,
+			   size_t term_len ATTR_UNUSED,
+			   const roaring_bitmap_t *docs,
+			   const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	roaring_bitmap_or_inplace(context, docs);
+}
+
+int casidx_index_lookup_dtgram(struct casidx_index *index,
+			       enum casidx_field field,
+			       const void *gram, size_t gram_len,
+			       roaring_bitmap_t *docs, const char **error_r)
+{
+	unsigned char key[CASIDX_TERM_MAX_BYTES + 1];
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	i_assert(gram_len > 0 && gram_len <= CASIDX_TERM_MAX_BYTES);
+	key[0] = CASIDX_DTGRAM_KEY_CHAR(field);
+	memcpy(key + 1, gram, gram_len);
+	return index_scan_segments(index, key, gram_len + 1, gram, gram_len,
+				   CASIDX_MATCH_EXACT, TRUE, dtgram_docs_cb,
+				   docs, error_r);
+}
+
+void casidx_index_add_docs_without_dtgrams(const struct casidx_index *index,
+					   roaring_bitmap_t *docs)
+{
+	const struct open_segment *os;
+
+	array_foreach(&index->segments, os) {
+		if (!casidx_segment_has_dtgrams(os->seg)) {
+			roaring_bitmap_or_inplace(docs,
+				casidx_segment_get_docs(os->seg));
+		}
+	}
 }
 
 /* ---- writing ---- */
@@ -935,9 +1010,11 @@ static int merge_segment(struct casidx_builder *builder,
 {
 	struct casidx_segment_iter *iter;
 	const struct casidx_term_entry *entry;
-	ARRAY_TYPE(uint32_t) tfs;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
 	roaring_uint32_iterator_t *it;
 	uint32_t lens[CASIDX_FIELD_COUNT], uid;
+	unsigned char key[CASIDX_TERM_MARKER_LEN + 1];
+	const uint32_t *codes, *idx;
 	roaring_bitmap_t *docs;
 	unsigned int i, f;
 	int ret;
@@ -950,28 +1027,49 @@ static int merge_segment(struct casidx_builder *builder,
 		for (f = 0; f < CASIDX_FIELD_COUNT; f++)
 			lens[f] = casidx_segment_doc_len(seg, uid, f);
 		casidx_builder_add_doc_lens(builder, uid, lens);
+		if (casidx_segment_has_dtgrams(seg))
+			continue;
+		/* written before dtgrams: the merged segment says so */
+		for (f = 0; f < CASIDX_FIELD_COUNT; f++) {
+			key[0] = CASIDX_FIELD_KEY_CHAR(f);
+			memcpy(key + 1, CASIDX_TERM_DTPARTIAL,
+			       CASIDX_TERM_MARKER_LEN);
+			casidx_builder_add_posting(builder, key,
+				CASIDX_TERM_MARKER_LEN + 1, uid, 1);
+		}
 	}
 	roaring_free_uint32_iterator(it);
 
 	i_array_init(&tfs, 64);
+	i_array_init(&pos, 64);
+	i_array_init(&pos_idx, 64);
 	iter = casidx_segment_iter_init(seg, NULL, 0);
 	while ((ret = casidx_segment_iter_next(iter, &entry)) > 0) {
-		if (casidx_segment_read_postings(seg, entry, &docs, &tfs,
-						 error_r) < 0)
+		if (casidx_segment_read_positions(seg, entry, &docs, &tfs,
+						  &pos, &pos_idx,
+						  error_r) < 0) {
+			ret = -1;
 			break;
+		}
+		codes = array_count(&pos) == 0 ? NULL : array_front(&pos);
+		idx = array_front(&pos_idx);
 		it = roaring_create_iterator(docs);
 		for (i = 0; it->has_value;
 		     roaring_advance_uint32_iterator(it), i++) {
 			uid = it->current_value;
 			if (roaring_bitmap_contains(expunged, uid))
 				continue;
-			casidx_builder_add_posting(builder, entry->key,
-				entry->key_len, uid, (array_front(&tfs))[i]);
+			casidx_builder_add_posting_pos(builder, entry->key,
+				entry->key_len, uid, (array_front(&tfs))[i],
+				codes == NULL ? NULL : codes + idx[i],
+				idx[i + 1] - idx[i]);
 		}
 		roaring_free_uint32_iterator(it);
 		roaring_bitmap_free(docs);
 	}
 	array_free(&tfs);
+	array_free(&pos);
+	array_free(&pos_idx);
 	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0)
 		return -1;
 	return 0;
@@ -990,7 +1088,7 @@ static uint64_t merge_max_bytes(const struct casidx_index *index)
 {
 	if (index->set.merge_max_bytes != 0)
 		return index->set.merge_max_bytes;
-	return I_MAX(index->set.memory_budget / 8, CASIDX_MERGE_MIN_BYTES);
+	return I_MAX(index->set.memory_budget / 16, CASIDX_MERGE_MIN_BYTES);
 }
 
 /* Which newest segments [start, count) to merge. Tiered like a binary
@@ -1239,6 +1337,15 @@ void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len)
 {
+	casidx_index_writer_add_term_pos(writer, field, term, term_len,
+					 CASIDX_POS_NONE);
+}
+
+void casidx_index_writer_add_term_pos(struct casidx_index_writer *writer,
+				      enum casidx_field field,
+				      const void *term, size_t term_len,
+				      uint32_t pos_code)
+{
 	/* The budget is checked between documents, so one document must
 	   not take more than half of it: a message of millions of distinct
 	   words (22 MB of random ones took 580 MB) would otherwise run the
@@ -1256,10 +1363,38 @@ void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 			casidx_builder_add_term(writer->builder, f,
 						CASIDX_TERM_UNINDEXED,
 						CASIDX_TERM_MARKER_LEN);
+			casidx_builder_add_term(writer->builder, f,
+						CASIDX_TERM_DTPARTIAL,
+						CASIDX_TERM_MARKER_LEN);
 		}
 		return;
 	}
-	casidx_builder_add_term(writer->builder, field, term, term_len);
+	casidx_builder_add_term_pos(writer->builder, field, term, term_len,
+				    pos_code);
+}
+
+void casidx_index_writer_add_dtgram(struct casidx_index_writer *writer,
+				    enum casidx_field field,
+				    const void *gram, size_t gram_len,
+				    uint32_t pos_code)
+{
+	unsigned char key[CASIDX_TERM_MAX_BYTES + 1];
+
+	i_assert(field < CASIDX_FIELD_COUNT);
+	i_assert(gram_len > 0 && gram_len <= CASIDX_TERM_MAX_BYTES);
+	if (writer->doc_truncated)
+		return;
+	if (casidx_builder_memory_used(writer->builder) -
+	    writer->doc_mem_start >= casidx_index_writer_doc_limit(writer)) {
+		/* the next term marks the document truncated */
+		casidx_index_writer_add_term(writer, field,
+					     CASIDX_TERM_DTPARTIAL,
+					     CASIDX_TERM_MARKER_LEN);
+		return;
+	}
+	key[0] = CASIDX_DTGRAM_KEY_CHAR(field);
+	memcpy(key + 1, gram, gram_len);
+	casidx_builder_add_key(writer->builder, key, gram_len + 1, pos_code);
 }
 
 size_t casidx_index_writer_doc_limit(const struct casidx_index_writer *writer)
@@ -1351,6 +1486,63 @@ casidx_index_writer_get_flushes(const struct casidx_index_writer *writer)
 int casidx_index_optimize(struct casidx_index *index, const char **error_r)
 {
 	return index_commit(index, NULL, NULL, 0, TRUE, error_r);
+}
+
+int casidx_index_reseal(struct casidx_index *index, unsigned int *resealed_r,
+			const char **error_r)
+{
+	struct manifest m;
+	struct file_lock *lock;
+	const uint32_t *id;
+	buffer_t *sealed, *resealed;
+	const char *path;
+	int fd, ret;
+
+	*resealed_r = 0;
+	if (index->keyring == NULL)
+		return 0;
+	/* under the write lock: no merge replaces a segment meanwhile */
+	if (index_lock(index, &fd, &lock, error_r) < 0)
+		return -1;
+	ret = manifest_read(index, &m, error_r);
+	if (ret > 0) {
+		ret = 0;
+		resealed = buffer_create_dynamic(default_pool, 1024);
+		array_foreach(&m.seg_ids, id) {
+			path = seg_path(index, *id);
+			if ((ret = read_file(path, &sealed, error_r)) <= 0) {
+				if (ret == 0)
+					continue; /* a reader may see it too */
+				break;
+			}
+			buffer_set_used_size(resealed, 0);
+			ret = casidx_crypt_reseal(index->keyring,
+						  index->box_guid,
+						  seg_name(*id), sealed->data,
+						  sealed->used, resealed,
+						  error_r);
+			buffer_free(&sealed);
+			if (ret < 0) {
+				*error_r = t_strdup_printf("%s: %s", path,
+							   *error_r);
+				break;
+			}
+			/* the directory fsync makes the rename durable
+			   before the old epoch may be dropped */
+			if (ret > 0) {
+				ret = index_file_write(index, path,
+					resealed->data, resealed->used,
+					TRUE, error_r);
+				if (ret < 0)
+					break;
+				(*resealed_r)++;
+			}
+		}
+		buffer_free(&resealed);
+	}
+	manifest_free(&m);
+	index_unlock(&fd, &lock);
+	return ret < 0 ? -1 : 0;
 }
 
 int casidx_index_delete(struct casidx_index *index, const char **error_r)

@@ -32,6 +32,14 @@ struct casidx_index_writer;
    (Format 2 also had "\x01\x02" FOLDED per field; format 3 marks the
    folded terms themselves, below.) */
 #define CASIDX_TERM_UNINDEXED "\x01\x01"
+/* DTPARTIAL  the field's text has dtgrams (casidx-dtgram.h) that were
+              not indexed (the per-document cap, the memory bound, text
+              the backend could not read as Dovecot's search does), so
+              a value with dtgrams may still match there: "maybe". The
+              documents of a segment without dtgrams (version < 3)
+              count as DTPARTIAL in every field; a merge writes the
+              marker for them. */
+#define CASIDX_TERM_DTPARTIAL "\x01\x03"
 #define CASIDX_TERM_MARKER_LEN 2
 /* First byte of a term whose word normalisation changed beyond ASCII
    case (CASIDX_TOKEN_FLAG_FOLDED: "muñoz" is stored as "\x02munoz"):
@@ -49,7 +57,7 @@ struct casidx_index_settings {
 	   more than this. */
 	unsigned int merge_threshold;
 	/* Most segment-file bytes one merge may read (a merge holds its
-	   postings in memory); 0 = memory_budget / 8, at least 4 MB. */
+	   postings in memory); 0 = memory_budget / 16, at least 4 MB. */
 	uint64_t merge_max_bytes;
 	unsigned int lock_timeout_secs;
 	bool no_fsync;
@@ -117,6 +125,13 @@ casidx_index_get_expunged(const struct casidx_index *index);
    The caller frees the returned bitmap. */
 roaring_bitmap_t *casidx_index_get_universe(const struct casidx_index *index);
 unsigned int casidx_index_get_segment_count(const struct casidx_index *index);
+/* A reader of the segments (casidx_index_get_open_segments()) found bad
+   bytes: is_corrupted() reports it, so the caller rebuilds. */
+void casidx_index_set_corrupted(struct casidx_index *index);
+/* The segments open in the current snapshot (after a refresh), in a
+   data-stack array; valid until the next refresh. */
+unsigned int casidx_index_get_open_segments(const struct casidx_index *index,
+					    struct casidx_segment ***segs_r);
 /* Average token count per document of field over the snapshot. */
 double casidx_index_get_avg_len(const struct casidx_index *index,
 				enum casidx_field field);
@@ -132,6 +147,18 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 		      casidx_index_term_callback_t *callback, void *context,
 		      const char **error_r);
 
+/* Docs (expunged ones included) that have the dtgram gram (gram_len
+   bytes, casidx-dtgram.h) in field, or'ed into docs. Returns 1 if some
+   segment has it, 0 if none, -1 on error (corruption). */
+int casidx_index_lookup_dtgram(struct casidx_index *index,
+			       enum casidx_field field,
+			       const void *gram, size_t gram_len,
+			       roaring_bitmap_t *docs, const char **error_r);
+/* Or the docs of every open segment that has no dtgrams
+   (casidx_segment_has_dtgrams()) into docs. */
+void casidx_index_add_docs_without_dtgrams(const struct casidx_index *index,
+					   roaring_bitmap_t *docs);
+
 /* Writer. Only one writer per index object at a time. */
 struct casidx_index_writer *
 casidx_index_writer_begin(struct casidx_index *index);
@@ -143,6 +170,18 @@ void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len);
+/* The same with a position code (casidx-segment.h CASIDX_POS_*). */
+void casidx_index_writer_add_term_pos(struct casidx_index_writer *writer,
+				      enum casidx_field field,
+				      const void *term, size_t term_len,
+				      uint32_t pos_code);
+/* Add an occurrence of the dtgram gram (casidx-dtgram.h) to the
+   current document's field, under the same bound, with a position code
+   (CASIDX_POS_NONE: none); it does not count in the field's length. */
+void casidx_index_writer_add_dtgram(struct casidx_index_writer *writer,
+				    enum casidx_field field,
+				    const void *gram, size_t gram_len,
+				    uint32_t pos_code);
 /* That bound in bytes of builder memory. */
 size_t casidx_index_writer_doc_limit(const struct casidx_index_writer *writer);
 /* TRUE if the current document lost terms to that bound. */
@@ -169,6 +208,13 @@ casidx_index_writer_get_flushes(const struct casidx_index_writer *writer);
 
 /* Merge every segment into one and drop expunged docs (under lock). */
 int casidx_index_optimize(struct casidx_index *index, const char **error_r);
+/* Key rotation: seal every segment that opens under an older key epoch
+   again under the key ring's current one, in place (temporary file,
+   fsync, rename, directory fsync), under the write lock. resealed_r
+   counts them. Returns 0 ok (also for an unencrypted index), -1 error
+   (a segment that opens under no epoch: the index is left as it is). */
+int casidx_index_reseal(struct casidx_index *index, unsigned int *resealed_r,
+			const char **error_r);
 /* Remove the whole index (rescan: everything gets reindexed). */
 int casidx_index_delete(struct casidx_index *index, const char **error_r);
 

@@ -21,7 +21,14 @@
 
 #define SEG_MAGIC "CXSEG001"
 #define SEG_END_MAGIC "CXSEGEND"
-#define SEG_VERSION 1
+/* 2: postings entries carry positions (doc/casidx-format.md); 1 is
+   still read (no positions).
+   3: the same layout, and every document of the segment has its
+   dtgram keys (casidx_segment_has_dtgrams()); 2 and 1 are still read
+   (their documents count as without dtgrams). */
+#define SEG_VERSION 3
+#define SEG_VERSION_POSITIONS 2
+#define SEG_VERSION_NO_POSITIONS 1
 #define SEG_HEADER_SIZE 16
 #define SEG_BLOCK_TERMS 16
 
@@ -45,11 +52,19 @@ enum seg_footer_idx {
 };
 #define SEG_FOOTER_SIZE (F_COUNT * 8 + 4 + 4 + 8)
 
+/* pairs: PAIR_STRIDE uint32s per doc: uid, tf, number of positions */
+#define PAIR_STRIDE 3
 struct builder_term {
 	char *key;
-	uint32_t *pairs;	/* uid, tf */
+	uint32_t *pairs;
 	unsigned int count, alloc;
+	/* position codes (casidx_builder_add_term_pos()), the docs' in
+	   pair order */
+	uint32_t *pos;
+	unsigned int pos_count, pos_alloc;
 	bool unsorted;
+	/* positions out of order or a doc added twice: none written */
+	bool no_pos;
 };
 
 struct builder_doc {
@@ -61,6 +76,9 @@ struct casidx_builder {
 	pool_t pool;
 	HASH_TABLE(char *, struct builder_term *) terms;
 	ARRAY(struct builder_doc) docs;
+	/* docs added more than once: their positions could mix two
+	   numberings, so none are written for them */
+	roaring_bitmap_t *no_pos_docs;
 	size_t memory_used;
 	uint32_t max_uid;
 	bool docs_unsorted;
@@ -86,6 +104,7 @@ struct casidx_segment {
 	const unsigned char *data;
 	size_t size;
 
+	uint32_t version;
 	uint64_t footer[F_COUNT];
 	roaring_bitmap_t *docs;
 	const unsigned char *doclens;
@@ -183,6 +202,10 @@ struct casidx_builder *casidx_builder_create(void)
 	builder->pool = pool;
 	hash_table_create(&builder->terms, pool, 0, str_hash, strcmp);
 	i_array_init(&builder->docs, 128);
+	builder->no_pos_docs = roaring_bitmap_create();
+	if (builder->no_pos_docs == NULL)
+		i_fatal_status(FATAL_OUTOFMEM,
+			       "roaring_bitmap_create() failed");
 	return builder;
 }
 
@@ -195,14 +218,20 @@ void casidx_builder_destroy(struct casidx_builder **_builder)
 
 	*_builder = NULL;
 	iter = hash_table_iterate_init(builder->terms);
-	while (hash_table_iterate(iter, builder->terms, &key, &term))
+	while (hash_table_iterate(iter, builder->terms, &key, &term)) {
 		i_free(term->pairs);
+		i_free(term->pos);
+	}
 	hash_table_iterate_deinit(&iter);
 	hash_table_destroy(&builder->terms);
 	array_free(&builder->docs);
+	roaring_bitmap_free(builder->no_pos_docs);
 	pool_unref(&builder->pool);
 }
 
+/* A doc starts (add_doc, add_doc_lens): if it is the last one again,
+   or comes out of order (it may be there already), its positions are
+   not trusted. */
 static struct builder_doc *builder_doc_get(struct casidx_builder *builder,
 					   uint32_t uid)
 {
@@ -210,10 +239,14 @@ static struct builder_doc *builder_doc_get(struct casidx_builder *builder,
 
 	if (array_count(&builder->docs) > 0) {
 		doc = array_back_modifiable(&builder->docs);
-		if (doc->uid == uid)
+		if (doc->uid == uid) {
+			roaring_bitmap_add(builder->no_pos_docs, uid);
 			return doc;
-		if (doc->uid > uid)
+		}
+		if (doc->uid > uid) {
 			builder->docs_unsorted = TRUE;
+			roaring_bitmap_add(builder->no_pos_docs, uid);
+		}
 	}
 	doc = array_append_space(&builder->docs);
 	doc->uid = uid;
@@ -255,15 +288,50 @@ builder_term_get(struct casidx_builder *builder,
 	return term;
 }
 
+static void builder_term_add_pos(struct casidx_builder *builder,
+				 struct builder_term *term,
+				 const uint32_t *pos, unsigned int npos)
+{
+	uint32_t *pairs = term->pairs + (term->count - 1) * PAIR_STRIDE;
+	unsigned int i;
+
+	if (term->no_pos || npos == 0)
+		return;
+	/* strictly ascending within the doc */
+	for (i = 0; i < npos; i++) {
+		if ((pairs[2] > 0 || i > 0) &&
+		    (pos[i] >> 1) <= (term->pos[term->pos_count - 1] >> 1)) {
+			term->no_pos = TRUE;
+			return;
+		}
+		if (term->pos_count == term->pos_alloc) {
+			unsigned int new_alloc = term->pos_alloc == 0 ? 4 :
+				term->pos_alloc * 2;
+
+			term->pos = i_realloc_type(term->pos, uint32_t,
+						   term->pos_alloc, new_alloc);
+			builder->memory_used +=
+				(new_alloc - term->pos_alloc) * 4;
+			term->pos_alloc = new_alloc;
+		}
+		term->pos[term->pos_count++] = pos[i];
+		pairs[2]++;
+	}
+}
+
 static void builder_term_add(struct casidx_builder *builder,
 			     struct builder_term *term,
-			     uint32_t uid, uint32_t tf)
+			     uint32_t uid, uint32_t tf,
+			     const uint32_t *pos, unsigned int npos)
 {
+	uint32_t *pairs;
+
 	if (term->count > 0) {
-		uint32_t last = term->pairs[(term->count - 1) * 2];
+		uint32_t last = term->pairs[(term->count - 1) * PAIR_STRIDE];
 
 		if (last == uid) {
-			term->pairs[(term->count - 1) * 2 + 1] += tf;
+			term->pairs[(term->count - 1) * PAIR_STRIDE + 1] += tf;
+			builder_term_add_pos(builder, term, pos, npos);
 			return;
 		}
 		if (last > uid)
@@ -273,23 +341,40 @@ static void builder_term_add(struct casidx_builder *builder,
 		unsigned int new_alloc = term->alloc == 0 ? 2 : term->alloc * 2;
 
 		term->pairs = i_realloc_type(term->pairs, uint32_t,
-					     term->alloc * 2, new_alloc * 2);
-		builder->memory_used += (new_alloc - term->alloc) * 8;
+					     term->alloc * PAIR_STRIDE,
+					     new_alloc * PAIR_STRIDE);
+		builder->memory_used += (new_alloc - term->alloc) *
+			PAIR_STRIDE * 4;
 		term->alloc = new_alloc;
 	}
-	term->pairs[term->count * 2] = uid;
-	term->pairs[term->count * 2 + 1] = tf;
+	pairs = term->pairs + term->count * PAIR_STRIDE;
+	pairs[0] = uid;
+	pairs[1] = tf;
+	pairs[2] = 0;
 	term->count++;
+	/* sorting would have to carry the positions along: drop them */
+	if (term->unsorted)
+		term->no_pos = TRUE;
+	builder_term_add_pos(builder, term, pos, npos);
 }
 
 void casidx_builder_add_posting(struct casidx_builder *builder,
 				const unsigned char *key, size_t key_len,
 				uint32_t uid, uint32_t tf)
 {
+	casidx_builder_add_posting_pos(builder, key, key_len, uid, tf,
+				       NULL, 0);
+}
+
+void casidx_builder_add_posting_pos(struct casidx_builder *builder,
+				    const unsigned char *key, size_t key_len,
+				    uint32_t uid, uint32_t tf,
+				    const uint32_t *pos, unsigned int npos)
+{
 	T_BEGIN {
 		builder_term_add(builder,
 				 builder_term_get(builder, key, key_len),
-				 uid, tf);
+				 uid, tf, pos, npos);
 	} T_END;
 }
 
@@ -308,6 +393,15 @@ void casidx_builder_add_term(struct casidx_builder *builder,
 			     enum casidx_field field,
 			     const void *term, size_t term_len)
 {
+	casidx_builder_add_term_pos(builder, field, term, term_len,
+				    CASIDX_POS_NONE);
+}
+
+void casidx_builder_add_term_pos(struct casidx_builder *builder,
+				 enum casidx_field field,
+				 const void *term, size_t term_len,
+				 uint32_t pos_code)
+{
 	struct builder_doc *doc;
 	unsigned char key[CASIDX_TERM_MAX_BYTES + 1];
 
@@ -323,7 +417,24 @@ void casidx_builder_add_term(struct casidx_builder *builder,
 	doc->lens[field]++;
 	key[0] = CASIDX_FIELD_KEY_CHAR(field);
 	memcpy(key + 1, term, term_len);
-	casidx_builder_add_posting(builder, key, term_len + 1, doc->uid, 1);
+	casidx_builder_add_posting_pos(builder, key, term_len + 1, doc->uid, 1,
+				       &pos_code,
+				       pos_code == CASIDX_POS_NONE ? 0 : 1);
+}
+
+void casidx_builder_add_key(struct casidx_builder *builder,
+			    const unsigned char *key, size_t key_len,
+			    uint32_t pos_code)
+{
+	const struct builder_doc *doc;
+
+	i_assert(array_count(&builder->docs) > 0);
+	i_assert(key_len > 1 && key_len <= CASIDX_TERM_MAX_BYTES + 1);
+
+	doc = array_back(&builder->docs);
+	casidx_builder_add_posting_pos(builder, key, key_len, doc->uid, 1,
+				       &pos_code,
+				       pos_code == CASIDX_POS_NONE ? 0 : 1);
 }
 
 size_t casidx_builder_memory_used(const struct casidx_builder *builder)
@@ -365,14 +476,23 @@ void casidx_builder_drop_upto(struct casidx_builder *builder, uint32_t uid)
 	   the dictionary writer skips them */
 	iter = hash_table_iterate_init(builder->terms);
 	while (hash_table_iterate(iter, builder->terms, &key, &term)) {
+		unsigned int p = 0, np = 0, j;
+		uint32_t *pair;
+
 		for (i = n = 0; i < term->count; i++) {
-			if (term->pairs[i * 2] <= uid)
+			pair = term->pairs + i * PAIR_STRIDE;
+			if (pair[0] <= uid) {
+				p += pair[2];
 				continue;
-			term->pairs[n * 2] = term->pairs[i * 2];
-			term->pairs[n * 2 + 1] = term->pairs[i * 2 + 1];
+			}
+			for (j = 0; j < pair[2]; j++)
+				term->pos[np++] = term->pos[p++];
+			memmove(term->pairs + n * PAIR_STRIDE, pair,
+				PAIR_STRIDE * 4);
 			n++;
 		}
 		term->count = n;
+		term->pos_count = np;
 	}
 	hash_table_iterate_deinit(&iter);
 }
@@ -401,15 +521,18 @@ static void builder_term_normalize(struct builder_term *term)
 
 	if (!term->unsorted)
 		return;
-	qsort(term->pairs, term->count, 8,
+	/* positions were dropped when the order broke (no_pos) */
+	i_assert(term->no_pos);
+	qsort(term->pairs, term->count, PAIR_STRIDE * 4,
 	      (int (*)(const void *, const void *))pair_cmp);
 	for (i = 0; i < term->count; i++) {
-		if (n > 0 && term->pairs[(n - 1) * 2] == term->pairs[i * 2]) {
-			term->pairs[(n - 1) * 2 + 1] += term->pairs[i * 2 + 1];
+		uint32_t *pair = term->pairs + i * PAIR_STRIDE;
+
+		if (n > 0 && term->pairs[(n - 1) * PAIR_STRIDE] == pair[0]) {
+			term->pairs[(n - 1) * PAIR_STRIDE + 1] += pair[1];
 			continue;
 		}
-		term->pairs[n * 2] = term->pairs[i * 2];
-		term->pairs[n * 2 + 1] = term->pairs[i * 2 + 1];
+		memmove(term->pairs + n * PAIR_STRIDE, pair, PAIR_STRIDE * 4);
 		n++;
 	}
 	term->count = n;
@@ -446,7 +569,53 @@ static void append_bitmap(buffer_t *output, const roaring_bitmap_t *bm)
 		i_panic("casidx: roaring serialize size mismatch");
 }
 
-static void write_postings(buffer_t *output, struct builder_term *term)
+/* The positions section of a postings entry: per doc (bitmap order)
+   varint x: 0 = no codes; else x - 1 = first code << 1 | (npos == tf),
+   then, if npos < tf, varint npos; then npos - 1 varints, each
+   ((position - previous) << 1 | flag). A code is position << 1 | space
+   flag. Empty when no doc has any. Most docs have a code for every
+   occurrence, so they pay no count. */
+static void write_positions(buffer_t *body, struct builder_term *term,
+			    const roaring_bitmap_t *no_pos_docs)
+{
+	buffer_t *pos = t_buffer_create(16 + term->pos_count * 2);
+	const uint32_t *pair, *code = term->pos;
+	uint32_t prev;
+	unsigned int i, j, written = 0;
+	bool skip;
+
+	for (i = 0; i < term->count && !term->no_pos; i++) {
+		pair = term->pairs + i * PAIR_STRIDE;
+		skip = pair[2] == 0 ||
+			roaring_bitmap_contains(no_pos_docs, pair[0]);
+		if (skip)
+			put_varint(pos, 0);
+		for (j = 0, prev = 0; j < pair[2]; j++, code++) {
+			if (skip)
+				continue;
+			if (j == 0) {
+				put_varint(pos, (((uint64_t)*code << 1) |
+						 (pair[2] == pair[1] ? 1 : 0)) + 1);
+				if (pair[2] != pair[1])
+					put_varint(pos, pair[2]);
+			} else {
+				put_varint(pos, (((*code >> 1) - prev) << 1) |
+					   (*code & 1));
+			}
+			prev = *code >> 1;
+			written++;
+		}
+	}
+	if (written == 0)
+		put_varint(body, 0);
+	else {
+		put_varint(body, pos->used);
+		buffer_append_buf(body, pos, 0, SIZE_MAX);
+	}
+}
+
+static void write_postings(buffer_t *output, struct builder_term *term,
+			   const roaring_bitmap_t *no_pos_docs)
 {
 	roaring_bitmap_t *bm = roaring_bitmap_create_with_capacity(term->count);
 	buffer_t *body = t_buffer_create(64 + term->count * 2);
@@ -457,7 +626,7 @@ static void write_postings(buffer_t *output, struct builder_term *term)
 		i_fatal_status(FATAL_OUTOFMEM,
 			       "roaring_bitmap_create() failed");
 	for (i = 0; i < term->count; i++)
-		roaring_bitmap_add(bm, term->pairs[i * 2]);
+		roaring_bitmap_add(bm, term->pairs[i * PAIR_STRIDE]);
 	(void)roaring_bitmap_run_optimize(bm);
 	bm_size = roaring_bitmap_portable_size_in_bytes(bm);
 	put_varint(body, bm_size);
@@ -465,12 +634,14 @@ static void write_postings(buffer_t *output, struct builder_term *term)
 	roaring_bitmap_free(bm);
 	put_varint(body, term->count);
 	for (i = 0; i < term->count; i++)
-		put_varint(body, term->pairs[i * 2 + 1]);
+		put_varint(body, term->pairs[i * PAIR_STRIDE + 1]);
+	write_positions(body, term, no_pos_docs);
 	put_u32(output, cas_crc32c(body->data, body->used));
 	buffer_append_buf(output, body, 0, SIZE_MAX);
 }
 
 struct dict_writer {
+	const roaring_bitmap_t *no_pos_docs;
 	buffer_t *dict, *posts, *sparse, *block;
 	const char *prev_key;
 	unsigned int block_terms, nblocks;
@@ -515,7 +686,7 @@ static void dict_add_term(struct dict_writer *w, struct builder_term *term)
 		       w->prev_key[shared] == term->key[shared])
 			shared++;
 	}
-	write_postings(w->posts, term);
+	write_postings(w->posts, term, w->no_pos_docs);
 	put_varint(w->block, shared);
 	put_varint(w->block, key_len - shared);
 	buffer_append(w->block, term->key + shared, key_len - shared);
@@ -576,6 +747,7 @@ builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
 	char *key;
 
 	i_zero(&w);
+	w.no_pos_docs = builder->no_pos_docs;
 	w.dict = buffer_create_dynamic(default_pool, 4096);
 	w.posts = buffer_create_dynamic(default_pool, 4096);
 	w.sparse = buffer_create_dynamic(default_pool, 1024);
@@ -736,7 +908,9 @@ static int seg_parse(struct casidx_segment *seg, const char **error_r)
 		return seg_corrupt(error_r, "file too small");
 	if (memcmp(seg->data, SEG_MAGIC, 8) != 0)
 		return seg_corrupt(error_r, "bad magic");
-	if (get_u32(seg->data + 8) != SEG_VERSION ||
+	seg->version = get_u32(seg->data + 8);
+	if (seg->version < SEG_VERSION_NO_POSITIONS ||
+	    seg->version > SEG_VERSION ||
 	    get_u32(seg->data + 12) != CASIDX_FIELD_COUNT)
 		return seg_corrupt(error_r, "unsupported version");
 	f = seg->data + seg->size - SEG_FOOTER_SIZE;
@@ -1108,15 +1282,90 @@ int casidx_segment_iter_deinit(struct casidx_segment_iter **_iter,
 	return ret;
 }
 
+/* The positions section (write_positions()) of n docs with term
+   frequencies tfs into pos_r/pos_idx_r (absolute codes). */
+static int seg_parse_positions(const unsigned char *p, const unsigned char *end,
+			       const uint32_t *tfs, unsigned int n,
+			       ARRAY_TYPE(uint32_t) *pos_r,
+			       ARRAY_TYPE(uint32_t) *pos_idx_r,
+			       const char **error_r)
+{
+	uint64_t npos = 0, v, pos;
+	uint32_t idx = 0, code;
+	unsigned int i, j;
+	/* an empty section: no doc has positions */
+	bool empty = p == end;
+
+	array_clear(pos_r);
+	array_clear(pos_idx_r);
+	array_push_back(pos_idx_r, &idx);
+	for (i = 0; i < n; i++) {
+		uint64_t first = 0;
+
+		npos = 0;
+		if (!empty) {
+			if (!get_varint(&p, end, &first))
+				return seg_corrupt(error_r, "position count");
+		}
+		if (first > 0) {
+			first--;
+			if ((first & 1) != 0)
+				npos = tfs[i];
+			else if (!get_varint(&p, end, &npos) || npos == 0 ||
+				 npos >= tfs[i])
+				return seg_corrupt(error_r, "position count");
+			first >>= 1;
+		}
+		for (j = 0, pos = 0; j < npos; j++) {
+			if (j == 0)
+				v = first;
+			else if (!get_varint(&p, end, &v) || (v >> 1) == 0)
+				return seg_corrupt(error_r, "position delta");
+			pos = j == 0 ? (v >> 1) : pos + (v >> 1);
+			if (pos > CASIDX_POS_MAX)
+				return seg_corrupt(error_r, "position range");
+			code = (uint32_t)(pos << 1) | (uint32_t)(v & 1);
+			array_push_back(pos_r, &code);
+		}
+		idx += npos;
+		array_push_back(pos_idx_r, &idx);
+	}
+	if (p != end)
+		return seg_corrupt(error_r, "positions trailing bytes");
+	return 0;
+}
+
 int casidx_segment_read_postings(struct casidx_segment *seg,
 				 const struct casidx_term_entry *entry,
 				 roaring_bitmap_t **docs_r,
 				 ARRAY_TYPE(uint32_t) *tfs_r,
 				 const char **error_r)
 {
+	return casidx_segment_read_positions(seg, entry, docs_r, tfs_r,
+					     NULL, NULL, error_r);
+}
+
+bool casidx_segment_has_positions(const struct casidx_segment *seg)
+{
+	return seg->version >= SEG_VERSION_POSITIONS;
+}
+
+bool casidx_segment_has_dtgrams(const struct casidx_segment *seg)
+{
+	return seg->version >= SEG_VERSION;
+}
+
+int casidx_segment_read_positions(struct casidx_segment *seg,
+				  const struct casidx_term_entry *entry,
+				  roaring_bitmap_t **docs_r,
+				  ARRAY_TYPE(uint32_t) *tfs_r,
+				  ARRAY_TYPE(uint32_t) *pos_r,
+				  ARRAY_TYPE(uint32_t) *pos_idx_r,
+				  const char **error_r)
+{
 	const unsigned char *start, *p, *end;
 	roaring_bitmap_t *bm;
-	uint64_t bm_size, n, tf;
+	uint64_t bm_size, n, tf, pos_len = 0;
 	uint32_t tf32;
 
 	start = seg->data + seg->footer[F_POST_OFF] + entry->post_offset;
@@ -1152,6 +1401,21 @@ int casidx_segment_read_postings(struct casidx_segment *seg,
 		tf32 = tf;
 		array_push_back(tfs_r, &tf32);
 	}
+	if (seg->version >= SEG_VERSION_POSITIONS &&
+	    (!get_varint(&p, end, &pos_len) || pos_len != (size_t)(end - p))) {
+		roaring_bitmap_free(bm);
+		return seg_corrupt(error_r, "positions size");
+	}
+	if (pos_r != NULL) {
+		i_assert(pos_idx_r != NULL);
+		if (seg_parse_positions(p, p + pos_len, array_front(tfs_r),
+					entry->df, pos_r, pos_idx_r,
+					error_r) < 0) {
+			roaring_bitmap_free(bm);
+			return -1;
+		}
+	}
+	p += pos_len;
 	if (p != end) {
 		roaring_bitmap_free(bm);
 		return seg_corrupt(error_r, "postings trailing bytes");

@@ -35,6 +35,11 @@ enum casidx_field {
 };
 /* First byte of a dictionary key. */
 #define CASIDX_FIELD_KEY_CHAR(field) ((char)('0' + (field)))
+/* First byte of a dtgram key (casidx-dtgram.h): "<dtgram char><gram>",
+   a namespace of its own per field ('A'..'G'), so no term lookup of the
+   field ('0'..'6') ever sees one. Only segment version 3 has them for
+   all its documents. */
+#define CASIDX_DTGRAM_KEY_CHAR(field) ((char)('A' + (field)))
 /* Longest term accepted by the builder (longer terms are cut). */
 #define CASIDX_TERM_MAX_BYTES 255
 
@@ -51,6 +56,15 @@ struct casidx_term_entry {
 	uint64_t post_offset, post_size;
 };
 
+/* Positions (segment version 2, doc/casidx-format.md): a term's
+   occurrence in a doc may carry a code (position << 1 | flag), where
+   position is the word position within the doc's field and flag says
+   the previous word (position - 1) ends exactly one space before this
+   one (CASIDX_TOKEN_FLAG_SPACE_BEFORE). Codes of a (term, doc) are
+   strictly ascending by position. */
+#define CASIDX_POS_NONE ((uint32_t)-1)
+#define CASIDX_POS_MAX ((1U << 31) - 1)
+
 /* Builder: collects postings in memory. */
 struct casidx_builder *casidx_builder_create(void);
 void casidx_builder_destroy(struct casidx_builder **builder);
@@ -63,11 +77,29 @@ void casidx_builder_add_doc(struct casidx_builder *builder, uint32_t uid);
 void casidx_builder_add_term(struct casidx_builder *builder,
 			     enum casidx_field field,
 			     const void *term, size_t term_len);
+/* The same with a position code (CASIDX_POS_NONE: none). Codes of one
+   (term, doc) out of order, or a doc added twice or out of UID order,
+   drop the positions concerned (never wrong ones). */
+void casidx_builder_add_term_pos(struct casidx_builder *builder,
+				 enum casidx_field field,
+				 const void *term, size_t term_len,
+				 uint32_t pos_code);
+/* Add one occurrence of a whole key (field char + term, at most
+   CASIDX_TERM_MAX_BYTES + 1 bytes, no NUL) to the current document,
+   without counting it in the document's field lengths (dtgram keys),
+   with a position code (CASIDX_POS_NONE: none). */
+void casidx_builder_add_key(struct casidx_builder *builder,
+			    const unsigned char *key, size_t key_len,
+			    uint32_t pos_code);
 /* Merge support: add a whole posting (key = field char + term) and a
    document with known field lengths. */
 void casidx_builder_add_posting(struct casidx_builder *builder,
 				const unsigned char *key, size_t key_len,
 				uint32_t uid, uint32_t tf);
+void casidx_builder_add_posting_pos(struct casidx_builder *builder,
+				    const unsigned char *key, size_t key_len,
+				    uint32_t uid, uint32_t tf,
+				    const uint32_t *pos, unsigned int npos);
 void casidx_builder_add_doc_lens(struct casidx_builder *builder, uint32_t uid,
 				 const uint32_t lens[CASIDX_FIELD_COUNT]);
 /* Approximate bytes of memory used by collected postings. */
@@ -167,5 +199,21 @@ int casidx_segment_read_postings(struct casidx_segment *seg,
 				 roaring_bitmap_t **docs_r,
 				 ARRAY_TYPE(uint32_t) *tfs_r,
 				 const char **error_r);
+/* The same plus positions: pos_idx_r gets df + 1 indexes into pos_r,
+   the codes of the i-th doc being pos_r[pos_idx[i] .. pos_idx[i+1]).
+   A version-1 segment, or a term without positions, gives none. Every
+   count, delta and trailing byte is checked. */
+int casidx_segment_read_positions(struct casidx_segment *seg,
+				  const struct casidx_term_entry *entry,
+				  roaring_bitmap_t **docs_r,
+				  ARRAY_TYPE(uint32_t) *tfs_r,
+				  ARRAY_TYPE(uint32_t) *pos_r,
+				  ARRAY_TYPE(uint32_t) *pos_idx_r,
+				  const char **error_r);
+/* FALSE for a version-1 segment (written before positions). */
+bool casidx_segment_has_positions(const struct casidx_segment *seg);
+/* FALSE for a segment of version 1 or 2 (written before dtgrams): none
+   of its documents has dtgram keys. */
+bool casidx_segment_has_dtgrams(const struct casidx_segment *seg);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "lib.h"
 #include "buffer.h"
+#include "str.h"
 #include "casidx-tokenizer-private.h"
 
 #include <unicode/ubrk.h>
@@ -20,7 +21,15 @@ struct casidx_tok_icu {
 	buffer_t *text;		/* UChar: the range being segmented */
 	buffer_t *norm1, *norm2;	/* UChar scratch */
 	buffer_t *utf8;		/* normalised word handed to the core */
+	size_t utf8_len;
+	/* adjacent words meeting with ASCII letters or digits once
+	   normalised ("n" "²"), joined (casidx_tokenizer_emit_joined()) */
+	string_t *join;
+	unsigned int join_words;
+	int32_t join_end;
 };
+/* Longest joined term before it is emitted and started again. */
+#define CASIDX_TOK_JOIN_MAX 256
 
 static const UChar empty_text[1] = { 0 };
 
@@ -67,6 +76,8 @@ struct casidx_tok_icu *casidx_tok_icu_create(void)
 	icu->norm1 = buffer_create_dynamic(default_pool, 256);
 	icu->norm2 = buffer_create_dynamic(default_pool, 256);
 	icu->utf8 = buffer_create_dynamic(default_pool, 256);
+	icu->join = str_new(default_pool, 64);
+	icu->join_end = -1;
 	return icu;
 }
 
@@ -82,6 +93,7 @@ void casidx_tok_icu_destroy(struct casidx_tok_icu **_icu)
 	buffer_free(&icu->norm1);
 	buffer_free(&icu->norm2);
 	buffer_free(&icu->utf8);
+	str_free(&icu->join);
 	i_free(icu);
 }
 
@@ -136,7 +148,8 @@ static bool is_apostrophe(UChar32 c)
 	return c == 0x2019 || c == 0x2018 || c == 0x02bc || c == 0x2032;
 }
 
-/* In place: drop foldable nonspacing marks, unify apostrophes. */
+/* In place: drop foldable nonspacing marks, unify apostrophes, dotless
+   i as i. */
 static int32_t strip_marks(UChar *s, int32_t len)
 {
 	UScriptCode base = USCRIPT_COMMON;
@@ -152,6 +165,12 @@ static int32_t strip_marks(UChar *s, int32_t len)
 				continue;
 		} else if (is_apostrophe(c)) {
 			s[o++] = '\'';
+			continue;
+		} else if (c == 0x0131) {
+			/* dotless i: Dovecot's titlecase makes it "I", so
+			   its own search finds "in" in "ın" */
+			s[o++] = 'i';
+			base = USCRIPT_LATIN;
 			continue;
 		} else {
 			base = uscript_getScript(c, &err);
@@ -247,7 +266,45 @@ static void emit_normalized_one(struct casidx_tok_icu *icu,
 	u_strToUTF8(buffer_get_space_unsafe(icu->utf8, 0, cap), cap, &out,
 		    word, wlen, &err);
 	icu_check(err, "u_strToUTF8");
+	icu->utf8_len = out;
 	casidx_tokenizer_emit_word(tok, icu->utf8->data, out, cjk, folded);
+}
+
+static void join_flush(struct casidx_tok_icu *icu,
+		       struct casidx_tokenizer *tok)
+{
+	if (icu->join_words >= 2) {
+		casidx_tokenizer_emit_joined(tok, str_c(icu->join),
+					     str_len(icu->join));
+	}
+	str_truncate(icu->join, 0);
+	icu->join_words = 0;
+	icu->join_end = -1;
+}
+
+/* The word just normalised (icu->utf8) at [start, end) of the text:
+   joined to the previous one when they touch and meet with ASCII
+   letters or digits. ICU splits "n²" into "n" and "²", which NFKC (and
+   Dovecot's decomposition) make "n" "2": the text Dovecot's own search
+   reads holds "N2", so the index must hold a term with "n2". */
+static void join_word(struct casidx_tok_icu *icu,
+		      struct casidx_tokenizer *tok, int32_t start,
+		      int32_t end)
+{
+	const unsigned char *w = icu->utf8->data;
+	size_t n = icu->utf8_len, jl = str_len(icu->join);
+
+	if (n == 0) {
+		join_flush(icu, tok);
+		return;
+	}
+	if (icu->join_end != start || jl == 0 ||
+	    !u_ascii_alnum(str_data(icu->join)[jl - 1]) ||
+	    !u_ascii_alnum(w[0]) || jl + n > CASIDX_TOK_JOIN_MAX)
+		join_flush(icu, tok);
+	str_append_data(icu->join, w, n);
+	icu->join_words++;
+	icu->join_end = end;
 }
 
 /* A word longer than CASIDX_TOK_WORD_INPUT_MAX in overlapping chunks,
@@ -338,8 +395,12 @@ void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
 	const UChar *text;
 	int32_t len, start, end, run_start = -1;
 	enum segment_kind kind;
+	bool ascii = TRUE;
+	size_t i;
 
 	i_assert(size <= INT32_MAX);
+	for (i = 0; i < size && ascii; i++)
+		ascii = data[i] < 0x80;
 	/* UTF-16 never needs more units than UTF-8 has bytes */
 	u_strFromUTF8(uchar_space(icu->text, (int32_t)size), (int32_t)size,
 		      &len, (const char *)data, (int32_t)size, &err);
@@ -360,9 +421,24 @@ void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
 						start - run_start, TRUE);
 				run_start = -1;
 			}
-			if (kind == SEGMENT_WORD) {
+			if (kind == SEGMENT_WORD && ascii &&
+			    end - start <= CASIDX_TOK_WORD_INPUT_MAX) {
+				/* ASCII: UTF-16 index = byte offset, and
+				   the word is its bytes lower-cased (the
+				   fast path's RAW words, where that path is
+				   off: ICU 76) */
+				casidx_tokenizer_set_word_raw(tok,
+							      data + start);
 				emit_normalized(icu, tok, text + start,
 						end - start, FALSE);
+				casidx_tokenizer_clear_word_raw(tok);
+			} else if (kind == SEGMENT_WORD) {
+				emit_normalized(icu, tok, text + start,
+						end - start, FALSE);
+				if (end - start <= CASIDX_TOK_WORD_INPUT_MAX)
+					join_word(icu, tok, start, end);
+				else
+					join_flush(icu, tok);
 			}
 		}
 		start = end;
@@ -370,6 +446,7 @@ void casidx_tok_icu_segment(struct casidx_tok_icu *icu,
 	if (run_start >= 0)
 		emit_normalized(icu, tok, text + run_start, len - run_start,
 				TRUE);
+	join_flush(icu, tok);
 	/* don't keep a pointer to our scratch text */
 	ubrk_setText(icu->bi, empty_text, 0, &err);
 	icu_check(err, "ubrk_setText");

@@ -33,6 +33,12 @@ void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
 				const char *word, size_t len, bool cjk,
 				bool folded);
 
+/* Called by the ICU adapter for the concatenation of adjacent words
+   whose normalised forms meet with ASCII letters or digits ("n" "²" ->
+   "n2"): emitted as a folded part at the last word's position, so an
+   ASCII value finds the text Dovecot's own search reads as "N2". */
+void casidx_tokenizer_emit_joined(struct casidx_tokenizer *tok,
+				  const char *term, size_t len);
 struct casidx_tok_icu *casidx_tok_icu_create(void);
 void casidx_tok_icu_destroy(struct casidx_tok_icu **icu);
 /* Segment valid UTF-8 (UAX #29 with ICU's dictionaries for Thai and
@@ -57,6 +63,15 @@ bool casidx_tok_icu_ascii_rules_match(void);
    effect unless casidx_tok_icu_ascii_rules_match(). */
 void casidx_tokenizer_set_ascii_fast_path(struct casidx_tokenizer *tok,
 					  bool enable);
+
+/* For the ICU path on pure-ASCII text (where ICU's word is the input's
+   bytes lower-cased, as on the fast path): the next
+   casidx_tokenizer_emit_word() is of the raw bytes starting at start
+   (CASIDX_TOKEN_FLAG_RAW, _SPACE_BEFORE), until
+   casidx_tokenizer_clear_word_raw(). */
+void casidx_tokenizer_set_word_raw(struct casidx_tokenizer *tok,
+				   const void *start);
+void casidx_tokenizer_clear_word_raw(struct casidx_tokenizer *tok);
 
 /* Returns the length of the valid UTF-8 sequence at data, 0 if data is a
    valid but incomplete prefix, -1 if invalid. size must be > 0. */

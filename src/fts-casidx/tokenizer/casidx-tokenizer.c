@@ -18,6 +18,25 @@ struct casidx_tokenizer {
 	uint32_t position;
 	bool ascii_fast_path;
 
+	/* Raw offsets (bytes fed since the last reset) for
+	   CASIDX_TOKEN_FLAG_RAW and _SPACE_BEFORE: fed = bytes fed so far,
+	   pending_abs = offset of pending->data[0], data_abs = offset of the
+	   buffer process_data() works on, piece = the piece being
+	   processed and piece_abs its offset. */
+	uint64_t fed, pending_abs, data_abs, piece_abs;
+	const unsigned char *piece;
+	/* the last ASCII whitespace byte between pieces: offset, and
+	   whether it was ' ' */
+	uint64_t last_ws_abs;
+	bool last_ws_space;
+	/* the previous whole token: its raw end, if it was a RAW one */
+	uint64_t prev_end_abs;
+	bool prev_raw;
+	/* set by ascii_segment() around casidx_tokenizer_emit_word():
+	   the word's raw start */
+	bool word_raw;
+	uint64_t word_abs;
+
 	casidx_token_callback_t *callback;
 	void *context;
 };
@@ -158,6 +177,12 @@ void casidx_tokenizer_reset(struct casidx_tokenizer *tok)
 {
 	buffer_set_used_size(tok->pending, 0);
 	tok->position = 0;
+	tok->fed = tok->pending_abs = tok->data_abs = tok->piece_abs = 0;
+	tok->piece = NULL;
+	tok->last_ws_abs = (uint64_t)-1;
+	tok->last_ws_space = FALSE;
+	tok->prev_raw = FALSE;
+	tok->word_raw = FALSE;
 }
 
 /* Length of a window of term starting at term[0]: at most
@@ -322,6 +347,36 @@ static bool is_base64_run(const unsigned char *data, size_t len)
 		changes * 100 >= pairs * CASIDX_TOK_BASE64_CHANGES_PCT;
 }
 
+/* Flags of a whole token at raw bytes [start, end) (raw = its term is
+   exactly those bytes lower-cased): RAW, and SPACE_BEFORE when the
+   previous whole token was RAW and exactly one ' ' lies between them.
+   Every whole token passes here (raw=FALSE for the ICU and CJK paths),
+   so "previous" is always the token at position - 1. */
+static enum casidx_token_flags
+note_whole(struct casidx_tokenizer *tok, bool raw, uint64_t start,
+	   uint64_t end)
+{
+	enum casidx_token_flags flags = 0;
+
+	if (raw) {
+		flags |= CASIDX_TOKEN_FLAG_RAW;
+		if (tok->prev_raw && tok->prev_end_abs + 1 == start &&
+		    tok->last_ws_abs == tok->prev_end_abs &&
+		    tok->last_ws_space)
+			flags |= CASIDX_TOKEN_FLAG_SPACE_BEFORE;
+	}
+	tok->prev_raw = raw;
+	tok->prev_end_abs = end;
+	return flags;
+}
+
+static inline uint64_t piece_offset(const struct casidx_tokenizer *tok,
+				    const void *p)
+{
+	return tok->piece_abs +
+		(uint64_t)((const unsigned char *)p - tok->piece);
+}
+
 /* Emit the alphanumeric atoms of a word or compound as parts. */
 static void emit_parts(struct casidx_tokenizer *tok, const char *word,
 		       size_t len, enum casidx_token_flags flags)
@@ -382,6 +437,7 @@ static void emit_cjk_run(struct casidx_tokenizer *tok, const char *run,
 {
 	size_t first, second;
 
+	(void)note_whole(tok, FALSE, 0, 0);
 	first = cjk_char_len(run, len);
 	if (first == len) {
 		emit(tok, run, len, tok->position++, CASIDX_TOKEN_FLAG_CJK);
@@ -404,12 +460,26 @@ static void emit_cjk_run(struct casidx_tokenizer *tok, const char *run,
 	     CASIDX_TOKEN_FLAG_CJK | CASIDX_TOKEN_FLAG_PART);
 }
 
+void casidx_tokenizer_set_word_raw(struct casidx_tokenizer *tok,
+				   const void *start)
+{
+	tok->word_raw = TRUE;
+	tok->word_abs = piece_offset(tok, start);
+}
+
+void casidx_tokenizer_clear_word_raw(struct casidx_tokenizer *tok)
+{
+	tok->word_raw = FALSE;
+}
+
 void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
 				const char *word, size_t len, bool cjk,
 				bool folded)
 {
 	enum casidx_token_flags flags =
 		folded ? CASIDX_TOKEN_FLAG_FOLDED : 0;
+	uint64_t start = tok->word_abs;
+	bool raw = tok->word_raw && !folded;
 
 	if (cjk) {
 		emit_cjk_run(tok, word, len);
@@ -418,15 +488,26 @@ void casidx_tokenizer_emit_word(struct casidx_tokenizer *tok,
 	while (len > 0 && ascii_is_punct((unsigned char)word[0])) {
 		word++;
 		len--;
+		start++;
 	}
 	while (len > 0 && ascii_is_punct((unsigned char)word[len - 1]))
 		len--;
 	if (len == 0)
 		return;
-	emit(tok, word, len, tok->position, flags);
+	emit(tok, word, len, tok->position,
+	     flags | note_whole(tok, raw, start, start + len));
 	if (has_inner_punct(word, len))
 		emit_parts(tok, word, len, flags);
 	tok->position++;
+}
+
+void casidx_tokenizer_emit_joined(struct casidx_tokenizer *tok,
+				  const char *term, size_t len)
+{
+	if (len == 0)
+		return;
+	emit(tok, term, len, tok->position == 0 ? 0 : tok->position - 1,
+	     CASIDX_TOKEN_FLAG_PART | CASIDX_TOKEN_FLAG_FOLDED);
 }
 
 /* Word_Break classes of ASCII as ICU 72 applies them (there '@' is
@@ -517,8 +598,11 @@ static void ascii_segment(struct casidx_tokenizer *tok,
 				alnum = alnum || ascii_is_alnum(data[i + j]);
 			}
 			if (alnum) {
+				tok->word_raw = TRUE;
+				tok->word_abs = piece_offset(tok, data + i);
 				casidx_tokenizer_emit_word(tok, term, wlen,
 							   FALSE, FALSE);
+				tok->word_raw = FALSE;
 			}
 			if (i + wlen >= end)
 				break;
@@ -647,7 +731,9 @@ static void emit_encoded(struct casidx_tokenizer *tok,
 
 	for (i = 0; i < len; i++)
 		term[i] = ascii_lower(data[i]);
-	emit(tok, term, len, tok->position++, CASIDX_TOKEN_FLAG_ENCODED);
+	emit(tok, term, len, tok->position++, CASIDX_TOKEN_FLAG_ENCODED |
+	     note_whole(tok, TRUE, piece_offset(tok, data),
+			piece_offset(tok, data + len)));
 }
 
 /* Text between compounds: encoded runs apart, segment the rest.
@@ -685,7 +771,9 @@ static void emit_compound(struct casidx_tokenizer *tok,
 	term = buffer_get_space_unsafe(tok->term, 0, len);
 	for (i = 0; i < len; i++)
 		term[i] = ascii_lower(data[i]);
-	emit(tok, term, len, tok->position, 0);
+	emit(tok, term, len, tok->position,
+	     note_whole(tok, TRUE, piece_offset(tok, data),
+			piece_offset(tok, data + len)));
 	if (email && has_inner_punct(term, sub_start - 1)) {
 		/* the local part; the domain follows */
 		emit(tok, term, sub_start - 1, tok->position,
@@ -903,6 +991,8 @@ static size_t process_data(struct casidx_tokenizer *tok,
 	while (pos < len) {
 		if (data[pos] < 0x80) {
 			if (ascii_is_space(data[pos])) {
+				tok->last_ws_abs = tok->data_abs + pos;
+				tok->last_ws_space = data[pos] == ' ';
 				pos++;
 				continue;
 			}
@@ -937,6 +1027,8 @@ static size_t process_data(struct casidx_tokenizer *tok,
 			end = pos + piece_force_cut(data + pos, end - pos);
 		else if (!final && (end == len || n == 0))
 			break;
+		tok->piece = data + pos;
+		tok->piece_abs = tok->data_abs + pos;
 		process_piece(tok, data + pos, end - pos, ascii);
 		pos = end;
 	}
@@ -947,9 +1039,11 @@ static void process_pending(struct casidx_tokenizer *tok, bool final)
 {
 	size_t consumed;
 
+	tok->data_abs = tok->pending_abs;
 	consumed = process_data(tok, tok->pending->data, tok->pending->used,
 				final);
 	buffer_delete(tok->pending, 0, consumed);
+	tok->pending_abs += consumed;
 }
 
 void casidx_tokenizer_feed(struct casidx_tokenizer *tok,
@@ -967,17 +1061,22 @@ void casidx_tokenizer_feed(struct casidx_tokenizer *tok,
 		if (i < size)
 			i++;
 		buffer_append(tok->pending, data, i);
+		tok->fed += i;
 		process_pending(tok, FALSE);
 		data += i;
 		size -= i;
 		if (tok->pending->used > 0) {
 			buffer_append(tok->pending, data, size);
+			tok->fed += size;
 			process_pending(tok, FALSE);
 			return;
 		}
 	}
+	tok->data_abs = tok->fed;
 	consumed = process_data(tok, data, size, FALSE);
+	tok->fed += size;
 	buffer_append(tok->pending, data + consumed, size - consumed);
+	tok->pending_abs = tok->data_abs + consumed;
 }
 
 void casidx_tokenizer_final(struct casidx_tokenizer *tok,

@@ -37,6 +37,16 @@ enum casidx_token_flags {
 	/* one of the overlapping windows of a term longer than
 	   CASIDX_TOKEN_MAX_BYTES */
 	CASIDX_TOKEN_FLAG_WINDOW = 0x10,
+	/* a whole token (never a part) whose term is exactly the bytes of
+	   the text it came from, ASCII lower-cased (the ASCII word,
+	   compound and encoded-run paths; not ICU-normalised words, not
+	   CJK) */
+	CASIDX_TOKEN_FLAG_RAW = 0x20,
+	/* RAW, and the previous whole token of the field (position - 1)
+	   is RAW too and ends exactly one ' ' (0x20) before this one
+	   starts: the text holds "<previous> <this>" literally. Positions
+	   prove multi-word values with it (doc/search-semantics.md). */
+	CASIDX_TOKEN_FLAG_SPACE_BEFORE = 0x40,
 };
 
 struct casidx_token {
