@@ -43,6 +43,13 @@ int casbox_admin_open_failed(struct doveadm_mail_cmd_context *ctx,
 		return 0;
 	}
 	i_error("%s: %s", cmd, error);
+	if (ret < 0 && (strstr(error, "is not the key of store") != NULL ||
+			strstr(error, "is damaged") != NULL)) {
+		/* the store opens its key first (its LSM is sealed with it):
+		   a wrong or damaged key file is bad data, not a retry */
+		ctx->exit_code = EX_DATAERR;
+		return -1;
+	}
 	doveadm_mail_failed_error(ctx, ret == 0 ? MAIL_ERROR_NOTFOUND :
 				  MAIL_ERROR_TEMP);
 	return -1;

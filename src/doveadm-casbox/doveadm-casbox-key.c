@@ -11,6 +11,7 @@
 #include "strnum.h"
 #include "cas-keyfile.h"
 #include "casbox-store-rekey.h"
+#include "casbox-store-gc.h"
 #include "doveadm-casbox.h"
 #include "doveadm-casbox-dovecot.h"
 #include "cas-userkey.h"
@@ -24,6 +25,8 @@
 #define CASBOX_ROTATE_DEFAULT_BATCH 1000
 /* full walks before giving up on records that keep the old key id */
 #define CASBOX_ROTATE_MAX_WALKS 3
+/* gc --all runs of --finish's packs step before it gives up */
+#define CASBOX_ROTATE_MAX_GC_RUNS 5
 
 /* doveadm -v: exported by the doveadm binary but not declared in the
    installed headers. Weak, so the module still loads where it is
@@ -38,6 +41,7 @@ static bool casbox_rotate_verbose(void)
 struct casbox_key_cmd_context {
 	struct doveadm_mail_cmd_context ctx;
 	bool yes_destroy;
+	bool finish;
 	unsigned int batch;
 };
 
@@ -46,13 +50,17 @@ struct casbox_rotate {
 	const char *user;
 	unsigned int batch;
 	uint32_t old_key_id, new_key_id;
+	uint32_t old_epoch, new_epoch;
 	unsigned int steps;
-	struct casbox_rekey_stats stats;
+	/* the DEK walk's, then each re-seal step's */
+	struct casbox_rekey_stats stats, reseal;
 	/* records still under the old key id when the run ended */
 	uint64_t left;
 	/* this run added the new slot (else it resumed a rotation) */
 	bool slot_added;
 	bool finished;
+	/* --finish found no rotation in progress */
+	bool idle;
 };
 
 static int casbox_key_mkdir_parent(const char *path, const char **error_r)
@@ -251,9 +259,32 @@ cmd_casbox_key_destroy_run(struct doveadm_mail_cmd_context *_ctx,
 	return 0;
 }
 
-/* Step 1, under the LSM write lock (so two rotations never both add a
-   slot): unless a rotation is in progress already, write the key file
-   with a new random current slot beside the old one. */
+/* The rotation in progress: its slots' key ids and epochs. A key file
+   with two slots but one epoch is a rotation begun before key epochs
+   (CASKEY2): --finish completes it (the DEK walk; nothing else was
+   rotated). Returns 0 ok, -1 no rotation in progress. */
+static int casbox_rotate_get_ids(struct casbox_rotate *rot,
+				 const char **error_r)
+{
+	struct cas_keyring *keyring = rot->adm->keyring;
+
+	rot->new_key_id = cas_keyring_wrap_key_id(keyring);
+	rot->new_epoch = cas_keyring_store_epoch(keyring);
+	if (!cas_keyring_retiring_key_id(keyring, &rot->old_key_id)) {
+		*error_r = "no key rotation in progress";
+		return -1;
+	}
+	if (!cas_keyring_retiring_epoch(keyring, &rot->old_epoch))
+		rot->old_epoch = rot->new_epoch;
+	return 0;
+}
+
+/* key rotate (without --finish), under the LSM write lock (so two
+   rotations never both add a slot): unless a rotation is in progress
+   already, write the key file with a new random current slot and a new
+   random current epoch beside the old ones. From then on every writer
+   that refreshes its key ring (each save does, under the write lock)
+   writes under the new epoch. */
 static int casbox_rotate_begin(struct casbox_rotate *rot,
 			       const char **error_r)
 {
@@ -277,7 +308,8 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 		i_info("casbox key rotate: %s: removed %u temporary key "
 		       "file(s) left by an interrupted run", rot->user, stale);
 	}
-	if (ret == 0 && cas_keyring_slot_count(adm->keyring) == 1) {
+	if (ret == 0 && cas_keyring_slot_count(adm->keyring) == 1 &&
+	    cas_keyring_epoch_count(adm->keyring) == 1) {
 		rot->slot_added = TRUE;
 		cas_keyring_rotate_add(adm->keyring);
 		if (cas_keyring_save(adm->keyring, adm->set.key_file,
@@ -290,10 +322,7 @@ static int casbox_rotate_begin(struct casbox_rotate *rot,
 	casbox_store_write_unlock(&lock);
 	if (ret < 0)
 		return -1;
-	rot->new_key_id = cas_keyring_wrap_key_id(adm->keyring);
-	if (!cas_keyring_retiring_key_id(adm->keyring, &rot->old_key_id))
-		i_unreached();
-	return 0;
+	return casbox_rotate_get_ids(rot, error_r);
 }
 
 /* Step 2: rewrap every blob record still under the old key id, one LSM
@@ -367,6 +396,7 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 	if (casbox_admin_refresh_keys(adm, error_r) < 0)
 		ret = -1;
 	else if (cas_keyring_slot_count(adm->keyring) == 1 &&
+		 cas_keyring_epoch_count(adm->keyring) == 1 &&
 		 cas_keyring_wrap_key_id(adm->keyring) == rot->new_key_id) {
 		/* a concurrent run of key rotate finished this rotation */
 		rot->finished = TRUE;
@@ -388,6 +418,8 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 				  "(unreadable before and after; see "
 				  "doveadm casbox scrub)", rot->user, foreign);
 		}
+		/* the old slot and epoch go; cas_keyring_save() shreds the
+		   replaced file */
 		cas_keyring_rotate_finish(adm->keyring);
 		if (cas_keyring_save(adm->keyring, adm->set.key_file,
 				     &error) < 0) {
@@ -402,12 +434,198 @@ static int casbox_rotate_finish(struct casbox_rotate *rot,
 	return ret;
 }
 
-/* Returns 0 ok, -1 error with *data_error_r telling a damaged store
-   (records that do not rewrap) from a failure worth retrying. */
+/* --finish step "deks": rewrap every blob record's DEK under the new
+   slot (the walk above; the last step checks again under the lock). */
+static int casbox_finish_deks(struct casbox_rotate *rot,
+			      const char **error_r)
+{
+	return casbox_rotate_walk(rot, error_r);
+}
+
+/* --finish step "metadata": the sealed BODYSTRUCTURE/ENVELOPE of every
+   message record (inline or the shared 's' record it names) and the
+   message records' MACs, in LSM batches of rot->batch. */
+static int casbox_finish_meta(struct casbox_rotate *rot,
+			      const char **error_r)
+{
+	buffer_t *pos = t_buffer_create(64);
+	unsigned int batches = 0;
+	int ret;
+
+	do {
+		ret = casbox_rekey_meta_step(rot->adm->store, rot->batch, pos,
+					     &rot->reseal, error_r);
+		if (ret < 0)
+			return -1;
+		batches++;
+		casbox_admin_progress_line(ret == 0,
+			"key rotate: %"PRIu64" records with sealed metadata "
+			"re-sealed, batch %u", rot->reseal.rewrapped, batches);
+	} while (ret > 0);
+	casbox_admin_progress_end();
+	return 0;
+}
+
+/* --finish step "record-macs": every other authenticated LSM record
+   (flags, retained, shared metadata and its refcount, the records
+   marker) MACed under the new epoch's record key. */
+static int casbox_finish_macs(struct casbox_rotate *rot,
+			      const char **error_r)
+{
+	buffer_t *pos = t_buffer_create(64);
+	unsigned int batches = 0;
+	int ret;
+
+	do {
+		ret = casbox_rekey_records_step(rot->adm->store, rot->batch,
+						pos, &rot->reseal, error_r);
+		if (ret < 0)
+			return -1;
+		batches++;
+		casbox_admin_progress_line(ret == 0,
+			"key rotate: %"PRIu64" records re-sealed, batch %u",
+			rot->reseal.rewrapped, batches);
+	} while (ret > 0);
+	casbox_admin_progress_end();
+	return 0;
+}
+
+/* --finish step "lsm-tables": the LSM's tables, WAL and MANIFEST sealed
+   under the new epoch's LSM key. Last of the re-seal steps: the steps
+   before it write records, which land in the WAL and get flushed into
+   tables sealed under the new epoch anyway, but a table merged before
+   them may still be of the old one. */
+static int casbox_finish_lsm(struct casbox_rotate *rot,
+			     const char **error_r)
+{
+	return casbox_rekey_lsm(rot->adm->store, error_r);
+}
+
+/* --finish step "dictionaries": packs/dict-*.cbd. */
+static int casbox_finish_dicts(struct casbox_rotate *rot,
+			       const char **error_r)
+{
+	return casbox_rekey_dicts(rot->adm->packs, &rot->reseal, error_r);
+}
+
+/* --finish step "packs": what gc --all does: every live blob copied
+   under a fresh DEK (new slot), every meta record it keeps (recovery
+   records, DEK updates, mailbox records) re-sealed under the new epoch
+   on the way (casbox_pack_txn_add_meta_sealed()), the old packs
+   unlinked. rebuild --from-packs then needs the new epoch only. gc
+   keeps a pack that a save appended to or deduplicated onto while it
+   copied, so it runs again (up to CASBOX_ROTATE_MAX_GC_RUNS times)
+   until no pack that existed when the step began is left: packs
+   created since hold only what was written under the new epoch. */
+static int casbox_finish_packs(struct casbox_rotate *rot,
+			       const char **error_r)
+{
+	struct casbox_store_gc_stats stats;
+	struct file_lock *lock = NULL;
+	uint32_t oldest, newest, last_before;
+	unsigned int runs;
+	int ret;
+
+	if (casbox_rekey_oldest_pack(rot->adm->packs, &oldest, &last_before,
+				     error_r) < 0)
+		return -1;
+	if (last_before == 0)
+		return 0;
+	ret = casbox_store_maintenance_lock(rot->adm->store, TRUE,
+					    CASBOX_MAINTENANCE_LOCK_SECS,
+					    &lock, error_r);
+	if (ret == 0)
+		*error_r = "another gc or scrub holds the maintenance lock";
+	if (ret <= 0)
+		return -1;
+	for (runs = 0; runs < CASBOX_ROTATE_MAX_GC_RUNS; ) {
+		i_zero(&stats);
+		if (casbox_store_gc(rot->adm->store, TRUE, &stats,
+				    error_r) < 0) {
+			ret = -1;
+			break;
+		}
+		runs++;
+		if (casbox_rekey_oldest_pack(rot->adm->packs, &oldest,
+					     &newest, error_r) < 0) {
+			ret = -1;
+			break;
+		}
+		if (casbox_rotate_verbose()) {
+			i_info("casbox key rotate: %s: packs: %"PRIu64" blobs "
+			       "moved, %"PRIu64" of %"PRIu64" packs "
+			       "rewritten", rot->user, stats.blobs_moved,
+			       stats.packs_deleted, stats.packs_selected);
+		}
+		if (oldest == 0 || oldest > last_before)
+			break;
+	}
+	if (ret > 0 && runs == CASBOX_ROTATE_MAX_GC_RUNS &&
+	    oldest != 0 && oldest <= last_before) {
+		*error_r = t_strdup_printf("gc kept pack %u, which holds "
+			"records of the old key epoch, in %u runs (saves "
+			"deduplicated onto it, or damaged blobs: see the "
+			"warnings above); the old epoch stays, nothing is "
+			"lost: run key rotate --finish again", oldest, runs);
+		ret = -1;
+	}
+	file_lock_free(&lock);
+	return ret < 0 ? -1 : 0;
+}
+
+/* The steps of key rotate --finish, in order. Each re-seals one kind of
+   thing the old epoch protects and is idempotent (what is under the new
+   epoch is left alone), so a run killed anywhere redoes at most the step
+   it was in: the durable progress marker (casbox_rekey_progress_write())
+   names the last step done. A step whose run is NULL holds the place of
+   one still to come; the run goes past it. After the last one, the old
+   slot and epoch are dropped from the key file (casbox_rotate_finish()),
+   and the marker is removed. */
+struct casbox_finish_step {
+	const char *name;
+	int (*run)(struct casbox_rotate *rot, const char **error_r);
+};
+static const struct casbox_finish_step casbox_finish_steps[] = {
+	{ "deks", casbox_finish_deks },
+	{ "metadata", casbox_finish_meta },
+	{ "record-macs", casbox_finish_macs },
+	{ "dictionaries", casbox_finish_dicts },
+	{ "packs", casbox_finish_packs },
+	/* "fts": the casidx segments sealed under the old epoch. The admin
+	   runs doveadm fts optimize between key rotate and --finish
+	   (casidx_index_reseal(); doc/doveadm.md): this plugin does not
+	   link casidx, so the step only holds the place. An index not
+	   re-sealed is rebuilt after the drop (one error line per index). */
+	{ "fts", NULL },
+	{ "lsm-tables", casbox_finish_lsm },
+};
+
+/* Index of the first step after the one named done (0: from the
+   start). */
+static unsigned int casbox_finish_first_step(const char *done)
+{
+	unsigned int i;
+
+	if (done == NULL)
+		return 0;
+	for (i = 0; i < N_ELEMENTS(casbox_finish_steps); i++) {
+		if (strcmp(casbox_finish_steps[i].name, done) == 0)
+			return i + 1;
+	}
+	/* a step this build does not know: start over (idempotent) */
+	return 0;
+}
+
+/* key rotate --finish. Returns 0 ok, -1 error with *data_error_r
+   telling a damaged store (records that do not rewrap) from a failure
+   worth retrying. */
 static int casbox_rotate_run(struct casbox_rotate *rot, bool *data_error_r,
 			     const char **error_r)
 {
-	unsigned int walks;
+	const struct casbox_finish_step *step;
+	const char *done, *error;
+	unsigned int walks, i;
+	bool fsync = rot->adm->fsync_mode != FSYNC_MODE_NEVER;
 	int ret;
 
 	*data_error_r = FALSE;
@@ -415,24 +633,79 @@ static int casbox_rotate_run(struct casbox_rotate *rot, bool *data_error_r,
 		*data_error_r = TRUE;
 		return -1;
 	}
-	if (casbox_rotate_begin(rot, error_r) < 0)
+	if (casbox_admin_refresh_keys(rot->adm, error_r) < 0)
 		return -1;
-	for (walks = 0; walks < CASBOX_ROTATE_MAX_WALKS; walks++) {
-		if (casbox_rotate_walk(rot, error_r) < 0)
+	if (cas_keyring_slot_count(rot->adm->keyring) == 1 &&
+	    cas_keyring_epoch_count(rot->adm->keyring) == 1) {
+		/* nothing in progress (or a concurrent run finished it) */
+		rot->idle = TRUE;
+		rot->new_key_id = rot->old_key_id =
+			cas_keyring_wrap_key_id(rot->adm->keyring);
+		rot->new_epoch = rot->old_epoch =
+			cas_keyring_store_epoch(rot->adm->keyring);
+		rot->finished = TRUE;
+		return casbox_rekey_progress_remove(rot->adm->root_dir,
+						    error_r);
+	}
+	if (casbox_rotate_get_ids(rot, error_r) < 0)
+		return -1;
+	ret = casbox_rekey_progress_read(rot->adm->root_dir, rot->new_epoch,
+					 &done, error_r);
+	if (ret < 0) {
+		*data_error_r = TRUE;
+		return -1;
+	}
+	for (i = casbox_finish_first_step(done);
+	     i < N_ELEMENTS(casbox_finish_steps); i++) {
+		step = &casbox_finish_steps[i];
+		if (step->run != NULL && step->run(rot, &error) < 0) {
+			*error_r = t_strdup_printf("step %s: %s",
+						   step->name, error);
 			return -1;
-		if ((ret = casbox_rotate_finish(rot, error_r)) != 0)
-			return ret < 0 ? -1 : 0;
+		}
+		if (casbox_rekey_progress_write(rot->adm->root_dir,
+						rot->new_epoch, step->name,
+						fsync, error_r) < 0)
+			return -1;
+		if (casbox_rotate_verbose()) {
+			/* tests synchronise on these lines */
+			i_info("casbox key rotate: %s: step %s done",
+			       rot->user, step->name);
+		}
+	}
+	for (walks = 0; walks < CASBOX_ROTATE_MAX_WALKS; walks++) {
+		if ((ret = casbox_rotate_finish(rot, error_r)) != 0) {
+			if (ret < 0)
+				return -1;
+			return casbox_rekey_progress_remove(
+				rot->adm->root_dir, error_r);
+		}
 		/* records that did not rewrap stay: walking again would
 		   not change that */
 		if (rot->stats.failed > 0)
 			break;
+		/* blob records a save wrapped before it saw the new slot */
+		if (casbox_rotate_walk(rot, error_r) < 0)
+			return -1;
 	}
 	*data_error_r = TRUE;
 	*error_r = t_strdup_printf("%"PRIu64" blob record(s) still use the "
 		"old key id %08x (%"PRIu64" did not unwrap: damaged); the "
-		"key file keeps both slots, nothing is lost",
+		"key file keeps both slots and epochs, nothing is lost",
 		rot->left, rot->old_key_id, rot->stats.failed);
 	return -1;
+}
+
+/* key rotate without --finish: start a new epoch. Returns 0 ok, -1. */
+static int casbox_rotate_start(struct casbox_rotate *rot, bool *data_error_r,
+			       const char **error_r)
+{
+	*data_error_r = FALSE;
+	if (casbox_admin_open_keys(rot->adm, error_r) < 0) {
+		*data_error_r = TRUE;
+		return -1;
+	}
+	return casbox_rotate_begin(rot, error_r);
 }
 
 /* Send casbox_key_rotate_finished (doc/events.md). */
@@ -444,6 +717,8 @@ static void casbox_rotate_event(struct casbox_rotate *rot, const char *error)
 		set_name("casbox_key_rotate_finished")->
 		add_str("old_key_id", t_strdup_printf("%08x", rot->old_key_id))->
 		add_str("new_key_id", t_strdup_printf("%08x", rot->new_key_id))->
+		add_int("old_epoch", rot->old_epoch)->
+		add_int("new_epoch", rot->new_epoch)->
 		add_int("slot_added", rot->slot_added ? 1 : 0)->
 		add_int("batches", rot->steps)->
 		add_int("examined", rot->stats.examined)->
@@ -476,17 +751,22 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 						user, ret, error);
 	}
 	if (rot.adm->set.key_mode == CAS_KEY_MODE_PASSWORD) {
-		/* nothing to rewrap: DEKs are sealed to the user's key
-		   pair, and replacing the pair needs the password */
+		/* DEKs are sealed to the user's key pair, and replacing the
+		   pair needs the password */
 		i_error("casbox key rotate: casbox_key_mode is password: "
-			"rotation rewraps server-mode DEKs; a user key "
-			"pair is not rotated (doc/threat-model.md)");
+			"rotation of a user key pair is not implemented "
+			"yet (doc/threat-model.md)");
 		_ctx->exit_code = EX_CONFIG;
 		casbox_admin_close(&rot.adm);
 		return -1;
 	}
-	ret = casbox_rotate_run(&rot, &data_error, &error);
-	casbox_rotate_event(&rot, ret < 0 ? error : NULL);
+	if (ctx->finish)
+		ret = casbox_rotate_run(&rot, &data_error, &error);
+	else
+		ret = casbox_rotate_start(&rot, &data_error, &error);
+	/* one event per rotation, when --finish ends it (or fails) */
+	if (ctx->finish || ret < 0)
+		casbox_rotate_event(&rot, ret < 0 ? error : NULL);
 	if (ret < 0) {
 		i_error("casbox key rotate: %s: %s", rot.adm->root_dir, error);
 		if (data_error)
@@ -497,9 +777,14 @@ cmd_casbox_key_rotate_run(struct doveadm_mail_cmd_context *_ctx,
 		doveadm_print(rot.adm->set.key_file);
 		doveadm_print(t_strdup_printf("%08x", rot.old_key_id));
 		doveadm_print(t_strdup_printf("%08x", rot.new_key_id));
+		doveadm_print_num(rot.old_epoch);
+		doveadm_print_num(rot.new_epoch);
 		doveadm_print_num(rot.stats.rewrapped);
+		doveadm_print_num(rot.reseal.rewrapped);
 		doveadm_print_num(rot.steps);
-		doveadm_print("rotated");
+		doveadm_print(!ctx->finish ?
+			      (rot.slot_added ? "started" : "in progress") :
+			      (rot.idle ? "nothing to finish" : "rotated"));
 	}
 	casbox_admin_close(&rot.adm);
 	return ret;
@@ -521,6 +806,10 @@ static bool cmd_casbox_key_parse_arg(struct doveadm_mail_cmd_context *_ctx,
 	switch (c) {
 	case 'y':
 		ctx->yes_destroy = TRUE;
+		return TRUE;
+	case 'e':
+		/* --finish ('F' is doveadm's --user-file) */
+		ctx->finish = TRUE;
 		return TRUE;
 	case 'b':
 		if (str_to_uint(optarg, &ctx->batch) < 0 || ctx->batch == 0) {
@@ -566,7 +855,13 @@ static void cmd_casbox_key_rotate_init(struct doveadm_mail_cmd_context *ctx
 	doveadm_print_header_simple("key_file");
 	doveadm_print_header_simple("old_key_id");
 	doveadm_print_header_simple("new_key_id");
+	doveadm_print_header("old_epoch", "old_epoch",
+			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	doveadm_print_header("new_epoch", "new_epoch",
+			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
 	doveadm_print_header("rewrapped", "rewrapped",
+			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
+	doveadm_print_header("resealed", "resealed",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
 	doveadm_print_header("batches", "batches",
 			     DOVEADM_PRINT_HEADER_FLAG_RIGHT_JUSTIFY);
@@ -578,7 +873,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_key_rotate_alloc(void)
 	struct doveadm_mail_cmd_context *ctx;
 
 	ctx = cmd_casbox_key_alloc(cmd_casbox_key_rotate_run);
-	casbox_doveadm_set_parse_arg(ctx, "b:", cmd_casbox_key_parse_arg);
+	casbox_doveadm_set_parse_arg(ctx, "b:e", cmd_casbox_key_parse_arg);
 	ctx->v.init = cmd_casbox_key_rotate_init;
 	return ctx;
 }

@@ -366,7 +366,10 @@ casbox_scrub_fix_refcount(struct casbox_scrub *scrub,
 }
 
 /* Copy the damaged frame aside and record the quarantine. The blob
-   record stays, so the messages still exist and can be restored. */
+   record stays, so the messages still exist and can be restored. A
+   delta whose base is damaged is quarantined the same way (it cannot be
+   decoded without it; restoring the base's frame releases both), and
+   its row says which base. */
 static void
 casbox_scrub_quarantine(struct casbox_scrub *scrub,
 			struct casbox_store_repair *repair,
@@ -374,12 +377,16 @@ casbox_scrub_quarantine(struct casbox_scrub *scrub,
 			const struct casbox_census_blob *checked)
 {
 	struct casbox_quarantine_record qrec;
-	const char *path, *error, *action;
+	const char *path, *error, *action, *why = "";
 
 	i_zero(&qrec);
 	qrec.time = ioloop_time;
 	qrec.cause = checked->damage != NULL ? checked->damage :
 		"blob record missing";
+	if (checked->base_damaged) {
+		why = t_strdup_printf(" (its base %s is damaged)",
+			cas_blob_id_to_hex(&checked->rec.base_id));
+	}
 	if (fresh->have_record && !fresh->record_bad) {
 		qrec.pack_id = fresh->rec.pack_id;
 		qrec.offset = fresh->rec.offset;
@@ -388,11 +395,11 @@ casbox_scrub_quarantine(struct casbox_scrub *scrub,
 						 &qrec, &path, &error) < 0) {
 			i_error("casbox scrub: blob %s: frame not copied: %s",
 				cas_blob_id_to_hex(&fresh->id), error);
-			action = t_strdup_printf("quarantined, frame not "
-						 "copied: %s", error);
+			action = t_strdup_printf("quarantined%s, frame not "
+						 "copied: %s", why, error);
 		} else {
-			action = t_strdup_printf("quarantined, frame copied "
-						 "to %s", path);
+			action = t_strdup_printf("quarantined%s, frame copied "
+						 "to %s", why, path);
 		}
 	} else {
 		action = "quarantined (no readable blob record)";
@@ -418,10 +425,12 @@ static void
 casbox_scrub_repair_blob(struct casbox_scrub *scrub,
 			 struct casbox_store_repair *repair,
 			 const struct casbox_census_blob *fresh,
-			 const struct casbox_census_blob *checked)
+			 const struct casbox_census_blob *checked,
+			 bool may_lower)
 {
 	if (fresh->have_record && !fresh->record_bad &&
-	    fresh->refcount != fresh->counted)
+	    fresh->refcount != fresh->counted &&
+	    (may_lower || fresh->counted > fresh->refcount))
 		casbox_scrub_fix_refcount(scrub, repair, fresh);
 	/* only what the check found, and only if no save or gc moved
 	   the blob since */
@@ -514,9 +523,18 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 		casbox_store_repair_rollback(&repair);
 		return -1;
 	}
+	/* a record that failed to decode or authenticate (records v2)
+	   may have lost the reference of a blob its message still needs:
+	   refcounts are then only raised, never lowered */
+	if (fresh->bad_records > 0) {
+		i_warning("casbox scrub: %s: %u records are malformed or "
+			  "failed authentication: refcounts are not lowered",
+			  scrub->adm->root_dir, fresh->bad_records);
+	}
 	array_foreach_elem(&fresh->blob_list, blob) T_BEGIN {
 		checked = hash_table_lookup(scrub->census->blobs, &blob->id);
-		casbox_scrub_repair_blob(scrub, repair, blob, checked);
+		casbox_scrub_repair_blob(scrub, repair, blob, checked,
+					 fresh->bad_records == 0);
 	} T_END;
 	casbox_census_free(&fresh);
 	if (casbox_store_repair_commit(&repair, error_r) < 0)

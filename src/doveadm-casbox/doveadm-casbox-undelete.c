@@ -322,20 +322,27 @@ casbox_undelete_restore(struct casbox_undelete_cmd_context *ctx,
    Returns 0 ok, -1 error (logged, exit status set). */
 static int
 casbox_undelete_unlock(struct doveadm_mail_cmd_context *_ctx,
-		       struct casbox_storage *storage,
-		       struct casbox_store *store)
+		       struct casbox_storage *storage)
 {
 	struct casbox_key_input *input = NULL;
+	struct casbox_store *store;
 	const char *error;
 	int ret;
 
 	if (storage->set.key_mode != CAS_KEY_MODE_PASSWORD ||
 	    storage->set.key_password != NULL)
 		return 0;
+	/* the usage checks first: opening the store needs the key file,
+	   which may not exist yet for a user who never logged in */
 	if (casbox_key_read_user_password(_ctx, "casbox undelete",
 					  storage->root_dir, &input,
 					  &storage->set.key_password) < 0)
 		return -1;
+	if (casbox_storage_get_store(storage, &store) < 0) {
+		storage->set.key_password = NULL;
+		casbox_key_input_free(&input);
+		return 0;
+	}
 	/* the store's settings are storage->set: the key ring keeps the
 	   unlocked key, not the password, which is wiped right after */
 	ret = casbox_store_open_keys(store, &error);
@@ -376,14 +383,14 @@ cmd_casbox_undelete_run(struct doveadm_mail_cmd_context *_ctx,
 		return casbox_admin_open_failed(_ctx, "casbox undelete", user,
 						-1, "user has no casbox "
 						"namespace");
+	if (!ctx->list && casbox_undelete_unlock(_ctx, storage) < 0)
+		return -1;
 	if (casbox_storage_get_store(storage, &store) < 0) {
 		i_error("casbox undelete: %s", mail_storage_get_last_internal_error(
 			&storage->storage, NULL));
 		doveadm_mail_failed_error(_ctx, MAIL_ERROR_TEMP);
 		return -1;
 	}
-	if (!ctx->list && casbox_undelete_unlock(_ctx, storage, store) < 0)
-		return -1;
 	i_zero(&coll);
 	coll.ctx = ctx;
 	coll.pool = pool_alloconly_create("casbox undelete", 4096);

@@ -60,6 +60,14 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 		DOVEADM_CMD_PARAMS_END
 	},
 	{
+		.name = "casbox upgrade",
+		.mail_cmd = cmd_casbox_upgrade_alloc,
+		.usage = "[-u <user>|-A] [-S <socket_path>]",
+		DOVEADM_CMD_PARAMS_START
+		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAMS_END
+	},
+	{
 		.name = "casbox undelete",
 		.mail_cmd = cmd_casbox_undelete_alloc,
 		.usage = "[-u <user>|-A] [-S <socket_path>] [--list] "
@@ -98,9 +106,11 @@ static struct doveadm_cmd_ver2 casbox_commands[] = {
 	{
 		.name = "casbox key rotate",
 		.mail_cmd = cmd_casbox_key_rotate_alloc,
-		.usage = "[-u <user>|-A] [-S <socket_path>] [--batch <n>]",
+		.usage = "[-u <user>|-A] [-S <socket_path>] [--finish] "
+			"[--batch <n>]",
 		DOVEADM_CMD_PARAMS_START
 		DOVEADM_CMD_MAIL_COMMON
+		DOVEADM_CMD_PARAM('e', "finish", CMD_PARAM_BOOL, 0)
 		DOVEADM_CMD_PARAM('b', "batch", CMD_PARAM_STR, 0)
 		DOVEADM_CMD_PARAMS_END
 	},

@@ -124,6 +124,7 @@ struct doveadm_mail_cmd_context *cmd_casbox_stats_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_upload_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_scrub_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_gc_alloc(void);
+struct doveadm_mail_cmd_context *cmd_casbox_upgrade_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_undelete_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_init_alloc(void);
 struct doveadm_mail_cmd_context *cmd_casbox_key_destroy_alloc(void);
