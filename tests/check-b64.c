@@ -22,6 +22,7 @@
 #include "check-run.h"
 #include <stdlib.h>
 #include <stdio.h>
+#include <unistd.h>
 
 static buffer_t *wrap(const unsigned char *data, size_t size,
 		      unsigned int cols, bool crlf, bool final)
@@ -133,6 +134,55 @@ START_TEST(test_canonical_forms)
 		i_stream_unref(&enc);
 		i_stream_unref(&dec);
 	} T_END;
+}
+END_TEST
+
+/* The encoder over a parent that hands out a few bytes at a time (a
+   file stream with a small buffer: fewer than a line, or a few lines),
+   read through small and large buffers of its own: the whole-line path
+   and the group path take turns and give the same bytes. */
+START_TEST(test_chunked_parent)
+{
+	static const unsigned int cols[] = { 4, 76, 996 };
+	static const size_t parent_bufs[] = { 5, 61, 4096 };
+	static const size_t enc_bufs[] = { 4, 80, 10000 };
+	char path[] = "/tmp/check-b64.XXXXXX";
+	unsigned char data[30001];
+	struct casbox_b64_form form;
+	struct istream *dec, *enc;
+	buffer_t *body, *out;
+	unsigned int c, p, b, f;
+	uoff_t dsize;
+	int fd;
+
+	for (b = 0; b < sizeof(data); b++)
+		data[b] = (unsigned char)(test_rand() & 0xff);
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, data, sizeof(data)), sizeof(data));
+	i_close_fd(&fd);
+	for (c = 0; c < N_ELEMENTS(cols); c++)
+	for (f = 0; f < 2; f++)
+	for (p = 0; p < N_ELEMENTS(parent_bufs); p++)
+	for (b = 0; b < N_ELEMENTS(enc_bufs); b++) T_BEGIN {
+		body = wrap(data, sizeof(data), cols[c], f != 0, TRUE);
+		ck_assert_int_eq(check(body, &form, &dsize), 1);
+		dec = i_stream_create_file(path, parent_bufs[p]);
+		enc = i_stream_create_casbox_b64_encoder(dec, &form, dsize);
+		i_stream_set_max_buffer_size(enc, enc_bufs[b]);
+		out = read_all(enc, 0);
+		ck_assert_msg(out->used == body->used &&
+			      memcmp(out->data, body->data, out->used) == 0,
+			      "cols %u crlf %u parent buffer %zu own %zu",
+			      cols[c], f, parent_bufs[p], enc_bufs[b]);
+		out = read_all(enc, body->used / 3);
+		ck_assert_uint_eq(out->used, body->used - body->used / 3);
+		ck_assert(memcmp(out->data, CONST_PTR_OFFSET(body->data,
+			body->used / 3), out->used) == 0);
+		i_stream_unref(&enc);
+		i_stream_unref(&dec);
+	} T_END;
+	i_unlink(path);
 }
 END_TEST
 
@@ -332,6 +382,7 @@ int main(void)
 	lib_init();
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_canonical_forms);
+	tcase_add_test(tc, test_chunked_parent);
 	tcase_add_test(tc, test_odd_forms);
 	tcase_add_test(tc, test_record_tail);
 	tcase_add_test(tc, test_fixtures);

@@ -12,6 +12,8 @@
 #include "casidx-index.h"
 #include "casidx-crypt.h"
 #include "cas-key.h"
+#include "cas-crc32c.h"
+#include "byteorder.h"
 
 #include <check.h>
 #include "check-run.h"
@@ -33,18 +35,37 @@ static void add_words(struct casidx_builder *b, enum casidx_field field,
 		casidx_builder_add_term(b, field, *w, strlen(*w));
 }
 
+/* Body words with position codes from *pos on, each but the first
+   with the space flag. */
+static void add_words_pos(struct casidx_builder *b, const char *text,
+			  uint32_t *pos)
+{
+	const char *const *w;
+	bool first = TRUE;
+
+	for (w = t_strsplit_spaces(text, " "); *w != NULL; w++) {
+		casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, *w,
+					    strlen(*w),
+					    (*pos << 1) | (first ? 0 : 1));
+		(*pos)++;
+		first = FALSE;
+	}
+}
+
+/* body words with positions (so the damage tests cover them too) */
 static void build_sample(buffer_t *out)
 {
 	struct casidx_builder *b = casidx_builder_create();
-	uint32_t uid;
+	uint32_t uid, pos;
 
 	for (uid = 1; uid <= 60; uid++) {
 		casidx_builder_add_doc(b, uid);
 		if (uid == 7)
 			continue; /* doc with no tokens */
-		add_words(b, CASIDX_FIELD_BODY, "hello world common");
+		pos = uid % 3;
+		add_words_pos(b, "hello world common", &pos);
 		if (uid % 2 == 0)
-			add_words(b, CASIDX_FIELD_BODY, "even even");
+			add_words_pos(b, "even even", &pos);
 		if (uid % 10 == 0)
 			add_words(b, CASIDX_FIELD_SUBJECT, "decade report");
 		add_words(b, CASIDX_FIELD_FROM,
@@ -180,6 +201,246 @@ START_TEST(test_segment_every_byte_flip_rejected)
 		ck_assert_int_lt(read_all(out->data, i, &terms), 0);
 	}
 	i_free(copy);
+	buffer_free(&out);
+}
+END_TEST
+
+/* The codes of term (key) for uid, as "pos:flag,..." */
+static const char *seg_positions(struct casidx_segment *seg,
+				 const char *key, uint32_t uid)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
+	roaring_bitmap_t *docs;
+	string_t *str = t_str_new(64);
+	const char *error;
+	uint32_t rank, j;
+
+	t_array_init(&tfs, 16);
+	t_array_init(&pos, 16);
+	t_array_init(&pos_idx, 16);
+	iter = casidx_segment_iter_init(seg, (const void *)key, strlen(key));
+	ck_assert_int_eq(casidx_segment_iter_next(iter, &e), 1);
+	ck_assert_uint_eq(e->key_len, strlen(key));
+	ck_assert_int_eq(casidx_segment_read_positions(seg, e, &docs, &tfs,
+		&pos, &pos_idx, &error), 1);
+	ck_assert_uint_eq(array_count(&pos_idx), e->df + 1);
+	if (roaring_bitmap_contains(docs, uid)) {
+		rank = roaring_bitmap_rank(docs, uid) - 1;
+		for (j = (*array_idx(&pos_idx, rank));
+		     j < (*array_idx(&pos_idx, rank + 1)); j++) {
+			str_printfa(str, "%s%u:%u", str_len(str) > 0 ? "," : "",
+				    (*array_idx(&pos, j)) >> 1,
+				    (*array_idx(&pos, j)) & 1);
+		}
+	}
+	roaring_bitmap_free(docs);
+	ck_assert_int_eq(casidx_segment_iter_deinit(&iter, &error), 0);
+	return str_c(str);
+}
+
+/* Position codes survive serialisation; out-of-order codes and a doc
+   added twice lose theirs (never keep wrong ones); drop_upto() keeps
+   the others' intact. */
+START_TEST(test_positions_roundtrip)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	struct casidx_segment *seg;
+	const char *error;
+	uint32_t pos;
+
+	casidx_builder_add_doc(b, 1);
+	pos = 0;
+	add_words_pos(b, "a b a c", &pos);
+	/* an occurrence without a code counts in tf only */
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "a", 1);
+	casidx_builder_add_term(b, CASIDX_FIELD_SUBJECT, "a", 1);
+	casidx_builder_add_doc(b, 2);
+	pos = 1000000;
+	add_words_pos(b, "c a", &pos);
+	/* out of order: term "d" keeps no positions at all */
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1, 9 << 1);
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1, 8 << 1);
+	casidx_builder_add_doc(b, 3);
+	pos = 5;
+	add_words_pos(b, "c d", &pos);
+	/* doc 4 twice: its two numberings could mix */
+	casidx_builder_add_doc(b, 4);
+	pos = 0;
+	add_words_pos(b, "e", &pos);
+	casidx_builder_add_doc(b, 4);
+	pos = 0;
+	add_words_pos(b, "f", &pos);
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	ck_assert(casidx_segment_has_positions(seg));
+	ck_assert_str_eq(seg_positions(seg, "0a", 1), "0:0,2:1");
+	ck_assert_str_eq(seg_positions(seg, "0a", 2), "1000001:1");
+	ck_assert_str_eq(seg_positions(seg, "0b", 1), "1:1");
+	ck_assert_str_eq(seg_positions(seg, "0c", 1), "3:1");
+	ck_assert_str_eq(seg_positions(seg, "0c", 2), "1000000:0");
+	ck_assert_str_eq(seg_positions(seg, "5a", 1), "");
+	ck_assert_str_eq(seg_positions(seg, "0d", 2), "");
+	ck_assert_str_eq(seg_positions(seg, "0d", 3), "");
+	ck_assert_str_eq(seg_positions(seg, "0c", 3), "5:0");
+	ck_assert_str_eq(seg_positions(seg, "0e", 4), "");
+	ck_assert_str_eq(seg_positions(seg, "0f", 4), "");
+	casidx_segment_close(&seg);
+
+	b = casidx_builder_create();
+	buffer_set_used_size(out, 0);
+	casidx_builder_add_doc(b, 5);
+	pos = 0;
+	add_words_pos(b, "e f", &pos);
+	casidx_builder_add_doc(b, 6);
+	pos = 0;
+	add_words_pos(b, "g h", &pos);
+	casidx_builder_drop_upto(b, 5);
+	casidx_builder_add_doc(b, 7);
+	pos = CASIDX_POS_MAX;
+	add_words_pos(b, "h", &pos);
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(
+		casidx_segment_get_docs(seg)), 2);
+	ck_assert_str_eq(seg_positions(seg, "0g", 6), "0:0");
+	ck_assert_str_eq(seg_positions(seg, "0h", 6), "1:1");
+	ck_assert_str_eq(seg_positions(seg, "0h", 7),
+			 t_strdup_printf("%u:0", CASIDX_POS_MAX));
+	casidx_segment_close(&seg);
+	buffer_free(&out);
+}
+END_TEST
+
+/* One term "0w" in doc 1, tf 3, codes 2<<1 and 4<<1|1: its postings
+   entry is the whole POSTINGS section (footer slots 11 and 12) and ends
+   in the positions section "03 09 02 05" (length 3; the first code
+   4 << 1 | 0 (npos < tf), + 1; npos 2; the delta 2<<1|1). If pos is given, those 4 bytes
+   are replaced and the entry's CRC fixed, so only the position parser
+   can object. Returns the offset of the 4 bytes. */
+static size_t build_pos_entry(buffer_t *out, const char *pos)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	uint64_t post_off, post_len;
+	unsigned char *entry;
+
+	casidx_builder_add_doc(b, 1);
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "w", 1, 2 << 1);
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "w", 1,
+				    4 << 1 | 1);
+	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "w", 1);
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	post_off = le64_to_cpu_unaligned(CONST_PTR_OFFSET(out->data,
+		out->used - 200 + 11 * 8));
+	post_len = le64_to_cpu_unaligned(CONST_PTR_OFFSET(out->data,
+		out->used - 200 + 12 * 8));
+	entry = buffer_get_modifiable_data(out, NULL);
+	entry += post_off;
+	ck_assert_int_eq(memcmp(entry + post_len - 4, "\x03\x09\x02\x05",
+				4), 0);
+	if (pos != NULL) {
+		memcpy(entry + post_len - 4, pos, 4);
+		cpu32_to_le_unaligned(cas_crc32c(entry + 4, post_len - 4),
+				      entry);
+	}
+	return post_off + post_len - 4;
+}
+
+/* The error reading the only term's positions, NULL if none. */
+static const char *read_pos_error(const buffer_t *seg_buf)
+{
+	struct casidx_segment *seg;
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
+	roaring_bitmap_t *docs;
+	const char *error = NULL;
+
+	t_array_init(&tfs, 16);
+	t_array_init(&pos, 16);
+	t_array_init(&pos_idx, 16);
+	if (casidx_segment_open_buf(seg_buf->data, seg_buf->used, &seg,
+				    &error) < 0)
+		return error;
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	ck_assert_int_eq(casidx_segment_iter_next(iter, &e), 1);
+	if (casidx_segment_read_positions(seg, e, &docs, &tfs, &pos,
+					  &pos_idx, &error) > 0) {
+		roaring_bitmap_free(docs);
+		error = NULL;
+		ck_assert_uint_eq(array_count(&pos), 2);
+	}
+	error = t_strdup(error);
+	(void)casidx_segment_iter_deinit(&iter, &error);
+	casidx_segment_close(&seg);
+	return error;
+}
+
+/* Damage inside the positions: every flipped bit fails the entry's CRC;
+   with the CRC made to match, each kind of bad position data is still
+   a clear error, never positions read wrong. */
+START_TEST(test_positions_damage)
+{
+	buffer_t *out = buffer_create_dynamic(default_pool, 1024);
+	buffer_t *copy = buffer_create_dynamic(default_pool, 1024);
+	static const struct {
+		const char *bytes, *error;
+	} cases[] = {
+		/* 4 positions, tf 3; tf positions must use the flag */
+		{ "\x03\x09\x04\x05", "position count" },
+		{ "\x03\x09\x03\x05", "position count" },
+		{ "\x03\x09\x00\x05", "position count" },
+		/* a zero delta */
+		{ "\x03\x09\x02\x01", "position delta" },
+		/* an unterminated varint */
+		{ "\x03\x09\x02\x85", "position delta" },
+		{ "\x03\x09\x82\x85", "position count" },
+		/* one position, then a stray byte */
+		{ "\x03\x09\x01\x05", "positions trailing bytes" },
+		/* no codes, then stray bytes */
+		{ "\x03\x00\x04\x05", "positions trailing bytes" },
+		/* three codes (npos = tf): one missing */
+		{ "\x03\x0a\x05\x00", "position delta" },
+		/* the section's length wrong either way */
+		{ "\x04\x09\x02\x05", "positions size" },
+		{ "\x02\x09\x02\x05", "positions size" },
+	};
+	unsigned int i, bit;
+	size_t start;
+	const char *error;
+
+	start = build_pos_entry(out, NULL);
+	ck_assert_ptr_eq(read_pos_error(out), NULL);
+	for (i = 0; i < 4; i++) {
+		for (bit = 0; bit < 8; bit++) {
+			buffer_set_used_size(copy, 0);
+			buffer_append_buf(copy, out, 0, SIZE_MAX);
+			((unsigned char *)buffer_get_modifiable_data(copy,
+				NULL))[start + i] ^= 1 << bit;
+			error = read_pos_error(copy);
+			ck_assert_msg(error != NULL &&
+				      strstr(error, "checksum") != NULL,
+				      "byte %u bit %u: %s", i, bit,
+				      error == NULL ? "(none)" : error);
+		}
+	}
+	for (i = 0; i < N_ELEMENTS(cases); i++) {
+		buffer_set_used_size(out, 0);
+		(void)build_pos_entry(out, cases[i].bytes);
+		error = read_pos_error(out);
+		ck_assert_msg(error != NULL &&
+			      strstr(error, cases[i].error) != NULL,
+			      "case %u: %s", i, error == NULL ? "(none)" :
+			      error);
+	}
+	buffer_free(&copy);
 	buffer_free(&out);
 }
 END_TEST
@@ -1175,6 +1436,85 @@ index_init_crypt(const struct cas_keyring *kr, const char *guid)
 	return index;
 }
 
+static void fixture_scan_cb(struct casidx_segment *seg ATTR_UNUSED,
+			    const unsigned char *term ATTR_UNUSED,
+			    size_t term_len ATTR_UNUSED,
+			    const roaring_bitmap_t *docs,
+			    const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	roaring_bitmap_t **docs_r = context;
+
+	*docs_r = roaring_bitmap_copy(docs);
+}
+
+/* A segment written before positions (version 1, by the format-3 code:
+   tests/fixtures/casidx-v3) is read as it is, without positions; the
+   next merge that takes it in rewrites it in the current version. */
+START_TEST(test_segment_v1_readable)
+{
+	struct casidx_index *index;
+	const char *error = NULL;
+	struct casidx_segment **segs;
+	roaring_bitmap_t *docs = NULL;
+
+	copy_fixture(3, "manifest");
+	copy_fixture(3, "seg-00000001.cxs");
+	index = casidx_index_init(test_dir, &test_set);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+	ck_assert(!casidx_index_is_old_format(index));
+	ck_assert_uint_eq(casidx_index_get_last_uid(index), 2);
+	ck_assert_uint_eq(casidx_index_get_open_segments(index, &segs), 1);
+	ck_assert(!casidx_segment_has_positions(segs[0]));
+	/* written before dtgrams: every doc of it counts as DTPARTIAL */
+	ck_assert(!casidx_segment_has_dtgrams(segs[0]));
+	docs = roaring_bitmap_create();
+	casidx_index_add_docs_without_dtgrams(index, docs);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(docs), 2);
+	ck_assert_int_eq(casidx_index_lookup_dtgram(index, CASIDX_FIELD_BODY,
+						    "\xC2\xA1\xC2\xB0", 4,
+						    docs, &error), 0);
+	roaring_bitmap_free(docs);
+	docs = NULL;
+	ck_assert_int_eq(casidx_index_scan(index, CASIDX_FIELD_BODY, "fox", 3,
+					   CASIDX_MATCH_EXACT, fixture_scan_cb,
+					   &docs, &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(docs), 1);
+	ck_assert(roaring_bitmap_contains(docs, 1));
+	roaring_bitmap_free(docs);
+	/* a new segment, then a merge of both */
+	index_docs(index, 3, 4);
+	ck_assert_int_eq(casidx_index_optimize(index, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(index, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_open_segments(index, &segs), 1);
+	ck_assert(casidx_segment_has_positions(segs[0]));
+	/* the merged segment has dtgrams, and says which docs lack them:
+	   the old ones, in every field */
+	ck_assert(casidx_segment_has_dtgrams(segs[0]));
+	docs = roaring_bitmap_create();
+	casidx_index_add_docs_without_dtgrams(index, docs);
+	ck_assert(roaring_bitmap_is_empty(docs));
+	roaring_bitmap_free(docs);
+	docs = NULL;
+	ck_assert_int_eq(casidx_index_scan(index, CASIDX_FIELD_HEADER,
+					   CASIDX_TERM_DTPARTIAL,
+					   CASIDX_TERM_MARKER_LEN,
+					   CASIDX_MATCH_EXACT, fixture_scan_cb,
+					   &docs, &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(docs), 2);
+	ck_assert(roaring_bitmap_contains(docs, 1));
+	ck_assert(roaring_bitmap_contains(docs, 2));
+	roaring_bitmap_free(docs);
+	docs = NULL;
+	ck_assert_int_eq(casidx_index_scan(index, CASIDX_FIELD_BODY, "dog", 3,
+					   CASIDX_MATCH_EXACT, fixture_scan_cb,
+					   &docs, &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(docs), 1);
+	ck_assert(roaring_bitmap_contains(docs, 2));
+	roaring_bitmap_free(docs);
+	casidx_index_deinit(&index);
+}
+END_TEST
+
 START_TEST(test_index_encrypted)
 {
 	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
@@ -1338,6 +1678,8 @@ int main(void)
 	lib_init();
 	tcase_add_test(tc, test_segment_roundtrip);
 	tcase_add_test(tc, test_segment_deterministic);
+	tcase_add_test(tc, test_positions_roundtrip);
+	tcase_add_test(tc, test_positions_damage);
 	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
 	tcase_add_test(tc, test_builder_long_and_nul_terms);
 	tcase_add_test(tc, test_substring_lookup_matches_scan);
@@ -1355,6 +1697,7 @@ int main(void)
 	tcase_add_test(tci, test_index_merge_bounded);
 	tcase_add_test(tci, test_index_corruption_rejected);
 	tcase_add_loop_test(tci, test_index_old_format_rebuilt, 0, 2);
+	tcase_add_test(tci, test_segment_v1_readable);
 	tcase_add_test(tci, test_index_encrypted);
 	tcase_add_test(tci, test_index_concurrent_writers_and_reader);
 	tcase_add_test(tci, test_index_overlapping_writers);

@@ -6,6 +6,7 @@
 #include "lib.h"
 #include "unlink-directory.h"
 #include "casidx-tokenizer.h"
+#include "casidx-dtgram.h"
 #include "casidx-index.h"
 #include "str.h"
 #include "casidx-query.h"
@@ -40,11 +41,27 @@ static void add_doc(struct feed_ctx *ctx, uint32_t uid)
 	i_zero(&ctx->state);
 }
 
+static void dtgram_cb(const unsigned char *gram, size_t gram_len,
+		      uint32_t pos, void *context)
+{
+	struct feed_ctx *ctx = context;
+
+	casidx_query_add_dtgram(ctx->w, ctx->field, gram, gram_len, pos,
+				&ctx->state);
+}
+
+/* the field's words and, as the backend does, its dtgrams */
 static void add_field(struct feed_ctx *ctx, enum casidx_field field,
 		      const char *text)
 {
+	struct casidx_dtgram *dt = casidx_dtgram_create();
+
 	ctx->field = field;
 	casidx_tokenizer_tokenize(tok, text, strlen(text), feed_cb, ctx);
+	if (field == CASIDX_FIELD_BODY)
+		casidx_query_dtgram_restart(&ctx->state);
+	casidx_dtgram_feed(dt, text, strlen(text), dtgram_cb, ctx);
+	casidx_dtgram_destroy(&dt);
 }
 
 /* uid 1..6; 4 has no text at all; 6 gets expunged */
@@ -115,8 +132,11 @@ static void check_query(const struct casidx_query_leaf *leaves,
 
 	ck_assert_int_eq(casidx_query_eval(idx, tok, leaves, count, and_args,
 					   &res, &error), 0);
-	ck_assert_str_eq(bm_str(res.definite), definite);
-	ck_assert_str_eq(bm_str(res.maybe), maybe);
+	ck_assert_msg(strcmp(bm_str(res.definite), definite) == 0 &&
+		      strcmp(bm_str(res.maybe), maybe) == 0,
+		      "\"%s\": definite %s maybe %s, expected %s / %s",
+		      leaves[0].value, bm_str(res.definite),
+		      bm_str(res.maybe), definite, maybe);
 	casidx_query_result_free(&res);
 }
 
@@ -151,17 +171,39 @@ END_TEST
 
 START_TEST(test_maybe_cases)
 {
-	/* two words: adjacency unproven */
-	check1(BODY, "hello world", FALSE, "", "2");
-	/* punctuation */
+	/* two words: proven by positions where adjacent with one space
+	   between them ("hello world, hello again"); where both words
+	   occur, each only in words with positions, but never so, the
+	   message is out */
+	check1(BODY, "hello world", FALSE, "2", "");
+	check1(BODY, "HELLO again", FALSE, "2", "");
+	check1(BODY, "ello wor", FALSE, "2", "");
+	check1(BODY, "world hello", FALSE, "", "");
+	check1(BODY, "world hello again", FALSE, "", "");
+	/* not a phrase of single spaces: maybe */
+	check1(BODY, "hello  world", FALSE, "", "2");
+	/* a middle word must be a whole word of the text; a piece of a
+	   word is not excluded by it */
+	check1(BODY, "hello wor again", FALSE, "", "");
+	check1(BODY, "hello orl again", FALSE, "", "");
+	/* "plaît" went through ICU (no positions): maybe */
+	check1(BODY, "plait vous", FALSE, "", "3");
+	check1(BODY, "vous plait", FALSE, "", "3");
+	check1(BODY, "the world is", FALSE, "1", "");
+	check1(BODY, "the worl is", FALSE, "", "");
+	/* not across fields */
+	check1(ALL, "there the", FALSE, "", "1");
+	/* punctuation: proven only inside one term */
 	check1(BODY, "world,", FALSE, "", "1,2");
 	/* non-ASCII: folding may over-match */
 	check1(BODY, "café", FALSE, "", "3");
 	/* "café" was folded to "cafe": an ASCII match in it is not proven
 	   (Dovecot's own search would not find "cafe" in "café") */
 	check1(BODY, "cafe", FALSE, "", "3");
-	/* address compound */
-	check1(FROM, "alice@example.com", FALSE, "", "1");
+	/* inside an address compound term */
+	check1(FROM, "alice@example.com", FALSE, "1", "");
+	check1(FROM, "e@example.c", FALSE, "1", "");
+	check1(FROM, "<alice@example.com>", FALSE, "", "1");
 	check1(FROM, "example", FALSE, "1,2", "");
 }
 END_TEST
@@ -220,8 +262,11 @@ START_TEST(test_not_and_or)
 
 	/* NOT includes the token-less message 4, excludes expunged 6 */
 	check1(BODY, "hello", TRUE, "1,3,4,5", "");
-	/* NOT of a maybe stays maybe */
-	check1(BODY, "hello world", TRUE, "1,3,4,5", "2");
+	/* NOT of a maybe stays maybe, of an excluded one is definite */
+	check1(BODY, "plait vous", TRUE, "1,2,4,5", "3");
+	check1(BODY, "world hello", TRUE, "1,2,3,4,5", "");
+	/* NOT of a proven phrase */
+	check1(BODY, "hello world", TRUE, "1,3,4,5", "");
 
 	i_zero(&leaves);
 	leaves[0].field_mask = BODY;
@@ -233,18 +278,28 @@ START_TEST(test_not_and_or)
 	leaves[1].match_not = TRUE;
 	check_query(leaves, 2, TRUE, "1", "");
 	/* AND of definite and maybe */
-	leaves[1].value = "hello world";
+	leaves[0].value = "vous";
+	leaves[1].value = "plait vous";
 	leaves[1].match_not = FALSE;
-	check_query(leaves, 2, TRUE, "", "2");
-	check_query(leaves, 2, FALSE, "1,2", "");
+	check_query(leaves, 2, TRUE, "", "3");
+	check_query(leaves, 2, FALSE, "3", "");
 }
 END_TEST
 
 START_TEST(test_answerable)
 {
-	ck_assert(casidx_query_value_is_answerable(tok, "hello"));
-	ck_assert(!casidx_query_value_is_answerable(tok, ""));
-	ck_assert(!casidx_query_value_is_answerable(tok, " -- , "));
+	ck_assert(casidx_query_value_is_answerable(tok, "hello", BODY));
+	ck_assert(!casidx_query_value_is_answerable(tok, "", BODY));
+	ck_assert(!casidx_query_value_is_answerable(tok, " -- , ", ALL));
+	/* no word, but dtgrams: where the fields have them */
+	ck_assert(casidx_query_value_is_answerable(tok, "\xC2\xA1\xC2\xB0",
+						   BODY));
+	ck_assert(casidx_query_value_is_answerable(tok, "\xC2\xA1\xC2\xB0",
+						   ALL));
+	ck_assert(!casidx_query_value_is_answerable(tok, "\xC2\xA1\xC2\xB0",
+		CASIDX_FIELD_MASK(CASIDX_FIELD_FROM)));
+	/* one code point: no pair */
+	ck_assert(!casidx_query_value_is_answerable(tok, "\xC2\xB0", BODY));
 }
 END_TEST
 
@@ -368,8 +423,9 @@ START_TEST(test_exactness_markers)
 	check1(BODY, "zzzz", FALSE, "", "12");
 	check1(SUBJECT, "zzzz", FALSE, "", "");
 	check1(BODY, "done", FALSE, "7", "12");
+	/* the whole run is one term: proven there */
 	check1(BODY, "aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgYmFzZTY0IHJ1bg==",
-	       FALSE, "", "7,12");
+	       FALSE, "7", "12");
 	/* within the header budget: found; past it: maybe, in that field
 	   only */
 	check1(ALL, "d29ybGQ", FALSE, "7,12", "");
@@ -440,6 +496,157 @@ START_TEST(test_cjk_single_char)
 }
 END_TEST
 
+/* The dtgrams of values: the code point pairs of Dovecot's decomposed
+   titlecase image that qualify (casidx-dtgram.h). */
+START_TEST(test_dtgram_value)
+{
+	static const struct {
+		const char *value;
+		unsigned int image_len, grams;
+	} cases[] = {
+		/* A U+0301 N U+0303 */
+		{ "\xC3\xA1\xC3\xB1", 4, 3 },
+		{ "\xC2\xA1\xC2\xB0", 2, 1 },
+		/* CJK pairs have bigram terms of their own */
+		{ "\xE6\x9D\xB1\xE4\xBA\xAC", 2, 0 },
+		{ "\xE6\x9D\xB1\xC2\xBB", 2, 1 },
+		/* pairs with whitespace or of ASCII only never count */
+		{ "a \xC3\xA9", 4, 1 },
+		{ "hello", 5, 0 },
+		{ "\xC2\xB0", 1, 0 },
+	};
+	struct casidx_dtgram_value dtv;
+	unsigned int i;
+	pool_t pool = pool_alloconly_create("dtgram test", 256);
+
+	for (i = 0; i < N_ELEMENTS(cases); i++) {
+		casidx_dtgram_value(cases[i].value, pool, &dtv);
+		ck_assert(dtv.valid);
+		ck_assert_msg(dtv.image_len == cases[i].image_len &&
+			      array_count(&dtv.grams) == cases[i].grams,
+			      "%s: image %u grams %u", cases[i].value,
+			      dtv.image_len, array_count(&dtv.grams));
+	}
+	casidx_dtgram_value("\xFF\xC3", pool, &dtv);
+	ck_assert(!dtv.valid);
+	ck_assert_uint_eq(array_count(&dtv.grams), 0);
+	pool_unref(&pool);
+}
+END_TEST
+
+static void collect_cb(const unsigned char *gram, size_t gram_len,
+		       uint32_t pos, void *context)
+{
+	string_t *out = context;
+
+	str_append_data(out, gram, gram_len);
+	str_printfa(out, "@%u|", pos);
+}
+
+/* Any split of the text into chunks gives the same dtgrams, also with
+   characters and invalid bytes cut by a chunk's end. */
+START_TEST(test_dtgram_chunks)
+{
+	static const char text[] = "S\xC3\xA9nor \xC2\xBB\xC3\xB9 \xD0\x9C"
+		"\xD0\xBE\xD1\x81\xD0\xBA\xD0\xB2\xD0\xB0 \xE6\x9D\xB1\xE4"
+		"\xBA\xAC\xE3\x80\x82\xF0\x9F\x98\x80x\xFF\xC3\xB1\xE2\x82"
+		"y\xE2\x82\xAC\xCC\x81";
+	struct casidx_dtgram *dt = casidx_dtgram_create();
+	string_t *whole = t_str_new(256), *parts = t_str_new(256);
+	size_t len = strlen(text), i, a, b;
+
+	casidx_dtgram_feed(dt, text, len, collect_cb, whole);
+	ck_assert(str_len(whole) > 0);
+	for (a = 0; a <= len; a++) {
+		for (b = a; b <= len; b++) {
+			casidx_dtgram_reset(dt);
+			str_truncate(parts, 0);
+			casidx_dtgram_feed(dt, text, a, collect_cb, parts);
+			casidx_dtgram_feed(dt, text + a, b - a, collect_cb,
+					   parts);
+			casidx_dtgram_feed(dt, text + b, len - b, collect_cb,
+					   parts);
+			ck_assert_msg(strcmp(str_c(parts), str_c(whole)) == 0,
+				      "split %zu,%zu", a, b);
+		}
+	}
+	casidx_dtgram_reset(dt);
+	str_truncate(parts, 0);
+	for (i = 0; i < len; i++)
+		casidx_dtgram_feed(dt, text + i, 1, collect_cb, parts);
+	ck_assert_str_eq(str_c(parts), str_c(whole));
+	casidx_dtgram_destroy(&dt);
+}
+END_TEST
+
+/* Non-ASCII values: candidates only where every dtgram is, definite
+   where the image is one dtgram of the body, maybe where the index
+   can't tell (DTPARTIAL). */
+START_TEST(test_dtgrams)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 7);
+	add_field(&ctx, CASIDX_FIELD_BODY, "x \xC2\xBB\xC3\xB9 y");
+	add_doc(&ctx, 8);
+	add_field(&ctx, CASIDX_FIELD_BODY, "\xC2\xBB \xC3\xB9");
+	add_doc(&ctx, 9);
+	add_field(&ctx, CASIDX_FIELD_BODY, "\xC2\xA1\xC2\xB0hello\xC2\xA1"
+		  "\xC2\xB1");
+	add_doc(&ctx, 10);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "Se\xC3\xB1or \xC2\xA1\xC2\xB0");
+	add_doc(&ctx, 12);
+	add_field(&ctx, CASIDX_FIELD_BODY, "\xC2\xBBU \xC3\xB9 "
+		  "\xC3\xA1\xC3\xB1");
+	add_doc(&ctx, 11);
+	add_field(&ctx, CASIDX_FIELD_BODY, "nothing here");
+	casidx_query_add_marker(ctx.w, CASIDX_FIELD_BODY,
+				CASIDX_TERM_DTPARTIAL, &ctx.state);
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* three code points (U+00BB U U+0300): both pairs, one after the
+	   other, in 7; in 8 the space parts them; 12 has both pairs but
+	   apart; 11 (DTPARTIAL) may hold it anywhere */
+	check1(BODY, "\xC2\xBB\xC3\xB9", FALSE, "7", "11,12");
+	check1(ALL, "\xC2\xBB\xC3\xB9", FALSE, "7", "11,12");
+	/* A U+0301 N U+0303: a chain of three */
+	check1(BODY, "\xC3\xA1\xC3\xB1", FALSE, "12", "11");
+	check1(BODY, "\xC3\xB1\xC3\xA1", FALSE, "", "11");
+	/* an ASCII pair inside ("cafe" + U+0301): never a whole chain */
+	check1(BODY, "caf\xC3\xA9", FALSE, "", "3,11");
+	/* two code points, in a body: proven; in a subject: maybe */
+	check1(BODY, "\xC2\xA1\xC2\xB0", FALSE, "9", "11");
+	check1(ALL, "\xC2\xA1\xC2\xB0", FALSE, "9", "10,11");
+	check1(CASIDX_FIELD_MASK(CASIDX_FIELD_SUBJECT), "\xC2\xA1\xC2\xB0",
+	       FALSE, "", "10");
+	/* titlecase: "°h" is "°H" on both sides */
+	check1(BODY, "\xC2\xB0h", FALSE, "9", "11");
+	check1(BODY, "\xC2\xB0H", FALSE, "9", "11");
+	check1(BODY, "\xC2\xB1\xC2\xB0", FALSE, "", "11");
+	/* a folded word's candidates are cut down by its dtgrams: doc 3's
+	   "café" stays, nothing else but DTPARTIAL 11 has the pair */
+	check1(ALL, "caf\xC3\xA9", FALSE, "", "3,11");
+	check1(ALL, "se\xC3\xB1or", FALSE, "", "10,11");
+	/* "n²" is "N2" to Dovecot: the joined term has it, folded */
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 13);
+	add_field(&ctx, CASIDX_FIELD_BODY, "more than n\xC2\xB2 space");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+	check1(BODY, "n2", FALSE, "", "13");
+	check1(BODY, "than n\xC2\xB2 ", FALSE, "", "13");
+	/* dotless i is Dovecot's "I": where "is" is (folded "ıs" is
+	   "is"), never proven */
+	check1(BODY, "\xC4\xB1s", FALSE, "", "1,5");
+	/* NOT: certain where the pair certainly isn't */
+	check1(BODY, "\xC2\xA1\xC2\xB0", TRUE, "1,2,3,4,5,7,8,10,12,13",
+	       "11");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -457,6 +664,9 @@ int main(void)
 	tcase_add_test(tc, test_lazy_corruption_detected);
 	tcase_add_test(tc, test_cjk_single_char);
 	tcase_add_test(tc, test_exactness_markers);
+	tcase_add_test(tc, test_dtgram_value);
+	tcase_add_test(tc, test_dtgram_chunks);
+	tcase_add_test(tc, test_dtgrams);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

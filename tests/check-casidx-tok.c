@@ -59,6 +59,18 @@ static void collect_cb(const struct casidx_token *t, void *context)
 		str_append(str, "/w");
 }
 
+/* collect_cb plus "/r" for RAW and "/s" for SPACE_BEFORE */
+static void flags_cb(const struct casidx_token *t, void *context)
+{
+	string_t *str = context;
+
+	collect_cb(t, context);
+	if ((t->flags & CASIDX_TOKEN_FLAG_RAW) != 0)
+		str_append(str, "/r");
+	if ((t->flags & CASIDX_TOKEN_FLAG_SPACE_BEFORE) != 0)
+		str_append(str, "/s");
+}
+
 static const char *tokens(const char *text, size_t len)
 {
 	string_t *str = t_str_new(256);
@@ -67,8 +79,9 @@ static const char *tokens(const char *text, size_t len)
 	return str_c(str);
 }
 
-static const char *tokens_chunked(const char *text, size_t len,
-				  unsigned int seed)
+static const char *tokens_chunked_cb(const char *text, size_t len,
+				     unsigned int seed,
+				     casidx_token_callback_t *cb)
 {
 	string_t *str = t_str_new(256);
 	size_t pos = 0, n;
@@ -85,11 +98,17 @@ static const char *tokens_chunked(const char *text, size_t len,
 		if (n > len - pos)
 			n = len - pos;
 		casidx_tokenizer_feed(tok, (const unsigned char *)text + pos,
-				      n, collect_cb, str);
+				      n, cb, str);
 		pos += n;
 	}
-	casidx_tokenizer_final(tok, collect_cb, str);
+	casidx_tokenizer_final(tok, cb, str);
 	return str_c(str);
+}
+
+static const char *tokens_chunked(const char *text, size_t len,
+				  unsigned int seed)
+{
+	return tokens_chunked_cb(text, len, seed, collect_cb);
 }
 
 struct tok_case {
@@ -113,6 +132,11 @@ static const struct tok_case cases[] = {
 	  "cafe@0/f naive@1/f angstrom@2/f facade@3/f strasse@4/f dzemal@5/f "
 	  "find@6/f" },
 	{ "Tiếng Việt İstanbul", "tieng@0/f viet@1/f istanbul@2/f" },
+	/* dotless i is "I" to Dovecot's search: "i", folded */
+	{ "Işık ılık", "isik@0/f ilik@1/f" },
+	/* ICU splits "n²"; Dovecot's search reads "N2": joined too */
+	{ "than n\xC2\xB2 x\xC2\xB2y", "than@0 n@1 2@2/f n2@2/p/f x@3 2@4/f "
+	  "y@5 x2y@5/p/f" },
 	{ "cafe\xCC\x81 e\xCC\x81t\xCC\x81\xC3\xA9", "cafe@0 ete@1/f" },
 	/* Greek: final sigma folds to sigma, tonos dropped */
 	{ "ΟΔΥΣΣΕΥΣ Οδυσσεύς", "οδυσσευσ@0 οδυσσευσ@1" },
@@ -355,6 +379,101 @@ static void random_text(string_t *str, unsigned int *seed, unsigned int n)
 	}
 }
 
+/* RAW and SPACE_BEFORE (what positions prove phrases with) */
+START_TEST(test_raw_space_flags)
+{
+	string_t *str = t_str_new(256);
+	static const char text[] =
+		"Hello  world foo-bar baz\tqux, quux x.y z "
+		"caf\xC3\xA9 au lait mail john@example.com now "
+		"http://x.org/a b";
+
+	casidx_tokenizer_tokenize(tok, text, strlen(text), flags_cb, str);
+	ck_assert_str_eq(str_c(str),
+		"hello@0/r world@1/r foo@2/r/s bar@3/r baz@4/r/s qux@5/r "
+		"quux@6/r x.y@7/r/s x@7/p y@7/p z@8/r/s cafe@9/f au@10/r "
+		"lait@11/r/s mail@12/r/s john@example.com@13/r/s "
+		"example.com@13/p john@13/p example@13/p com@13/p now@14/r/s "
+		"http://x.org/a@15/r/s x.org@15/p http@15/p x@15/p org@15/p "
+		"a@15/p b@16/r/s");
+}
+END_TEST
+
+static void find_lcase(const char *hay, const char *needle, size_t len)
+{
+	size_t i, n = strlen(hay);
+
+	for (i = 0; i + len <= n; i++) {
+		if (strncasecmp(hay + i, needle, len) == 0)
+			return;
+	}
+	ck_abort_msg("'%.*s' not in '%s'", (int)len, needle, hay);
+}
+
+struct space_ctx {
+	const char *text;
+	string_t *prev;
+	bool prev_raw;
+};
+
+/* every RAW term is in the text (ASCII case aside), and every
+   SPACE_BEFORE token follows its predecessor after one space */
+static void space_cb(const struct casidx_token *t, void *context)
+{
+	struct space_ctx *ctx = context;
+	string_t *pair;
+
+	if ((t->flags & CASIDX_TOKEN_FLAG_PART) != 0)
+		return;
+	if ((t->flags & CASIDX_TOKEN_FLAG_RAW) != 0)
+		find_lcase(ctx->text, t->term, t->term_len);
+	if ((t->flags & CASIDX_TOKEN_FLAG_SPACE_BEFORE) != 0) {
+		ck_assert(ctx->prev_raw);
+		ck_assert((t->flags & CASIDX_TOKEN_FLAG_RAW) != 0);
+		pair = t_str_new(128);
+		str_append_str(pair, ctx->prev);
+		str_append_c(pair, ' ');
+		str_append_data(pair, t->term, t->term_len);
+		find_lcase(ctx->text, str_c(pair), str_len(pair));
+	}
+	if ((t->flags & CASIDX_TOKEN_FLAG_WINDOW) == 0 ||
+	    str_len(ctx->prev) == 0) {
+		str_truncate(ctx->prev, 0);
+		str_append_data(ctx->prev, t->term, t->term_len);
+	}
+	ctx->prev_raw = (t->flags & CASIDX_TOKEN_FLAG_RAW) != 0 &&
+		(t->flags & CASIDX_TOKEN_FLAG_WINDOW) == 0;
+}
+
+/* Over random texts of every script: the flags never claim text that
+   is not there, and chunking never changes them. */
+START_TEST(test_raw_space_property)
+{
+	unsigned int seed = 777 + _i, round;
+
+	for (round = 0; round < 40; round++) T_BEGIN {
+		string_t *text = t_str_new(1024);
+		string_t *whole = t_str_new(256);
+		struct space_ctx ctx;
+		const char *chunked;
+
+		random_text(text, &seed, 1 + rnd(&seed) % 60);
+		i_zero(&ctx);
+		ctx.text = str_c(text);
+		ctx.prev = t_str_new(64);
+		casidx_tokenizer_tokenize(tok, str_c(text), str_len(text),
+					  space_cb, &ctx);
+		casidx_tokenizer_tokenize(tok, str_c(text), str_len(text),
+					  flags_cb, whole);
+		chunked = tokens_chunked_cb(str_c(text), str_len(text),
+					    seed + round, flags_cb);
+		ck_assert_msg(strcmp(str_c(whole), chunked) == 0,
+			      "text '%s'\n whole '%s'\nchunked '%s'",
+			      str_c(text), str_c(whole), chunked);
+	} T_END;
+}
+END_TEST
+
 START_TEST(test_chunking_property)
 {
 	unsigned int seed = 1234 + _i, round;
@@ -489,6 +608,8 @@ int main(void)
 	tcase_add_test(tc, test_positions_reset);
 	tcase_add_test(tc, test_final_flushes);
 	tcase_add_loop_test(tc, test_chunking_property, 0, 25);
+	tcase_add_test(tc, test_raw_space_flags);
+	tcase_add_loop_test(tc, test_raw_space_property, 0, 25);
 	tcase_add_test(tc, test_chunking_long_piece);
 	tcase_add_test(tc, test_ascii_fast_path_equals_icu);
 	tcase_add_loop_test(tc, test_query_terms_in_index, 0, 10);

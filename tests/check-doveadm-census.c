@@ -17,6 +17,7 @@
 
 #include <check.h>
 #include "check-run.h"
+#include "test-store-fixture.h"
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -52,25 +53,13 @@ static void damage_cb(void *context, const char *mailbox ATTR_UNUSED,
 
 static void setup(void)
 {
-	ck_assert_ptr_nonnull(mkdtemp(test_dir));
-	root = t_strconcat(test_dir, "/casbox", NULL);
-	ck_assert_int_eq(mkdir(root, 0700), 0);
-	i_zero(&set);
-	set.key_file = t_strconcat(test_dir, "/user.key", NULL);
-	set.key_autocreate = TRUE;
-	set.zstd_level = 3;
-	set.part_split_size = 1024;
-	set.pack_size = 1024 * 1024;
+	test_store_fixture_setup(test_dir, &root, &set);
 	set.gc_dead_ratio = 30;
 }
 
 static void teardown(void)
 {
-	const char *error;
-
-	ck_assert_int_eq(unlink_directory(test_dir,
-		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
-	memcpy(test_dir + strlen(test_dir) - 6, "XXXXXX", 6);
+	test_store_fixture_teardown(test_dir);
 }
 
 static void add_msg(struct casbox_store *store, uint32_t uid,

@@ -494,6 +494,154 @@ START_TEST(test_nonzero_padding)
 }
 END_TEST
 
+/* Chunk 0 of rec (a one-chunk blob of plain_size bytes) replaced by
+   zframe (zlen bytes, padded as writers pad), sealed as a writer would:
+   only the zstd frame differs from what the writer wrote. */
+static void reseal_chunk(const struct casbox_blob_record *rec,
+			 const struct cas_blob_id *id, size_t plain_size,
+			 const unsigned char *zframe, size_t zlen)
+{
+	unsigned char raw[CASBOX_FRAME_V2_HEADER_SIZE], table[8];
+	unsigned char dek[CAS_DEK_SIZE], subkey[CAS_AEAD_SUBKEY_SIZE];
+	unsigned char aad[CASBOX_CHUNK_AAD_SIZE], *chunk;
+	struct casbox_frame_header hdr;
+	size_t aad_size, padded, stored;
+	const char *error;
+
+	read_header(rec, &hdr, raw);
+	pack_pread(rec, table, sizeof(table), rec->frame_size - 8);
+	stored = le32_to_cpu_unaligned(table);
+	padded = stored - CAS_AEAD_TAG_SIZE;
+	/* the same bucket, so frame and table sizes stay right */
+	ck_assert_uint_eq(casbox_padme(zlen), padded);
+	chunk = i_malloc(stored);
+	memcpy(chunk, zframe, zlen);
+	memset(chunk + zlen, 0, padded - zlen);
+	ck_assert_int_eq(cas_keyring_dek_open(keyring, id, rec->dek_kind,
+					      rec->stored_dek, dek, &error), 1);
+	cas_aead_frame_subkey(hdr.cipher, dek, hdr.nonce, subkey);
+	aad_size = casbox_frame_chunk_aad(&hdr, 0, TRUE, plain_size, aad);
+	cas_aead_chunk_encrypt(hdr.cipher, subkey, 0, aad, aad_size, chunk,
+			       padded, chunk);
+	pack_pwrite(rec, chunk, stored, CASBOX_FRAME_V2_HEADER_SIZE);
+	cpu32_to_le_unaligned(cas_crc32c_mask(cas_crc32c(chunk, stored)),
+			      table + 4);
+	pack_pwrite(rec, table, sizeof(table), rec->frame_size - 8);
+	cpu32_to_le_unaligned(cas_crc32c_mask(cas_crc32c(table, 8)), raw + 20);
+	rewrite_header(rec, raw);
+	sodium_memzero(dek, sizeof(dek));
+	sodium_memzero(subkey, sizeof(subkey));
+	i_free(chunk);
+}
+
+/* The blob as a zstd frame without content size (so with a window
+   descriptor), its window set to 2^window_log. Returns its size. */
+static size_t zstd_frame_window(const buffer_t *blob, unsigned int window_log,
+				unsigned char *out, size_t out_size)
+{
+	ZSTD_CCtx *cctx = ZSTD_createCCtx();
+	size_t zlen;
+
+	ck_assert_ptr_nonnull(cctx);
+	ck_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(cctx,
+		ZSTD_c_contentSizeFlag, 0)));
+	zlen = ZSTD_compress2(cctx, out, out_size, blob->data, blob->used);
+	ck_assert(!ZSTD_isError(zlen));
+	ZSTD_freeCCtx(cctx);
+	/* magic, frame header descriptor 0 (no single segment, no
+	   checksum, no dictionary id), window descriptor */
+	ck_assert_uint_eq(out[4], 0);
+	out[5] = (unsigned char)((window_log - 10) << 3);
+	return zlen;
+}
+
+/* A frame's window is bounded: at the limit it decodes (zstd needs no
+   more memory one-shot), above it the chunk is refused by name, though
+   its AEAD tag is good and zstd alone would decode it. */
+START_TEST(test_window_too_large)
+{
+	struct casbox_pack_store *store =
+		store_open_cipher(keyring, CAS_AEAD_CIPHER_XCHACHA20POLY1305);
+	static const unsigned int logs[] = {
+		CASBOX_ZSTD_WINDOW_LOG_MAX, CASBOX_ZSTD_WINDOW_LOG_MAX + 1, 31,
+	};
+	unsigned char zframe[4096], plain[4096];
+	struct casbox_blob_record rec;
+	struct cas_blob_id id;
+	buffer_t *blob, *out;
+	const char *error;
+	uint64_t window;
+	unsigned int i;
+	size_t zlen;
+
+	blob = pattern(3000, 11, FALSE);
+	out = buffer_create_dynamic(default_pool, 4096);
+	for (i = 0; i < N_ELEMENTS(logs); i++) {
+		add_blob(store, blob, &id, &rec);
+		zlen = zstd_frame_window(blob, logs[i], zframe,
+					 sizeof(zframe));
+		ck_assert_int_eq(casbox_frame_zstd_window(zframe, zlen,
+							  &window, &error), 0);
+		ck_assert_uint_eq(window, 1ULL << logs[i]);
+		/* zstd itself takes the frame, whatever the window */
+		ck_assert_uint_eq(ZSTD_decompress(plain, sizeof(plain),
+						  zframe, zlen), blob->used);
+		reseal_chunk(&rec, &id, blob->used, zframe, zlen);
+		if (logs[i] <= CASBOX_ZSTD_WINDOW_LOG_MAX) {
+			ck_assert_int_eq(read_blob(store, &id, &rec, out,
+						   &error), 0);
+			ck_assert(buffer_cmp(out, blob));
+			continue;
+		}
+		ck_assert_int_eq(read_blob(store, &id, &rec, out, &error), -1);
+		ck_assert_msg(strstr(error, t_strdup_printf(
+			"chunk 0: zstd window of %llu bytes exceeds the limit "
+			"of %u", 1ULL << logs[i],
+			1U << CASBOX_ZSTD_WINDOW_LOG_MAX)) != NULL,
+			"error: %s", error);
+	}
+	buffer_free(&blob);
+	buffer_free(&out);
+	casbox_pack_store_close(&store);
+}
+END_TEST
+
+/* The window of a single-segment frame is its content size, in each
+   of the four field sizes; bytes that are no frame header are refused. */
+START_TEST(test_zstd_window_parse)
+{
+	static const size_t sizes[] = { 1, 200, 255, 256, 300, 65535, 65536,
+					65792, 70000 };
+	unsigned char *src, *z, junk[8] = { 0x28, 0xb5, 0x2f, 0xfd, 0xe0 };
+	const char *error;
+	uint64_t window;
+	unsigned int i;
+	size_t zlen, cap = ZSTD_compressBound(70000);
+
+	src = i_malloc(70000);
+	memset(src, 'a', 70000);
+	z = i_malloc(cap);
+	for (i = 0; i < N_ELEMENTS(sizes); i++) {
+		zlen = ZSTD_compress(z, cap, src, sizes[i], 3);
+		ck_assert(!ZSTD_isError(zlen));
+		ck_assert_int_eq(casbox_frame_zstd_window(z, zlen, &window,
+							  &error), 0);
+		ck_assert_uint_eq(window, sizes[i]);
+	}
+	ck_assert_int_eq(casbox_frame_zstd_window(z, 5, &window, &error), -1);
+	ck_assert_str_eq(error, "no zstd frame header");
+	z[0] ^= 1;
+	ck_assert_int_eq(casbox_frame_zstd_window(z, zlen, &window, &error),
+			 -1);
+	/* single segment, 8-byte content size, 6 bytes given */
+	ck_assert_int_eq(casbox_frame_zstd_window(junk, 6, &window, &error),
+			 -1);
+	ck_assert_str_eq(error, "zstd frame header truncated");
+	i_free(src);
+	i_free(z);
+}
+END_TEST
+
 /* The same blob twice: fresh DEK and frame nonce, other ciphertext. */
 START_TEST(test_fresh_nonce)
 {
@@ -611,6 +759,8 @@ int main(void)
 	tcase_add_test(tc, test_padding_hides_size);
 	tcase_add_test(tc, test_nonzero_padding);
 	tcase_add_test(tc, test_fresh_nonce);
+	tcase_add_test(tc, test_window_too_large);
+	tcase_add_test(tc, test_zstd_window_parse);
 	tcase_add_test(tc, test_golden_v2);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);

@@ -21,6 +21,8 @@
 #define KEY_FILE_SIZE 72
 /* CASKEY2: 44 + 36 per slot + 32 */
 #define KEY_FILE_V2_SIZE(n) (44 + 36 * (n) + 32)
+#define KEY_FILE_V3_SIZE(n, m) (48 + 36 * (n) + 36 * (m) + 32)
+#define KEY_FILE_V3_MAX KEY_FILE_V3_SIZE(2, 2)
 
 static char tmpdir[] = "/tmp/check-key.XXXXXX";
 
@@ -404,28 +406,57 @@ static uint32_t be32(const unsigned char *p)
 		((uint32_t)p[2] << 8) | p[3];
 }
 
-/* v1 file -> rotation start (v2, two slots) -> rotation end (v2, one
-   slot): the root's keys never change, DEKs open by slot. */
-START_TEST(test_v2_round_trip)
+/* Does needle occur anywhere in the n bytes at hay? */
+static bool has_bytes(const unsigned char *hay, size_t n,
+		      const unsigned char *needle, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i + len <= n; i++) {
+		if (memcmp(hay + i, needle, len) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+/* v1 file -> rotation start (v3, two slots, two epochs) -> rotation end
+   (v3, one of each): the new epoch's blob ids, sealed records and store
+   keys are its own; the key id and fingerprint never change; after the
+   end the old root is nowhere in the file. */
+START_TEST(test_v3_round_trip)
 {
 	struct cas_keyring *k1, *k2, *k3;
 	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
 	unsigned char w1[CAS_WRAPPED_DEK_SIZE], w2[CAS_WRAPPED_DEK_SIZE];
-	unsigned char w3[CAS_WRAPPED_DEK_SIZE], image[KEY_FILE_V2_SIZE(2) + 1];
+	unsigned char w3[CAS_WRAPPED_DEK_SIZE], image[KEY_FILE_V3_MAX + 1];
+	unsigned char v1_image[KEY_FILE_SIZE];
+	unsigned char fp1[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char fp[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char sk0[CAS_STORE_KEY_SIZE], sk1[CAS_STORE_KEY_SIZE];
+	unsigned char sk[CAS_STORE_KEY_SIZE];
 	const char *path = tmp_path("r.key"), *error;
 	struct cas_blob_id id1, id2, id;
-	buffer_t *sealed, *plain;
-	uint32_t old_id, new_id, retiring;
+	struct cas_blob_id_ctx ctx;
+	buffer_t *sealed, *sealed1, *plain, *resealed;
+	uint32_t old_id, new_id, retiring, epoch;
 	struct stat st;
 	size_t size;
 	bool changed;
 
 	ck_assert_int_eq(cas_keyring_create(path, &k1, &error), 1);
+	ck_assert_uint_eq(read_file(path, v1_image, sizeof(v1_image)),
+			  KEY_FILE_SIZE);
 	ck_assert_uint_eq(cas_keyring_slot_count(k1), 1);
+	ck_assert_uint_eq(cas_keyring_epoch_count(k1), 1);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k1), 0);
+	ck_assert(!cas_keyring_retiring_epoch(k1, &epoch));
 	old_id = cas_keyring_wrap_key_id(k1);
 	/* a never rotated key: its only slot has the root's id */
 	ck_assert_uint_eq(old_id, cas_keyring_key_id(k1));
 	ck_assert(!cas_keyring_retiring_key_id(k1, &retiring));
+	cas_keyring_fingerprint(k1, fp1);
+	ck_assert_int_eq(cas_keyring_store_key(k1, CAS_STORE_KEY_RECORD, 0,
+					       sk0, &error), 1);
 	cas_blob_id_compute(k1, "abc", 3, &id1);
 	cas_dek_generate(dek);
 	cas_dek_wrap(k1, &id1, dek, w1);
@@ -436,6 +467,10 @@ START_TEST(test_v2_round_trip)
 	ck_assert_int_eq(cas_keyring_load(path, &k2, &error), 1);
 	cas_keyring_rotate_add(k2);
 	ck_assert_uint_eq(cas_keyring_slot_count(k2), 2);
+	ck_assert_uint_eq(cas_keyring_epoch_count(k2), 2);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k2), 1);
+	ck_assert(cas_keyring_retiring_epoch(k2, &epoch));
+	ck_assert_uint_eq(epoch, 0);
 	new_id = cas_keyring_wrap_key_id(k2);
 	ck_assert_uint_ne(new_id, old_id);
 	ck_assert(cas_keyring_retiring_key_id(k2, &retiring));
@@ -444,72 +479,137 @@ START_TEST(test_v2_round_trip)
 	ck_assert_int_eq(stat(path, &st), 0);
 	ck_assert_int_eq(st.st_mode & 0777, 0600);
 	size = key_image(path, image, sizeof(image));
-	ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(2));
-	ck_assert_mem_eq(image, "CASKEY2\x02", 8);
-	ck_assert_uint_eq(image[40], 2);
-	ck_assert_uint_eq(be32(image + 44 + 36 * image[41]), new_id);
+	ck_assert_uint_eq(size, KEY_FILE_V3_SIZE(2, 2));
+	ck_assert_mem_eq(image, "CASKEY3\x03", 8);
+	ck_assert_uint_eq(be32(image + 8), cas_keyring_key_id(k1));
+	ck_assert_mem_eq(image + 12, fp1, sizeof(fp1));
+	ck_assert_uint_eq(image[44], 2);
+	ck_assert_uint_eq(image[46], 2);
+	ck_assert_uint_eq(be32(image + 48 + 36 * image[45]), new_id);
+	ck_assert_uint_eq(be32(image + 48 + 72 + 36 * image[47]), 1);
 	cas_keyring_free(&k2);
 
 	ck_assert_int_eq(cas_keyring_load(path, &k2, &error), 1);
 	ck_assert_uint_eq(cas_keyring_slot_count(k2), 2);
 	ck_assert_uint_eq(cas_keyring_wrap_key_id(k2), new_id);
-	/* root-derived: store id, blob ids, index key unchanged */
+	ck_assert_uint_eq(cas_keyring_store_epoch(k2), 1);
+	/* the name of the key stays */
 	ck_assert_uint_eq(cas_keyring_key_id(k2), cas_keyring_key_id(k1));
+	cas_keyring_fingerprint(k2, fp);
+	ck_assert_mem_eq(fp, fp1, sizeof(fp));
+	/* the new epoch's blob ids differ; the old key is the second */
 	cas_blob_id_compute(k2, "abc", 3, &id2);
-	ck_assert_mem_eq(id1.id, id2.id, sizeof(id1.id));
+	ck_assert_mem_ne(id1.id, id2.id, sizeof(id1.id));
+	ck_assert_uint_eq(cas_blob_id_key_count(k2), 2);
+	cas_blob_id_init_nth(k2, 1, &ctx);
+	cas_blob_id_update(&ctx, "abc", 3);
+	cas_blob_id_final(&ctx, &id);
+	ck_assert_mem_eq(id.id, id1.id, sizeof(id.id));
+	ck_assert_uint_eq(cas_blob_id_key_count(k1), 1);
+	/* store keys: epoch 0 as before, epoch 1 its own, the old file
+	   has no epoch 1 */
+	ck_assert_int_eq(cas_keyring_store_key(k2, CAS_STORE_KEY_RECORD, 0,
+					       sk, &error), 1);
+	ck_assert_mem_eq(sk, sk0, sizeof(sk));
+	ck_assert_int_eq(cas_keyring_store_key(k2, CAS_STORE_KEY_RECORD, 1,
+					       sk1, &error), 1);
+	ck_assert_mem_ne(sk1, sk0, sizeof(sk1));
+	ck_assert_int_eq(cas_keyring_store_key(k1, CAS_STORE_KEY_RECORD, 1,
+					       sk, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "epoch 1"));
+	/* old sealed records open, new ones are sealed under epoch 1 and
+	   the old key file does not open them */
 	plain = t_buffer_create(32);
 	ck_assert_int_eq(cas_record_open(k2, "aad", 3, sealed->data,
 					 sealed->used, plain, &error), 1);
 	ck_assert_mem_eq(plain->data, "index data", 10);
+	sealed1 = t_buffer_create(128);
+	cas_record_seal(k2, "aad", 3, "new data", 8, sealed1);
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_record_open(k1, "aad", 3, sealed1->data,
+					 sealed1->used, plain, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
+	/* re-seal: the old record moves to epoch 1, a new one stays */
+	resealed = t_buffer_create(128);
+	ck_assert_int_eq(cas_record_reseal(k2, "aad", 3, sealed1->data,
+					   sealed1->used, resealed, &error), 0);
+	ck_assert_uint_eq(resealed->used, 0);
+	ck_assert_int_eq(cas_record_reseal(k2, "aad", 3, sealed->data,
+					   sealed->used, resealed, &error), 1);
+	ck_assert_int_eq(cas_record_reseal(k2, "aae", 3, sealed->data,
+					   sealed->used, resealed, &error), -1);
 	/* old wraps open through the retiring slot, new wraps use the
 	   new one */
 	ck_assert_int_eq(cas_dek_unwrap(k2, &id1, w1, out, &error), 1);
 	ck_assert_mem_eq(out, dek, sizeof(dek));
 	cas_dek_wrap(k2, &id1, dek, w2);
 	ck_assert_uint_eq(cas_dek_wrapped_key_id(w2), new_id);
-	ck_assert_int_eq(cas_dek_unwrap(k2, &id1, w2, out, &error), 1);
 	/* the old key file cannot open the new wrap, and says why */
 	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w2, out, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "another key"));
-	ck_assert_ptr_nonnull(strstr(error, t_strdup_printf("%08x", new_id)));
-	/* rewrap within one key ring: retiring -> current */
 	ck_assert_int_eq(cas_dek_rewrap(k2, k2, &id1, w1, w3, &error), 1);
 	ck_assert_uint_eq(cas_dek_wrapped_key_id(w3), new_id);
 
-	/* another process notices the new file in place */
+	/* another process notices the new file in place and adopts its
+	   epoch */
 	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
 	ck_assert(changed);
 	ck_assert_uint_eq(cas_keyring_wrap_key_id(k1), new_id);
-	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w2, out, &error), 1);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k1), 1);
+	cas_blob_id_compute(k1, "abc", 3, &id);
+	ck_assert_mem_eq(id.id, id2.id, sizeof(id.id));
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_record_open(k1, "aad", 3, sealed1->data,
+					 sealed1->used, plain, &error), 1);
 	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
 	ck_assert(!changed);
 
-	/* finish: one slot, the new one */
+	/* finish: one slot and one epoch, the new ones */
 	cas_keyring_rotate_finish(k2);
 	ck_assert_int_eq(cas_keyring_save(k2, path, &error), 1);
 	size = key_image(path, image, sizeof(image));
-	ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(1));
+	ck_assert_uint_eq(size, KEY_FILE_V3_SIZE(1, 1));
+	/* nothing of the old root is left in the file */
+	ck_assert(!has_bytes(image, size, v1_image + 8, CAS_KEK_SIZE));
 	ck_assert_int_eq(cas_keyring_load(path, &k3, &error), 1);
 	ck_assert_uint_eq(cas_keyring_slot_count(k3), 1);
+	ck_assert_uint_eq(cas_keyring_epoch_count(k3), 1);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k3), 1);
 	ck_assert_uint_eq(cas_keyring_wrap_key_id(k3), new_id);
 	ck_assert_uint_eq(cas_keyring_key_id(k3), cas_keyring_key_id(k1));
+	cas_keyring_fingerprint(k3, fp);
+	ck_assert_mem_eq(fp, fp1, sizeof(fp));
 	cas_blob_id_compute(k3, "abc", 3, &id);
-	ck_assert_mem_eq(id1.id, id.id, sizeof(id.id));
-	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w2, out, &error), 1);
+	ck_assert_mem_eq(id2.id, id.id, sizeof(id.id));
 	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w3, out, &error), 1);
 	ck_assert_mem_eq(out, dek, sizeof(dek));
-	/* the old slot is gone from the file */
+	/* the old slot and epoch are gone from the file */
 	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w1, out, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "another key"));
-	ck_assert_ptr_nonnull(strstr(error, t_strdup_printf("%08x", old_id)));
-	/* a running process keeps the slot it had for unwrapping (streams
-	   opened before the rewrite), but wraps with the new one */
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_record_open(k3, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), -1);
+	ck_assert_int_eq(cas_record_open(k3, "aad", 3, resealed->data,
+					 resealed->used, plain, &error), 1);
+	ck_assert_mem_eq(plain->data, "index data", 10);
+	ck_assert_int_eq(cas_keyring_store_key(k3, CAS_STORE_KEY_RECORD, 0,
+					       sk, &error), -1);
+	ck_assert_int_eq(cas_keyring_store_key(k3, CAS_STORE_KEY_RECORD, 1,
+					       sk, &error), 1);
+	ck_assert_mem_eq(sk, sk1, sizeof(sk));
+	/* a running process keeps what it had for opening (streams and
+	   records read before the rewrite), but writes with the new one */
 	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
 	ck_assert_uint_eq(cas_keyring_slot_count(k1), 1);
+	ck_assert_uint_eq(cas_keyring_epoch_count(k1), 1);
 	ck_assert_int_eq(cas_dek_unwrap(k1, &id1, w1, out, &error), 1);
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_record_open(k1, "aad", 3, sealed->data,
+					 sealed->used, plain, &error), 1);
 
-	/* and a second rotation on top of a v2 file */
+	/* and a second rotation: epoch 2, again random */
 	cas_keyring_rotate_add(k3);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k3), 2);
 	ck_assert_uint_ne(cas_keyring_wrap_key_id(k3), new_id);
 	ck_assert_uint_ne(cas_keyring_wrap_key_id(k3), old_id);
 	ck_assert_int_eq(cas_keyring_save(k3, path, &error), 1);
@@ -518,9 +618,149 @@ START_TEST(test_v2_round_trip)
 	ck_assert_int_eq(cas_dek_unwrap(k3, &id1, w2, out, &error), 1);
 	ck_assert(cas_keyring_retiring_key_id(k3, &retiring));
 	ck_assert_uint_eq(retiring, new_id);
+	ck_assert(cas_keyring_retiring_epoch(k3, &epoch));
+	ck_assert_uint_eq(epoch, 1);
+	cas_blob_id_compute(k3, "abc", 3, &id);
+	ck_assert_mem_ne(id.id, id2.id, sizeof(id.id));
+	ck_assert_mem_ne(id.id, id1.id, sizeof(id.id));
 
 	cas_keyring_free(&k1);
 	cas_keyring_free(&k2);
+	cas_keyring_free(&k3);
+}
+END_TEST
+
+/* A new epoch owes nothing to the old root: no key a copy of the old
+   file can derive (any KDF sub-key of the root under either context)
+   opens what the new epoch seals, and two rotations of the same file
+   give different epochs. */
+START_TEST(test_epoch_independent_of_root)
+{
+	struct cas_keyring *k1, *k2, *k3;
+	unsigned char root[CAS_KEK_SIZE], sub[CAS_KEK_SIZE];
+	unsigned char file[KEY_FILE_SIZE], sk2[CAS_STORE_KEY_SIZE];
+	unsigned char sk3[CAS_STORE_KEY_SIZE];
+	const char *path = tmp_path("e.key"), *error;
+	const char *contexts[] = { "CASBOXK1", "CASBOXS1", "CASBOXU1" };
+	struct cas_blob_id id2, id3;
+	buffer_t *sealed, *plain;
+	unsigned int c, i;
+
+	ck_assert_int_eq(cas_keyring_create(path, &k1, &error), 1);
+	ck_assert_uint_eq(read_file(path, file, sizeof(file)), KEY_FILE_SIZE);
+	memcpy(root, file + 8, sizeof(root));
+	ck_assert_int_eq(cas_keyring_load(path, &k2, &error), 1);
+	ck_assert_int_eq(cas_keyring_load(path, &k3, &error), 1);
+	cas_keyring_rotate_add(k2);
+	cas_keyring_rotate_add(k3);
+	sealed = t_buffer_create(128);
+	cas_record_seal(k2, "a", 1, "secret", 6, sealed);
+	plain = t_buffer_create(32);
+	ck_assert_int_eq(cas_record_open(k1, "a", 1, sealed->data,
+					 sealed->used, plain, &error), -1);
+	ck_assert_int_eq(cas_record_open_key(root, "a", 1, sealed->data,
+					     sealed->used, plain, &error), -1);
+	for (c = 0; c < N_ELEMENTS(contexts); c++) {
+		for (i = 0; i < 16; i++) {
+			crypto_kdf_derive_from_key(sub, sizeof(sub), i,
+						   contexts[c], root);
+			ck_assert_int_eq(cas_record_open_key(sub, "a", 1,
+				sealed->data, sealed->used, plain,
+				&error), -1);
+		}
+	}
+	/* two rotations of one file: two independent epochs 1 */
+	ck_assert_uint_eq(cas_keyring_store_epoch(k2), 1);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k3), 1);
+	ck_assert_int_eq(cas_keyring_store_key(k2, CAS_STORE_KEY_LSM, 1,
+					       sk2, &error), 1);
+	ck_assert_int_eq(cas_keyring_store_key(k3, CAS_STORE_KEY_LSM, 1,
+					       sk3, &error), 1);
+	ck_assert_mem_ne(sk2, sk3, sizeof(sk2));
+	cas_blob_id_compute(k2, "x", 1, &id2);
+	cas_blob_id_compute(k3, "x", 1, &id3);
+	ck_assert_mem_ne(id2.id, id3.id, sizeof(id2.id));
+	ck_assert_int_eq(cas_record_open(k3, "a", 1, sealed->data,
+					 sealed->used, plain, &error), -1);
+	cas_keyring_free(&k1);
+	cas_keyring_free(&k2);
+	cas_keyring_free(&k3);
+}
+END_TEST
+
+/* A CASKEY2 file (written by key rotate before epochs, here built by
+   hand) still loads: its root is epoch 0, its slots are as written, and
+   the next save writes CASKEY3 with the same key id and fingerprint. */
+START_TEST(test_v2_file_loads)
+{
+	unsigned char file[KEY_FILE_V2_SIZE(2)], image[KEY_FILE_V3_MAX];
+	unsigned char root[CAS_KEK_SIZE], wrap[2][CAS_KEK_SIZE];
+	unsigned char fp1[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char fp[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char dek[CAS_DEK_SIZE], out[CAS_DEK_SIZE];
+	unsigned char w[CAS_WRAPPED_DEK_SIZE];
+	const char *path = tmp_path("v2.key"), *error;
+	struct cas_keyring *k, *kv1, *k3;
+	struct cas_blob_id id, idv1;
+	buffer_t *sealed, *plain;
+	uint32_t retiring;
+	size_t size;
+
+	ck_assert_int_ge(sodium_init(), 0);
+	randombytes_buf(root, sizeof(root));
+	randombytes_buf(wrap, sizeof(wrap));
+	memcpy(file, "CASKEY2\x02", 8);
+	memcpy(file + 8, root, 32);
+	file[40] = 2;
+	file[41] = 1;
+	file[42] = file[43] = 0;
+	memcpy(file + 44, "\x11\x22\x33\x44", 4);
+	memcpy(file + 48, wrap[0], 32);
+	memcpy(file + 80, "\x55\x66\x77\x88", 4);
+	memcpy(file + 84, wrap[1], 32);
+	recheck(file, sizeof(file));
+	write_file(path, file, sizeof(file));
+	ck_assert_int_eq(chmod(path, 0600), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), 1);
+	kv1 = cas_keyring_create_from_kek(root);
+	ck_assert_uint_eq(cas_keyring_slot_count(k), 2);
+	ck_assert_uint_eq(cas_keyring_epoch_count(k), 1);
+	ck_assert_uint_eq(cas_keyring_store_epoch(k), 0);
+	ck_assert_uint_eq(cas_keyring_wrap_key_id(k), 0x55667788);
+	ck_assert(cas_keyring_retiring_key_id(k, &retiring));
+	ck_assert_uint_eq(retiring, 0x11223344);
+	ck_assert_uint_eq(cas_keyring_key_id(k), cas_keyring_key_id(kv1));
+	cas_keyring_fingerprint(k, fp1);
+	cas_keyring_fingerprint(kv1, fp);
+	ck_assert_mem_eq(fp, fp1, sizeof(fp));
+	cas_blob_id_compute(k, "abc", 3, &id);
+	cas_blob_id_compute(kv1, "abc", 3, &idv1);
+	ck_assert_mem_eq(id.id, idv1.id, sizeof(id.id));
+	sealed = t_buffer_create(64);
+	cas_record_seal(kv1, "b", 1, "v1", 2, sealed);
+	plain = t_buffer_create(16);
+	ck_assert_int_eq(cas_record_open(k, "b", 1, sealed->data,
+					 sealed->used, plain, &error), 1);
+	cas_dek_generate(dek);
+	cas_dek_wrap(k, &id, dek, w);
+	ck_assert_uint_eq(cas_dek_wrapped_key_id(w), 0x55667788);
+
+	/* saved again: CASKEY3, one epoch, both slots, same name */
+	ck_assert_int_eq(cas_keyring_save(k, path, &error), 1);
+	size = read_file(path, image, sizeof(image));
+	ck_assert_uint_eq(size, KEY_FILE_V3_SIZE(2, 1));
+	ck_assert_mem_eq(image, "CASKEY3\x03", 8);
+	ck_assert_int_eq(cas_keyring_load(path, &k3, &error), 1);
+	ck_assert_uint_eq(cas_keyring_key_id(k3), cas_keyring_key_id(kv1));
+	cas_keyring_fingerprint(k3, fp);
+	ck_assert_mem_eq(fp, fp1, sizeof(fp));
+	ck_assert_int_eq(cas_dek_unwrap(k3, &id, w, out, &error), 1);
+	ck_assert_mem_eq(out, dek, sizeof(dek));
+	buffer_set_used_size(plain, 0);
+	ck_assert_int_eq(cas_record_open(k3, "b", 1, sealed->data,
+					 sealed->used, plain, &error), 1);
+	cas_keyring_free(&k);
+	cas_keyring_free(&kv1);
 	cas_keyring_free(&k3);
 }
 END_TEST
@@ -564,10 +804,10 @@ assert_v2_rejected(const unsigned char *file, size_t size, const char *why)
 		ck_abort_msg("expected '%s' in '%s'", why, error);
 }
 
-START_TEST(test_v2_damage)
+START_TEST(test_v3_damage)
 {
-	unsigned char file[KEY_FILE_V2_SIZE(2) + 8];
-	unsigned char bad[KEY_FILE_V2_SIZE(2) + 8];
+	unsigned char file[KEY_FILE_V3_MAX + 8];
+	unsigned char bad[KEY_FILE_V3_MAX + 8];
 	struct cas_keyring *k;
 	const char *path = tmp_path("d2.key"), *bad_path = tmp_path("b2.key");
 	const char *error;
@@ -583,7 +823,7 @@ START_TEST(test_v2_damage)
 		ck_assert_int_eq(cas_keyring_save(k, path, &error), 1);
 		cas_keyring_free(&k);
 		size = read_file(path, file, sizeof(file));
-		ck_assert_uint_eq(size, KEY_FILE_V2_SIZE(n));
+		ck_assert_uint_eq(size, KEY_FILE_V3_SIZE(n, n));
 		ck_assert_int_eq(cas_key_file_parse(file, size, &k,
 						    &error), 1);
 		cas_keyring_free(&k);
@@ -621,35 +861,46 @@ START_TEST(test_v2_damage)
 
 	/* fields the checksum cannot vouch for (a recomputed checksum):
 	   each rejected with its reason */
-	size = KEY_FILE_V2_SIZE(2);
+	size = KEY_FILE_V3_MAX;
 	memcpy(bad, file, size);
-	bad[41] = 2;
+	bad[45] = 2;
 	recheck(bad, size);
 	assert_v2_rejected(bad, size, "current slot");
 	memcpy(bad, file, size);
-	bad[42] = 1;
+	bad[47] = 2;
 	recheck(bad, size);
-	assert_v2_rejected(bad, size, "reserved");
+	assert_v2_rejected(bad, size, "current epoch");
 	memcpy(bad, file, size);
-	memset(bad + 44, 0, 4);
+	memset(bad + 8, 0, 4);
 	recheck(bad, size);
 	assert_v2_rejected(bad, size, "key id 0");
 	memcpy(bad, file, size);
-	memcpy(bad + 44 + 36, bad + 44, 4);
+	memset(bad + 48, 0, 4);
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "slot 0 has key id 0");
+	memcpy(bad, file, size);
+	memcpy(bad + 48 + 36, bad + 48, 4);
 	recheck(bad, size);
 	assert_v2_rejected(bad, size, "same key id");
 	memcpy(bad, file, size);
-	bad[40] = 3;
+	memcpy(bad + 48 + 72 + 36, bad + 48 + 72, 4);
+	recheck(bad, size);
+	assert_v2_rejected(bad, size, "same number");
+	memcpy(bad, file, size);
+	bad[44] = 3;
 	assert_v2_rejected(bad, size, "slot count");
-	bad[40] = 0;
+	bad[44] = 0;
 	assert_v2_rejected(bad, size, "slot count");
+	memcpy(bad, file, size);
+	bad[46] = 3;
+	assert_v2_rejected(bad, size, "epoch count");
 	/* a one-slot count on a two-slot file */
 	memcpy(bad, file, size);
-	bad[40] = 1;
+	bad[44] = 1;
 	recheck(bad, size);
 	assert_v2_rejected(bad, size, "size");
 	memcpy(bad, file, size);
-	bad[7] = 3;
+	bad[7] = 4;
 	assert_v2_rejected(bad, size, "unsupported version");
 }
 END_TEST
@@ -755,8 +1006,8 @@ END_TEST
    writer left are shredded and removed, nothing else. */
 START_TEST(test_keyfile_shred_and_stale_tmp)
 {
-	unsigned char before[KEY_FILE_V2_SIZE(2)], after[KEY_FILE_V2_SIZE(2)];
-	unsigned char zero[KEY_FILE_V2_SIZE(2)];
+	unsigned char before[KEY_FILE_V3_MAX], after[KEY_FILE_V3_MAX];
+	unsigned char zero[KEY_FILE_V3_MAX];
 	const char *path = tmp_path("z.key"), *link_path = tmp_path("copy");
 	const char *stale = t_strconcat(path, ".0123456789abcdef.tmp", NULL);
 	const char *other1 = t_strconcat(path, ".tmp", NULL);
@@ -834,6 +1085,77 @@ START_TEST(test_key_file_mode)
 	ck_assert_int_eq(cas_keyring_load(path, &k, &error), 1);
 	cas_keyring_free(&k);
 }
+
+/* A key file in a directory that group or others may write (someone
+   could swap the key file) is refused, naming the directory, its mode
+   and the fix; a sticky directory (like /tmp) and 0755 are fine. */
+START_TEST(test_key_file_dir_mode)
+{
+	const char *dir = tmp_path("keydir"), *error;
+	const char *path = t_strconcat(dir, "/dir.key", NULL);
+	struct cas_keyring *k;
+
+	ck_assert_int_eq(mkdir(dir, 0700), 0);
+	ck_assert_int_eq(cas_keyring_create(path, &k, &error), 1);
+	cas_keyring_free(&k);
+	ck_assert_int_eq(chmod(dir, 0770), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), -1);
+	ck_assert_ptr_null(k);
+	ck_assert_msg(strstr(error, dir) != NULL &&
+		      strstr(error, "mode 0770") != NULL &&
+		      strstr(error, "chmod go-w") != NULL, "error: %s", error);
+	ck_assert_int_eq(chmod(dir, 0757), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), -1);
+	ck_assert_int_eq(chmod(dir, 01777), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), 1);
+	cas_keyring_free(&k);
+	ck_assert_int_eq(chmod(dir, 0755), 0);
+	ck_assert_int_eq(cas_keyring_load(path, &k, &error), 1);
+	cas_keyring_free(&k);
+}
+END_TEST
+
+/* Store keys: one per purpose and key, stable, epoch 0 only until a
+   rotation; the fingerprint tells keys apart and gives no store key. */
+START_TEST(test_store_keys_and_fingerprint)
+{
+	struct cas_keyring *k1 = test_keyring(1), *k1b = test_keyring(1);
+	struct cas_keyring *k2 = test_keyring(2);
+	unsigned char a[CAS_STORE_KEY_SIZE], b[CAS_STORE_KEY_SIZE];
+	unsigned char c[CAS_STORE_KEY_SIZE], fp1[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char fp1b[CAS_KEY_FINGERPRINT_SIZE];
+	unsigned char fp2[CAS_KEY_FINGERPRINT_SIZE];
+	const char *error;
+
+	ck_assert_uint_eq(cas_keyring_store_epoch(k1), 0);
+	ck_assert_int_eq(cas_keyring_store_key(k1, CAS_STORE_KEY_RECORD, 0,
+					       a, &error), 1);
+	ck_assert_int_eq(cas_keyring_store_key(k1b, CAS_STORE_KEY_RECORD, 0,
+					       b, &error), 1);
+	ck_assert_mem_eq(a, b, sizeof(a));
+	ck_assert_int_eq(cas_keyring_store_key(k1, CAS_STORE_KEY_LSM, 0,
+					       c, &error), 1);
+	ck_assert_mem_ne(a, c, sizeof(a));
+	ck_assert_int_eq(cas_keyring_store_key(k2, CAS_STORE_KEY_RECORD, 0,
+					       b, &error), 1);
+	ck_assert_mem_ne(a, b, sizeof(a));
+	ck_assert_int_eq(cas_keyring_store_key(k1, CAS_STORE_KEY_RECORD, 1,
+					       b, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "epoch 1"));
+	memset(c, 0, sizeof(c));
+	ck_assert_mem_eq(b, c, sizeof(b));
+
+	cas_keyring_fingerprint(k1, fp1);
+	cas_keyring_fingerprint(k1b, fp1b);
+	cas_keyring_fingerprint(k2, fp2);
+	ck_assert_mem_eq(fp1, fp1b, sizeof(fp1));
+	ck_assert_mem_ne(fp1, fp2, sizeof(fp1));
+	ck_assert_mem_ne(fp1, a, sizeof(a));
+	cas_keyring_free(&k1);
+	cas_keyring_free(&k1b);
+	cas_keyring_free(&k2);
+}
+END_TEST
 END_TEST
 
 int main(void)
@@ -846,6 +1168,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_create_load);
 	tcase_add_test(tc, test_key_file_mode);
+	tcase_add_test(tc, test_key_file_dir_mode);
 	tcase_add_test(tc, test_key_file_damage);
 	tcase_add_test(tc, test_unreadable);
 	tcase_add_test(tc, test_blob_id_known_answers);
@@ -855,11 +1178,14 @@ int main(void)
 	tcase_add_test(tc, test_record_seal);
 	tcase_add_test(tc, test_raw_aead);
 	tcase_add_test(tc, test_v1_known_answer_file);
-	tcase_add_test(tc, test_v2_round_trip);
+	tcase_add_test(tc, test_v3_round_trip);
+	tcase_add_test(tc, test_epoch_independent_of_root);
+	tcase_add_test(tc, test_v2_file_loads);
 	tcase_add_test(tc, test_refresh_other_key);
-	tcase_add_test(tc, test_v2_damage);
+	tcase_add_test(tc, test_v3_damage);
 	tcase_add_test(tc, test_unwrap_by_slot);
 	tcase_add_test(tc, test_keyfile_shred_and_stale_tmp);
+	tcase_add_test(tc, test_store_keys_and_fingerprint);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

@@ -22,6 +22,41 @@
 
 static char test_dir[256];
 
+/* the "sealed" tcase runs the matrix on format-2 (sealed) stores */
+static uint32_t test_codec_epoch(void *context ATTR_UNUSED)
+{
+	return 0;
+}
+
+static int test_codec_key(void *context ATTR_UNUSED, uint32_t epoch,
+			  unsigned char key_r[CASBOX_LSM_KEY_SIZE],
+			  const char **error_r)
+{
+	if (epoch != 0) {
+		*error_r = "no such epoch";
+		return -1;
+	}
+	memset(key_r, 0x42, CASBOX_LSM_KEY_SIZE);
+	return 0;
+}
+
+static const struct casbox_lsm_codec test_sealed_codec = {
+	.current_epoch = test_codec_epoch,
+	.get_key = test_codec_key,
+	.fingerprint = { 'c', 'r', 'a', 's', 'h' },
+};
+static const struct casbox_lsm_codec *test_codec;
+
+static void test_plain_setup(void)
+{
+	test_codec = NULL;
+}
+
+static void test_sealed_setup(void)
+{
+	test_codec = &test_sealed_codec;
+}
+
 struct model {
 	char values[N_KEYS][32];
 	bool present[N_KEYS];
@@ -57,6 +92,7 @@ static int lsm_open_io(const struct cas_io *io,
 		/* a flush every few batches, merges soon after */
 		.wal_flush_bytes = 400,
 		.io = io,
+		.codec = test_codec,
 	};
 
 	return casbox_lsm_open(&set, lsm_r, error_r);
@@ -308,18 +344,27 @@ END_TEST
 int main(void)
 {
 	Suite *s = suite_create("lsm-crash");
-	TCase *tc = tcase_create("lsm-crash");
+	TCase *tcs[2];
 	int failed;
+	unsigned int i;
 
 	lib_init();
-	tcase_set_timeout(tc, 600);
-	tcase_add_test(tc, test_crash_drop);
-	tcase_add_test(tc, test_crash_torn_keep_some);
-	tcase_add_test(tc, test_crash_torn_drop);
-	tcase_add_test(tc, test_crash_lazy_drop);
-	tcase_add_test(tc, test_crash_lazy_torn_keep_some);
-	tcase_add_test(tc, test_enospc);
-	suite_add_tcase(s, tc);
+	tcs[0] = tcase_create("lsm-crash");
+	tcase_add_checked_fixture(tcs[0], test_plain_setup, NULL);
+	tcs[1] = tcase_create("sealed");
+	tcase_add_checked_fixture(tcs[1], test_sealed_setup, NULL);
+	for (i = 0; i < N_ELEMENTS(tcs); i++) {
+		TCase *tc = tcs[i];
+
+		tcase_set_timeout(tc, 600);
+		tcase_add_test(tc, test_crash_drop);
+		tcase_add_test(tc, test_crash_torn_keep_some);
+		tcase_add_test(tc, test_crash_torn_drop);
+		tcase_add_test(tc, test_crash_lazy_drop);
+		tcase_add_test(tc, test_crash_lazy_torn_keep_some);
+		tcase_add_test(tc, test_enospc);
+		suite_add_tcase(s, tc);
+	}
 	failed = check_run_suite(s);
 	lib_deinit();
 	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

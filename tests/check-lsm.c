@@ -29,6 +29,57 @@
 
 static char test_dir[256];
 
+/* ---- sealing: a test key per epoch (the store passes the key ring's) ---- */
+
+/* epochs 0..test_max_epoch exist; new files use test_epoch */
+static uint32_t test_epoch, test_max_epoch;
+/* added to every key byte: another key with the same fingerprint */
+static unsigned char test_key_salt;
+
+static uint32_t test_codec_epoch(void *context ATTR_UNUSED)
+{
+	return test_epoch;
+}
+
+static int test_codec_key(void *context ATTR_UNUSED, uint32_t epoch,
+			  unsigned char key_r[CASBOX_LSM_KEY_SIZE],
+			  const char **error_r)
+{
+	unsigned int i;
+
+	if (epoch > test_max_epoch) {
+		*error_r = t_strdup_printf("test key has no epoch %u", epoch);
+		return -1;
+	}
+	for (i = 0; i < CASBOX_LSM_KEY_SIZE; i++)
+		key_r[i] = 0x5a ^ (epoch * 31 + i * 7 + test_key_salt);
+	return 0;
+}
+
+static struct casbox_lsm_codec test_sealed_codec = {
+	.current_epoch = test_codec_epoch,
+	.get_key = test_codec_key,
+	.fingerprint = { 'f', 'p', '1' },
+};
+/* NULL: plaintext (tcase "lsm"), &test_sealed_codec (tcase "sealed") */
+static const struct casbox_lsm_codec *test_codec;
+/* the WAL header size of the current mode */
+static unsigned int test_wal_hdr = 24;
+
+static void test_plain_setup(void)
+{
+	test_codec = NULL;
+	test_wal_hdr = 24;
+}
+
+static void test_sealed_setup(void)
+{
+	test_codec = &test_sealed_codec;
+	test_wal_hdr = 32;
+	test_epoch = test_max_epoch = 0;
+	test_key_salt = 0;
+}
+
 static void test_dir_setup(void)
 {
 	const char *tmp = getenv("TMPDIR");
@@ -47,6 +98,8 @@ static void test_dir_teardown(void)
 			     &error) < 0)
 		i_error("%s", error);
 }
+
+static const char *find_file(const char *suffix);
 
 static unsigned int count_files(const char *suffix)
 {
@@ -67,6 +120,7 @@ static struct casbox_lsm *
 test_open_method(size_t flush_bytes, enum file_lock_method method)
 {
 	struct casbox_lsm_settings set = {
+		.codec = test_codec,
 		.dir = test_dir,
 		.fsync = TRUE,
 		.lock_method = method,
@@ -553,6 +607,7 @@ END_TEST
 START_TEST(test_lock_timeout)
 {
 	struct casbox_lsm_settings set = {
+		.codec = test_codec,
 		.dir = NULL,
 		.fsync = TRUE,
 		.lock_method = FILE_LOCK_METHOD_FCNTL,
@@ -714,6 +769,7 @@ static const char *find_wal(void)
 static struct casbox_lsm *test_open_timeout(unsigned int secs)
 {
 	struct casbox_lsm_settings set = {
+		.codec = test_codec,
 		.dir = test_dir,
 		.fsync = TRUE,
 		.lock_method = FILE_LOCK_METHOD_FCNTL,
@@ -949,6 +1005,93 @@ START_TEST(test_block_cache_eviction)
 }
 END_TEST
 
+/* cache_bytes bounds the process's block cache, lowered at once by the
+   next open; reads past the bound stay right. */
+START_TEST(test_block_cache_limit)
+{
+	struct casbox_lsm_settings set = {
+		.codec = test_codec,
+		.dir = test_dir,
+		.fsync = FALSE,
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+	};
+	struct casbox_lsm *lsm, *lsm2;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(1100);
+	const char *error;
+	char fill[1001];
+	unsigned int i;
+
+	test_dir_setup();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	memset(fill, 'f', sizeof(fill) - 1);
+	fill[sizeof(fill) - 1] = '\0';
+	batch = begin(lsm);
+	for (i = 0; i < 2000; i++) T_BEGIN {
+		put_str(batch, t_strdup_printf("c%05u", i),
+			t_strdup_printf("%u:%s", i, fill));
+	} T_END;
+	commit(&batch);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	/* ~2 MB of blocks read: the default 8 MiB keeps them all */
+	for (i = 0; i < 2000; i++) T_BEGIN {
+		ck_assert_int_eq(get_str(lsm, t_strdup_printf("c%05u", i),
+					 value), 1);
+	} T_END;
+	ck_assert_uint_gt(casbox_lsm_cache_get_used(), 1024 * 1024);
+
+	set.cache_bytes = 128 * 1024;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm2, &error), 1);
+	ck_assert_uint_le(casbox_lsm_cache_get_used(), 128 * 1024);
+	for (i = 0; i < 2000; i += 3) T_BEGIN {
+		ck_assert_int_eq(get_str(lsm, t_strdup_printf("c%05u", i),
+					 value), 1);
+		ck_assert(strncmp(str_c(value), t_strdup_printf("%u:", i),
+				  strlen(dec2str(i)) + 1) == 0);
+		ck_assert_uint_le(casbox_lsm_cache_get_used(), 128 * 1024);
+	} T_END;
+	ck_assert_uint_gt(casbox_lsm_cache_get_used(), 0);
+	casbox_lsm_close(&lsm2);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* casbox_lsm_batch_set_flush(): a small batch flushed into a table at
+   once, leaving an empty WAL; without it the same batch stays in the
+   WAL. */
+START_TEST(test_batch_set_flush)
+{
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *value = t_str_new(64);
+	struct stat st;
+
+	test_dir_setup();
+	lsm = test_open(0);
+	batch = begin(lsm);
+	put_str(batch, "a", "1");
+	commit(&batch);
+	ck_assert_uint_eq(count_files(".sst"), 0);
+	batch = begin(lsm);
+	put_str(batch, "b", "2");
+	casbox_lsm_batch_set_flush(batch);
+	commit(&batch);
+	ck_assert_uint_eq(count_files(".sst"), 1);
+	ck_assert_uint_eq(count_files(".wal"), 1);
+	ck_assert_int_eq(stat(find_file(".wal"), &st), 0);
+	ck_assert_int_le(st.st_size, 64);
+	casbox_lsm_close(&lsm);
+	lsm = test_open(0);
+	ck_assert_int_eq(get_str(lsm, "a", value), 1);
+	ck_assert_str_eq(str_c(value), "1");
+	ck_assert_int_eq(get_str(lsm, "b", value), 1);
+	ck_assert_str_eq(str_c(value), "2");
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 /* ---- corruption ---- */
 
 struct damage {
@@ -1058,6 +1201,7 @@ END_TEST
 START_TEST(test_corrupt_table_every_byte)
 {
 	struct casbox_lsm_settings set = {
+		.codec = test_codec,
 		.fsync = FALSE,
 		.lock_method = FILE_LOCK_METHOD_FCNTL,
 	};
@@ -1115,6 +1259,7 @@ END_TEST
 START_TEST(test_corrupt_wal_middle)
 {
 	struct casbox_lsm_settings set = {
+		.codec = test_codec,
 		.fsync = TRUE,
 		.lock_method = FILE_LOCK_METHOD_FCNTL,
 	};
@@ -1133,10 +1278,522 @@ START_TEST(test_corrupt_wal_middle)
 	}
 	casbox_lsm_close(&lsm);
 	wal = find_file(".wal");
-	flip_byte(wal, 24 + 12);
+	flip_byte(wal, test_wal_hdr + 12);
 	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
 	ck_assert_msg(strstr(error, wal) != NULL &&
-		      strstr(error, "offset 24") != NULL, "error: %s", error);
+		      strstr(error, t_strdup_printf("offset %u",
+						    test_wal_hdr)) != NULL,
+		      "error: %s", error);
+	test_dir_teardown();
+}
+END_TEST
+
+
+/* ---- sealing (format 2) ---- */
+
+static struct casbox_lsm_settings test_sealed_settings(void)
+{
+	struct casbox_lsm_settings set = {
+		.dir = test_dir,
+		.fsync = TRUE,
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+		.lock_timeout_secs = 60,
+		.codec = &test_sealed_codec,
+	};
+	return set;
+}
+
+static bool buf_contains(const buffer_t *buf, const char *needle)
+{
+	const unsigned char *p = buf->data;
+	size_t i, n = strlen(needle);
+
+	for (i = 0; i + n <= buf->used; i++) {
+		if (memcmp(p + i, needle, n) == 0)
+			return TRUE;
+	}
+	return FALSE;
+}
+
+/* TRUE if needle occurs in any file of the store directory */
+static bool test_dir_contains(const char *needle)
+{
+	struct dirent *d;
+	DIR *dir = opendir(test_dir);
+	bool found = FALSE;
+	buffer_t *buf;
+	int fd;
+	ssize_t ret;
+	char chunk[65536];
+
+	ck_assert(dir != NULL);
+	buf = buffer_create_dynamic(default_pool, 65536);
+	while ((d = readdir(dir)) != NULL && !found) {
+		if (d->d_name[0] == '.' || strcmp(d->d_name, "LOCK") == 0)
+			continue;
+		fd = open(t_strconcat(test_dir, "/", d->d_name, NULL),
+			  O_RDONLY);
+		ck_assert(fd != -1);
+		buffer_set_used_size(buf, 0);
+		while ((ret = read(fd, chunk, sizeof(chunk))) > 0)
+			buffer_append(buf, chunk, ret);
+		i_close_fd(&fd);
+		if (buf_contains(buf, needle))
+			found = TRUE;
+	}
+	buffer_free(&buf);
+	(void)closedir(dir);
+	return found;
+}
+
+static void test_fill_marked(struct casbox_lsm *lsm, unsigned int first,
+			     unsigned int count)
+{
+	struct casbox_lsm_batch *batch = begin(lsm);
+	unsigned int i;
+
+	for (i = first; i < first + count; i++) {
+		put_str(batch, t_strdup_printf("mailbox-INBOX-%05u", i),
+			t_strdup_printf("$SecretKeyword GUID-%08x flags", i));
+	}
+	commit(&batch);
+}
+
+static void test_check_marked(struct casbox_lsm *lsm, unsigned int count)
+{
+	string_t *str = t_str_new(64);
+	unsigned int i;
+
+	for (i = 0; i < count; i++) {
+		ck_assert_int_eq(get_str(lsm, t_strdup_printf(
+			"mailbox-INBOX-%05u", i), str), 1);
+		ck_assert_str_eq(str_c(str), t_strdup_printf(
+			"$SecretKeyword GUID-%08x flags", i));
+	}
+}
+
+/* Nothing of the keys or values is on disk: tables (data, index, bloom),
+   WAL records and MANIFEST. Reopened, everything reads back. */
+START_TEST(test_sealed_nothing_readable)
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_marked(lsm, 0, 500);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	/* and some in the WAL only */
+	test_fill_marked(lsm, 500, 20);
+	casbox_lsm_close(&lsm);
+	ck_assert_uint_eq(count_files(".sst"), 1);
+
+	ck_assert(!test_dir_contains("SecretKeyword"));
+	ck_assert(!test_dir_contains("INBOX"));
+	ck_assert(!test_dir_contains("GUID-"));
+	ck_assert(!test_dir_contains("mailbox"));
+
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ck_assert(casbox_lsm_is_sealed(lsm));
+	test_check_marked(lsm, 520);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* Another key's fingerprint, the same fingerprint with other key bytes,
+   no key at all: each refused at open with a clear error. */
+START_TEST(test_sealed_wrong_key)
+{
+	struct casbox_lsm_codec other = test_sealed_codec;
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_marked(lsm, 0, 50);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	casbox_lsm_close(&lsm);
+
+	other.fingerprint[0] = 'X';
+	set.codec = &other;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "another key") != NULL &&
+		      strstr(error, "fingerprint") != NULL, "error: %s", error);
+
+	set.codec = &test_sealed_codec;
+	test_key_salt = 1;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "MANIFEST authentication failed") != NULL,
+		      "error: %s", error);
+	test_key_salt = 0;
+
+	set.codec = NULL;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "needs the store's key") != NULL,
+		      "error: %s", error);
+
+	/* the right key still opens it: nothing was changed */
+	set.codec = &test_sealed_codec;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_check_marked(lsm, 50);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+static void copy_range(const char *from, off_t from_off, const char *to,
+		       off_t to_off, size_t size)
+{
+	unsigned char *buf = i_malloc(size);
+	int fd;
+
+	fd = open(from, O_RDONLY);
+	ck_assert(fd != -1);
+	ck_assert(pread(fd, buf, size, from_off) == (ssize_t)size);
+	i_close_fd(&fd);
+	fd = open(to, O_RDWR);
+	ck_assert(fd != -1);
+	ck_assert(pwrite(fd, buf, size, to_off) == (ssize_t)size);
+	i_close_fd(&fd);
+	i_free(buf);
+}
+
+/* keys with distinct first bytes (no shared prefix) and incompressible
+   values of one size: every data block holds 8 entries of 512 bytes,
+   so blocks have the same stored size and can be swapped without the
+   CRC noticing (tags 'a' and 'b' give disjoint first bytes) */
+static void test_fill_uniform(struct casbox_lsm *lsm, char tag)
+{
+	struct casbox_lsm_batch *batch = begin(lsm);
+	unsigned char key[8], value[500];
+	const char *error;
+	unsigned int i, j;
+
+	for (i = 0; i < 64; i++) {
+		key[0] = 'A' + i + (tag - 'a') * 64;
+		memset(key + 1, tag, sizeof(key) - 1);
+		for (j = 0; j < sizeof(value); j++)
+			value[j] = (i * 131 + j * 17 + (j * j) % 251) ^ tag;
+		casbox_lsm_batch_put(batch, key, sizeof(key), value,
+				     sizeof(value));
+	}
+	commit(&batch);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+}
+
+static int test_get_uniform(struct casbox_lsm *lsm, unsigned int i,
+			    char tag, const char **error_r)
+{
+	unsigned char key[8];
+	string_t *str = t_str_new(600);
+
+	key[0] = 'A' + i + (tag - 'a') * 64;
+	memset(key + 1, tag, sizeof(key) - 1);
+	return casbox_lsm_get(lsm, key, sizeof(key), str, error_r);
+}
+
+/* A data block moved to another offset of its table, or into another
+   table at the same offset, with a valid CRC: authentication fails,
+   never another block's data. */
+START_TEST(test_sealed_block_moved)
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	const char *sst, *sst2, *error;
+	unsigned char *old_block;
+	struct stat st;
+	size_t block = 0;
+	int ret;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_uniform(lsm, 'a');
+	casbox_lsm_close(&lsm);
+	sst = t_strdup(find_file(".sst"));
+	ck_assert(stat(sst, &st) == 0);
+	/* stored block: nonce 16 | comp 1 | 8 * 512 + restart 4 + n 4 |
+	   tag 16, then the CRC 4 */
+	block = 16 + 1 + 8 * 512 + 4 + 4 + 16 + 4;
+	ck_assert_uint_gt(st.st_size, 3 * block);
+
+	/* block 1 over block 0 */
+	copy_range(sst, block, sst, 0, block);
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ret = test_get_uniform(lsm, 0, 'a', &error);
+	ck_assert_int_eq(ret, -1);
+	ck_assert_msg(strstr(error, "authentication failed") != NULL &&
+		      strstr(error, sst) != NULL &&
+		      strstr(error, "offset 0") != NULL, "error: %s", error);
+	/* the block the copy came from still reads */
+	ck_assert_int_eq(test_get_uniform(lsm, 8, 'a', &error), 1);
+	casbox_lsm_close(&lsm);
+
+	/* a block of an older table at the same offset of a newer one */
+	test_dir_teardown();
+	test_dir_setup();
+	set.dir = test_dir;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_uniform(lsm, 'a');
+	casbox_lsm_close(&lsm);
+	sst = t_strdup(find_file(".sst"));
+	old_block = i_malloc(block);
+	{
+		int fd = open(sst, O_RDONLY);
+
+		ck_assert(fd != -1);
+		ck_assert(pread(fd, old_block, block, 0) == (ssize_t)block);
+		i_close_fd(&fd);
+	}
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_uniform(lsm, 'b');
+	casbox_lsm_close(&lsm);
+	sst2 = t_strdup(find_file(".sst"));
+	ck_assert(strcmp(sst, sst2) != 0);
+	{
+		int fd = open(sst2, O_RDWR);
+
+		ck_assert(fd != -1);
+		ck_assert(pwrite(fd, old_block, block, 0) == (ssize_t)block);
+		i_close_fd(&fd);
+	}
+	i_free(old_block);
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ck_assert_int_eq(test_get_uniform(lsm, 0, 'a', &error), -1);
+	ck_assert_msg(strstr(error, "authentication failed") != NULL,
+		      "error: %s", error);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* Table files renamed into each other's place: refused. */
+START_TEST(test_sealed_table_swapped)
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	const char *error, *names[2];
+	struct dirent *d;
+	unsigned int n = 0;
+	DIR *dir;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	set.wal_flush_bytes = 1;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	/* each commit flushes: one table per batch */
+	batch = begin(lsm);
+	put_str(batch, "k1", "v1");
+	commit(&batch);
+	batch = begin(lsm);
+	put_str(batch, "k2", "v2");
+	commit(&batch);
+	casbox_lsm_close(&lsm);
+	ck_assert_uint_eq(count_files(".sst"), 2);
+
+	dir = opendir(test_dir);
+	while ((d = readdir(dir)) != NULL) {
+		if (strstr(d->d_name, ".sst") != NULL)
+			names[n++] = t_strconcat(test_dir, "/", d->d_name,
+						 NULL);
+	}
+	(void)closedir(dir);
+	ck_assert(rename(names[0], t_strconcat(test_dir, "/x", NULL)) == 0);
+	ck_assert(rename(names[1], names[0]) == 0);
+	ck_assert(rename(t_strconcat(test_dir, "/x", NULL), names[1]) == 0);
+	set.wal_flush_bytes = 0;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "authentication failed") != NULL &&
+		      strstr(error, ".sst") != NULL, "error: %s", error);
+	test_dir_teardown();
+}
+END_TEST
+
+/* Two WAL records of the same size swapped (CRCs intact): corruption at
+   the first one's offset; a torn last record: the batches before it
+   survive, it is dropped. */
+START_TEST(test_sealed_wal_records)
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *str = t_str_new(64);
+	const char *wal, *error;
+	struct stat st;
+	size_t rec;
+	unsigned int i;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	for (i = 0; i < 4; i++) {
+		batch = begin(lsm);
+		put_str(batch, t_strdup_printf("k%u", i), "value");
+		commit(&batch);
+	}
+	casbox_lsm_close(&lsm);
+	wal = t_strdup(find_file(".wal"));
+	ck_assert(stat(wal, &st) == 0);
+	ck_assert(!test_dir_contains("value"));
+	rec = (st.st_size - 32) / 4;
+	ck_assert_uint_eq(32 + 4 * rec, st.st_size);
+
+	/* torn: half of the last record */
+	ck_assert(truncate(wal, st.st_size - rec / 2) == 0);
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ck_assert_int_eq(get_str(lsm, "k2", str), 1);
+	ck_assert_int_eq(get_str(lsm, "k3", str), 0);
+	casbox_lsm_close(&lsm);
+
+	/* swap records 0 and 1: both CRCs fine, AAD (offset) not */
+	ck_assert(truncate(wal, 32 + 3 * rec) == 0);
+	copy_range(wal, 32, wal, 32 + 3 * rec, rec);
+	copy_range(wal, 32 + rec, wal, 32, rec);
+	copy_range(wal, 32 + 3 * rec, wal, 32 + rec, rec);
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "Corrupted WAL") != NULL &&
+		      strstr(error, "offset 32") != NULL &&
+		      strstr(error, "authentication failed") != NULL,
+		      "error: %s", error);
+	test_dir_teardown();
+}
+END_TEST
+
+static void test_assert_epochs(struct casbox_lsm *lsm, const uint32_t *want,
+			       unsigned int count)
+{
+	ARRAY_TYPE(uint32_t) epochs;
+	const uint32_t *ep;
+	unsigned int i, n;
+
+	t_array_init(&epochs, 4);
+	casbox_lsm_get_epochs(lsm, &epochs);
+	ep = array_get(&epochs, &n);
+	ck_assert_uint_eq(n, count);
+	for (i = 0; i < n; i++)
+		ck_assert_uint_eq(ep[i], want[i]);
+}
+
+/* A plaintext (format 1) store opened with a key: readable, the next
+   commit moves the WAL to a sealed one, reseal rewrites the tables;
+   afterwards nothing is readable on disk and a keyless open fails. */
+START_TEST(test_sealed_upgrade_plaintext)
+{
+	static const uint32_t plain[] = { CASBOX_LSM_EPOCH_PLAINTEXT };
+	static const uint32_t mixed[] = { 0, CASBOX_LSM_EPOCH_PLAINTEXT };
+	static const uint32_t sealed[] = { 0 };
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	set.codec = NULL;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_marked(lsm, 0, 300);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	test_fill_marked(lsm, 300, 10);
+	casbox_lsm_close(&lsm);
+	ck_assert(test_dir_contains("SecretKeyword"));
+
+	set.codec = &test_sealed_codec;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ck_assert(!casbox_lsm_is_sealed(lsm));
+	test_assert_epochs(lsm, plain, N_ELEMENTS(plain));
+	test_check_marked(lsm, 310);
+	test_fill_marked(lsm, 310, 10);
+	/* the plaintext WAL went into a (sealed) table, the rest waits */
+	test_assert_epochs(lsm, mixed, N_ELEMENTS(mixed));
+	ck_assert(casbox_lsm_is_sealed(lsm));
+	ck_assert_int_eq(casbox_lsm_reseal(lsm, &error), 1);
+	test_assert_epochs(lsm, sealed, N_ELEMENTS(sealed));
+	test_check_marked(lsm, 320);
+	casbox_lsm_close(&lsm);
+	ck_assert_uint_eq(count_files(".sst"), 1);
+	ck_assert(!test_dir_contains("SecretKeyword"));
+	ck_assert(!test_dir_contains("INBOX"));
+
+	set.codec = NULL;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	set.codec = &test_sealed_codec;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_check_marked(lsm, 320);
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
+/* Tables of two epochs: each opened with its epoch's key; reseal leaves
+   only the current one, after which the old epoch's key is not needed. */
+START_TEST(test_sealed_epochs)
+{
+	static const uint32_t both[] = { 0, 1 };
+	static const uint32_t one[] = { 1 };
+	struct casbox_lsm_settings set;
+	struct casbox_lsm_info info;
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	/* no store yet */
+	ck_assert_int_eq(casbox_lsm_peek(test_dir, &info, &error), 0);
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	ck_assert_int_eq(casbox_lsm_peek(test_dir, &info, &error), 1);
+	ck_assert(info.sealed);
+	ck_assert_uint_eq(info.tables, 0);
+	ck_assert_uint_eq(info.wal_record_bytes, 0);
+	ck_assert(memcmp(info.fingerprint, test_sealed_codec.fingerprint,
+			 sizeof(info.fingerprint)) == 0);
+	test_fill_marked(lsm, 0, 100);
+	ck_assert_int_eq(casbox_lsm_compact(lsm, &error), 1);
+	casbox_lsm_close(&lsm);
+
+	test_epoch = test_max_epoch = 1;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_marked(lsm, 100, 100);
+	casbox_lsm_close(&lsm);
+	/* flush without merging: a second table, of epoch 1 */
+	set.wal_flush_bytes = 1;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_fill_marked(lsm, 200, 1);
+	test_assert_epochs(lsm, both, N_ELEMENTS(both));
+	casbox_lsm_close(&lsm);
+	set.wal_flush_bytes = 0;
+	ck_assert_int_eq(casbox_lsm_peek(test_dir, &info, &error), 1);
+	ck_assert_uint_eq(info.tables, 2);
+
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	test_check_marked(lsm, 201);
+	ck_assert_int_eq(casbox_lsm_reseal(lsm, &error), 1);
+	test_assert_epochs(lsm, one, N_ELEMENTS(one));
+	/* nothing to do now: no write */
+	ck_assert_int_eq(casbox_lsm_reseal(lsm, &error), 1);
+	casbox_lsm_close(&lsm);
+	ck_assert_uint_eq(count_files(".sst"), 1);
+
+	/* epoch 0's key gone (rotation finished): still opens */
+	test_epoch = test_max_epoch = 1;
+	{
+		struct casbox_lsm_codec no_old = test_sealed_codec;
+
+		no_old.get_key = test_codec_key;
+		set.codec = &no_old;
+		ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+		test_check_marked(lsm, 201);
+		casbox_lsm_close(&lsm);
+	}
+	/* while a key without epoch 1 cannot open it */
+	test_epoch = test_max_epoch = 0;
+	set.codec = &test_sealed_codec;
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), -1);
+	ck_assert_msg(strstr(error, "epoch 1") != NULL, "error: %s", error);
 	test_dir_teardown();
 }
 END_TEST
@@ -1150,16 +1807,8 @@ static void test_signals_setup(void)
 	lib_signals_ignore(SIGALRM, FALSE);
 }
 
-int main(void)
+static void test_add_common(TCase *tc)
 {
-	Suite *s = suite_create("lsm");
-	TCase *tc = tcase_create("lsm");
-	int failed;
-
-	lib_init();
-	lib_signals_init();
-	tcase_add_checked_fixture(tc, test_signals_setup, NULL);
-	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_basic);
 	tcase_add_test(tc, test_iter_snapshot);
 	tcase_add_test(tc, test_compact_all_deleted);
@@ -1174,10 +1823,41 @@ int main(void)
 	tcase_add_test(tc, test_lock_excludes_old_builds);
 	tcase_add_test(tc, test_stale_lock_page);
 	tcase_add_test(tc, test_block_cache_eviction);
+	tcase_add_test(tc, test_block_cache_limit);
+	tcase_add_test(tc, test_batch_set_flush);
 	tcase_add_test(tc, test_corrupt_table_block);
 	tcase_add_test(tc, test_corrupt_table_every_byte);
 	tcase_add_test(tc, test_corrupt_wal_middle);
+}
+
+int main(void)
+{
+	Suite *s = suite_create("lsm");
+	TCase *tc = tcase_create("lsm");
+	TCase *tc_sealed = tcase_create("sealed");
+	int failed;
+
+	lib_init();
+	lib_signals_init();
+	tcase_add_checked_fixture(tc, test_signals_setup, NULL);
+	tcase_add_checked_fixture(tc, test_plain_setup, NULL);
+	tcase_set_timeout(tc, 300);
+	test_add_common(tc);
 	suite_add_tcase(s, tc);
+
+	/* the same tests on sealed (format 2) stores, and the sealing ones */
+	tcase_add_checked_fixture(tc_sealed, test_signals_setup, NULL);
+	tcase_add_checked_fixture(tc_sealed, test_sealed_setup, NULL);
+	tcase_set_timeout(tc_sealed, 300);
+	test_add_common(tc_sealed);
+	tcase_add_test(tc_sealed, test_sealed_nothing_readable);
+	tcase_add_test(tc_sealed, test_sealed_wrong_key);
+	tcase_add_test(tc_sealed, test_sealed_block_moved);
+	tcase_add_test(tc_sealed, test_sealed_table_swapped);
+	tcase_add_test(tc_sealed, test_sealed_wal_records);
+	tcase_add_test(tc_sealed, test_sealed_upgrade_plaintext);
+	tcase_add_test(tc_sealed, test_sealed_epochs);
+	suite_add_tcase(s, tc_sealed);
 	failed = check_run_suite(s);
 	lib_signals_deinit();
 	lib_deinit();

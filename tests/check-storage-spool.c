@@ -225,6 +225,31 @@ START_TEST(test_big_goes_encrypted_to_file)
 }
 END_TEST
 
+/* A reopened spool reads the same bytes from the start, in memory and
+   in the file, without the old reader's buffer; the file stays while
+   any reader does. */
+START_TEST(test_reopen)
+{
+	buffer_t *text = make_text(50000);
+	struct istream *input, *old;
+
+	input = spool_text(text, 20000);
+	ck_assert_uint_eq(array_count(spool_files()), 1);
+	assert_range(input, text->data, 30000, 1000);
+	old = input;
+	i_stream_ref(old);
+	casbox_spool_reopen(&input);
+	ck_assert_ptr_ne(input, old);
+	ck_assert_uint_eq(input->v_offset, 0);
+	ck_assert_uint_eq(i_stream_get_data_size(input), 0);
+	i_stream_unref(&old);
+	ck_assert_uint_eq(array_count(spool_files()), 1);
+	assert_all(input, text);
+	i_stream_unref(&input);
+	ck_assert_uint_eq(array_count(spool_files()), 0);
+}
+END_TEST
+
 START_TEST(test_same_text_other_key)
 {
 	buffer_t *text = make_text(10000), *a, *b;
@@ -287,6 +312,7 @@ int main(void)
 	tcase_add_test(tc, test_small_stays_in_memory);
 	tcase_add_test(tc, test_big_goes_encrypted_to_file);
 	tcase_add_test(tc, test_same_text_other_key);
+	tcase_add_test(tc, test_reopen);
 	tcase_add_test(tc, test_unusable_temp_dir);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);

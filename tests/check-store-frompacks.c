@@ -20,11 +20,14 @@
 #include "casbox-lsm.h"
 #include "casbox-store.h"
 #include "casbox-store-rekey.h"
+#include "casbox-store-gc.h"
 #include "casbox-store-frompacks.h"
 #include "doveadm-casbox.h"
+#include "test-store-lsm.h"
 
 #include <check.h>
 #include "check-run.h"
+#include "test-store-fixture.h"
 #include <dirent.h>
 #include <signal.h>
 #include <string.h>
@@ -50,37 +53,18 @@ static const char *part_d = "part D only in message 3, a bit longer\r\n";
 
 static void setup(void)
 {
-	ck_assert_ptr_nonnull(mkdtemp(test_dir));
-	root = t_strconcat(test_dir, "/casbox", NULL);
-	ck_assert_int_eq(mkdir(root, 0700), 0);
-	i_zero(&set);
-	set.key_file = t_strconcat(test_dir, "/user.key", NULL);
-	set.key_autocreate = TRUE;
-	set.zstd_level = 3;
-	set.part_split_size = 1024;
-	set.pack_size = 1024 * 1024;
+	test_store_fixture_setup(test_dir, &root, &set);
 	set.gc_dead_ratio = 30;
 }
 
 static void teardown(void)
 {
-	const char *error;
-
-	ck_assert_int_eq(unlink_directory(test_dir,
-		UNLINK_DIRECTORY_FLAG_RMDIR, &error), 1);
-	memcpy(test_dir + strlen(test_dir) - 6, "XXXXXX", 6);
+	test_store_fixture_teardown(test_dir);
 }
 
 static struct casbox_store *store_open(void)
 {
-	struct casbox_store *store;
-	const char *error = NULL;
-
-	if (casbox_store_open(root, &set, FSYNC_MODE_ALWAYS,
-			      FILE_LOCK_METHOD_FCNTL, &store, &error) < 0 ||
-	    casbox_store_open_keys(store, &error) < 0)
-		ck_abort_msg("store open: %s", error);
-	return store;
+	return test_store_fixture_open(root, &set, TRUE);
 }
 
 /* Save (parts given) or copy (copy = TRUE: the blobs must exist) one
@@ -137,7 +121,6 @@ static void add_msg(struct casbox_store *store, const guid_128_t box,
 /* Every LSM record as "hex(key)=hex(value)" lines, sorted by key. */
 static const char *lsm_dump(char prefix)
 {
-	struct casbox_lsm_settings lsm_set;
 	struct casbox_lsm *lsm;
 	struct casbox_lsm_iter *iter;
 	const unsigned char *key, *value;
@@ -145,10 +128,7 @@ static const char *lsm_dump(char prefix)
 	const char *error;
 	string_t *str = t_str_new(1024);
 
-	i_zero(&lsm_set);
-	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
-	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
-	if (casbox_lsm_open(&lsm_set, &lsm, &error) < 0)
+	if (test_store_lsm_open_set(root, &set, FALSE, &lsm, &error) < 0)
 		ck_abort_msg("lsm open: %s", error);
 	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
 	while (casbox_lsm_iter_next(iter, &key, &key_size, &value,
@@ -158,7 +138,7 @@ static const char *lsm_dump(char prefix)
 		str_append_c(str, '\n');
 	}
 	ck_assert_int_eq(casbox_lsm_iter_deinit(&iter, &error), 1);
-	casbox_lsm_close(&lsm);
+	test_store_lsm_close(&lsm);
 	return str_c(str);
 }
 
@@ -403,7 +383,6 @@ START_TEST(test_busy_lsm_is_left_alone)
 {
 	const char *m1[] = { part_a, NULL };
 	struct casbox_store *store = store_open();
-	struct casbox_lsm_settings lsm_set;
 	struct casbox_lsm_batch *batch;
 	struct casbox_frompacks *fp;
 	struct casbox_admin *adm;
@@ -421,10 +400,8 @@ START_TEST(test_busy_lsm_is_left_alone)
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		i_zero(&lsm_set);
-		lsm_set.dir = t_strconcat(root, "/lsm", NULL);
-		lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
-		if (casbox_lsm_open(&lsm_set, &lsm, &error) < 0 ||
+		if (test_store_lsm_open_set(root, &set, FALSE, &lsm,
+					    &error) < 0 ||
 		    casbox_lsm_batch_begin(lsm, &batch, &error) < 0)
 			_exit(1);
 		/* locked: tell the parent, then hold it until killed */
@@ -578,26 +555,11 @@ END_TEST
 static const char *read_msg(const guid_128_t box, uint32_t uid)
 {
 	struct casbox_store *store = store_open();
-	struct casbox_msg_record rec;
-	struct istream *input;
-	const unsigned char *data;
-	size_t size;
-	string_t *str = t_str_new(256);
-	const char *error = NULL;
-	int ret;
+	const char *text = test_store_fixture_read(store, box, uid);
 
-	ck_assert_int_eq(casbox_store_msg_lookup(store, box, uid,
-		pool_datastack_create(), &rec, &error), 1);
-	ck_assert_int_eq(casbox_store_msg_open(store, &rec, &input, &error),
-			 1);
-	while ((ret = i_stream_read_more(input, &data, &size)) > 0) {
-		str_append_data(str, data, size);
-		i_stream_skip(input, size);
-	}
-	ck_assert_int_eq(input->stream_errno, 0);
-	i_stream_unref(&input);
+	ck_assert_ptr_nonnull(text);
 	casbox_store_close(&store);
-	return str_c(str);
+	return text;
 }
 
 /* Password mode: LMTP-like saves with the public key only write
@@ -740,7 +702,6 @@ static struct cas_keyring *rot_begin(uint32_t *old_id_r)
    rewrapped. */
 static uint64_t rot_walk(struct cas_keyring *kr, uint32_t old_id)
 {
-	struct casbox_lsm_settings lsm_set;
 	struct casbox_pack_settings pack_set;
 	struct casbox_lsm *lsm;
 	struct casbox_pack_store *packs;
@@ -749,11 +710,8 @@ static uint64_t rot_walk(struct cas_keyring *kr, uint32_t old_id)
 	const char *error = NULL;
 	int ret;
 
-	i_zero(&lsm_set);
-	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
-	lsm_set.fsync = TRUE;
-	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
-	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	if (test_store_lsm_open_set(root, &set, TRUE, &lsm, &error) < 0)
+		ck_abort_msg("lsm open: %s", error);
 	i_zero(&pack_set);
 	pack_set.dir = t_strconcat(root, "/packs", NULL);
 	pack_set.fsync = TRUE;
@@ -768,28 +726,47 @@ static uint64_t rot_walk(struct cas_keyring *kr, uint32_t old_id)
 	} while (ret > 0);
 	ck_assert_uint_eq(stats.failed, 0);
 	casbox_pack_store_close(&packs);
-	casbox_lsm_close(&lsm);
+	test_store_lsm_close(&lsm);
 	return stats.rewrapped;
 }
 
-/* The last step of a rotation: no record left under the old slot, so
-   the key file loses it. */
+/* key rotate --finish's "packs" step: gc --all copies every blob and
+   re-seals every meta record it keeps under the new key epoch, so the
+   packs open without the old one. */
+static void rot_packs(void)
+{
+	struct casbox_store *store = store_open();
+	struct casbox_store_gc_stats stats;
+	struct file_lock *lock = NULL;
+	const char *error = NULL;
+
+	ck_assert_int_eq(casbox_store_maintenance_lock(store, TRUE, 10, &lock,
+						       &error), 1);
+	i_zero(&stats);
+	if (casbox_store_gc(store, TRUE, &stats, &error) < 0)
+		ck_abort_msg("gc: %s", error);
+	ck_assert_uint_eq(stats.packs_deleted, stats.packs_selected);
+	file_lock_free(&lock);
+	casbox_store_close(&store);
+}
+
+/* The last step of a rotation: the packs re-sealed, no record left
+   under the old slot, so the key file loses the old slot and epoch. */
 static void rot_finish(struct cas_keyring *kr, uint32_t old_id)
 {
-	struct casbox_lsm_settings lsm_set;
 	struct casbox_lsm *lsm;
 	uint64_t left, foreign;
 	const char *error = NULL;
 
-	i_zero(&lsm_set);
-	lsm_set.dir = t_strconcat(root, "/lsm", NULL);
-	lsm_set.lock_method = FILE_LOCK_METHOD_FCNTL;
-	ck_assert_int_eq(casbox_lsm_open(&lsm_set, &lsm, &error), 1);
+	if (test_store_lsm_open_set(root, &set, FALSE, &lsm, &error) < 0)
+		ck_abort_msg("lsm open: %s", error);
 	ck_assert_int_eq(casbox_rekey_count(lsm, kr, old_id, &left,
 					    &foreign, &error), 0);
 	ck_assert_uint_eq(left, 0);
 	ck_assert_uint_eq(foreign, 0);
-	casbox_lsm_close(&lsm);
+	test_store_lsm_close(&lsm);
+	rot_packs();
+	test_store_reseal_all(root, &set);
 	cas_keyring_rotate_finish(kr);
 	ck_assert_int_eq(cas_keyring_save(kr, set.key_file, &error), 1);
 	ck_assert(!cas_keyring_has_key_id(kr, old_id));

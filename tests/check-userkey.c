@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
 
 #define UKEY_FILE_SIZE 212
 #define UKEY_OFF_OPS 12
@@ -515,7 +516,9 @@ START_TEST(test_password_change)
 	unsigned char deks[4][CAS_DEK_SIZE], out[CAS_DEK_SIZE];
 	unsigned char sealed[4][CAS_SEALED_DEK_SIZE];
 	unsigned char before[UKEY_FILE_SIZE + 1], after[UKEY_FILE_SIZE + 1];
+	unsigned char shredded[UKEY_FILE_SIZE], zero[UKEY_FILE_SIZE];
 	struct cas_userkey_limits limits = min_limits;
+	int fd;
 	struct cas_blob_id ids[4], id;
 	const char *path = tmp_path("u"), *error;
 	struct stat st;
@@ -547,8 +550,17 @@ START_TEST(test_password_change)
 	ck_assert_int_eq(cas_userkey_change_password(tmp_path("none"),
 		"old pw", 6, "new pw", 6, NULL, &error), 0);
 
+	/* the replaced file (the secret under the old password) is
+	   overwritten once it has no name left */
+	fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(cas_userkey_change_password(path, "old pw", 6,
 		"new pw", 6, NULL, &error), 1);
+	memset(zero, 0, sizeof(zero));
+	ck_assert_int_eq(pread(fd, shredded, UKEY_FILE_SIZE, 0),
+			 UKEY_FILE_SIZE);
+	ck_assert_mem_eq(shredded, zero, UKEY_FILE_SIZE);
+	ck_assert_int_eq(close(fd), 0);
 	ck_assert_uint_eq(dir_entries(), 1);
 	ck_assert_int_eq(stat(path, &st), 0);
 	ck_assert_uint_eq(st.st_mode & 0777, 0400);

@@ -42,7 +42,7 @@ EXTRA_SAME = re.compile(r"^\s*(lmtp_add_received_header|mail_debug|"
                         r"mail_fsync|lock_method|recipient_delimiter|"
                         r"imap_metadata|doveadm_password|doveadm_port|"
                         r"port|special_use|mail_save_crlf|process_limit|"
-                        r"mail_max_userip_connections)\s*=|"
+                        r"mail_max_userip_connections|quota_full_tempfail)\s*=|"
                         r"^\s*(protocol \w+|service \w+|inet_listener"
                         r"( \w+)?|namespace \w+|mailbox \w+)\s*\{\s*$|"
                         r"^\s*\}\s*$")
@@ -81,13 +81,47 @@ def mail_location(location):
     return lines
 
 
+# 2.3 quota_rule resources -> 2.4 quota root settings
+QUOTA_RULE_RESOURCES = {
+    "storage": "quota_storage_size",
+    "messages": "quota_message_count",
+}
+
+
+def quota_root(settings):
+    """2.3's quota = count:NAME and quota_rule = *:RES=N -> a 2.4
+    `quota "NAME" { }` block (lines). 2.4's count driver always counts
+    virtual sizes (quota_vsizes is gone); the other 2.3 drivers used
+    here (dict) were removed in 2.4."""
+    driver, _, rest = settings["quota"].partition(":")
+    name = rest.split(":")[0]
+    if driver != "count":
+        skip("quota driver %s was removed in 2.4" % driver)
+    lines = ['quota "%s" {' % name, "  quota_driver = count"]
+    rule = settings.get("quota_rule")
+    if rule is not None:
+        mailbox, _, limits = rule.partition(":")
+        if mailbox != "*":
+            skip("the harness does not translate quota_rule %r" % rule)
+        for limit in limits.split(":"):
+            res, _, value = limit.partition("=")
+            if res not in QUOTA_RULE_RESOURCES:
+                skip("the harness does not translate quota_rule %r"
+                     % rule)
+            lines.append("  %s = %s" % (QUOTA_RULE_RESOURCES[res], value))
+    lines.append("}")
+    return lines
+
+
 def plugin_settings(settings):
     """The plugin {} dict -> (top-level lines, lines of fts casidx {})."""
     top, fts = [], []
     driver = settings.get("fts")
+    if "quota" in settings:
+        top += quota_root(settings)
     for key, value in sorted(settings.items()):
         value = vars24(str(value))
-        if key == "fts":
+        if key in ("fts", "quota", "quota_rule", "quota_vsizes"):
             continue
         if key == "mail_replica":
             skip("the replicator was removed in 2.4 (doc/scaling.md: "
@@ -128,6 +162,16 @@ def extra_conf(text):
         if m is not None:
             # 2.4 wants every listener named
             out.append("%sinet_listener extra%d {" % (m.group(1), len(out)))
+            continue
+        m = re.match(r"^(\s*)mail_plugins\s*=\s*\$mail_plugins\s+(.*)$",
+                     line)
+        if m is not None:
+            # protocol { mail_plugins = $mail_plugins X }: 2.4 adds to
+            # the global list in a block of booleans
+            out.append("%smail_plugins {" % m.group(1))
+            for plugin in m.group(2).split():
+                out.append("%s  %s = yes" % (m.group(1), plugin))
+            out.append("%s}" % m.group(1))
             continue
         m = re.match(r"^\s*mail_attribute_dict\s*=\s*file:(.*)$", line)
         if m is not None:

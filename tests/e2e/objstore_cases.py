@@ -220,16 +220,6 @@ class ObjstoreCases:
                                           "-u", USER).stdout)[0]
         self.assertEqual(int(stats["messages"]), len(msgs))
         self.assertGreaterEqual(int(stats["packs"]), 3)
-        # key rotation rewraps the records and appends DEK updates to the
-        # local pack; the remote packs stay as they are and still read
-        before_objects = self.remote_packs()
-        rot = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "key",
-                                        "rotate", "-u", USER).stdout)[0]
-        self.assertEqual(rot["result"], "rotated", rot)
-        for pid, data in before_objects.items():
-            self.assertEqual(self.remote_packs()[pid], data, pid)
-        self.drop_cache()
-        self.assert_bytes(msgs, self.fetch())
         # gc: expunge most big messages, then gc --all rewrites the
         # remote packs' live blobs locally and deletes their objects
         before = set(self.remote_packs())
@@ -243,6 +233,26 @@ class ObjstoreCases:
         after = set(self.remote_packs())
         self.assertTrue(before - after, (before, after))
         self.assertEqual(sorted(after), self.local("cbr"))
+        self.drop_cache()
+        got = self.fetch()
+        self.assertEqual(sorted(got), [u for u in range(1, len(msgs) + 1)
+                                       if u not in gone])
+        for uid, body in got.items():
+            self.assertEqual(body, msgs[uid - 1], uid)
+        self.dc.doveadm("casbox", "scrub", "-u", USER)
+        # key rotation: --finish rewrites every pack (gc --all) under
+        # fresh DEKs and the new key epoch, remote ones included: their
+        # objects are gone, the mail reads as before
+        self.doveadm_upload("-s")
+        before_objects = self.remote_packs()
+        self.assertTrue(before_objects)
+        self.dc.doveadm("casbox", "key", "rotate", "-u", USER)
+        rot = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "key",
+                                        "rotate", "--finish", "-u",
+                                        USER).stdout)[0]
+        self.assertEqual(rot["result"], "rotated", rot)
+        self.assertFalse(set(self.remote_packs()) & set(before_objects))
+        self.doveadm_upload()
         self.drop_cache()
         got = self.fetch()
         self.assertEqual(sorted(got), [u for u in range(1, len(msgs) + 1)
@@ -369,8 +379,10 @@ class ObjstoreCases:
         self.dc.lmtp_deliver(USER, msgs[1])
         # a rotated key: the recovery needs the DEK updates, which are
         # in the packs too
+        self.dc.doveadm("casbox", "key", "rotate", "-u", USER)
         rot = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "key",
-                                        "rotate", "-u", USER).stdout)[0]
+                                        "rotate", "--finish", "-u",
+                                        USER).stdout)[0]
         self.assertEqual(rot["result"], "rotated", rot)
         row = self.doveadm_upload("-s")
         self.assertEqual(int(row["local_packs"]), 1, row)

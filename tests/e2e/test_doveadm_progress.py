@@ -19,7 +19,8 @@ COMMANDS = [
     (("casbox", "scrub"), ["scrub: pack frames: ", "scrub: blobs decoded: "]),
     (("casbox", "gc", "--all"), ["gc: pack frames: ",
                                   "gc: copying live blobs: "]),
-    (("casbox", "key", "rotate"), ["key rotate: "]),
+    # each run below is one rotation: started, then finished
+    (("casbox", "key", "rotate", "--finish"), ["key rotate: "]),
     (("casbox", "rebuild", "--from-packs"),
      ["rebuild --from-packs: pack frames: ",
       "rebuild --from-packs: messages opened: "]),
@@ -65,12 +66,16 @@ class DoveadmProgressTest(unittest.TestCase):
         with Dovecot(plugin_settings=KEYS) as dc:
             dc.lmtp_deliver_many("user1", msgs)
             for args, lines in COMMANDS:
+                if args[-1] == "--finish":
+                    dc.doveadm(*args[:-1], "-u", "user1")
                 # not a terminal: no progress at all
                 res = dc.doveadm(*args, "-u", "user1")
                 for mark in PROGRESS_MARKS:
                     self.assertNotIn(mark, res.stderr, args)
                 for line in lines:
                     self.assertNotIn(line, res.stderr, args)
+                if args[-1] == "--finish":
+                    dc.doveadm(*args[:-1], "-u", "user1")
                 # a terminal: the line, rewritten in place, then ended
                 rc, err = run_on_pty(dc.doveadm_command(*args, "-u",
                                                         "user1"))

@@ -11,6 +11,13 @@ encoded words decoded), decoded text parts including the raw markup of
 HTML parts, in every script and charset the sample contains. Messages
 come from every corpus folder.
 
+Plus CASIDX_EQ_PHRASES (240) searches aimed at what positions and
+single-term proofs answer definitely (doc/search-semantics.md): runs of
+2-4 ASCII words one space apart, cut inside their first and last word;
+two words of one message in random order (mostly not adjacent: a wrong
+definite answer would show); whitespace-free runs with punctuation
+(URLs, paths, markup).
+
 Bounded by default (CI): CASIDX_EQ_MESSAGES messages (240), CASIDX_EQ_QUERIES
 searches (1000), seed CASIDX_EQ_SEED (17). The longer run and its result
 are in doc/testing.md.
@@ -32,6 +39,7 @@ from dovecot_harness import (Dovecot, corpus_dir,  # noqa: E402
 USER = "user1"
 N_MESSAGES = int(os.environ.get("CASIDX_EQ_MESSAGES", "240"))
 N_QUERIES = int(os.environ.get("CASIDX_EQ_QUERIES", "1000"))
+N_PHRASES = int(os.environ.get("CASIDX_EQ_PHRASES", "240"))
 SEED = int(os.environ.get("CASIDX_EQ_SEED", "17"))
 # Messages bigger than this are left out of the sample: each search of
 # the oracle reads every message, so a few 3 MB logs would dominate.
@@ -200,6 +208,75 @@ def generate_queries(rng, messages, count):
     return queries
 
 
+ASCII_WORD = re.compile(r"^[A-Za-z0-9]+$")
+
+
+def phrase_value(rng, text):
+    """2-4 consecutive ASCII words of a line that are one space apart,
+    the first cut at a random start, the last at a random end."""
+    lines = [ln for ln in re.split(r"[\r\n]+", text) if " " in ln]
+    if not lines:
+        return None
+    words = rng.choice(lines).split(" ")
+    runs = [i for i in range(len(words) - 1)
+            if ASCII_WORD.match(words[i]) and ASCII_WORD.match(words[i + 1])]
+    if not runs:
+        return None
+    i = rng.choice(runs)
+    n = 2
+    while (n < 4 and i + n < len(words) and ASCII_WORD.match(words[i + n])
+           and rng.random() < 0.5):
+        n += 1
+    ws = words[i:i + n]
+    ws[0] = ws[0][rng.randrange(0, len(ws[0])):]
+    ws[-1] = ws[-1][:rng.randint(1, len(ws[-1]))]
+    return " ".join(ws)
+
+
+def swapped_value(rng, text):
+    """Two ASCII words of the text, one space apart, in random order."""
+    words = sorted(set(re.findall(r"[A-Za-z0-9]{2,}", text)))
+    if len(words) < 2:
+        return None
+    a, b = rng.sample(words, 2)
+    return "%s %s" % (a, b)
+
+
+def punct_value(rng, text):
+    """A whitespace-free run of printable ASCII with punctuation, or a
+    piece of one."""
+    runs = [r for r in re.findall(r"[!-~]{3,}", text)
+            if re.search(r"[^A-Za-z0-9]", r)]
+    if not runs:
+        return None
+    run = rng.choice(runs)
+    n = rng.randint(2, min(len(run), 40))
+    start = rng.randrange(0, len(run) - n + 1)
+    return run[start:start + n]
+
+
+def generate_phrase_queries(rng, messages, count, seen):
+    """count more criteria lists from the three generators above."""
+    sources = [message_sources(m) for m in messages]
+    gens = [phrase_value, phrase_value, swapped_value, punct_value]
+    queries = []
+    tries = 0
+    while len(queries) < count and tries < count * 20:
+        tries += 1
+        srcs = rng.choice(sources)
+        if not srcs:
+            continue
+        key, text = rng.choice(srcs)
+        value = rng.choice(gens)(rng, text)
+        if value is None or not value.strip():
+            continue
+        q = ("NOT", key, value) if rng.random() < 0.05 else (key, value)
+        if q not in seen:
+            seen.add(q)
+            queries.append(q)
+    return queries
+
+
 def uid_search(imap, criteria):
     """UID SEARCH with the last atom as a UTF-8 literal (any bytes but
     CR/LF, no quoting rules to get wrong)."""
@@ -226,6 +303,11 @@ class FtsCasidxEquivalence(unittest.TestCase):
         messages = sample_messages(rng)
         queries = generate_queries(rng, messages, N_QUERIES)
         self.assertGreaterEqual(len(queries), N_QUERIES * 9 // 10)
+        phrases = generate_phrase_queries(random.Random(SEED + 1),
+                                          messages, N_PHRASES,
+                                          set(queries))
+        self.assertGreaterEqual(len(phrases), N_PHRASES * 9 // 10)
+        queries += phrases
         with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
                      extra_conf=NO_LMTP_RECEIVED) as dc:
             dc.lmtp_deliver_many(USER, messages)

@@ -42,24 +42,45 @@ def kdf_key_id(root):
     return struct.unpack(">I", h.digest()[:4])[0]
 
 
-def read_key_file(path):
-    """(root, [slot key ids], current key id) of a CASKEY1/2 file,
-    checking its checksum."""
+def read_key_file_full(path):
+    """(store key id, [slot key ids], current key id, [epochs], current
+    epoch) of a CASKEY1/2/3 file, checking its checksum."""
     with open(path, "rb") as f:
         data = f.read()
     check = hashlib.blake2b(data[:-32], digest_size=32).digest()
     assert check == data[-32:], "key file checksum"
-    root = data[8:40]
     if data[:8] == b"CASKEY1\x01":
         assert len(data) == 72
-        kid = kdf_key_id(root)
-        return root, [kid], kid
-    assert data[:8] == b"CASKEY2\x02", data[:8]
-    count, current = data[40], data[41]
-    assert len(data) == 44 + 36 * count + 32
-    ids = [struct.unpack(">I", data[44 + 36 * i:48 + 36 * i])[0]
+        kid = kdf_key_id(data[8:40])
+        return kid, [kid], kid, [0], 0
+    if data[:8] == b"CASKEY2\x02":
+        count, current = data[40], data[41]
+        assert len(data) == 44 + 36 * count + 32
+        ids = [struct.unpack(">I", data[44 + 36 * i:48 + 36 * i])[0]
+               for i in range(count)]
+        return kdf_key_id(data[8:40]), ids, ids[current], [0], 0
+    assert data[:8] == b"CASKEY3\x03", data[:8]
+    count, current, nep, cur_ep = data[44], data[45], data[46], data[47]
+    assert len(data) == 48 + 36 * count + 36 * nep + 32
+    ids = [struct.unpack(">I", data[48 + 36 * i:52 + 36 * i])[0]
            for i in range(count)]
-    return root, ids, ids[current]
+    base = 48 + 36 * count
+    epochs = [struct.unpack(">I", data[base + 36 * i:base + 36 * i + 4])[0]
+              for i in range(nep)]
+    return (struct.unpack(">I", data[8:12])[0], ids, ids[current], epochs,
+            epochs[cur_ep])
+
+
+def read_key_file(path):
+    """(store key id: the same over every rotation, [slot key ids],
+    current key id)."""
+    return read_key_file_full(path)[:3]
+
+
+def start_rotation(dc):
+    """key rotate: a new slot and epoch; returns the result row."""
+    return tab_row(dc.doveadm("-f", "tab", "casbox", "key", "rotate",
+                              "-u", "user1").stdout)
 
 
 def stats(dc):
@@ -140,11 +161,14 @@ class KeyRotateTest(unittest.TestCase):
                                  "%s uid %d differs" % (box, uid))
 
     def run_until_batch(self, dc, kill_at):
-        """Start a rotation and SIGKILL it right after its kill_at-th
-        batch reported. Returns the total rewrapped it reported."""
+        """Start a rotation (unless one is in progress), then SIGKILL
+        its --finish right after the kill_at-th batch of the DEK walk
+        reported. Returns the total rewrapped it reported."""
+        self.assertIn(start_rotation(dc)["result"],
+                      ("started", "in progress"))
         proc = subprocess.Popen(
             dc.doveadm_command("-v", "casbox", "key", "rotate", "-u",
-                               "user1", "--batch", str(BATCH)),
+                               "user1", "--finish", "--batch", str(BATCH)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # a safety net against a hung doveadm, not a synchronisation
         watchdog = threading.Timer(300, proc.kill)
@@ -185,7 +209,7 @@ class KeyRotateTest(unittest.TestCase):
         total = self.run_until_batch(dc, kill_at)
         self.assertGreaterEqual(total, kill_at * BATCH)
         root, slots, new_id = read_key_file(key_path)
-        self.assertEqual(root, orig_root, "the root never rotates")
+        self.assertEqual(root, orig_root, "the key's name never rotates")
         self.assertEqual(len(slots), 2, "rotation in progress")
         self.assertIn(old_id, slots)
         self.assertNotEqual(new_id, old_id)
@@ -242,7 +266,8 @@ class KeyRotateTest(unittest.TestCase):
         # 4. resume, racing more deliveries and copies
         proc = subprocess.Popen(
             dc.doveadm_command("-f", "tab", "casbox", "key", "rotate",
-                               "-u", "user1", "--batch", str(BATCH)),
+                               "-u", "user1", "--finish", "--batch",
+                               str(BATCH)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         dc.lmtp_deliver_many("user1", extra_msgs[:10])
         imap = dc.imap_login("user1")
@@ -296,7 +321,10 @@ class KeyRotateTest(unittest.TestCase):
             # Dovecot ends the session when a literal it began to send
             # cannot be read: the log below says why
             pass
-        pattern = r"wrapped by another key \(key id %08x" % new_id
+        # the LSM (sealed, format 2) refuses first since the rotation
+        # finished; a store whose LSM still opened would refuse the DEK
+        pattern = (r"(wrapped by another key \(key id %08x|no LSM key "
+                   r"for epoch 1: .*does not hold key epoch 1)" % new_id)
         self.assertIsNotNone(dc.wait_log(pattern),
                              "no clear error for the old key file")
         os.rename(saved, key_path)
@@ -351,8 +379,10 @@ class KeyRotateTest(unittest.TestCase):
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
 
     def rotate_to_end(self, dc):
+        self.assertIn(start_rotation(dc)["result"],
+                      ("started", "in progress"))
         res = dc.doveadm("-f", "tab", "casbox", "key", "rotate", "-u",
-                         "user1", "--batch", str(BATCH))
+                         "user1", "--finish", "--batch", str(BATCH))
         row = tab_row(res.stdout)
         self.assertEqual(row["result"], "rotated")
         return int(row["old_key_id"], 16), int(row["new_key_id"], 16)
@@ -456,12 +486,14 @@ class KeyRotateTest(unittest.TestCase):
                     text=True))
                 wait_for(lambda: lock_waiters(lock_path) == 1,
                          "gc waits for the pack lock", procs[0])
-                # the rotation writes its new slot, then its first
-                # batch waits for the pack lock (holding the LSM lock)
+                # the rotation writes its new slot, then the first
+                # batch of its --finish waits for the pack lock
+                # (holding the LSM lock)
+                self.assertEqual(start_rotation(dc)["result"], "started")
                 procs.append(subprocess.Popen(
                     dc.doveadm_command("-f", "tab", "casbox", "key",
-                                       "rotate", "-u", "user1", "--batch",
-                                       str(BATCH)),
+                                       "rotate", "-u", "user1", "--finish",
+                                       "--batch", str(BATCH)),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                     text=True))
                 wait_for(lambda: lock_waiters(lock_path) == 2,
@@ -485,9 +517,9 @@ class KeyRotateTest(unittest.TestCase):
             self.lose_lsm_and_rebuild(dc, key_path, expected, len(msgs))
 
     def test_concurrent_rotates(self):
-        """Two runs at once: each either joins the rotation in progress
-        or starts the next; both succeed and the store ends on one
-        slot that every blob record uses."""
+        """Two starts at once: one starts the rotation, the other finds
+        it in progress; then two --finish runs at once: both succeed
+        and the store ends on one slot that every blob record uses."""
         msgs = load(corpus_files("usrp-users-3000", limit=150, step=13))
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
                      plugin_settings=KEYS, extra_conf=CONF) as dc:
@@ -498,19 +530,374 @@ class KeyRotateTest(unittest.TestCase):
             imap.logout()
             procs = [subprocess.Popen(
                 dc.doveadm_command("-f", "tab", "casbox", "key", "rotate",
-                                   "-u", "user1", "--batch", "4"),
+                                   "-u", "user1"),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for _ in range(2)]
+            results = []
             for proc in procs:
                 out, err = proc.communicate(timeout=300)
                 self.assertEqual(proc.returncode, 0, err)
-                self.assertIn("rotated", out)
+                results.append(tab_row(out)["result"])
+            self.assertEqual(sorted(results), ["in progress", "started"])
+            procs = [subprocess.Popen(
+                dc.doveadm_command("-f", "tab", "casbox", "key", "rotate",
+                                   "-u", "user1", "--finish", "--batch",
+                                   "4"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+            results = []
+            for proc in procs:
+                out, err = proc.communicate(timeout=300)
+                self.assertEqual(proc.returncode, 0, err)
+                results.append(tab_row(out)["result"])
+            # the second either finished the same rotation along with
+            # the first or found it finished already
+            self.assertIn("rotated", results)
+            for result in results:
+                self.assertIn(result, ("rotated", "nothing to finish"))
             root, slots, cur = read_key_file(key_path)
             self.assertEqual(slots, [cur])
             self.assertEqual(list(key_id_counts(dc)), [cur])
             imap = dc.imap_login("user1")
             self.assertEqual(fetch_box(imap, "INBOX"), expected["INBOX"])
             imap.logout()
+
+    def test_leak_then_finish(self):
+        """A simulated leak: a copy of the key file is kept, then key
+        rotate, new mail, and key rotate --finish (killed after its
+        first batch, rerun with deliveries racing it). The current key
+        reads all mail throughout. The copy opens nothing written after
+        the rotation nor anything --finish re-sealed: message bodies
+        (DEKs), sealed ENVELOPE/BODYSTRUCTURE metadata, and the packs'
+        recovery records (rebuild --from-packs with the copy brings no
+        message back; with the current key, every one)."""
+        msgs = load(corpus_files("usrp-users-3000", limit=120, step=23))
+        new = load(corpus_files("usrp-users-3000", limit=40, step=29))
+        race = load(corpus_files("usrp-users-3000", limit=30, step=31))
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            dc.allow_log(r"wrapped by another key")
+            dc.allow_log(r"sealed metadata")
+            dc.allow_log(r"killed with signal 9")
+            dc.allow_log(r"FETCH|casbox|rebuild")
+            home = dc.home("user1")
+            key_path = os.path.join(home, "casbox.key")
+            root = os.path.join(home, "casbox")
+            dc.lmtp_deliver_many("user1", msgs[:60])
+            # a dictionary, and blobs compressed with it
+            dc.doveadm("casbox", "dict", "train", "-u", "user1")
+            self.assertTrue([n for n in os.listdir(os.path.join(root,
+                             "packs")) if n.startswith("dict-")])
+            dc.lmtp_deliver_many("user1", msgs[60:])
+            with open(key_path, "rb") as f:
+                leaked = f.read()
+            before = stats(dc)
+
+            self.assertEqual(start_rotation(dc)["result"], "started")
+            _, _, new_id, epochs, epoch = read_key_file_full(key_path)
+            self.assertEqual((epochs, epoch), ([0, 1], 1))
+            # the same content again after the rotation: a new blob id,
+            # so stored once more (no dedup across epochs)
+            dc.lmtp_deliver("user1", msgs[0])
+            mid = stats(dc)
+            self.assertGreater(int(mid["unique_blobs"]),
+                               int(before["unique_blobs"]))
+            dc.lmtp_deliver_many("user1", new)
+
+            self.run_until_batch(dc, 1)
+            proc = subprocess.Popen(
+                dc.doveadm_command("-v", "-f", "tab", "casbox", "key",
+                                   "rotate", "-u", "user1", "--finish",
+                                   "--batch", str(BATCH)),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            dc.lmtp_deliver_many("user1", race)
+            out, err = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                # gc keeps a pack a racing save deduplicated onto; after
+                # a few tries --finish says so and keeps the old epoch:
+                # rerun once the deliveries are done
+                self.assertIn("run key rotate --finish again", err)
+                res = dc.doveadm("-f", "tab", "casbox", "key", "rotate",
+                                 "-u", "user1", "--finish")
+                out = res.stdout
+            row = tab_row(out)
+            self.assertEqual(row["result"], "rotated")
+            self.assertGreater(int(row["resealed"]), 0, row)
+            self.assertFalse(os.path.exists(os.path.join(root,
+                                                         "rotate-finish")))
+            kid, slots, cur, epochs, epoch = read_key_file_full(key_path)
+            self.assertEqual((slots, epochs, epoch), ([new_id], [1], 1))
+            with open(key_path, "rb") as f:
+                self.assertNotIn(leaked[8:40], f.read())
+            self.assertEqual(list(key_id_counts(dc)), [new_id])
+
+            imap = dc.imap_login("user1")
+            expected = {"INBOX": fetch_box(imap, "INBOX")}
+            imap.logout()
+            total = len(msgs) + 1 + len(new) + len(race)
+            self.assertEqual(len(expected["INBOX"]), total)
+            uids = sorted(expected["INBOX"])
+
+            # the leaked copy in place of the key file
+            saved = key_path + ".current"
+            os.link(key_path, saved)
+            st = os.stat(key_path)
+            with open(key_path + ".tmp", "wb") as f:
+                f.write(leaked)
+            os.chmod(key_path + ".tmp", 0o600)
+            os.chown(key_path + ".tmp", st.st_uid, st.st_gid)
+            os.rename(key_path + ".tmp", key_path)
+            # an old message (re-sealed), one delivered after the
+            # rotation, one delivered during --finish
+            for uid in (uids[0], uids[len(msgs) + 2], uids[-1]):
+                imap = dc.imap_login("user1")
+                ok(imap.select("INBOX", readonly=True))
+                try:
+                    typ, data = imap.uid("FETCH", str(uid), "(ENVELOPE)")
+                    got = [e for e in data if isinstance(e, (tuple, bytes))
+                           and b"ENVELOPE" in (e[0] if isinstance(e, tuple)
+                                               else e)]
+                    self.assertTrue(typ != "OK" or not got,
+                                    "uid %d: the old key file reads the "
+                                    "envelope" % uid)
+                    typ, data = imap.uid("FETCH", str(uid), "(BODY.PEEK[])")
+                    got = [e for e in data if isinstance(e, tuple)]
+                    self.assertTrue(typ != "OK" or not got,
+                                    "uid %d: the old key file reads the "
+                                    "body" % uid)
+                    imap.logout()
+                except imaplib.IMAP4.abort:
+                    pass
+                # the sealed LSM refuses the copy before any record is
+                # read (check-store's test_rekey_reseal_steps shows the
+                # re-sealed metadata and dictionaries refuse it too)
+                self.assertIsNotNone(dc.wait_log(
+                    r"(uid=%d: sealed metadata: sealed record: "
+                    r"authentication failed|no LSM key for epoch 1: .*"
+                    r"does not hold key epoch 1)" % uid),
+                    "uid %d: no clear error for its sealed metadata" % uid)
+
+            # the packs: with the copy, rebuild --from-packs finds no
+            # message it can open
+            lsm = os.path.join(root, "lsm")
+            os.rename(lsm, lsm + ".saved")
+            res = dc.doveadm("-f", "tab", "casbox", "rebuild",
+                             "--from-packs", "-u", "user1", check=False)
+            if res.returncode == 0:
+                self.assertEqual(int(tab_row(res.stdout)["messages"]), 0,
+                                 res.stdout)
+            shutil.rmtree(lsm, ignore_errors=True)
+            # with the current key file, every message comes back
+            os.rename(saved, key_path)
+            res = dc.doveadm("-f", "tab", "casbox", "rebuild",
+                             "--from-packs", "-u", "user1")
+            row = tab_row(res.stdout)
+            self.assertEqual(int(row["messages"]), total, row)
+            self.assertEqual(int(row["unreadable_records"]), 0, row)
+            shutil.rmtree(lsm + ".saved")
+            imap = dc.imap_login("user1")
+            self.assertEqual(fetch_box(imap, "INBOX"), expected["INBOX"])
+            imap.logout()
+
+    def test_finish_killed_after_each_step(self):
+        """--finish killed (SIGKILL) right after a step reported it
+        done: the progress marker names that step (or a later one the
+        run reached before the signal landed: the packs step, a gc
+        --all with its fsyncs, comes after all of them), the rerun goes
+        on after it (no step up to it again) and finishes; mail stays
+        byte-identical and rebuild --from-packs still restores all of
+        it."""
+        msgs = load(corpus_files("usrp-users-3000", limit=80, step=37))
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            dc.allow_log(r"killed with signal 9")
+            key_path = os.path.join(dc.home("user1"), "casbox.key")
+            marker = os.path.join(dc.home("user1"), "casbox",
+                                  "rotate-finish")
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            expected = {"INBOX": fetch_box(imap, "INBOX")}
+            imap.logout()
+            steps = ["deks", "metadata", "record-macs", "dictionaries",
+                     "packs", "fts", "lsm-tables"]
+            for n, step in enumerate(steps[:3]):
+                self.assertEqual(start_rotation(dc)["result"], "started")
+                epoch = read_key_file_full(key_path)[4]
+                proc = subprocess.Popen(
+                    dc.doveadm_command("-v", "casbox", "key", "rotate",
+                                       "-u", "user1", "--finish"),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
+                watchdog = threading.Timer(300, proc.kill)
+                watchdog.start()
+                done = "casbox key rotate: user1: step %s done" % step
+                try:
+                    for line in proc.stderr:
+                        if done in line:
+                            proc.send_signal(signal.SIGKILL)
+                            break
+                    proc.wait()
+                finally:
+                    watchdog.cancel()
+                    proc.stdout.close()
+                    proc.stderr.close()
+                self.assertEqual(proc.returncode, -signal.SIGKILL, step)
+                with open(marker) as f:
+                    lines = f.read().split("\n")
+                self.assertEqual(lines[:2], ["casbox-rotate-finish 1",
+                                             "epoch %d" % epoch])
+                recorded = lines[2][len("done "):]
+                self.assertIn(recorded, steps[n:4], lines)
+                k = steps.index(recorded)
+                self.assertEqual(len(read_key_file_full(key_path)[3]), 2)
+                res = dc.doveadm("-v", "-f", "tab", "casbox", "key",
+                                 "rotate", "-u", "user1", "--finish")
+                self.assertEqual(tab_row(res.stdout)["result"], "rotated")
+                for earlier in steps[:k + 1]:
+                    self.assertNotIn("step %s done" % earlier, res.stderr)
+                for later in steps[k + 1:]:
+                    self.assertIn("step %s done" % later, res.stderr)
+                self.assertFalse(os.path.exists(marker))
+                self.assertEqual(read_key_file_full(key_path)[3], [epoch])
+                imap = dc.imap_login("user1")
+                self.assertEqual(fetch_box(imap, "INBOX"),
+                                 expected["INBOX"], step)
+                imap.logout()
+            root = os.path.join(dc.home("user1"), "casbox")
+            shutil.rmtree(os.path.join(root, "lsm"))
+            row = tab_row(dc.doveadm("-f", "tab", "casbox", "rebuild",
+                                     "--from-packs", "-u", "user1").stdout)
+            self.assertEqual(int(row["messages"]), len(msgs), row)
+            self.assertEqual(int(row["unreadable_records"]), 0, row)
+            imap = dc.imap_login("user1")
+            self.assertEqual(fetch_box(imap, "INBOX"), expected["INBOX"])
+            imap.logout()
+
+    def test_fts_segments_follow_rotation(self):
+        """casidx segments: after key rotate, doveadm fts optimize seals
+        every segment again under the new epoch (each file's bytes
+        change); after --finish the index answers with no rebuild, and
+        a copy of the old key file opens none of the segments (casidx
+        reports them and drops the index)."""
+        marker = (b"From: Quentin Zabriskie <qz@frobozzco.example>\r\n"
+                  b"Subject: Xylophonic Zanzibarquokka\r\n\r\n"
+                  b"Plumbiferous wombatcanary.\r\n")
+        msgs = load(corpus_files("usrp-users-3000", limit=40, step=41))
+        msgs.append(marker)
+        settings = dict(KEYS, fts="casidx", fts_enforced="yes",
+                        fts_casidx_no_fsync="yes")
+        with Dovecot(mail_location="casbox:~/casbox",
+                     mail_plugins=["casbox", "fts", "fts_casidx"],
+                     plugin_settings=settings, extra_conf=CONF) as dc:
+            dc.allow_log(r"fts-casidx: .*seg-[0-9a-f]+\.cxs: sealed file: "
+                         r"authentication failed .* - rebuilding the index")
+            home = dc.home("user1")
+            key_path = os.path.join(home, "casbox.key")
+            dc.lmtp_deliver_many("user1", msgs)
+            dc.doveadm("index", "-u", "user1", "INBOX")
+
+            def segments():
+                out = {}
+                for d, _, files in os.walk(home):
+                    for f in files:
+                        if "/casidx/" in d + "/" and f.endswith(".cxs"):
+                            with open(os.path.join(d, f), "rb") as fh:
+                                out[os.path.join(d, f)] = fh.read()
+                return out
+
+            def lookup():
+                return dc.doveadm("fts", "lookup", "-u", "user1",
+                                  "mailbox", "INBOX", "subject",
+                                  "zanzibarquokka").stdout
+
+            before = segments()
+            self.assertTrue(before)
+            with open(key_path, "rb") as f:
+                leaked = f.read()
+            self.assertEqual(start_rotation(dc)["result"], "started")
+            dc.doveadm("fts", "optimize", "-u", "user1")
+            after = segments()
+            self.assertEqual(sorted(after), sorted(before))
+            for path, data in after.items():
+                self.assertEqual(data[:8], b"CXSEGENC", path)
+                self.assertNotEqual(data, before[path], path)
+            res = dc.doveadm("-f", "tab", "casbox", "key", "rotate", "-u",
+                             "user1", "--finish")
+            self.assertEqual(tab_row(res.stdout)["result"], "rotated")
+            # the current key: answered by the index, nothing rebuilt
+            out = lookup()
+            self.assertIn("INBOX: %d" % len(msgs), out)
+            self.assertNotIn("maybe", out)
+            self.assertNotIn("rebuilding the index", dc.log_text())
+            self.assertEqual(segments(), after)
+            # the old key file opens none of them
+            st = os.stat(key_path)
+            with open(key_path + ".tmp", "wb") as f:
+                f.write(leaked)
+            os.chmod(key_path + ".tmp", 0o600)
+            os.chown(key_path + ".tmp", st.st_uid, st.st_gid)
+            os.rename(key_path + ".tmp", key_path)
+            res = dc.doveadm("fts", "lookup", "-u", "user1", "mailbox",
+                             "INBOX", "subject", "zanzibarquokka",
+                             check=False)
+            self.assertRegex(res.stderr, r"seg-[0-9a-f]+\.cxs: sealed "
+                             r"file: authentication failed")
+
+    def test_old_fixture_rotates(self):
+        """The committed v1 store (tests/fixtures/casbox-v1, a CASKEY1
+        key file): key rotate and --finish convert its key file to
+        CASKEY3 (same key id, one new epoch, nothing of the old root
+        left), every message reads byte-exact before and after, and a
+        rebuild from the packs still restores all of it."""
+        import dovecot_harness
+        fixture = os.path.join(dovecot_harness.TOP_SRCDIR, "tests",
+                               "fixtures", "casbox-v1")
+        served = {}
+        for n in (1, 3, 4):
+            with open(os.path.join(fixture, "served%d.eml" % n), "rb") as f:
+                served[n] = f.read()
+        with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+                     plugin_settings=KEYS, extra_conf=CONF) as dc:
+            home = dc.home("user1")
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(os.path.join(fixture, "home"), home)
+            for root, dirs, files in os.walk(home):
+                for name in dirs + files:
+                    os.chown(os.path.join(root, name), dc.uid, dc.gid)
+            os.chown(home, dc.uid, dc.gid)
+            key_path = os.path.join(home, "casbox.key")
+            os.chmod(key_path, 0o600)
+            with open(key_path, "rb") as f:
+                v1 = f.read()
+            self.assertEqual(v1[:8], b"CASKEY1\x01")
+
+            def mail():
+                imap = dc.imap_login("user1")
+                got = {"INBOX": fetch_box(imap, "INBOX"),
+                       "Work": fetch_box(imap, "Work")}
+                imap.logout()
+                return got
+
+            before = mail()
+            self.assertEqual(before["INBOX"], {1: served[1], 3: served[3]})
+            self.assertEqual(list(before["Work"].values()), [served[4]])
+            self.assertEqual(start_rotation(dc)["result"], "started")
+            self.assertEqual(mail(), before)
+            res = dc.doveadm("-f", "tab", "casbox", "key", "rotate", "-u",
+                             "user1", "--finish")
+            self.assertEqual(tab_row(res.stdout)["result"], "rotated")
+            kid, slots, cur, epochs, epoch = read_key_file_full(key_path)
+            self.assertEqual(kid, kdf_key_id(v1[8:40]))
+            self.assertEqual((len(slots), epochs, epoch), (1, [1], 1))
+            with open(key_path, "rb") as f:
+                self.assertNotIn(v1[8:40], f.read())
+            self.assertEqual(mail(), before)
+            shutil.rmtree(os.path.join(home, "casbox", "lsm"))
+            row = tab_row(dc.doveadm("-f", "tab", "casbox", "rebuild",
+                                     "--from-packs", "-u", "user1").stdout)
+            self.assertEqual(int(row["messages"]), 3, row)
+            self.assertEqual(int(row["unreadable_records"]), 0, row)
+            self.assertEqual(mail(), before)
 
     def test_rotate_refusals(self):
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
@@ -564,14 +951,25 @@ class KeyRotateTest(unittest.TestCase):
             with open(key_path, "r+b") as f:
                 f.seek(20)
                 f.write(image[20:21])
-            # and the real key rotates
+            # --finish with no rotation in progress has nothing to do
             res = dc.doveadm("-f", "tab", "casbox", "key", "rotate",
-                             "-u", "user1")
+                             "-u", "user1", "--finish")
+            self.assertEqual(tab_row(res.stdout)["rewrapped"], "0")
+            self.assertEqual(tab_row(res.stdout)["result"],
+                             "nothing to finish")
+            with open(key_path, "rb") as f:
+                self.assertEqual(f.read(), image)
+            # and the real key rotates
+            self.assertEqual(start_rotation(dc)["result"], "started")
+            self.assertEqual(start_rotation(dc)["result"], "in progress")
+            res = dc.doveadm("-f", "tab", "casbox", "key", "rotate",
+                             "-u", "user1", "--finish")
             self.assertIn("rotated", res.stdout)
             root, slots, cur = read_key_file(key_path)
-            self.assertEqual(root, image[8:40])
+            self.assertEqual(root, kdf_key_id(image[8:40]))
             self.assertEqual(len(slots), 1)
-            self.assertNotEqual(cur, kdf_key_id(root))
+            self.assertNotEqual(cur, root)
+            self.assertNotIn(image[8:40], open(key_path, "rb").read())
             imap = dc.imap_login("user1")
             self.assertEqual(fetch_box(imap, "INBOX")[1].split(b"\r\n\r\n",
                                                               1)[1],

@@ -5,12 +5,18 @@ win (the key file is never replaced); the others must load the winner's
 key and deliver. Before that fix 43 of 160 such deliveries failed with
 451, logging "link(...casbox.key...) failed: File exists".
 
-Dovecot's own first-time setup of a user has races of its own here
-(sdbox in the same run: 2 of 160 deliveries failed, "Mailbox already
-exists" and a panic in file_dotlock_open_group()). Those are tolerated
-and logged by the test; what it asserts is that no error names the key
-file, that every acknowledged delivery is stored, and that nearly all
-deliveries succeed."""
+Dovecot's own first-time setup of a user has races of its own here:
+mailbox_create() holds mailboxes.lock while another process's list
+index sync holds dovecot.list.index.log and opens the half-created
+INBOX for its GUID; the kernel then reports EDEADLK and Dovecot panics
+("Resource deadlock avoided"), or the create reports "Mailbox already
+exists". sdbox, with no casbox code at all, loses 4-9 of these 80
+deliveries on a loaded 2-core machine (2026-12-02, this test with
+mail_location=sdbox:~/sdbox, three runs) and casbox 2-4 in the same
+runs. Those failures are tolerated and logged; what the test asserts
+is that no error names the key file, that every Panic is that core
+race, that every acknowledged delivery is stored, and that at least
+80% of the deliveries succeed."""
 
 import os
 import sys
@@ -26,6 +32,7 @@ AT_ONCE = 4
 # Dovecot core's own first-time races (see above): not ours to assert
 CORE_RACES = (r"Mailbox already exists", r"file_dotlock", r"Raw backtrace",
               r"killed with signal", r"Panic: ")
+CORE_PANIC = "dovecot.list.index.log, write-lock, F_SETLKW) locking failed"
 
 
 class NewUserRaceTest(unittest.TestCase):
@@ -57,7 +64,10 @@ class NewUserRaceTest(unittest.TestCase):
             key_errors = [ln for ln in dc.log_lines()
                           if ": Error: " in ln and "casbox.key" in ln]
             self.assertEqual(key_errors, [])
-            self.assertLessEqual(len(failures), USERS * AT_ONCE // 10)
+            panics = [ln for ln in dc.log_lines()
+                      if ": Panic: " in ln and CORE_PANIC not in ln]
+            self.assertEqual(panics, [])
+            self.assertLessEqual(len(failures), USERS * AT_ONCE // 5)
             for u in range(USERS):
                 user = "new%d" % u
                 lost = sum(1 for f in failures if f[0] == user)

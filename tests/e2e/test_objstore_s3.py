@@ -34,7 +34,14 @@ def skip_reason():
     return why
 
 
-@unittest.skipIf(skip_reason() is not None, skip_reason())
+SKIP_REASON = skip_reason()
+if SKIP_REASON is not None:
+    # in the test's log whatever the runner's verbosity (scripts/test-all
+    # lists these lines)
+    sys.stderr.write("skipped: S3ObjstoreTest: %s\n" % SKIP_REASON)
+
+
+@unittest.skipIf(SKIP_REASON is not None, SKIP_REASON)
 class S3ObjstoreTest(ObjstoreCases, unittest.TestCase):
 
     ceph = None

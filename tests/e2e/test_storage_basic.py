@@ -2,6 +2,7 @@
 STATUS, APPEND and LMTP saves read back byte-exact, flags, copy, move,
 expunge, and the key-file rules."""
 
+import base64
 import imaplib
 import os
 import re
@@ -223,6 +224,32 @@ class StorageBasicTest(unittest.TestCase):
             self.assertIn("casbox_lsm_wal_size", res.stdout + res.stderr)
 
 
+    def test_cache_size_settings(self):
+        """casbox_lsm_cache_size and casbox_base_cache_size bound per-process
+        caches: mail works at their minimum, and a value below it is a
+        clear error naming the setting."""
+        settings = dict(KEYS, casbox_lsm_cache_size="64k",
+                        casbox_base_cache_size="64k")
+        msgs = [MSG1.replace(b"casbox basic one", b"cache %d" % i)
+                for i in range(2)]
+        with Dovecot(plugin_settings=settings) as dc:
+            dc.lmtp_deliver_many("user1", msgs)
+            imap = dc.imap_login("user1")
+            ok(imap.select("INBOX"))
+            ok(imap.uid("COPY", "1:2", "INBOX"))
+            for uid, msg in zip((1, 2, 3, 4), msgs + msgs):
+                _, body = fetch_one(imap, uid, "BODY.PEEK[]")
+                self.assertTrue(body.endswith(crlf(msg)), uid)
+            imap.logout()
+        for name in ("casbox_lsm_cache_size", "casbox_base_cache_size"):
+            with Dovecot(plugin_settings=dict(KEYS, **{name: "32k"})) as dc:
+                dc.allow_log(name)
+                res = dc.doveadm("mailbox", "list", "-u", "user1",
+                                 check=False)
+                self.assertNotEqual(res.returncode, 0)
+                self.assertIn(name + ": must be at least",
+                              res.stdout + res.stderr)
+
     def test_huge_header_parameter(self):
         """A 9 MB Content-Type parameter appears in both BODYSTRUCTURE and
         BODY: their sealed copy would pass the LSM's 16 MiB value limit,
@@ -259,19 +286,23 @@ class StorageBasicTest(unittest.TestCase):
             imap.logout()
 
     def test_transactions_past_one_lsm_batch(self):
-        """One LSM commit holds at most 256 MiB, and every message record
-        carries its sealed BODYSTRUCTURE, BODY and ENVELOPE (3 kB for
-        usual mail). "Mark all read" or a COPY of some 80,000 mails used
-        to fail with "batch too large"; here 300 mails with ~1 MB of
-        metadata each pass it. Such transactions now commit in pieces:
-        everything is copied and flagged, durably (the records say so)
-        and with right refcounts (storage-dump audits them)."""
+        """One LSM commit holds at most 256 MiB. When every message
+        record carried its own sealed BODYSTRUCTURE, BODY and ENVELOPE,
+        "mark all read" or a COPY of some 80,000 mails failed with "batch
+        too large"; such transactions now commit in pieces, and the
+        metadata is shared by copies and compressed. 300 mails with a
+        470 kB header parameter each (random base64, so it does not
+        compress: ~350 kB of sealed metadata per message) are flagged
+        and copied: everything is copied and flagged, durably (the
+        records say so) and with right refcounts (storage-dump audits
+        them)."""
         count = 300
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
                      plugin_settings=KEYS) as dc:
             msgs = []
             for i in range(count):
-                name = b"%05d" % i + b"n" * (470 * 1024)
+                name = b"%05d" % i + base64.b64encode(
+                    os.urandom(360 * 1024))[:470 * 1024]
                 msgs.append(b"From: alice@example.com\r\nSubject: m%d\r\n"
                             b"Content-Type: text/plain; name=\"%s\"\r\n"
                             b"\r\nbody %d\r\n" % (i, name, i))
@@ -295,9 +326,9 @@ class StorageBasicTest(unittest.TestCase):
             self.assertEqual(len(recs), 2 * count)
             for ln in recs:
                 self.assertIn("flags=8 ", ln)   # MAIL_SEEN
-                # the copies got the sealed metadata too (~1 MB each)
+                # the copies got the sealed metadata too (~350 kB each)
                 meta = int(re.search(r" meta=(\d+) ", ln).group(1))
-                self.assertGreater(meta, 900 * 1024, ln)
+                self.assertGreater(meta, 300 * 1024, ln)
             # deleting the copy expunges 300 MB of records
             imap = dc.imap_login("user1")
             ok(imap.delete("Copy"))

@@ -1,23 +1,29 @@
 """A few hundred real messages saved into casbox (LMTP and APPEND) read
 back byte-exact, and every FETCH answer (RFC822.SIZE, INTERNALDATE,
-BODYSTRUCTURE, BODY[]) identical to an sdbox instance given the same
-messages, before and after Dovecot's cache is thrown away."""
+BODYSTRUCTURE, BODY, ENVELOPE, BODY[]) identical to an sdbox instance
+given the same messages, before and after Dovecot's cache is thrown away
+(then BODYSTRUCTURE and ENVELOPE come from casbox's sealed metadata and
+BODY is derived from its BODYSTRUCTURE, or all are parsed from the
+blobs for messages below casbox_metadata_min_size); with the default
+and with metadata for every message."""
 
 import glob
 import os
 import re
+import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files, ok, load, crlf  # noqa: E402
+from dovecot_harness import (Dovecot, TOP_BUILDDIR, corpus_files,  # noqa: E402
+                             ok, load, crlf)
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 # LMTP's Received header carries a session id and time: leave it out so
 # both instances get identical bytes
 CONF = "lmtp_add_received_header = no\n"
 DATE = '"14-Nov-2023 22:13:20 +0100"'
-ITEMS = "(RFC822.SIZE INTERNALDATE BODYSTRUCTURE BODY.PEEK[])"
+ITEMS = "(RFC822.SIZE INTERNALDATE BODYSTRUCTURE BODY ENVELOPE BODY.PEEK[])"
 
 
 def fill(dc, lmtp_msgs, append_msgs):
@@ -76,10 +82,42 @@ class StorageCorpusTest(unittest.TestCase):
             want_app = fetch_all(imap, "Appended")
             imap.logout()
 
+        # the default (sealed metadata for messages of 32 KiB and more),
+        # and every message with it
+        for min_size in (None, "0"):
+            with self.subTest(casbox_metadata_min_size=min_size):
+                self.check_casbox(lmtp_msgs, append_msgs, want_inbox,
+                                  want_app, min_size)
+
+    def check_meta_sizes(self, dc, min_size):
+        """Sealed metadata exactly on the messages of min_size bytes and
+        more (tests/storage-dump's m lines: size= and meta=)."""
+        exe = os.path.join(TOP_BUILDDIR, "tests", "storage-dump")
+        dump = subprocess.run([exe, os.path.join(dc.home("user1"),
+                                                 "casbox")],
+                              user=dc.uid, group=dc.gid,
+                              capture_output=True, text=True)
+        self.assertEqual(dump.returncode, 0, dump.stderr)
+        sizes = re.findall(r"^m \S+ \d+ .*? size=(\d+) .*? meta=(\d+) ",
+                           dump.stdout, re.M)
+        self.assertGreater(len(sizes), 300)
+        small = [int(m) for sz, m in sizes if int(sz) < min_size]
+        large = [int(m) for sz, m in sizes if int(sz) >= min_size]
+        self.assertTrue(large, "no message over %d bytes" % min_size)
+        self.assertEqual([m for m in small if m != 0], [])
+        self.assertEqual([m for m in large if m == 0], [])
+
+    def check_casbox(self, lmtp_msgs, append_msgs, want_inbox, want_app,
+                     min_size):
+        settings = dict(KEYS)
+        if min_size is not None:
+            settings["casbox_metadata_min_size"] = min_size
         with Dovecot(mail_location="casbox:~/casbox",
-                     mail_plugins=["casbox"], plugin_settings=KEYS,
+                     mail_plugins=["casbox"], plugin_settings=settings,
                      extra_conf=CONF) as dc:
             imap = fill(dc, lmtp_msgs, append_msgs)
+            self.check_meta_sizes(dc, 32 * 1024 if min_size is None
+                                  else int(min_size))
             got_inbox = fetch_all(imap, "INBOX")
             got_app = fetch_all(imap, "Appended")
             imap.logout()
@@ -105,7 +143,7 @@ class StorageCorpusTest(unittest.TestCase):
                                  "Appended uid %d differs from sdbox"
                                  % (i + 1))
 
-            # without the cache, everything is parsed from the blobs
+            # without the cache: the sealed metadata, else the blobs
             for path in glob.glob(os.path.join(
                     dc.home("user1"), "casbox", "mailboxes", "*",
                     "casbox-Mails", "dovecot.index.cache")):

@@ -15,7 +15,10 @@ KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 
 
 def msg(n):
-    return (b"From: a@example.com\r\nSubject: message %d\r\n\r\n" % n +
+    # a sender each: no message is a delta of another (cross-message
+    # compression; a damaged base fails its dependents too, which
+    # tests/e2e/test_storage_xmsg.py checks)
+    return (b"From: a%d@example.com\r\nSubject: message %d\r\n\r\n" % (n, n) +
             b"".join(b"line %d of message %d\r\n" % (i, n)
                      for i in range(200)))
 

@@ -11,6 +11,7 @@ pack's), after which the index log is written. strace only places the
 SIGKILL (or the SIGSTOP that holds a save in the window); what is
 checked is the state casbox leaves."""
 
+import imaplib
 import os
 import re
 import shutil
@@ -50,6 +51,14 @@ def record_uids(dump):
                   re.finditer(r"^m \S+ (\d+) ", dump, re.M))
 
 
+def box_record_counts(dump):
+    """Message records per mailbox (storage id) in a storage-dump."""
+    counts = {}
+    for m in re.finditer(r"^m (\S+) \d+ ", dump, re.M):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
 def proc_state(pid):
     with open("/proc/%d/stat" % pid) as f:
         return f.read().rsplit(")", 1)[1].split()[0]
@@ -67,6 +76,18 @@ def waits_for_lock(pid, inode):
                int(fields[6].rsplit(":", 1)[1]) == inode:
                 return True
     return False
+
+
+def wait_traced(pid, strace):
+    """Block until strace (a Popen) traces pid: a traced process shows
+    the tracer in /proc/PID/status."""
+    while True:
+        with open("/proc/%d/status" % pid) as f:
+            tracer = re.search(r"^TracerPid:\s+(\d+)", f.read(), re.M)
+        if int(tracer.group(1)) == strace.pid:
+            return
+        if strace.poll() is not None:
+            raise AssertionError("strace failed: %s" % strace.stderr.read())
 
 
 class LmtpSession:
@@ -100,15 +121,7 @@ class LmtpSession:
                              % (text, self.strace.stderr.read()))
 
     def wait_attached(self):
-        # a traced process shows the tracer in /proc/PID/status
-        while True:
-            with open("/proc/%d/status" % self.pid) as f:
-                tracer = re.search(r"^TracerPid:\s+(\d+)", f.read(), re.M)
-            if int(tracer.group(1)) == self.strace.pid:
-                return
-            if self.strace.poll() is not None:
-                raise AssertionError("strace failed: %s"
-                                     % self.strace.stderr.read())
+        wait_traced(self.pid, self.strace)
 
     def close(self):
         try:
@@ -229,6 +242,76 @@ class OrphanRecordTest(unittest.TestCase):
             res = storage_dump(dc)
             self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
             self.assertEqual(record_uids(res.stdout), [1, 2])
+
+    def test_kill9_mid_chunked_copy(self):
+        """A COPY past CASBOX_STORE_TXN_CHECKPOINT_SIZE (1 MiB of records)
+        commits its records in chunks before the index gets the UIDs.
+        kill -9 once the first chunk is durable: no copy is visible, the
+        next open releases the chunk's records (refcounts exact after),
+        and the COPY then goes through whole."""
+        count = 6400
+        with Dovecot(plugin_settings=KEYS) as dc:
+            dc.allow_log(r"killed with signal 9")
+            imap = dc.imap_login("user1")
+            for n in range(50):
+                ok(imap.append("INBOX", None, None,
+                               b"From: a@example.com\r\nSubject: c%d\r\n"
+                               b"\r\ncopy body %d\r\n" % (n, n)))
+            done = 50
+            ok(imap.select("INBOX"))
+            while done < count:
+                ok(imap.copy("1:%d" % done, "INBOX"))
+                done *= 2
+            ok(imap.create("Dest"))
+            pids = dc.pids("imap")
+            self.assertEqual(len(pids), 1)
+            # the first fdatasync() of the COPY's commit is its first
+            # chunk's WAL record; the kill lands on the next one
+            strace = subprocess.Popen(
+                [STRACE, "-qq", "-p", str(pids[0]), "-e", "trace=fdatasync",
+                 "-e", "inject=fdatasync:signal=SIGKILL:when=2",
+                 "-o", os.devnull], stderr=subprocess.PIPE)
+            try:
+                wait_traced(pids[0], strace)
+                with self.assertRaises((imaplib.IMAP4.abort, OSError)):
+                    imap.copy("1:*", "Dest")
+            finally:
+                imap.sock.close()
+                strace.wait(timeout=60)
+                strace.stderr.close()
+
+            # the crash state: part of the copies' records in the LSM,
+            # the index without any of them
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            boxes = box_record_counts(res.stdout)
+            self.assertEqual(sorted(boxes.values())[-1], count, boxes)
+            self.assertEqual(len(boxes), 2, boxes)
+            self.assertGreater(min(boxes.values()), 0, boxes)
+            self.assertLess(min(boxes.values()), count, boxes)
+
+            imap = dc.imap_login("user1")
+            self.assertEqual(int(ok(imap.select("Dest"))[0]), 0)
+            self.assertIsNotNone(dc.wait_log(
+                r"Released %d message records at or above next UID 1 "
+                % min(boxes.values())))
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(list(box_record_counts(res.stdout).values()),
+                             [count])
+            self.assertNotIn("refcount-mismatch", res.stdout)
+
+            ok(imap.select("INBOX"))
+            ok(imap.copy("1:*", "Dest"))
+            self.assertEqual(int(ok(imap.select("Dest"))[0]), count)
+            data = ok(imap.uid("FETCH", "%d" % count, "BODY.PEEK[]"))
+            self.assertTrue(data[0][1].endswith(b"copy body 49\r\n"))
+            imap.logout()
+            res = storage_dump(dc)
+            self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+            self.assertEqual(sorted(box_record_counts(res.stdout).values()),
+                             [count, count])
+            self.assertNotIn("refcount-mismatch", res.stdout)
 
 
 if __name__ == "__main__":

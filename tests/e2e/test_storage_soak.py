@@ -39,6 +39,14 @@ class SoakTest(unittest.TestCase):
         errors = []
         with Dovecot(mail_plugins=["casbox", "fts", "fts_casidx"],
                      plugin_settings=SETTINGS, extra_conf=CONF) as dc:
+            # key rotate --finish does not re-seal casidx segments yet
+            # (doc/threat-model.md, "Key rotation"): a segment sealed
+            # under the epoch it dropped no longer opens in a process
+            # started since, and casidx rebuilds that index. Derived
+            # data, expected; nothing else may be logged.
+            dc.allow_log(r"fts-casidx: \S+/seg-[0-9a-f]{8}\.cxs: sealed "
+                         r"file: authentication failed \(wrong key, moved "
+                         r"or tampered\) - rebuilding the index")
             # the store exists before doveadm looks at it
             dc.lmtp_deliver(USER, msgs[0])
             imap = dc.imap_login(USER)
@@ -94,7 +102,9 @@ class SoakTest(unittest.TestCase):
             def admin():
                 rnd = random.Random(3)
                 cmds = [["casbox", "gc"], ["casbox", "gc"],
-                        ["casbox", "key", "rotate"], ["index", "INBOX"],
+                        ["casbox", "key", "rotate"],
+                        ["casbox", "key", "rotate", "--finish"],
+                        ["index", "INBOX"],
                         ["casbox", "stats"], ["purge"]]
                 while time.monotonic() < stop:
                     cmd = rnd.choice(cmds)

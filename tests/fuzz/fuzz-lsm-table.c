@@ -73,7 +73,7 @@ static void fuzz_make_seed(const char *path, unsigned int count,
 	if (fd == -1)
 		i_fatal("open(%s) failed: %m", path);
 	builder = casbox_lsm_table_builder_init(&cas_io_posix, fd,
-						path);
+						path, 0, NULL);
 	for (i = 0; i < count; i++) {
 		key = t_strdup_printf("mbox/uid%06u", i);
 		if (casbox_lsm_table_builder_add(builder,

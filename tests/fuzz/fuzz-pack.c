@@ -8,7 +8,12 @@
    the frame version 2 seeds ("v2-*", one per cipher) with the real
    writer; the other seeds predate frame version 2 and are kept as they
    are (check-pack and check-frame-v2 read both kinds as golden files;
-   "meta-frames" is a version 2 pack of version 1 frames). */
+   "meta-frames" is a version 2 pack of version 1 frames).
+   Delta frames (frame version 3): the input starts with the delta's
+   version 3 record, then one record per chain link (its base, and the
+   base's base: base_depth records, each version 2 or 3), then the
+   pack; the blob is read through casbox_pack_blob_open_chain() with
+   those records as the lookup ("v3-*" seeds). */
 
 #include "lib.h"
 #include "buffer.h"
@@ -16,6 +21,7 @@
 #include "cas-key.h"
 #include "casbox-pack.h"
 #include "casbox-frame.h"
+#include "casbox-base-cache.h"
 
 #include <stdlib.h>
 #include <fcntl.h>
@@ -123,16 +129,71 @@ static void fuzz_scan(void)
 	(void)casbox_pack_scan_deinit(&scan, &error);
 }
 
+#define FUZZ_MAX_BASES CASBOX_BASE_MAX_DEPTH
+static struct casbox_blob_record fuzz_bases[FUZZ_MAX_BASES];
+static struct cas_blob_id fuzz_base_ids[FUZZ_MAX_BASES];
+static unsigned int fuzz_base_count;
+
+static int fuzz_lookup(void *context ATTR_UNUSED,
+		       const struct cas_blob_id *id,
+		       struct casbox_blob_record *rec_r, const char **error_r)
+{
+	unsigned int i;
+
+	for (i = 0; i < fuzz_base_count; i++) {
+		if (memcmp(fuzz_base_ids[i].id, id->id, sizeof(id->id)) == 0) {
+			*rec_r = fuzz_bases[i];
+			return 1;
+		}
+	}
+	*error_r = "no such record in the input";
+	return 0;
+}
+
+/* Size of the record starting at data (by its version byte). */
+static size_t fuzz_record_size(const uint8_t *data, size_t size)
+{
+	if (size == 0)
+		return 0;
+	switch (data[0]) {
+	case CASBOX_BLOB_RECORD_VERSION_V1:
+		return CASBOX_BLOB_RECORD_V1_SIZE;
+	case CASBOX_BLOB_RECORD_VERSION_BASE:
+		return CASBOX_BLOB_RECORD_EXPORT_SIZE +
+			CASBOX_BLOB_RECORD_BASE_SIZE;
+	}
+	return CASBOX_BLOB_RECORD_EXPORT_SIZE;
+}
+
+/* The blob id in the frame at rec's offset, if the pack has it. */
+static bool fuzz_frame_id(const uint8_t *pack, size_t size,
+			  const struct casbox_blob_record *rec,
+			  struct cas_blob_id *id_r)
+{
+	size_t id_off;
+
+	if (rec->offset + CASBOX_FRAME_HEADER_MAX_SIZE > size)
+		return FALSE;
+	/* the blob id's place in either frame version */
+	id_off = pack[rec->offset + 4] == CASBOX_FRAME_VERSION_V1 ? 32 : 48;
+	memcpy(id_r->id, pack + rec->offset + id_off, sizeof(id_r->id));
+	return TRUE;
+}
+
 static void fuzz_read_blob(const struct cas_blob_id *id,
 			   const struct casbox_blob_record *rec)
 {
-	struct istream *input = casbox_pack_blob_open(fuzz_store, id, rec);
+	struct istream *input;
 	struct cas_blob_id_ctx ctx;
 	struct cas_blob_id real;
 	const unsigned char *data;
 	size_t size;
 	uint64_t total = 0;
+	const char *error;
 
+	if (casbox_pack_blob_open_chain(fuzz_store, id, rec, fuzz_lookup,
+					NULL, &input, &error) < 0)
+		return;
 	cas_blob_id_init(fuzz_keyring, &ctx);
 	while (i_stream_read_more(input, &data, &size) > 0) {
 		cas_blob_id_update(&ctx, data, size);
@@ -149,6 +210,8 @@ static void fuzz_read_blob(const struct cas_blob_id *id,
 		(void)i_stream_read_more(input, &data, &size);
 	}
 	i_stream_unref(&input);
+	/* decoded bases of this input must not serve the next */
+	casbox_base_cache_clear(casbox_pack_store_get_base_cache(fuzz_store));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -158,14 +221,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const char *error;
 	size_t rec_size;
 	bool have_rec;
+	unsigned int i;
 
 	fuzz_pack_init();
 	T_BEGIN {
-		/* a version 1 record (the seeds) or a server-mode
-		   version 2 record, then the pack image */
-		rec_size = size > 0 && data[0] == 1 ?
-			CASBOX_BLOB_RECORD_V1_SIZE :
-			CASBOX_BLOB_RECORD_EXPORT_SIZE;
+		/* a version 1 record (the seeds), a server-mode version 2
+		   record, or a version 3 record and its chain's records,
+		   then the pack image */
+		rec_size = fuzz_record_size(data, size);
 		have_rec = size >= rec_size &&
 			casbox_blob_record_import(data, rec_size,
 						  &rec, &error) > 0;
@@ -173,17 +236,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			data += rec_size;
 			size -= rec_size;
 		}
+		fuzz_base_count = 0;
+		for (i = 0; have_rec && i < rec.base_depth; i++) {
+			rec_size = fuzz_record_size(data, size);
+			if (size < rec_size ||
+			    casbox_blob_record_import(data, rec_size,
+					&fuzz_bases[fuzz_base_count],
+					&error) <= 0)
+				break;
+			fuzz_bases[fuzz_base_count++].pack_id = 1;
+			data += rec_size;
+			size -= rec_size;
+		}
 		fuzz_write_pack(data, size);
 		fuzz_scan();
-		if (have_rec && rec.offset + CASBOX_FRAME_HEADER_MAX_SIZE <=
-		    size) {
-			/* the blob id's place in either frame version */
-			size_t id_off = data[rec.offset + 4] ==
-				CASBOX_FRAME_VERSION_V1 ? 32 : 48;
-
+		for (i = 0; i < fuzz_base_count; i++) {
+			if (!fuzz_frame_id(data, size, &fuzz_bases[i],
+					   &fuzz_base_ids[i]))
+				i_zero(&fuzz_base_ids[i]);
+		}
+		if (have_rec && fuzz_frame_id(data, size, &rec, &id)) {
 			rec.pack_id = 1;
-			memcpy(id.id, data + rec.offset + id_off,
-			       sizeof(id.id));
 			fuzz_read_blob(&id, &rec);
 		}
 	} T_END;
@@ -191,11 +264,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 
 #ifndef CASBOX_LIBFUZZER
+/* bases: NULL, or for each blob the index of the earlier blob it is
+   offered as base (-1 = none); the picked blob's chain records follow
+   its own in the seed */
 static void
-fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
-	       unsigned int count, unsigned int pick, bool with_meta,
-	       enum cas_aead_cipher cipher)
+fuzz_make_seed_base(const char *dir, const char *name,
+		    const buffer_t *const *blobs, unsigned int count,
+		    unsigned int pick, bool with_meta,
+		    enum cas_aead_cipher cipher, const int *bases)
 {
+	struct casbox_blob_record recs[8];
+	struct casbox_pack_base base;
 	const char *tmp = t_strdup_printf("%s/tmp-%s", dir, name);
 	struct casbox_pack_store *store = fuzz_store_open(tmp, cipher);
 	struct casbox_blob_record rec, picked;
@@ -217,8 +296,24 @@ fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
 				    blobs[i]->used, &id);
 		input = i_stream_create_from_data(blobs[i]->data,
 						  blobs[i]->used);
-		if (casbox_pack_txn_add(txn, &id, input, &rec, &error) < 0)
+		i_assert(i < N_ELEMENTS(recs));
+		if (bases != NULL && bases[i] >= 0) {
+			i_zero(&base);
+			cas_blob_id_compute(fuzz_keyring,
+					    blobs[bases[i]]->data,
+					    blobs[bases[i]]->used, &base.id);
+			base.plain_size = blobs[bases[i]]->used;
+			base.depth = recs[bases[i]].base_depth;
+			base.data = blobs[bases[i]]->data;
+			base.size = blobs[bases[i]]->used;
+		}
+		if (casbox_pack_txn_add_base(txn, &id, input,
+				bases != NULL && bases[i] >= 0 ? &base : NULL,
+				&rec, &error) < 0)
 			i_fatal("%s", error);
+		if (bases != NULL && bases[i] >= 0 && rec.base_depth == 0)
+			i_fatal("seed %s: blob %u is no delta", name, i);
+		recs[i] = rec;
 		i_stream_unref(&input);
 		if (i == pick)
 			picked = rec;
@@ -234,6 +329,9 @@ fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
 		i_fatal("%s", error);
 	casbox_pack_store_close(&store);
 	casbox_blob_record_export(&picked, seed);
+	/* the chain: base, base's base */
+	for (i = pick; bases != NULL && bases[i] >= 0; i = bases[i])
+		casbox_blob_record_export(&recs[bases[i]], seed);
 	fd = open(pack, O_RDONLY);
 	while (fd != -1 && (n = read(fd, buf, sizeof(buf))) > 0)
 		buffer_append(seed, buf, n);
@@ -251,6 +349,49 @@ fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
 	(void)unlink(t_strdup_printf("%s/packs/pack.lock", tmp));
 	(void)rmdir(t_strdup_printf("%s/packs", tmp));
 	(void)rmdir(tmp);
+}
+
+static void
+fuzz_make_seed(const char *dir, const char *name, const buffer_t *const *blobs,
+	       unsigned int count, unsigned int pick, bool with_meta,
+	       enum cas_aead_cipher cipher)
+{
+	fuzz_make_seed_base(dir, name, blobs, count, pick, with_meta, cipher,
+			    NULL);
+}
+
+/* Delta seeds: a message, a reply quoting it, a reply to the reply
+   (depth 2), the last two chunks long. */
+static void fuzz_make_delta_seeds(const char *dir)
+{
+	static const int bases[] = { -1, 0, 1 };
+	buffer_t *blobs[3];
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		blobs[i] = buffer_create_dynamic(default_pool, 1024);
+	buffer_append(blobs[0], "Subject: hello\r\n\r\n", 18);
+	for (i = 0; i < 3000; i++)
+		buffer_append_c(blobs[0], "casbox delta \r\n"[(i * 7 + i / 13) % 15]);
+	buffer_append(blobs[1], "Subject: Re: hello\r\n\r\n> ", 24);
+	buffer_append_buf(blobs[1], blobs[0], 0, SIZE_MAX);
+	for (i = 0; i < 70000; i++)
+		buffer_append_c(blobs[1], "reply \r\n"[(i * 5 + i / 11) % 8]);
+	buffer_append(blobs[2], "Subject: Re: Re: hello\r\n\r\n> ", 27);
+	buffer_append_buf(blobs[2], blobs[1], 0, SIZE_MAX);
+	fuzz_make_seed_base(dir, "v3-delta-xchacha",
+			    (const buffer_t *const *)blobs, 2, 1, FALSE,
+			    CAS_AEAD_CIPHER_XCHACHA20POLY1305, bases);
+	fuzz_make_seed_base(dir, "v3-chain-xchacha",
+			    (const buffer_t *const *)blobs, 3, 2, TRUE,
+			    CAS_AEAD_CIPHER_XCHACHA20POLY1305, bases);
+	if (cas_aead_cipher_available(CAS_AEAD_CIPHER_AES256GCM)) {
+		fuzz_make_seed_base(dir, "v3-delta-aes",
+				    (const buffer_t *const *)blobs, 2, 1,
+				    FALSE, CAS_AEAD_CIPHER_AES256GCM, bases);
+	}
+	for (i = 0; i < N_ELEMENTS(blobs); i++)
+		buffer_free(&blobs[i]);
 }
 
 static void fuzz_make_seeds(const char *dir)
@@ -287,6 +428,7 @@ static void fuzz_make_seeds(const char *dir)
 	}
 	for (i = 0; i < N_ELEMENTS(blobs); i++)
 		buffer_free(&blobs[i]);
+	fuzz_make_delta_seeds(dir);
 }
 
 int main(int argc, char **argv)

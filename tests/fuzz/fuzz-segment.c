@@ -1,7 +1,8 @@
 /* Fuzz the casidx segment decoder (doc/casidx-format.md): any input is
    either rejected with an error or fully readable, and a readable one
    keeps the invariants readers rely on: keys strictly ascending, every
-   posting a subset of the segment's docs with one tf per doc.
+   posting a subset of the segment's docs with one tf per doc, at most
+   tf positions per doc, strictly ascending.
    libFuzzer: clang -fsanitize=fuzzer,address -DCASIDX_LIBFUZZER ...
    Otherwise main() replays files or directories given as arguments, by
    default $CASBOX_TOP_SRCDIR/tests/fuzz/corpus/segment (make check,
@@ -30,11 +31,12 @@ static void check_segment(struct casidx_segment *seg)
 {
 	struct casidx_segment_iter *iter;
 	const struct casidx_term_entry *e;
-	ARRAY_TYPE(uint32_t) tfs;
+	ARRAY_TYPE(uint32_t) tfs, pos, pos_idx;
 	roaring_bitmap_t *docs;
 	buffer_t *prev = t_buffer_create(64);
 	const char *error;
-	unsigned int f;
+	const uint32_t *idx, *codes;
+	unsigned int f, i, j, n;
 	int cmp;
 
 	for (f = 0; f < CASIDX_FIELD_COUNT; f++) {
@@ -42,6 +44,8 @@ static void check_segment(struct casidx_segment *seg)
 		(void)casidx_segment_doc_len(seg, 1, f);
 	}
 	t_array_init(&tfs, 16);
+	t_array_init(&pos, 16);
+	t_array_init(&pos_idx, 16);
 	iter = casidx_segment_iter_init(seg, NULL, 0);
 	while (casidx_segment_iter_next(iter, &e) > 0) {
 		if (prev->used > 0) {
@@ -52,13 +56,29 @@ static void check_segment(struct casidx_segment *seg)
 		}
 		buffer_set_used_size(prev, 0);
 		buffer_append(prev, e->key, e->key_len);
-		if (casidx_segment_read_postings(seg, e, &docs, &tfs,
-						 &error) < 0)
+		if (casidx_segment_read_positions(seg, e, &docs, &tfs, &pos,
+						  &pos_idx, &error) < 0)
 			continue;
 		if (!roaring_bitmap_is_subset(docs,
 					      casidx_segment_get_docs(seg)) ||
 		    roaring_bitmap_get_cardinality(docs) != array_count(&tfs))
 			i_panic("posting invariants broken");
+		n = array_count(&tfs);
+		if (array_count(&pos_idx) != n + 1)
+			i_panic("position index size");
+		idx = array_front(&pos_idx);
+		codes = array_count(&pos) == 0 ? NULL : array_front(&pos);
+		for (i = 0; i < n; i++) {
+			if (idx[i + 1] < idx[i] ||
+			    idx[i + 1] - idx[i] > (*array_idx(&tfs, i)))
+				i_panic("position count invariant broken");
+			for (j = idx[i] + 1; j < idx[i + 1]; j++) {
+				if ((codes[j] >> 1) <= (codes[j - 1] >> 1))
+					i_panic("positions not ascending");
+			}
+		}
+		if (idx[n] != array_count(&pos))
+			i_panic("position index end");
 		roaring_bitmap_free(docs);
 	}
 	(void)casidx_segment_iter_deinit(&iter, &error);
@@ -104,8 +124,10 @@ static const char *fuzz_segment_corpus_check(void)
 	return sealed_opened == 0 ? "no sealed input decrypted" : NULL;
 }
 
+/* positions: body words get position codes (every third one without
+   the space flag) */
 static void write_seed(const char *dir, const char *name,
-		       unsigned int ndocs, unsigned int nwords)
+		       unsigned int ndocs, unsigned int nwords, bool positions)
 {
 	struct casidx_builder *b = casidx_builder_create();
 	const char *error, *word;
@@ -115,8 +137,11 @@ static void write_seed(const char *dir, const char *name,
 		casidx_builder_add_doc(b, uid * 3);
 		for (i = 0; i < nwords; i++) {
 			word = t_strdup_printf("w%u", (uid * 7 + i) % 37);
-			casidx_builder_add_term(b, i % CASIDX_FIELD_COUNT,
-						word, strlen(word));
+			casidx_builder_add_term_pos(b,
+				positions ? CASIDX_FIELD_BODY :
+				i % CASIDX_FIELD_COUNT, word, strlen(word),
+				positions ? (i << 1) | (i % 3 != 0) :
+				CASIDX_POS_NONE);
 		}
 	}
 	if (casidx_builder_write(b, t_strconcat(dir, "/", name, NULL),
@@ -153,10 +178,11 @@ int main(int argc, char *argv[])
 {
 	if (argc == 3 && strcmp(argv[1], "--make-corpus") == 0) {
 		lib_init();
-		write_seed(argv[2], "empty", 0, 0);
-		write_seed(argv[2], "no-terms", 3, 0);
-		write_seed(argv[2], "small", 4, 5);
-		write_seed(argv[2], "blocks", 40, 20);
+		write_seed(argv[2], "empty", 0, 0, FALSE);
+		write_seed(argv[2], "no-terms", 3, 0, FALSE);
+		write_seed(argv[2], "small", 4, 5, FALSE);
+		write_seed(argv[2], "blocks", 40, 20, FALSE);
+		write_seed(argv[2], "positions", 12, 60, TRUE);
 		write_sealed_seed(argv[2], "sealed");
 		lib_deinit();
 		return 0;
