@@ -167,7 +167,8 @@ def main(argv=None):
     if args.space_all:
         size["space_all"] = True
     only = set(args.peers.split(",")) if args.peers else None
-    unknown = (only or set()) - set(storage.PEER_NAMES) - {"none"}
+    unknown = (only or set()) - set(storage.PEER_NAMES) - \
+        storage.OPT_IN_PEERS - {"none"}
     if unknown:
         ap.error("unknown peers %s (known: %s; 'none' for no storage peer)"
                  % (",".join(sorted(unknown)), ",".join(storage.PEER_NAMES)))

@@ -285,31 +285,37 @@ def run_engine(harness, name, messages, log, timeout, searches=None):
         else:
             # Index living among the mail files: what indexing added.
             index_bytes = max(0, after - before)
-        results, lat = {}, []
+        results, lat, per = {}, [], []
         with RawIMAP(dc.imap_port) as c:
             c.login(USER, harness.PASSWORD)
             c.select("INBOX")
             for q in QUERIES:
                 ms, results[q] = _timed_search(c, 'UID SEARCH BODY "%s"' % q)
                 lat.append(ms)
+                per.append((ms, "BODY", q))
             # the wider set: each search timed, UIDs kept for the
             # comparison with dovecot-nofts
             for key, value in searches or []:
                 ms, results[(key, value)] = _timed_search(
                     c, _search_cmd(key, value))
                 lat.append(ms)
+                per.append((ms, key, value))
         lat.sort()
+        # the slowest searches, for profiling (doc/benchmarks.md)
+        slowest = [[round(ms, 2), k, v] for ms, k, v in
+                   sorted(per, reverse=True)[:12]]
         if dt is None:
             return ({"query_p50_ms": percentile(lat, 50),
                      "query_p90_ms": percentile(lat, 90),
-                     "query_p99_ms": percentile(lat, 99)}, results)
+                     "query_p99_ms": percentile(lat, 99),
+                     "slowest": slowest}, results)
         return ({"index_msgs_per_s": len(messages) / dt,
                  "index_bytes_ratio": index_bytes
                  / sum(len(m) for m in messages),
                  "query_p50_ms": percentile(lat, 50),
                  "query_p90_ms": percentile(lat, 90),
                  "query_p99_ms": percentile(lat, 99),
-                 "peak_rss_kb": rss}, results)
+                 "peak_rss_kb": rss, "slowest": slowest}, results)
 
     out, problems, err = storage._in_instance(harness, kwargs, timeout, body)
     if err:

@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
-"""What key rotation costs: `doveadm casbox key rotate` timed on one build
-(CASBOX_TOP_BUILDDIR) over N delivered messages. Since rotation writes a
-DEK update per rewrapped blob, each batch also appends to a pack and
-fdatasyncs it before its LSM commit. Run it against two builds in
-alternating rounds and compare ratios:
+"""What key rotation costs: `doveadm casbox key rotate` (a new key epoch)
+and `key rotate --finish` (re-seal, then drop the old epoch) timed on one
+build (CASBOX_TOP_BUILDDIR) over N delivered messages. --finish rewraps
+every DEK (a DEK update per blob appended to the packs, fdatasynced
+before each LSM batch), re-seals every message record's metadata and
+every dictionary, and rewrites every pack (gc --all). Run it against two
+builds in alternating rounds and compare ratios:
 
   for i in 1 2 3; do
-    for b in /tmp/base/build /work/wt-rekeyfix/build; do
+    for b in /tmp/base/build /work/wt-epochs/build; do
       CASBOX_TOP_BUILDDIR=$b python3 bench/key-rotate.py -n 1000
     done
   done
 
-Each round delivers the mail once, then runs --rotations full rotations
-per batch size (each rewraps every blob record). Prints one line per
-batch size: build, blob records, batch size, median [min-max] seconds of
-one whole `key rotate` run (doveadm start-up included). Speed is
-reported, never asserted.
+Each round delivers the mail once, then runs --rotations rotations per
+batch size. Prints one line per batch size: build, blob records, batch
+size, median [min-max] seconds of `key rotate` and of `key rotate
+--finish` (doveadm start-up included), the median seconds of each
+--finish step (from its `-v` lines), and the packs' bytes before and
+after. Speed is reported, never asserted.
 """
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -31,6 +36,7 @@ from dovecot_harness import Dovecot, corpus_files  # noqa: E402
 
 USER = "rotbench"
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
+STEP_RE = re.compile(r"casbox key rotate: \S+: step (\S+) done")
 
 
 def records(dc):
@@ -39,6 +45,28 @@ def records(dc):
     row = dict(zip(lines[0].split("\t"), lines[1].split("\t")))
     return sum(int(item.split(":")[1])
                for item in row["wrap_key_ids"].split(",") if item)
+
+
+def du(path):
+    return sum(os.path.getsize(os.path.join(d, f))
+               for d, _, files in os.walk(path) for f in files)
+
+
+def finish(dc, batch, steps):
+    """One timed --finish; step durations appended to steps."""
+    proc = subprocess.Popen(
+        dc.doveadm_command("-v", "casbox", "key", "rotate", "-u", USER,
+                           "--finish", "--batch", batch),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    last = time.perf_counter()
+    for line in proc.stderr:
+        m = STEP_RE.search(line)
+        if m:
+            now = time.perf_counter()
+            steps.setdefault(m.group(1), []).append(now - last)
+            last = now
+    if proc.wait() != 0:
+        raise RuntimeError("key rotate --finish failed")
 
 
 def main():
@@ -55,18 +83,28 @@ def main():
                  plugin_settings=KEYS,
                  extra_conf="mail_fsync = optimized\n") as dc:
         dc.lmtp_deliver_many(USER, msgs)
+        packs = os.path.join(dc.home(USER), "casbox", "packs")
         nrec = records(dc)
         for batch in args.batches.split(","):
-            times = []
+            starts, finishes, steps = [], [], {}
+            before = du(packs)
             for _ in range(args.rotations):
                 t0 = time.perf_counter()
-                dc.doveadm("casbox", "key", "rotate", "-u", USER,
-                           "--batch", batch)
-                times.append(time.perf_counter() - t0)
-            print("%s records=%d batch=%s rotate_s=%.3f [%.3f-%.3f]"
+                dc.doveadm("casbox", "key", "rotate", "-u", USER)
+                t1 = time.perf_counter()
+                finish(dc, batch, steps)
+                t2 = time.perf_counter()
+                starts.append(t1 - t0)
+                finishes.append(t2 - t1)
+            print("%s records=%d batch=%s rotate_s=%.3f [%.3f-%.3f] "
+                  "finish_s=%.3f [%.3f-%.3f] steps: %s packs_bytes=%d->%d"
                   % (os.environ.get("CASBOX_TOP_BUILDDIR", "?"), nrec,
-                     batch, statistics.median(times), min(times),
-                     max(times)))
+                     batch, statistics.median(starts), min(starts),
+                     max(starts), statistics.median(finishes),
+                     min(finishes), max(finishes),
+                     " ".join("%s=%.3f" % (k, statistics.median(v))
+                              for k, v in steps.items()),
+                     before, du(packs)))
             sys.stdout.flush()
 
 

@@ -70,10 +70,31 @@ def peer_configs(keydir):
         mail_location="casbox:~/casbox", mail_plugins=["casbox"],
         plugin_settings={"casbox_key_file": "%h/casbox.key",
                          "casbox_key_autocreate": "yes"})))
+    # casbox without cross-message compression: an A/B of the setting
+    # in one run, only when named (--peers casbox,casbox-noxmsg); it is
+    # not a peer casbox is compared with
+    peers.append(("casbox-noxmsg", dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        plugin_settings={"casbox_key_file": "%h/casbox.key",
+                         "casbox_key_autocreate": "yes",
+                         "casbox_cross_message": "no"})))
+    # casbox at zstd level 6 (the default is 3, as the zlib plugin's):
+    # an A/B of casbox_zstd_level, opt-in as above
+    peers.append(("casbox-zstd6", dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        plugin_settings={"casbox_key_file": "%h/casbox.key",
+                         "casbox_key_autocreate": "yes",
+                         "casbox_zstd_level": "6"})))
     return peers
 
 
-PEER_NAMES = [n for n, _ in peer_configs("/nonexistent")]
+# run only when --peers names them
+OPT_IN_PEERS = {"casbox-noxmsg", "casbox-zstd6"}
+
+
+# the peers a run measures unless --peers names others
+PEER_NAMES = [n for n, _ in peer_configs("/nonexistent")
+              if n not in OPT_IN_PEERS]
 
 
 def make_crypt_keys(keydir):
@@ -406,7 +427,8 @@ def run_storage(harness, messages, size, rounds, keydir, log,
                 only=None, space_corpus=None):
     make_crypt_keys(keydir)
     peers = [(n, kw) for n, kw in peer_configs(keydir)
-             if only is None or n in only]
+             if (only is None and n not in OPT_IN_PEERS) or
+             (only is not None and n in only)]
     out = {n: [] for n, _ in peers}
     for r in range(rounds):
         # Interleave: rotate (and reverse every other round) so no peer
