@@ -11,6 +11,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, TOP_SRCDIR, dovecot_version  # noqa: E402,E501
+from dovecot_harness import drop_shutdown_auth_disconnect  # noqa: E402
 
 MSG = (b"From: Alice <alice@example.com>\r\n"
        b"To: user1@example.com\r\n"
@@ -89,6 +90,21 @@ class PluginsLoad(unittest.TestCase):
                      mail_plugins=["casbox"]) as dc:
             out = dc.doveadm("-f", "tab", "casbox", "version").stdout
             self.assertIn("casbox\t", out)
+
+
+class HarnessLogFilter(unittest.TestCase):
+    LINE = ("Dec 02 16:28:43 indexer-worker(user1)<30799><>: Error: "
+            "auth-master: userdb lookup(user1): Disconnected unexpectedly")
+
+    def test_auth_disconnect_dropped_only_after_the_stop(self):
+        other = ("Dec 02 16:28:43 imap(user1)<1><x>: Error: auth-master: "
+                 "userdb lookup(user1): Disconnected unexpectedly")
+        lines = [self.LINE, "a", self.LINE, other]
+        # before the stop mark: kept; after: dropped, other process kept
+        self.assertEqual(drop_shutdown_auth_disconnect(lines, 2),
+                         [self.LINE, "a", other])
+        # no stop yet (the instance runs): nothing is dropped
+        self.assertEqual(drop_shutdown_auth_disconnect(lines, None), lines)
 
 
 class ClearErrors(unittest.TestCase):
