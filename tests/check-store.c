@@ -537,7 +537,8 @@ START_TEST(test_meta_seal)
 	meta.bodystructure = "(\"text\" \"plain\")";
 	meta.body = "(BODY)";
 	meta.envelope = "(ENV)";
-	ck_assert(casbox_meta_seal(keyring, &rec, &meta, &root, pool));
+	ck_assert_int_eq(casbox_meta_seal(keyring, &rec, &meta, &root, pool,
+					 &error), 0);
 	ck_assert_uint_gt(rec.sealed_meta_size, 0);
 	ck_assert_int_eq(casbox_meta_open(keyring, &rec, pool, &meta,
 					  &error), 1);
@@ -580,7 +581,9 @@ START_TEST(test_meta_seal)
 	meta.bodystructure = big;
 	meta.envelope = "(ENV)";
 	rec2 = rec;
-	ck_assert(!casbox_meta_seal(keyring, &rec2, &meta, &root, pool));
+	ck_assert_int_eq(casbox_meta_seal(keyring, &rec2, &meta, &root, pool,
+					 &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "over the limit"));
 	ck_assert_ptr_eq(rec2.sealed_meta, rec.sealed_meta);
 	ck_assert_uint_eq(rec2.sealed_meta_size, rec.sealed_meta_size);
 	i_free(big);
@@ -696,7 +699,8 @@ START_TEST(test_meta_v2_hostile)
 		"NIL NIL \"7bit\" 7 1 NIL NIL NIL NIL)";
 	meta.envelope = "(\"Mon, 1 Jan 2024 00:00:00 +0000\" \"hi\" NIL NIL "
 		"NIL NIL NIL NIL NIL \"<a@b>\")";
-	ck_assert(casbox_meta_seal(keyring, &rec, &meta, &root, pool));
+	ck_assert_int_eq(casbox_meta_seal(keyring, &rec, &meta, &root, pool,
+					 &error), 0);
 	good = rec;
 	meta_aad(&rec, aad);
 	ck_assert_int_eq(cas_record_open(keyring, aad->data, aad->used,
@@ -1492,8 +1496,9 @@ START_TEST(test_rekey_reseal_steps)
 		meta.bodystructure = "(\"text\" \"plain\")";
 		meta.body = "(BODY)";
 		meta.envelope = p_strdup_printf(pool, "(ENV %u)", i);
-		ck_assert(casbox_meta_seal(casbox_store_get_keyring(store),
-					   &recs[i], &meta, &root_part, pool));
+		ck_assert_int_eq(casbox_meta_seal(
+			casbox_store_get_keyring(store), &recs[i], &meta,
+			&root_part, pool, &error), 0);
 		add_msg(store, i + 1, &recs[i], inputs);
 		free_inputs(inputs);
 	}

@@ -482,11 +482,10 @@ casbox_save_seal_meta(struct casbox_save_context *ctx,
 			mailbox_get_last_internal_error(mail->box, NULL));
 		return;
 	}
-	if (!casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
-			      &meta, parts, ctx->pool)) {
+	if (casbox_meta_seal(casbox_store_get_keyring(store), &smail->rec,
+			     &meta, parts, ctx->pool, &error) < 0) {
 		e_debug(mail_event(mail), CASBOX_LOG_PREFIX
-			"no sealed metadata: over %u bytes",
-			CASBOX_META_MAX_PLAIN_SIZE);
+			"no sealed metadata: %s", error);
 	}
 }
 

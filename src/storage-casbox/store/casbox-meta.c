@@ -100,9 +100,10 @@ casbox_meta_raw(const struct casbox_msg_meta *meta, const buffer_t *tree)
 	return raw;
 }
 
-/* plain = version 2 | u32 raw size | zstd frame of raw. Returns FALSE
-   if zstd fails (only when out of memory). */
-static bool casbox_meta_compress(const buffer_t *raw, buffer_t *plain)
+/* plain = version 2 | u32 raw size | zstd frame of raw. Returns -1 with
+   error_r set if zstd fails (only when out of memory). */
+static int casbox_meta_compress(const buffer_t *raw, buffer_t *plain,
+				const char **error_r)
 {
 	size_t bound = ZSTD_compressBound(raw->used), ret;
 	unsigned char size_be[4];
@@ -112,39 +113,48 @@ static bool casbox_meta_compress(const buffer_t *raw, buffer_t *plain)
 	buffer_append_c(plain, CASBOX_META_VERSION_ZSTD);
 	cpu32_to_be_unaligned(raw->used, size_be);
 	buffer_append(plain, size_be, sizeof(size_be));
-	if ((cctx = ZSTD_createCCtx()) == NULL)
-		return FALSE;
+	if ((cctx = ZSTD_createCCtx()) == NULL) {
+		*error_r = "ZSTD_createCCtx() failed";
+		return -1;
+	}
 	dest = buffer_append_space_unsafe(plain, bound);
 	ret = ZSTD_compress_usingDict(cctx, dest, bound, raw->data, raw->used,
 				      casbox_meta_dict,
 				      sizeof(casbox_meta_dict) - 1,
 				      CASBOX_META_ZSTD_LEVEL);
 	ZSTD_freeCCtx(cctx);
-	if (ZSTD_isError(ret))
-		return FALSE;
+	if (ZSTD_isError(ret)) {
+		*error_r = t_strdup_printf("ZSTD_compress_usingDict() failed: "
+					   "%s", ZSTD_getErrorName(ret));
+		return -1;
+	}
 	buffer_set_used_size(plain, 5 + ret);
-	return TRUE;
+	return 0;
 }
 
-bool casbox_meta_seal(const struct cas_keyring *keyring,
-		      struct casbox_msg_record *rec,
-		      const struct casbox_msg_meta *meta,
-		      struct message_part *parts, pool_t pool)
+int casbox_meta_seal(const struct cas_keyring *keyring,
+		     struct casbox_msg_record *rec,
+		     const struct casbox_msg_meta *meta,
+		     struct message_part *parts, pool_t pool,
+		     const char **error_r)
 {
 	buffer_t *tree, *raw, *plain, *aad, *sealed;
-	bool ok;
+	int ret;
 
 	tree = t_buffer_create(256);
 	message_part_serialize(parts, tree);
 	raw = casbox_meta_raw(meta, tree);
 	if (raw->used > CASBOX_META_MAX_PLAIN_SIZE) {
+		*error_r = t_strdup_printf("%zu bytes, over the limit of %u",
+					   raw->used,
+					   CASBOX_META_MAX_PLAIN_SIZE);
 		sodium_memzero(buffer_get_modifiable_data(raw, NULL), raw->used);
-		return FALSE;
+		return -1;
 	}
 	plain = t_buffer_create(5 + ZSTD_compressBound(raw->used));
-	ok = casbox_meta_compress(raw, plain);
+	ret = casbox_meta_compress(raw, plain, error_r);
 	sodium_memzero(buffer_get_modifiable_data(raw, NULL), raw->used);
-	if (ok) {
+	if (ret == 0) {
 		aad = t_buffer_create(256);
 		casbox_meta_aad(rec, aad);
 		sealed = buffer_create_dynamic(pool, plain->used + 64);
@@ -155,7 +165,7 @@ bool casbox_meta_seal(const struct cas_keyring *keyring,
 	}
 	sodium_memzero(buffer_get_modifiable_data(plain, NULL),
 		       buffer_get_size(plain));
-	return ok;
+	return ret;
 }
 
 /* Returns the next length-prefixed field, or NULL if it does not fit. */

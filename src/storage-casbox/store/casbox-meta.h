@@ -52,13 +52,14 @@ casbox_meta_get_parts(const struct casbox_msg_meta *meta, pool_t pool,
 
 /* Seal meta's BODYSTRUCTURE, ENVELOPE and parts (meta->body and
    meta->tree are ignored) as version 2 for rec, whose part ids are
-   final, into pool and set rec->sealed_meta. Returns FALSE and leaves
-   rec unchanged if the metadata is over CASBOX_META_MAX_PLAIN_SIZE (or
-   zstd fails for want of memory). */
-bool casbox_meta_seal(const struct cas_keyring *keyring,
-		      struct casbox_msg_record *rec,
-		      const struct casbox_msg_meta *meta,
-		      struct message_part *parts, pool_t pool);
+   final, into pool and set rec->sealed_meta. Returns 0, or -1 with
+   error_r saying why and rec unchanged if the metadata is over
+   CASBOX_META_MAX_PLAIN_SIZE or zstd fails (for want of memory). */
+int casbox_meta_seal(const struct cas_keyring *keyring,
+		     struct casbox_msg_record *rec,
+		     const struct casbox_msg_meta *meta,
+		     struct message_part *parts, pool_t pool,
+		     const char **error_r);
 
 /* Returns 1 ok (meta_r allocated from pool), 0 if the record has none,
    -1 if it fails to authenticate or decode (error_r says why). */
