@@ -65,6 +65,8 @@ OUR_SETTINGS_MODULES = {
 }
 
 LOG_PROBLEM_RE = re.compile(r": (Error|Fatal|Panic): ")
+# what a failed test prints from the whole log, not only from its tail
+LOG_NOTABLE_RE = re.compile(r": (Error|Fatal|Panic|Warning): ")
 
 
 def drop_core_indexer_deinit_panic(lines):
@@ -117,6 +119,32 @@ def drop_shutdown_auth_disconnect(lines, stop_mark):
         return lines
     return [line for i, line in enumerate(lines)
             if i < stop_mark or not SHUTDOWN_AUTH_DISCONNECT_RE.search(line)]
+
+
+# Deliveries without LMTP's Received header: it carries a per-instance
+# session id, which an FTS instance and its oracle would not share.
+NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
+
+
+def sdbox_oracle(**kw):
+    """Dovecot's own search, the oracle of the casidx tests: sdbox, no
+    mail plugins, no Received header (extra_conf replaces that)."""
+    kw.setdefault("extra_conf", NO_LMTP_RECEIVED)
+    return Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[], **kw)
+
+
+def sdbox_casidx(no_fsync=True, plugin_settings=None, **kw):
+    """casidx as an admin enables it on sdbox (fts_enforced, so every
+    search goes through the backend), the oracle's mail layout. no_fsync
+    skips the index's fsyncs where a test does not measure durability."""
+    settings = {"fts": "casidx", "fts_enforced": "yes"}
+    if no_fsync:
+        settings["fts_casidx_no_fsync"] = "yes"
+    settings.update(plugin_settings or {})
+    kw.setdefault("extra_conf", NO_LMTP_RECEIVED)
+    return Dovecot(mail_location="sdbox:~/sdbox",
+                   mail_plugins=["fts", "fts_casidx"],
+                   plugin_settings=settings, **kw)
 
 # Held shared while an instance has put our doveadm plugin into the
 # system module dir (no private mount namespace, or the demo), and
@@ -419,12 +447,22 @@ class Dovecot:
             self.stop()
             problems = self.log_problems()
             if exc_type is not None:
-                # the test failed: its log is all CI keeps of Dovecot
-                lines = self.log_lines()[-40:]
+                # the test failed: its log is all CI keeps of Dovecot.
+                # Every problem line (allowed ones too) and the tail: the
+                # cause of a race is seldom in the last lines.
+                all_lines = self.log_lines()
+                tail = all_lines[-40:]
+                head = [ln for ln in all_lines[:-40]
+                        if LOG_NOTABLE_RE.search(ln)][-60:]
+                if head:
+                    sys.stderr.write("---- Dovecot log, problem lines "
+                                     "before the tail ----\n")
+                    sys.stderr.write("".join("  %s\n" % ln.rstrip("\n")
+                                             for ln in head))
                 sys.stderr.write("---- Dovecot log (last %d lines) ----\n"
-                                 % len(lines))
+                                 % len(tail))
                 sys.stderr.write("".join("  %s\n" % line.rstrip("\n")
-                                         for line in lines))
+                                         for line in tail))
         finally:
             if not self.keep_tmp and self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)

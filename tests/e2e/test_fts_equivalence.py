@@ -33,8 +33,8 @@ import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import (Dovecot, corpus_dir,  # noqa: E402
-                             load)
+from dovecot_harness import (corpus_dir, load,  # noqa: E402
+                             sdbox_casidx, sdbox_oracle)
 
 USER = "user1"
 N_MESSAGES = int(os.environ.get("CASIDX_EQ_MESSAGES", "240"))
@@ -44,9 +44,6 @@ SEED = int(os.environ.get("CASIDX_EQ_SEED", "17"))
 # Messages bigger than this are left out of the sample: each search of
 # the oracle reads every message, so a few 3 MB logs would dominate.
 MAX_MESSAGE = int(os.environ.get("CASIDX_EQ_MAX_BYTES", str(256 * 1024)))
-# LMTP's Received header carries the instance's random session id, which
-# TEXT searches see and which differs between the two instances.
-NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
 # substring length: mostly short (the hardest cases for a word index),
 # some across several words and punctuation
 LENGTHS = [(1, 3, 20), (4, 8, 35), (9, 20, 30), (21, 60, 15)]
@@ -308,8 +305,7 @@ class FtsCasidxEquivalence(unittest.TestCase):
                                           set(queries))
         self.assertGreaterEqual(len(phrases), N_PHRASES * 9 // 10)
         queries += phrases
-        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_oracle() as dc:
             dc.lmtp_deliver_many(USER, messages)
             oracle = run_queries(dc, queries)
         # the values come from the mail: most must match something, or
@@ -324,12 +320,7 @@ class FtsCasidxEquivalence(unittest.TestCase):
                 scripts["non-ASCII"] += 1
         self.assertGreater(scripts["non-ASCII"], len(queries) // 20)
 
-        with Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx",
-                                      "fts_enforced": "yes",
-                                      "fts_casidx_no_fsync": "yes"},
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_casidx() as dc:
             dc.lmtp_deliver_many(USER, messages)
             dc.doveadm("index", "-u", USER, "INBOX")
             got = run_queries(dc, queries)

@@ -12,10 +12,10 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, is_dovecot24  # noqa: E402
+from dovecot_harness import (NO_LMTP_RECEIVED, is_dovecot24,  # noqa: E402,E501
+                             sdbox_casidx, sdbox_oracle)
 
 USER = "fuzzy"
-NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
 
 # UID order
 BODIES = [
@@ -62,8 +62,7 @@ class Fuzzy(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         msgs = [message(i + 1, b) for i, b in enumerate(BODIES)]
-        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_oracle() as dc:
             dc.lmtp_deliver_many(USER, msgs)
             imap = dc.imap_login(USER)
             imap.select("INBOX")
@@ -76,11 +75,7 @@ class Fuzzy(unittest.TestCase):
         extra = NO_LMTP_RECEIVED
         if not is_dovecot24():
             extra += "protocol imap {\n  imap_capability = +SEARCH=FUZZY\n}\n"
-        with Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx",
-                                      "fts_enforced": "yes"},
-                     extra_conf=extra) as dc:
+        with sdbox_casidx(no_fsync=False, extra_conf=extra) as dc:
             dc.lmtp_deliver_many(USER, self.msgs)
             dc.doveadm("index", "-u", USER, "INBOX")
             imap = dc.imap_login(USER)

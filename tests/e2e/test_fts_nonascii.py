@@ -28,7 +28,7 @@ import unicodedata
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot  # noqa: E402
+from dovecot_harness import sdbox_casidx, sdbox_oracle  # noqa: E402
 import test_fts_equivalence as equivalence  # noqa: E402
 from test_fts_equivalence import message_sources, sample_messages  # noqa
 from test_fts_phrase import fts_lookup  # noqa: E402
@@ -38,7 +38,6 @@ SEED = int(os.environ.get("CASIDX_NONASCII_SEED", "23"))
 N_PER_SCRIPT = int(os.environ.get("CASIDX_NONASCII_PER_SCRIPT", "24"))
 N_SAMPLE = int(os.environ.get("CASIDX_NONASCII_SAMPLE", "2000"))
 N_MAX = int(os.environ.get("CASIDX_NONASCII_MESSAGES", "200"))
-NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
 
 
 def plain(subject, body, charset="utf-8", cte="8bit", extra="",
@@ -197,19 +196,13 @@ class FtsCasidxNonAscii(unittest.TestCase):
         searches += [("NOT BODY", v) for v in VALUES[:12]]
         uid_of = {name: i + 1 for i, (name, _) in enumerate(MESSAGES)}
 
-        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_oracle() as dc:
             dc.lmtp_deliver_many(USER, raw)
             oracle = run_not(dc, searches)
         matched = sum(1 for o in oracle if o)
         self.assertGreater(matched, len(searches) // 3)
 
-        with Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx",
-                                      "fts_enforced": "yes",
-                                      "fts_casidx_no_fsync": "yes"},
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_casidx() as dc:
             dc.lmtp_deliver_many(USER, raw)
             dc.doveadm("index", "-u", USER, "INBOX")
             got = run_not(dc, searches)

@@ -21,11 +21,11 @@ import unittest
 from email import policy
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from dovecot_harness import (corpus_files, sdbox_casidx,  # noqa: E402
+                             sdbox_oracle)
 
 USER = "user1"
 N_CORPUS = int(os.environ.get("CASIDX_PHRASE_MESSAGES", "150"))
-NO_LMTP_RECEIVED = "lmtp_add_received_header = no\n"
 
 
 def plain(subject, body, extra=""):
@@ -195,8 +195,7 @@ class FtsCasidxPhrase(unittest.TestCase):
                     [("TEXT", p) for p in phrases[::4]])
         uid_of = {name: i + 1 for i, (name, _) in enumerate(MESSAGES)}
 
-        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_oracle() as dc:
             dc.lmtp_deliver_many(USER, raw + corpus)
             imap = dc.imap_login(USER)
             imap.select("INBOX", readonly=True)
@@ -205,12 +204,7 @@ class FtsCasidxPhrase(unittest.TestCase):
         matched = sum(1 for o in oracle if o)
         self.assertGreater(matched, len(searches) // 2)
 
-        with Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx",
-                                      "fts_enforced": "yes",
-                                      "fts_casidx_no_fsync": "yes"},
-                     extra_conf=NO_LMTP_RECEIVED) as dc:
+        with sdbox_casidx() as dc:
             dc.lmtp_deliver_many(USER, raw + corpus)
             dc.doveadm("index", "-u", USER, "INBOX")
             imap = dc.imap_login(USER)
