@@ -1009,6 +1009,31 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 	}
 
 	hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
+	if (hdr->uid_validity == 0) {
+		/* Another process made the mailbox directory and has not
+		   written its index yet (a new user's first deliveries at
+		   once): this sync wrote UIDVALIDITY into its own
+		   transaction, which reaches the log only at the sync's
+		   commit, after our appends. A reader in between would see
+		   next_uid > 1 with uidvalidity 0, log a corrupted index
+		   header and fsck it. Commit the creation first. */
+		if (casbox_sync_finish(&ctx->sync_ctx, TRUE) < 0 ||
+		    casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
+				      CASBOX_SYNC_FLAG_FSYNC,
+				      &ctx->sync_ctx) < 0 ||
+		    ctx->sync_ctx == NULL) {
+			casbox_transaction_save_rollback(_ctx);
+			return -1;
+		}
+		hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
+		if (hdr->uid_validity == 0) {
+			mailbox_set_critical(&ctx->mbox->box, CASBOX_LOG_PREFIX
+				"The index has no UIDVALIDITY after it was "
+				"created: not assigning UIDs");
+			casbox_transaction_save_rollback(_ctx);
+			return -1;
+		}
+	}
 	T_BEGIN {
 		struct casbox_dup_record drec;
 
