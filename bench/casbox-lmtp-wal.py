@@ -44,11 +44,13 @@ def one_run(wal, msgs):
         dc.lmtp_deliver("user1", msgs[0])
         with smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=120) as lmtp:
             lmtp.noop()
-            pid, = dc.pids("lmtp")
-            cpu0, t0 = cpu_seconds(pid), time.monotonic()
+            # the first delivery's process may still be there, idle:
+            # the CPU of every lmtp process is counted
+            pids = dc.pids("lmtp")
+            cpu0, t0 = sum(map(cpu_seconds, pids)), time.monotonic()
             for msg in msgs:
                 lmtp.sendmail("s@example.com", ["user1"], msg)
-            cpu1, t1 = cpu_seconds(pid), time.monotonic()
+            cpu1, t1 = sum(map(cpu_seconds, pids)), time.monotonic()
     return (cpu1 - cpu0) * 1000 / len(msgs), len(msgs) / (t1 - t0)
 
 

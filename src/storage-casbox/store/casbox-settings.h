@@ -13,10 +13,16 @@ struct mail_user;
 #define CASBOX_DEFAULT_PACK_SIZE (64 * 1024 * 1024)
 #define CASBOX_DEFAULT_ZSTD_LEVEL 3
 #define CASBOX_DEFAULT_GC_DEAD_RATIO 30
+/* A store trains its first compression dictionary (header blocks only)
+   once it holds this many small blobs: enough samples for zstd's
+   trainer, early enough to pay (doc/benchmarks.md, "Dictionaries"). */
+#define CASBOX_DEFAULT_DICT_AUTOTRAIN 200
+/* fewer small blobs are too few to train on (10 samples, 3 held out) */
+#define CASBOX_DICT_AUTOTRAIN_MIN 20
 /* Every LMTP delivery opens the store and replays the whole WAL, so the
    WAL flushes into a table much sooner than the LSM's own default (4 MiB,
    LevelDB's write buffer), which suits one long-lived handle. */
-#define CASBOX_DEFAULT_LSM_WAL_SIZE (256 * 1024)
+#define CASBOX_DEFAULT_LSM_WAL_SIZE (64 * 1024)
 /* Per process, as Dovecot's own index caches are: a server runs an imap
    process per session, so a quarter of the LSM library's 8 MiB (the
    lookups of a big COPY or FETCH miss it either way). */
@@ -61,6 +67,9 @@ struct casbox_settings {
 	uoff_t pack_cache_size;
 	/* gc rewrites a pack when this percentage of it is dead. */
 	unsigned int gc_dead_ratio;
+	/* Train the first compression dictionary once the store holds
+	   this many small blobs (0 = only doveadm casbox dict train). */
+	unsigned int dict_autotrain;
 	/* The LSM's WAL is flushed to a sorted table past this size
 	   (0 = the LSM library's default). */
 	uoff_t lsm_wal_size;
@@ -124,6 +133,7 @@ static inline void casbox_settings_defaults(struct casbox_settings *set_r)
 	set_r->lsm_cache_size = CASBOX_DEFAULT_LSM_CACHE_SIZE;
 	set_r->base_cache_size = CASBOX_DEFAULT_BASE_CACHE_SIZE;
 	set_r->gc_dead_ratio = CASBOX_DEFAULT_GC_DEAD_RATIO;
+	set_r->dict_autotrain = CASBOX_DEFAULT_DICT_AUTOTRAIN;
 	set_r->duplicate_window = CASBOX_DEFAULT_DUPLICATE_WINDOW;
 	set_r->expunge_retention = CASBOX_DEFAULT_EXPUNGE_RETENTION;
 	set_r->cipher = CAS_AEAD_CIPHER_AUTO;
