@@ -85,11 +85,20 @@ def peer_configs(keydir):
         plugin_settings={"casbox_key_file": "%h/casbox.key",
                          "casbox_key_autocreate": "yes",
                          "casbox_zstd_level": "6"})))
+    # casbox with the defaults before 2026-12-05 (casbox_lsm_wal_size
+    # 256k, now 64k; no casbox_dict_autotrain, now 200): an A/B of
+    # both, opt-in as above
+    peers.append(("casbox-1204", dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        plugin_settings={"casbox_key_file": "%h/casbox.key",
+                         "casbox_key_autocreate": "yes",
+                         "casbox_lsm_wal_size": "256k",
+                         "casbox_dict_autotrain": "0"})))
     return peers
 
 
 # run only when --peers names them
-OPT_IN_PEERS = {"casbox-noxmsg", "casbox-zstd6"}
+OPT_IN_PEERS = {"casbox-noxmsg", "casbox-zstd6", "casbox-1204"}
 
 
 # the peers a run measures unless --peers names others

@@ -43,9 +43,9 @@ cmd_casbox_dict_train_run(struct doveadm_mail_cmd_context *ctx,
 			casbox_store_dict_train(adm->store, DICT_MAX_SAMPLES,
 						DICT_HOLDOUT_EVERY,
 						DICT_MAX_HELDOUT, &res, &error);
-	} T_END_PASS_STR_IF(ret < 0, &error);
+	} T_END_PASS_STR_IF(ret <= 0, &error);
 	casbox_admin_close(&adm);
-	if (ret < 0) {
+	if (ret <= 0) {
 		i_error("casbox dict train: %s", error);
 		ctx->exit_code = EX_DATAERR;
 		return -1;

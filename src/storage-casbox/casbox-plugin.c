@@ -4,6 +4,7 @@
 #include "module-dir.h"
 #include "mail-storage-private.h"
 #include "casbox-storage.h"
+#include "casbox-dict-auto.h"
 #include "casbox-plugin.h"
 
 #include <sodium.h>
@@ -29,4 +30,5 @@ void casbox_plugin_deinit(void)
 	if (--casbox_plugin_refcount > 0)
 		return;
 	mail_storage_class_unregister(&casbox_storage);
+	casbox_dict_autotrain_deinit();
 }

@@ -27,6 +27,7 @@
 #include "casbox-spool.h"
 #include "casbox-store-safety.h"
 #include "casbox-save-xmsg.h"
+#include "casbox-dict-auto.h"
 #include "mail-cache.h"
 
 /* Saved messages are held until commit (casbox-spool.h). Up to this
@@ -1086,6 +1087,8 @@ void casbox_transaction_save_commit_post(struct mail_save_context *_ctx,
 	else {
 		e_debug(ctx->event, CASBOX_LOG_PREFIX"saved %u mails",
 			array_count(&ctx->mails));
+		casbox_dict_autotrain_saved(ctx->mbox->storage,
+					    array_count(&ctx->mails));
 	}
 	casbox_save_context_free(ctx);
 }

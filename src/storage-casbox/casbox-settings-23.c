@@ -150,6 +150,8 @@ int casbox_settings_read(struct mail_user *user, pool_t pool,
 				&set_r->base_cache_size, error_r) < 0 ||
 	    casbox_setting_uint(user, "casbox_gc_dead_ratio",
 				&set_r->gc_dead_ratio, error_r) < 0 ||
+	    casbox_setting_uint(user, "casbox_dict_autotrain",
+				&set_r->dict_autotrain, error_r) < 0 ||
 	    casbox_setting_time(user, "casbox_duplicate_window",
 				&set_r->duplicate_window, error_r) < 0 ||
 	    casbox_setting_time(user, "casbox_expunge_retention",

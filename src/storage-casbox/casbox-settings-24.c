@@ -41,6 +41,7 @@ casbox_settings_copy(const struct casbox_24_settings *src,
 	set_r->lsm_cache_size = src->lsm_cache_size;
 	set_r->base_cache_size = src->base_cache_size;
 	set_r->gc_dead_ratio = src->gc_dead_ratio;
+	set_r->dict_autotrain = src->dict_autotrain;
 	set_r->duplicate_window = src->duplicate_window;
 	set_r->expunge_retention = src->expunge_retention;
 }

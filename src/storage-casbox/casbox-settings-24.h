@@ -24,6 +24,7 @@ struct casbox_24_settings {
 	uoff_t lsm_cache_size;
 	uoff_t base_cache_size;
 	unsigned int gc_dead_ratio;
+	unsigned int dict_autotrain;
 	bool cache_plaintext;
 	unsigned int duplicate_window;
 	unsigned int expunge_retention;

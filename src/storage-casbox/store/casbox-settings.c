@@ -30,6 +30,14 @@ int casbox_settings_check(struct casbox_settings *set, const char **error_r)
 					   set->gc_dead_ratio);
 		return -1;
 	}
+	if (set->dict_autotrain != 0 &&
+	    set->dict_autotrain < CASBOX_DICT_AUTOTRAIN_MIN) {
+		*error_r = t_strdup_printf("casbox_dict_autotrain: invalid "
+					   "value '%u' (expected 0 or at "
+					   "least %u)", set->dict_autotrain,
+					   CASBOX_DICT_AUTOTRAIN_MIN);
+		return -1;
+	}
 	if (casbox_settings_check_min("casbox_part_split_size",
 				      set->part_split_size, 1024,
 				      error_r) < 0 ||

@@ -9,6 +9,7 @@
 #include "array.h"
 #include "buffer.h"
 #include "istream.h"
+#include "cas-key.h"
 #include "casbox-lsm.h"
 #include "casbox-pack.h"
 #include "casbox-records.h"
@@ -23,9 +24,11 @@ struct dict_blob {
 ARRAY_DEFINE_TYPE(dict_blob, struct dict_blob);
 ARRAY_DEFINE_TYPE(dict_buffer, buffer_t *);
 
-/* Blob records of blobs small enough for a dictionary. */
+/* Blob records of blobs small enough for a dictionary: up to
+   max_count of them among the first max_scan blob records. */
 static int
 dict_collect_blobs(struct casbox_store *store, size_t max_size,
+		   unsigned int max_count, unsigned int max_scan,
 		   ARRAY_TYPE(dict_blob) *blobs, const char **error_r)
 {
 	const unsigned char prefix = CASBOX_KEY_BLOB;
@@ -42,7 +45,8 @@ dict_collect_blobs(struct casbox_store *store, size_t max_size,
 	if (casbox_lsm_refresh(lsm, error_r) < 0)
 		return -1;
 	iter = casbox_lsm_iter_init(lsm, &prefix, 1);
-	while (casbox_lsm_iter_next(iter, &key, &key_size,
+	while (array_count(blobs) < max_count && max_scan-- > 0 &&
+	       casbox_lsm_iter_next(iter, &key, &key_size,
 				    &value, &value_size)) {
 		if (key_size != 1 + CAS_BLOB_ID_SIZE ||
 		    casbox_blob_value_import(value, value_size, &bvalue,
@@ -151,6 +155,7 @@ int casbox_store_dict_train(struct casbox_store *store,
 	const struct dict_blob *blob;
 	buffer_t *buf, **bufp;
 	unsigned int i = 0;
+	bool too_few = FALSE;
 	int ret = 0;
 
 	t_array_init(&blobs, 256);
@@ -161,7 +166,7 @@ int casbox_store_dict_train(struct casbox_store *store,
 	i_zero(res);
 	i_assert(packs != NULL);
 	if (dict_collect_blobs(store, casbox_pack_dict_max_blob_size(packs),
-			       &blobs, error_r) < 0)
+			       UINT_MAX, UINT_MAX, &blobs, error_r) < 0)
 		return -1;
 	array_foreach(&blobs, blob) {
 		bool hold = ++i % holdout_every == 0;
@@ -194,6 +199,7 @@ int casbox_store_dict_train(struct casbox_store *store,
 		*error_r = t_strdup_printf("too few small blobs to train on "
 					   "(%u, need at least 13)",
 					   array_count(&blobs));
+		too_few = TRUE;
 		ret = -1;
 	}
 	if (ret == 0) {
@@ -220,5 +226,47 @@ int casbox_store_dict_train(struct casbox_store *store,
 			       buffer_get_size(*bufp));
 		buffer_free(bufp);
 	}
-	return ret;
+	return too_few ? 0 : (ret < 0 ? -1 : 1);
+}
+
+/* what casbox_dict_autotrain trains on: fewer samples than doveadm's
+   dict train (it runs inside a delivery) */
+#define DICT_AUTO_MAX_SAMPLES 500
+#define DICT_AUTO_HOLDOUT_EVERY 5
+#define DICT_AUTO_MAX_HELDOUT 100
+/* a check reads at most this many blob records per small one needed */
+#define DICT_AUTO_SCAN_FACTOR 16
+
+int casbox_store_dict_autotrain(struct casbox_store *store,
+				unsigned int min_blobs,
+				struct casbox_store_dict_train_result *res_r,
+				const char **error_r)
+{
+	struct casbox_pack_store *packs = casbox_store_get_packs(store);
+	struct cas_keyring *keyring = casbox_store_get_keyring(store);
+	ARRAY_TYPE(dict_blob) blobs;
+	unsigned int max_scan;
+
+	i_zero(res_r);
+	if (min_blobs == 0 || packs == NULL || keyring == NULL ||
+	    !cas_keyring_can_decrypt(keyring))
+		return 0;
+	/* another process may have trained one since we opened */
+	if (casbox_pack_dict_current(packs) == 0 &&
+	    casbox_pack_dicts_refresh(packs, error_r) < 0)
+		return -1;
+	if (casbox_pack_dict_current(packs) != 0)
+		return 0;
+	max_scan = min_blobs > UINT_MAX / DICT_AUTO_SCAN_FACTOR ? UINT_MAX :
+		min_blobs * DICT_AUTO_SCAN_FACTOR;
+	t_array_init(&blobs, I_MIN(min_blobs, 1024));
+	if (dict_collect_blobs(store, casbox_pack_dict_max_blob_size(packs),
+			       min_blobs, max_scan, &blobs, error_r) < 0)
+		return -1;
+	if (array_count(&blobs) < min_blobs)
+		return 0;
+	/* too few header blocks (0) is no error: maybe next time */
+	return casbox_store_dict_train(store, DICT_AUTO_MAX_SAMPLES,
+				       DICT_AUTO_HOLDOUT_EVERY,
+				       DICT_AUTO_MAX_HELDOUT, res_r, error_r);
 }

@@ -320,8 +320,8 @@ uint64_t casbox_store_get_bytes_decoded(void);
    small blobs (those the pack store would compress with a dictionary),
    one in holdout_every held out (up to max_heldout) and compressed
    without and with the new dictionary. Needs casbox_store_open_keys().
-   The samples are wiped after use. Returns 0 ok, -1 error (too few small
-   blobs says so). */
+   The samples are wiped after use. Returns 1 trained, 0 too few small
+   blobs (error_r says how many), -1 error. */
 struct casbox_store_dict_train_result {
 	uint32_t dict_id;
 	unsigned int samples, heldout;
@@ -334,6 +334,17 @@ int casbox_store_dict_train(struct casbox_store *store,
 			    unsigned int max_heldout,
 			    struct casbox_store_dict_train_result *res_r,
 			    const char **error_r);
+/* casbox_dict_autotrain: train the store's first dictionary once it
+   holds min_blobs small blobs (0 = never). Does nothing when a
+   dictionary exists (one another process wrote included), when the
+   process cannot decrypt (password mode without the password), or when
+   fewer than min_blobs of the first 16 * min_blobs blob records are
+   small. Needs casbox_store_open_keys(). Returns 1 trained (res_r
+   filled), 0 nothing to do, -1 error. */
+int casbox_store_dict_autotrain(struct casbox_store *store,
+				unsigned int min_blobs,
+				struct casbox_store_dict_train_result *res_r,
+				const char **error_r);
 
 /* The one "has data" rule: TRUE if the store holds anything a new key
    could not read: a sealed LSM (bound to its key's fingerprint), a
