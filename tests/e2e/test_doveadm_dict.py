@@ -9,7 +9,12 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, corpus_files  # noqa: E402
-from test_doveadm_stats import CONF, KEYS, packs_size  # noqa: E402
+from test_doveadm_stats import CONF, packs_size  # noqa: E402
+from test_doveadm_stats import KEYS as STATS_KEYS  # noqa: E402
+
+# this command's dictionary is the first one: the store does not train
+# one by itself at 200 small blobs (test_dict_autotrain.py does)
+KEYS = dict(STATS_KEYS, casbox_dict_autotrain="0")
 
 
 def read_all(paths):

@@ -31,6 +31,9 @@ FIELDS = {
                     "blobs_deduplicated deduplicated_bytes stored_bytes"),
     "casbox_duplicate": ("casbox_duplicate_suppressed",
                          "original_uid size age"),
+    "casbox_dict_trained": ("casbox_dict_trained",
+                            "dict_id samples heldout heldout_bytes "
+                            "zstd_bytes dict_bytes"),
     "casbox_mail_read": ("casbox_mail_read_finished",
                          "bytes chunks decoded_bytes"),
     "casbox_lsm_flush": ("casbox_lsm_flush_finished",
@@ -190,6 +193,9 @@ class EventsTest(unittest.TestCase):
                                       "casbox_key_autocreate": "yes",
                                       "casbox_lsm_wal_size": "64k",
                                       "casbox_duplicate_window": "1d",
+                                      # trained by the APPENDs at the
+                                      # latest (28 small messages)
+                                      "casbox_dict_autotrain": "20",
                                       "fts": "casidx"},
                      extra_conf=conf) as dc:
             self.dc = dc
@@ -257,6 +263,18 @@ class EventsTest(unittest.TestCase):
         st2 = self.wait_count("casbox_save", n + len(appended))
         self.assertEqual(self.delta(st, st2, "casbox_save", "bytes"),
                          (len(appended), sum(sizes)))
+        # past 20 small blobs the store trained its dictionary, once
+        st2 = self.wait_count("casbox_dict_trained", 1)
+        trained = st2["casbox_dict_trained"]
+        self.assertEqual(trained["dict_id"], (1, 1))
+        self.assertGreaterEqual(trained["samples"][1], 10)
+        self.assertGreaterEqual(trained["heldout"][1], 1)
+        self.assertGreater(trained["heldout_bytes"][1],
+                           trained["zstd_bytes"][1])
+        self.assertLess(trained["dict_bytes"][1], trained["zstd_bytes"][1])
+        self.assertIsNotNone(dc.wait_log(
+            r"casbox: Trained compression dictionary 1 from the header "
+            r"blocks of \d+ small messages and parts"))
         # the same mail again: nothing written, all of it deduplicated
         ok(imap.create("Dup"))
         ok(imap.append("Dup", None, None, appended[0]))
