@@ -106,6 +106,19 @@ class HarnessLogFilter(unittest.TestCase):
         # no stop yet (the instance runs): nothing is dropped
         self.assertEqual(drop_shutdown_auth_disconnect(lines, None), lines)
 
+    def test_lookup_failed_dropped_only_after_the_stop(self):
+        failed = ("Dec 05 21:12:42 indexer-worker(21598): Error: conn "
+                  "unix:indexer-worker (pid=21595,uid=103): User user1 "
+                  "lookup failed: Internal error occurred. Refer to server "
+                  "log for more information.")
+        denied = failed.replace("Internal error occurred. Refer to server "
+                                "log for more information.",
+                                "Permission denied")
+        lines = [failed, "a", failed, denied]
+        # another reason is never dropped
+        self.assertEqual(drop_shutdown_auth_disconnect(lines, 2),
+                         [failed, "a", denied])
+
 
 class ClearErrors(unittest.TestCase):
     def test_casbox_location_without_plugin(self):
