@@ -696,6 +696,11 @@ static void dict_add_term(struct dict_writer *w, struct builder_term *term)
 	put_varint(w->block, post_off);
 	put_varint(w->block, w->posts->used - w->posts_start - post_off);
 	w->prev_key = term->key;
+	/* written: its memory can go to the growing segment image */
+	i_free(term->pairs);
+	i_free(term->pos);
+	term->count = term->alloc = 0;
+	term->pos_count = term->pos_alloc = 0;
 	if (++w->block_terms == SEG_BLOCK_TERMS)
 		dict_flush_block(w);
 }
