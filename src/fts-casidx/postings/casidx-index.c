@@ -407,15 +407,19 @@ static int index_seg_open(struct casidx_index *index, uint32_t id,
 	return ret;
 }
 
+/* Write the segment id from builder, which is destroyed once serialized:
+   sealing copies the image, and the builder's postings are no longer
+   needed then (they were the largest part of the writer's peak). */
 static int index_seg_write(struct casidx_index *index, uint32_t id,
-			   struct casidx_builder *builder,
+			   struct casidx_builder **builder,
 			   const char **error_r)
 {
 	buffer_t *plain, *sealed;
 	int ret;
 
 	plain = buffer_create_dynamic(default_pool, 1024*64);
-	casidx_builder_serialize(builder, plain);
+	casidx_builder_serialize(*builder, plain);
+	casidx_builder_destroy(builder);
 	if (index->keyring == NULL) {
 		ret = index_file_write(index, seg_path(index, id), plain->data,
 				       plain->used, FALSE, error_r);
@@ -1160,9 +1164,10 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 	new_docs = casidx_builder_doc_count(builder);
 	if (ret == 0 && new_docs > 0) {
 		new_id = m->next_seg_id++;
-		ret = index_seg_write(index, new_id, builder, error_r);
+		ret = index_seg_write(index, new_id, &builder, error_r);
 	}
-	casidx_builder_destroy(&builder);
+	if (builder != NULL)
+		casidx_builder_destroy(&builder);
 	if (ret < 0)
 		return -1;
 	array_delete(&m->seg_ids, start, end - start);
@@ -1227,7 +1232,6 @@ static void index_unlink_unused(struct casidx_index *index,
 	}
 }
 
-/* Commit builder (may be NULL) and expunges under the writer lock. */
 /* The on-disk UIDs belong to another UIDVALIDITY: forget them all (the
    segments stay in the unlink list). */
 static void manifest_reset_uids(struct manifest *m)
@@ -1239,15 +1243,19 @@ static void manifest_reset_uids(struct manifest *m)
 	m->last_uid = 0;
 }
 
+/* Commit *builderp (builderp may be NULL) and expunges under the writer
+   lock. *builderp may be destroyed (set to NULL) as its segment is
+   written. */
 static int index_commit(struct casidx_index *index,
-			struct casidx_builder *builder,
+			struct casidx_builder **builderp,
 			const roaring_bitmap_t *expunges,
 			uint32_t uid_validity, bool merge_all,
 			const char **error_r)
 {
+	struct casidx_builder *builder = builderp == NULL ? NULL : *builderp;
 	struct manifest m, old;
 	struct file_lock *lock;
-	uint32_t id, docs;
+	uint32_t id, docs, max_uid;
 	unsigned int start;
 	int fd, ret;
 
@@ -1275,16 +1283,16 @@ static int index_commit(struct casidx_index *index,
 		casidx_builder_drop_upto(builder, m.last_uid);
 	if (builder != NULL && casidx_builder_doc_count(builder) > 0) {
 		id = m.next_seg_id++;
-		ret = index_seg_write(index, id, builder, error_r);
+		docs = casidx_builder_doc_count(builder);
+		max_uid = casidx_builder_max_uid(builder);
+		ret = index_seg_write(index, id, builderp, error_r);
 		if (ret == 0) {
-			docs = casidx_builder_doc_count(builder);
 			array_push_back(&m.seg_ids, &id);
 			array_push_back(&m.seg_docs, &docs);
 			/* a merge below may replace it at once: then it
 			   must be unlinked like the old ones */
 			array_push_back(&old.seg_ids, &id);
-			m.last_uid = I_MAX(m.last_uid,
-					   casidx_builder_max_uid(builder));
+			m.last_uid = I_MAX(m.last_uid, max_uid);
 		}
 	}
 	if (ret == 0 && expunges != NULL)
@@ -1424,10 +1432,11 @@ static int writer_flush(struct casidx_index_writer *writer,
 {
 	int ret;
 
-	ret = index_commit(writer->index, writer->builder,
+	ret = index_commit(writer->index, &writer->builder,
 			   writer->expunges, writer->uid_validity, FALSE,
 			   error_r);
-	casidx_builder_destroy(&writer->builder);
+	if (writer->builder != NULL)
+		casidx_builder_destroy(&writer->builder);
 	writer->builder = casidx_builder_create();
 	roaring_bitmap_free(writer->expunges);
 	writer->expunges = bitmap_create();

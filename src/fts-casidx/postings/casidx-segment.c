@@ -642,7 +642,9 @@ static void write_postings(buffer_t *output, struct builder_term *term,
 
 struct dict_writer {
 	const roaring_bitmap_t *no_pos_docs;
+	/* posts is the segment image itself, postings from posts_start */
 	buffer_t *dict, *posts, *sparse, *block;
+	size_t posts_start;
 	const char *prev_key;
 	unsigned int block_terms, nblocks;
 	size_t block_first_off;
@@ -677,7 +679,7 @@ static void dict_flush_block(struct dict_writer *w)
 static void dict_add_term(struct dict_writer *w, struct builder_term *term)
 {
 	size_t key_len = strlen(term->key), shared = 0;
-	size_t post_off = w->posts->used;
+	size_t post_off = w->posts->used - w->posts_start;
 
 	if (w->prev_key == NULL)
 		w->block_first_key = term->key;
@@ -692,8 +694,13 @@ static void dict_add_term(struct dict_writer *w, struct builder_term *term)
 	buffer_append(w->block, term->key + shared, key_len - shared);
 	put_varint(w->block, term->count);
 	put_varint(w->block, post_off);
-	put_varint(w->block, w->posts->used - post_off);
+	put_varint(w->block, w->posts->used - w->posts_start - post_off);
 	w->prev_key = term->key;
+	/* written: its memory can go to the growing segment image */
+	i_free(term->pairs);
+	i_free(term->pos);
+	term->count = term->alloc = 0;
+	term->pos_count = term->pos_alloc = 0;
 	if (++w->block_terms == SEG_BLOCK_TERMS)
 		dict_flush_block(w);
 }
@@ -749,7 +756,11 @@ builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
 	i_zero(&w);
 	w.no_pos_docs = builder->no_pos_docs;
 	w.dict = buffer_create_dynamic(default_pool, 4096);
-	w.posts = buffer_create_dynamic(default_pool, 4096);
+	/* the postings go straight into output and the (smaller)
+	   dictionary is inserted before them: a separate postings buffer
+	   copied into output was the serializer's largest extra copy */
+	w.posts = output;
+	w.posts_start = output->used;
 	w.sparse = buffer_create_dynamic(default_pool, 1024);
 	w.block = buffer_create_dynamic(default_pool, 1024);
 
@@ -769,12 +780,12 @@ builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
 		dict_flush_block(&w);
 	} T_END;
 
-	footer[F_DICT_OFF] = output->used;
+	footer[F_POST_LEN] = output->used - w.posts_start;
+	footer[F_DICT_OFF] = w.posts_start;
 	footer[F_DICT_LEN] = w.dict->used;
-	buffer_append_buf(output, w.dict, 0, SIZE_MAX);
-	footer[F_POST_OFF] = output->used;
-	footer[F_POST_LEN] = w.posts->used;
-	buffer_append_buf(output, w.posts, 0, SIZE_MAX);
+	buffer_insert(output, w.posts_start, w.dict->data, w.dict->used);
+	footer[F_POST_OFF] = w.posts_start + w.dict->used;
+	buffer_free(&w.dict);
 	footer[F_SPARSE_OFF] = output->used;
 	footer[F_SPARSE_LEN] = w.sparse->used;
 	footer[F_SPARSE_CRC] = cas_crc32c(w.sparse->data, w.sparse->used);
@@ -783,8 +794,6 @@ builder_serialize_dict(struct casidx_builder *builder, buffer_t *output,
 	footer[F_NBLOCKS] = w.nblocks;
 
 	array_free(&sorted);
-	buffer_free(&w.dict);
-	buffer_free(&w.posts);
 	buffer_free(&w.sparse);
 	buffer_free(&w.block);
 }

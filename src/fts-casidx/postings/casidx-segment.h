@@ -110,10 +110,14 @@ uint32_t casidx_builder_max_uid(const struct casidx_builder *builder);
 /* Forget every document with UID <= uid and its postings (a concurrent
    writer indexed them first). */
 void casidx_builder_drop_upto(struct casidx_builder *builder, uint32_t uid);
-/* Serialize the segment into output. */
+/* Serialize the segment into output. Each term's postings are freed
+   once written (they are most of the builder's memory, and the image
+   grows meanwhile): afterwards only _doc_count(), _max_uid() and
+   _destroy() may be called. */
 void casidx_builder_serialize(struct casidx_builder *builder,
 			      buffer_t *output);
-/* Serialize and write to path via a temp file + fsync + rename.
+/* Serialize (as above: the postings are freed) and write to path via a
+   temp file + fsync + rename.
    The caller fsyncs the directory. */
 int casidx_builder_write(struct casidx_builder *builder, const char *path,
 			 bool fsync_file, const char **error_r);
