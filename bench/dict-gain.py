@@ -10,9 +10,11 @@ casbox users get the folder's first N messages (--train, default 300)
 by LMTP. One of them then trains a dictionary (`doveadm casbox dict
 train`, what casbox_dict_autotrain does by itself, which is off for
 both); the other does not. Both then get the next messages (--rest, default 600). Reported:
-the bytes that second delivery added to each user's casbox root (packs,
-LSM, dictionary file included: allocated blocks), per byte of mail, and
-their ratio. Sizes are reported, never asserted."""
+the bytes that second delivery added to each user's casbox root (packs
+and LSM: allocated blocks), per byte of mail, and their ratio: what the
+dictionary saves after it exists, without the dictionary file itself
+(bench/dict-autotrain.py measures whole stores, the file included).
+Sizes are reported, never asserted."""
 
 import argparse
 import importlib.util

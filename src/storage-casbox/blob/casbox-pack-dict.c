@@ -18,7 +18,13 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+/* A dictionary takes 1/CASBOX_DICT_SAMPLE_RATIO of its samples' bytes,
+   within these bounds: one trained at 64 KiB from ~200 header blocks
+   cost a small store more than it saved (doc/benchmarks.md,
+   "Dictionaries"). */
 #define CASBOX_DICT_CAPACITY (64 * 1024)
+#define CASBOX_DICT_MIN_CAPACITY (8 * 1024)
+#define CASBOX_DICT_SAMPLE_RATIO 16
 
 static const char *
 casbox_dict_path(struct casbox_pack_store *store, uint32_t id)
@@ -289,7 +295,7 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 {
 	buffer_t *all;
 	unsigned char *dict;
-	size_t dict_size;
+	size_t dict_size, capacity;
 	unsigned int i;
 	int ret = -1;
 
@@ -304,8 +310,11 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 	all = buffer_create_dynamic(default_pool, 64 * 1024);
 	for (i = 0; i < count; i++)
 		buffer_append(all, samples[i], sizes[i]);
-	dict = i_malloc(CASBOX_DICT_CAPACITY);
-	dict_size = ZDICT_trainFromBuffer(dict, CASBOX_DICT_CAPACITY,
+	capacity = I_MIN(CASBOX_DICT_CAPACITY,
+			 I_MAX(CASBOX_DICT_MIN_CAPACITY,
+			       all->used / CASBOX_DICT_SAMPLE_RATIO));
+	dict = i_malloc(capacity);
+	dict_size = ZDICT_trainFromBuffer(dict, capacity,
 					  all->data, sizes, count);
 	if (ZDICT_isError(dict_size)) {
 		*error_r = t_strdup_printf("ZDICT_trainFromBuffer() failed: %s",
@@ -318,7 +327,7 @@ int casbox_pack_dict_train(struct casbox_pack_store *store,
 	/* samples are mail: wipe what we copied */
 	sodium_memzero(buffer_get_modifiable_data(all, NULL), all->used);
 	buffer_free(&all);
-	sodium_memzero(dict, CASBOX_DICT_CAPACITY);
+	sodium_memzero(dict, capacity);
 	i_free(dict);
 	return ret;
 }

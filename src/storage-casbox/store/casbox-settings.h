@@ -14,9 +14,10 @@ struct mail_user;
 #define CASBOX_DEFAULT_ZSTD_LEVEL 3
 #define CASBOX_DEFAULT_GC_DEAD_RATIO 30
 /* A store trains its first compression dictionary (header blocks only)
-   once it holds this many small blobs: enough samples for zstd's
-   trainer, early enough to pay (doc/benchmarks.md, "Dictionaries"). */
-#define CASBOX_DEFAULT_DICT_AUTOTRAIN 200
+   once it holds this many small blobs: the dictionary file itself
+   (1/16 of its samples, 8-64 KiB) costs a store of a few hundred small
+   messages more than it saves (doc/benchmarks.md, "Dictionaries"). */
+#define CASBOX_DEFAULT_DICT_AUTOTRAIN 500
 /* fewer small blobs are too few to train on (10 samples, 3 held out) */
 #define CASBOX_DICT_AUTOTRAIN_MIN 20
 /* Every LMTP delivery opens the store and replays the whole WAL, so the
