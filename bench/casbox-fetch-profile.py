@@ -3,7 +3,7 @@
 
 Delivers N corpus messages to one peer of casbox-fetch.py (fresh
 Dovecot, e2e harness), then on one IMAP connection runs the FETCH
-once to warm the page cache and, with `perf record -g -p <imap pid>`
+once to warm the page cache (unless --cold) and, with `perf record -g -p <imap pid>`
 attached, --reps more times. Also prints casbox's base-cache traffic
 as counted by the same FETCHes (CPU ms per MB, as casbox-fetch.py).
 
@@ -39,10 +39,17 @@ def main():
     ap.add_argument("--folder", default="usrp-users-3000")
     ap.add_argument("--peer", default="casbox", choices=sorted(cf.PEERS))
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--cold", action="store_true",
+                    help="no FETCH before perf: the first one in the "
+                    "process (empty base cache), as a client's sync")
     ap.add_argument("-o", "--output", default="/tmp/casbox.perf.data")
     ap.add_argument("--call-graph", default="fp",
                     help="perf record --call-graph (fp, dwarf)")
-    ap.add_argument("--freq", default="999", help="perf record -F")
+    ap.add_argument("--freq", default="999",
+                    help="perf record -F; 0: -c 1 (every event, to count"
+                    " the calls of uprobes given with -e)")
+    ap.add_argument("-e", "--event", action="append", default=[],
+                    help="perf record -e (e.g. a uprobe)")
     args = ap.parse_args()
 
     msgs = cf.load(args.folder, args.n)
@@ -51,12 +58,15 @@ def main():
         with RawIMAP(dc.imap_port) as c:
             c.login(cf.USER, PASSWORD)
             c.select("INBOX")
-            c.fetch_bodies("1:*", lambda uid, body: None)
+            if not args.cold:
+                c.fetch_bodies("1:*", lambda uid, body: None)
             pids = dc.pids("imap")
             assert len(pids) == 1, pids
             perf = subprocess.Popen(
                 ["perf", "record", "-q", "--call-graph", args.call_graph,
-                 "-F", args.freq, "-p",
+                 ] + (["-F", args.freq] if args.freq != "0" else
+                      ["-c", "1"]) + sum((["-e", e] for e in args.event),
+                                        []) + ["-p",
                  str(pids[0]), "-o", args.output],
                 stdout=subprocess.DEVNULL)
             time.sleep(1)

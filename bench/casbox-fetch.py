@@ -58,11 +58,12 @@ PEERS = {
                           mail_plugins=["casbox"], extra_conf=CONF,
                           plugin_settings=dict(CASBOX_KEYS,
                                                casbox_cross_message="no")),
-    "casbox-bc16m": dict(mail_location="casbox:~/casbox",
-                         mail_plugins=["casbox"], extra_conf=CONF,
-                         plugin_settings=dict(CASBOX_KEYS,
-                                              casbox_base_cache_size="16M")),
 }
+for _size in ("4M", "8M", "16M"):
+    PEERS["casbox-bc" + _size.lower()] = dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        extra_conf=CONF, plugin_settings=dict(
+            CASBOX_KEYS, casbox_base_cache_size=_size))
 
 
 def tree_bytes(path):
