@@ -34,10 +34,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
+import dovecot_harness  # noqa: E402
 from dovecot_harness import Dovecot, PASSWORD, corpus_files  # noqa: E402
 from imapraw import RawIMAP  # noqa: E402
 
 USER = "fetchbench"
+DEFAULT_BUILDDIR = dovecot_harness.TOP_BUILDDIR
 CONF = "mail_fsync = optimized\n"
 
 CASBOX_KEYS = {"casbox_key_file": "%h/casbox.key",
@@ -51,7 +53,17 @@ PEERS = {
                         mail_plugins=["casbox"],
                         extra_conf=CONF + "mail_save_crlf = yes\n",
                         plugin_settings=CASBOX_KEYS),
+    # A/Bs of the read path's settings (issue 16)
+    "casbox-noxmsg": dict(mail_location="casbox:~/casbox",
+                          mail_plugins=["casbox"], extra_conf=CONF,
+                          plugin_settings=dict(CASBOX_KEYS,
+                                               casbox_cross_message="no")),
 }
+for _size in ("4M", "8M", "16M"):
+    PEERS["casbox-bc" + _size.lower()] = dict(
+        mail_location="casbox:~/casbox", mail_plugins=["casbox"],
+        extra_conf=CONF, plugin_settings=dict(
+            CASBOX_KEYS, casbox_base_cache_size=_size))
 
 
 def tree_bytes(path):
@@ -90,8 +102,12 @@ def service_cpu_s(dc, service):
 
 
 def one_round(name, msgs, args):
+    """name: a peer, or peer@builddir for that peer with the plugins of
+    another build tree (an A/B of two builds)"""
     res = {}
-    with Dovecot(**PEERS[name]) as dc:
+    peer, _, builddir = name.partition("@")
+    dovecot_harness.TOP_BUILDDIR = builddir or DEFAULT_BUILDDIR
+    with Dovecot(**PEERS[peer]) as dc:
         t0 = time.perf_counter()
         dc.lmtp_deliver_many(USER, msgs)
         res["lmtp_msg_s"] = len(msgs) / (time.perf_counter() - t0)
@@ -147,7 +163,8 @@ def main():
     ap.add_argument("--large", type=int, default=20,
                     help="largest messages for the partial fetch")
     ap.add_argument("--peers", default="sdbox,casbox",
-                    help="comma-separated: " + ", ".join(PEERS))
+                    help="comma-separated: " + ", ".join(PEERS)
+                    + "; peer@builddir: that build's plugins")
     args = ap.parse_args()
 
     msgs = load(args.folder, args.n)
@@ -160,7 +177,7 @@ def main():
         for p in order:
             res = one_round(p, msgs, args)
             results[p].append(res)
-            print("round %d %-7s %s" % (r + 1, p, " ".join(
+            print("round %d %-13s %s" % (r + 1, p, " ".join(
                 "%s=%.2f" % kv for kv in sorted(res.items()))),
                 flush=True)
 
@@ -170,13 +187,16 @@ def main():
                for k in keys} for p in peers}
     ratios = [p for p in peers if p != "sdbox"] if "sdbox" in peers else []
     print("\nmedian of %d rounds" % args.rounds)
-    print("%-16s" % "" + "".join("%12s" % p for p in peers)
-          + "".join("%18s" % (p + "/sdbox") for p in ratios))
+    w = {p: max(12, len(p) + 2) for p in peers}
+    rw = {p: max(18, len(p) + 8) for p in ratios}
+    print("%-16s" % "" + "".join("%*s" % (w[p], p) for p in peers)
+          + "".join("%*s" % (rw[p], p + "/sdbox") for p in ratios))
     for k in keys:
-        line = "%-16s" % k + "".join("%12.2f" % med[p][k] for p in peers)
+        line = "%-16s" % k + "".join("%*.2f" % (w[p], med[p][k])
+                                     for p in peers)
         for p in ratios:
-            line += ("%18.2f" % (med[p][k] / med["sdbox"][k])
-                     if med["sdbox"][k] else "%18s" % "-")
+            line += ("%*.2f" % (rw[p], med[p][k] / med["sdbox"][k])
+                     if med["sdbox"][k] else "%*s" % (rw[p], "-"))
         print(line)
 
 

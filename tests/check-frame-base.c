@@ -821,6 +821,40 @@ START_TEST(test_cache)
 }
 END_TEST
 
+/* A full cache in steady state (a sequential FETCH over more bases than
+   it holds: one entry added, older ones evicted, of mixed sizes) takes
+   the buffers of evicted entries for new ones, instead of a
+   sodium_malloc() (mmap, mprotect, mlock) and sodium_free() (munmap)
+   each: those were a quarter of the imap process's CPU in a FETCH of
+   1000 usrp-users messages (doc/benchmarks.md, "FETCH CPU"). */
+START_TEST(test_cache_churn_reuses)
+{
+	static const size_t sizes[] = { 3000, 6000, 12000, 30000, 60000 };
+	struct casbox_base_cache *cache = casbox_base_cache_create(512 * 1024);
+	struct casbox_base_plain *plain;
+	struct cas_blob_id id;
+	unsigned char data[60000];
+	unsigned int i, allocs = 0, rnd = 12345;
+
+	memset(data, 'x', sizeof(data));
+	memset(&id, 0, sizeof(id));
+	for (i = 0; i < 1500; i++) {
+		if (i == 500)
+			allocs = casbox_base_sodium_allocs;
+		rnd = rnd * 1103515245 + 12345;
+		cpu32_to_le_unaligned(i, id.id);
+		plain = casbox_base_plain_new_copy(&id, sizes[(rnd >> 16) % 5],
+						   0, data, sizeof(data));
+		casbox_base_cache_add(cache, plain);
+		casbox_base_plain_unref(&plain);
+	}
+	/* 1000 entries added after the cache filled: (almost) all in
+	   reused buffers */
+	ck_assert_uint_le(casbox_base_sodium_allocs - allocs, 20);
+	casbox_base_cache_destroy(&cache);
+}
+END_TEST
+
 /* Sequential FETCH: a base read whole with casbox_pack_blob_cache_as_base()
    is in the cache, so its delta read next decodes only its own chunk;
    a stream that seeks past what it read caches nothing. */
@@ -1024,6 +1058,7 @@ int main(void)
 	tcase_add_test(tc, test_scan);
 	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_cache);
+	tcase_add_test(tc, test_cache_churn_reuses);
 	tcase_add_test(tc, test_cache_as_base);
 	tcase_add_test(tc, test_golden_v3);
 	suite_add_tcase(s, tc);

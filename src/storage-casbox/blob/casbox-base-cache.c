@@ -44,16 +44,20 @@ void (*casbox_base_plain_wipe_hook)(const unsigned char *data,
    largest prefix; freed when no cache and no entry is left (not at
    exit: lib_atexit() would call into a plugin Dovecot has unloaded by
    then). */
-#define CASBOX_BASE_POOL_MAX 8
-/* ... and at most this much memory: eight 1 MiB prefixes would be as
-   much as a whole cache */
-#define CASBOX_BASE_POOL_BYTES (256 * 1024)
+#define CASBOX_BASE_POOL_MAX 32
+/* ... and at most this much memory (half the default cache). Eight
+   buffers and 256 KiB (two 128 KiB-class ones) matched too few of a
+   full cache's new entries: a FETCH of 1000 usrp-users messages did
+   280 sodium_malloc()s with them and 138 with these, most of them
+   filling the cache (doc/benchmarks.md, "FETCH CPU"). */
+#define CASBOX_BASE_POOL_BYTES (1024 * 1024)
 static struct {
 	unsigned char *data;
 	size_t capacity;
 } casbox_base_pool[CASBOX_BASE_POOL_MAX];
 static unsigned int casbox_base_pool_count;
 static size_t casbox_base_pool_bytes;
+unsigned int casbox_base_sodium_allocs = 0;
 /* caches and entries alive */
 static unsigned int casbox_base_users;
 
@@ -100,17 +104,21 @@ static unsigned char *casbox_base_alloc(size_t size, size_t *capacity_r)
 	unsigned char *data;
 	unsigned int i;
 
-	for (i = 0; i < casbox_base_pool_count; i++) {
-		if (casbox_base_pool[i].capacity == cap) {
-			data = casbox_base_pool[i].data;
-			casbox_base_pool[i] =
-				casbox_base_pool[--casbox_base_pool_count];
+	/* newest first; the rest keep their order (oldest first) */
+	for (i = casbox_base_pool_count; i > 0; i--) {
+		if (casbox_base_pool[i - 1].capacity == cap) {
+			data = casbox_base_pool[i - 1].data;
+			casbox_base_pool_count--;
+			memmove(casbox_base_pool + i - 1, casbox_base_pool + i,
+				(casbox_base_pool_count - (i - 1)) *
+				sizeof(casbox_base_pool[0]));
 			casbox_base_pool_bytes -=
 				casbox_base_plain_footprint(cap);
 			*capacity_r = cap;
 			return data;
 		}
 	}
+	casbox_base_sodium_allocs++;
 	data = sodium_malloc(cap);
 	if (data == NULL)
 		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
@@ -118,16 +126,32 @@ static unsigned char *casbox_base_alloc(size_t size, size_t *capacity_r)
 	return data;
 }
 
-/* data is wiped (all of it that was ever written) */
+static void casbox_base_pool_drop_oldest(void)
+{
+	i_assert(casbox_base_pool_count > 0);
+	casbox_base_pool_bytes -=
+		casbox_base_plain_footprint(casbox_base_pool[0].capacity);
+	sodium_free(casbox_base_pool[0].data);
+	casbox_base_pool_count--;
+	memmove(casbox_base_pool, casbox_base_pool + 1,
+		casbox_base_pool_count * sizeof(casbox_base_pool[0]));
+}
+
+/* data is wiped (all of it that was ever written). A full pool gives
+   up its oldest buffers for this one, so it holds the capacity classes
+   freed last: those a cache in steady state (entries evicted for each
+   one added) allocates next. */
 static void casbox_base_release(unsigned char *data, size_t capacity)
 {
 	size_t footprint = casbox_base_plain_footprint(capacity);
 
-	if (casbox_base_pool_count == CASBOX_BASE_POOL_MAX ||
-	    casbox_base_pool_bytes + footprint > CASBOX_BASE_POOL_BYTES) {
+	if (footprint > CASBOX_BASE_POOL_BYTES) {
 		sodium_free(data);
 		return;
 	}
+	while (casbox_base_pool_count == CASBOX_BASE_POOL_MAX ||
+	       casbox_base_pool_bytes + footprint > CASBOX_BASE_POOL_BYTES)
+		casbox_base_pool_drop_oldest();
 	casbox_base_pool_bytes += footprint;
 	casbox_base_pool[casbox_base_pool_count].data = data;
 	casbox_base_pool[casbox_base_pool_count].capacity = capacity;

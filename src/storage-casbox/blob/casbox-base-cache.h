@@ -81,6 +81,9 @@ void casbox_base_cache_clear(struct casbox_base_cache *cache);
 void casbox_base_cache_get_stats(struct casbox_base_cache *cache,
 				 unsigned int *entries_r, size_t *bytes_r);
 
+/* Tests: how many entry buffers were sodium_malloc()ed (not reused
+   from the process's few freed ones) so far. */
+extern unsigned int casbox_base_sodium_allocs;
 /* Tests: called with the data just wiped, before it is freed. */
 extern void (*casbox_base_plain_wipe_hook)(const unsigned char *data,
 					   size_t size);
