@@ -64,19 +64,24 @@ def log(msg):
     sys.stderr.flush()
 
 
-def corpus_messages(harness, count):
-    """All non-empty .eml files of the shared corpus (sorted by folder
-    then name),
-    or `count` of them spread evenly over that list so every folder is
-    represented in proportion."""
-    root = harness.corpus_dir()
+def corpus_paths(root):
+    """The non-empty .eml files under root, sorted by folder then name
+    (IMAP cannot save an empty message; the corpus has one)."""
     paths = []
     for dirpath, dirs, files in os.walk(root):
         dirs.sort()
-        # IMAP cannot save an empty message (the corpus has one).
         paths.extend(os.path.join(dirpath, f) for f in sorted(files)
                      if f.endswith(".eml")
                      and os.path.getsize(os.path.join(dirpath, f)) > 0)
+    return paths
+
+
+def corpus_messages(harness, count):
+    """All non-empty .eml files of the shared corpus (corpus_paths()),
+    or `count` of them spread evenly over that list so every folder is
+    represented in proportion."""
+    root = harness.corpus_dir()
+    paths = corpus_paths(root)
     if count is not None and count < len(paths):
         step = len(paths) / count
         paths = [paths[int(i * step)] for i in range(count)]

@@ -11,7 +11,6 @@ size and the ratio. Sizes are reported, never asserted.
 Sets: bench/run's 300-message sample of the whole corpus, mime-edge,
 notmuch, the first 1500 SpamAssassin messages."""
 
-import importlib.util
 import os
 import sys
 
@@ -24,11 +23,9 @@ from dovecot_harness import Dovecot, load  # noqa: E402
 import storage  # noqa: E402
 import bench  # noqa: E402
 
-# folder-footprint.py's folder walk (its name is no module name)
-_spec = importlib.util.spec_from_file_location(
-    "folder_footprint", os.path.join(HERE, "folder-footprint.py"))
-folder_footprint = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(folder_footprint)
+
+def folder(name):
+    return bench.corpus_paths(os.path.join(harness.corpus_dir(), name))
 
 
 def store_bytes(msgs, autotrain):
@@ -51,10 +48,9 @@ def store_bytes(msgs, autotrain):
 def main():
     n = sys.argv[1] if len(sys.argv) > 1 else "500"
     sets = [("sample300", bench.corpus_messages(harness, 300)[1]),
-            ("mime-edge", folder_footprint.folder_paths("mime-edge")),
-            ("notmuch", folder_footprint.folder_paths("notmuch")),
-            ("spamassassin-1500",
-             folder_footprint.folder_paths("spamassassin")[:1500])]
+            ("mime-edge", folder("mime-edge")),
+            ("notmuch", folder("notmuch")),
+            ("spamassassin-1500", folder("spamassassin")[:1500])]
     print("| set | messages | autotrain %s | dictionary bytes | off | "
           "ratio |" % n)
     print("|---|---|---|---|---|---|")

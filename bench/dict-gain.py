@@ -17,7 +17,6 @@ dictionary saves after it exists, without the dictionary file itself
 Sizes are reported, never asserted."""
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -25,14 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
-from dovecot_harness import Dovecot, load  # noqa: E402
+from dovecot_harness import Dovecot, corpus_dir, load  # noqa: E402
+import bench  # noqa: E402
 import storage  # noqa: E402
-
-# folder-footprint.py's folder walk (its name is no module name)
-_spec = importlib.util.spec_from_file_location(
-    "folder_footprint", os.path.join(HERE, "folder-footprint.py"))
-folder_footprint = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(folder_footprint)
 
 # the "no dictionary" user must not train one by itself either
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes",
@@ -69,7 +63,7 @@ def main():
           "no dictionary | dictionary | ratio |")
     print("|---|---|---|---|---|---|")
     for folder in folders:
-        msgs = load(folder_footprint.folder_paths(folder))
+        msgs = load(bench.corpus_paths(os.path.join(corpus_dir(), folder)))
         n_train = min(args.train, len(msgs) // 3)
         train, rest = msgs[:n_train], msgs[n_train:n_train + args.rest]
         mail = sum(len(m) for m in rest)

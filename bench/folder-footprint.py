@@ -23,6 +23,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
 from dovecot_harness import Dovecot, corpus_dir, load  # noqa: E402
+import bench  # noqa: E402
 import storage  # noqa: E402
 
 USER = "footprint1"
@@ -38,13 +39,7 @@ def allocated(root):
 
 
 def folder_paths(folder):
-    paths = []
-    for dirpath, dirs, files in os.walk(os.path.join(corpus_dir(), folder)):
-        dirs.sort()
-        paths.extend(os.path.join(dirpath, f) for f in sorted(files)
-                     if f.endswith(".eml")
-                     and os.path.getsize(os.path.join(dirpath, f)) > 0)
-    return paths
+    return bench.corpus_paths(os.path.join(corpus_dir(), folder))
 
 
 def footprint(config, msgs):
