@@ -2,9 +2,12 @@
    its first compression dictionary (casbox_store_dict_autotrain()).
    Checking costs an LSM scan of up to 16 x casbox_dict_autotrain blob
    records while there is no dictionary, so a process checks a store
-   only every casbox_dict_autotrain / 8 saves (at most 32) of it. LMTP
-   gives every delivery a new mail user and storage, so the counts are
-   the process's, per casbox root, for the last few roots it saved to. */
+   only every casbox_dict_autotrain / 8 saves (at most 32) of it, and
+   twice as seldom after each check that trained nothing (a store of
+   mostly large blobs may never have enough small ones), up to every
+   DICT_AUTO_MAX_INTERVAL saves. LMTP gives every delivery a new mail
+   user and storage, so the counts are the process's, per casbox root,
+   for the last few roots it saved to. */
 
 #include "lib.h"
 #include "mail-storage-private.h"
@@ -15,10 +18,12 @@
 
 #define DICT_AUTO_ROOTS 16
 #define DICT_AUTO_MAX_CHECK_EVERY 32
+#define DICT_AUTO_MAX_INTERVAL 4096
 
 struct dict_auto_root {
 	char *root_dir;
-	unsigned int saves;
+	/* saves since the last check, and how many until the next */
+	unsigned int saves, interval;
 };
 
 static struct dict_auto_root dict_auto_roots[DICT_AUTO_ROOTS];
@@ -41,6 +46,7 @@ static struct dict_auto_root *dict_auto_root_get(const char *root_dir)
 	i_free(least->root_dir);
 	least->root_dir = i_strdup(root_dir);
 	least->saves = 0;
+	least->interval = 0;
 	return least;
 }
 
@@ -82,8 +88,10 @@ void casbox_dict_autotrain_saved(struct casbox_storage *storage,
 	check_every = I_MAX(1, I_MIN(min_blobs / 8,
 				     DICT_AUTO_MAX_CHECK_EVERY));
 	root = dict_auto_root_get(storage->root_dir);
+	if (root->interval == 0)
+		root->interval = check_every;
 	root->saves += count;
-	if (root->saves < check_every)
+	if (root->saves < root->interval)
 		return;
 	root->saves = 0;
 
@@ -97,6 +105,16 @@ void casbox_dict_autotrain_saved(struct casbox_storage *storage,
 				  "(casbox_dict_autotrain) failed: %s", error);
 		} else if (ret > 0) {
 			casbox_dict_autotrain_log(storage, &res);
+		} else {
+			/* nothing to do: a store with a dictionary costs
+			   nothing to check, one without enough small blobs
+			   does */
+			root->interval = I_MIN(root->interval * 2,
+					       DICT_AUTO_MAX_INTERVAL);
+			e_debug(storage->storage.event, CASBOX_LOG_PREFIX
+				"Dictionary check: nothing to train "
+				"(casbox_dict_autotrain = %u); next check "
+				"in %u saves", min_blobs, root->interval);
 		}
 	} T_END;
 }

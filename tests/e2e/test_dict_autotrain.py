@@ -4,8 +4,9 @@ compression dictionary by itself once it holds that many small blobs
 is compressed with it (its packs grow less than without one); every
 message reads back byte-identical and the store audits clean. With 0,
 nothing is trained. In password mode LMTP (no password) never trains;
-the user's next IMAP session with the password does. A value too small
-to train on is refused with the setting's name."""
+the user's next IMAP session with the password does. A store without
+enough small blobs is checked ever more seldom. A value too small to
+train on is refused with the setting's name."""
 
 import os
 import sys
@@ -110,6 +111,24 @@ class DictAutotrainTest(unittest.TestCase):
             for i, msg in enumerate(self.first + self.rest[4:8]):
                 self.assertTrue(got[i].rstrip(b"\r\n").endswith(
                     delivered_tail(msg)), "message %d differs" % (i + 1))
+
+    def test_backs_off_without_small_blobs(self):
+        """A store of large messages never has enough small blobs: the
+        process checks it twice as seldom after each check (at saves 2,
+        6, 14, 30, 62 at N=20), not every N/8 saves (50 checks)."""
+        big = [b"From: a@example.com\r\nSubject: big %d\r\n\r\n" % i +
+               b"".join(b"line %d of message %d, long enough\r\n" % (j, i)
+                        for j in range(800)) for i in range(100)]
+        self.assertTrue(all(len(m) > 16 * 1024 for m in big))
+        with Dovecot(plugin_settings=dict(KEYS, casbox_dict_autotrain="20"),
+                     extra_conf=CONF, mail_debug=True) as dc:
+            dc.lmtp_deliver_many(USER, big)
+            checks = [ln for ln in dc.log_lines()
+                      if "Dictionary check: nothing to train" in ln]
+            self.assertEqual(dict_files(dc), [])
+        self.assertGreaterEqual(len(checks), 3, checks)
+        self.assertLessEqual(len(checks), 6, checks)
+        self.assertRegex(checks[-1], r"next check in (32|64) saves")
 
     def test_too_small_is_refused(self):
         with Dovecot(plugin_settings=dict(KEYS, casbox_dict_autotrain="5"),

@@ -165,8 +165,11 @@ int casbox_store_dict_train(struct casbox_store *store,
 	t_array_init(&sizes, 256);
 	i_zero(res);
 	i_assert(packs != NULL);
+	/* the loop below takes at most max_samples + max_heldout of them,
+	   from the front (twice that: short header blocks are skipped) */
 	if (dict_collect_blobs(store, casbox_pack_dict_max_blob_size(packs),
-			       UINT_MAX, UINT_MAX, &blobs, error_r) < 0)
+			       2 * (max_samples + max_heldout), UINT_MAX,
+			       &blobs, error_r) < 0)
 		return -1;
 	array_foreach(&blobs, blob) {
 		bool hold = ++i % holdout_every == 0;
