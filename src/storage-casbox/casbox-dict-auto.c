@@ -4,10 +4,10 @@
    records while there is no dictionary, so a process checks a store
    only every casbox_dict_autotrain / 8 saves (at most 32) of it, and
    twice as seldom after each check that trained nothing (a store of
-   mostly large blobs may never have enough small ones), up to every
-   DICT_AUTO_MAX_INTERVAL saves. LMTP gives every delivery a new mail
-   user and storage, so the counts are the process's, per casbox root,
-   for the last few roots it saved to. */
+   mostly large blobs may never have enough small ones) or failed, up
+   to every DICT_AUTO_MAX_INTERVAL saves. LMTP gives every delivery a
+   new mail user and storage, so the counts are the process's, per
+   casbox root, for the last few roots it saved to. */
 
 #include "lib.h"
 #include "mail-storage-private.h"
@@ -98,19 +98,22 @@ void casbox_dict_autotrain_saved(struct casbox_storage *storage,
 	T_BEGIN {
 		ret = casbox_store_dict_autotrain(storage->store, min_blobs,
 						  &res, &error);
-		if (ret < 0) {
-			/* the save is done; the next check tries again */
-			e_warning(storage->storage.event, CASBOX_LOG_PREFIX
-				  "Training a compression dictionary "
-				  "(casbox_dict_autotrain) failed: %s", error);
-		} else if (ret > 0) {
+		if (ret > 0) {
 			casbox_dict_autotrain_log(storage, &res);
 		} else {
-			/* nothing to do: a store with a dictionary costs
+			/* nothing to do (a store with a dictionary costs
 			   nothing to check, one without enough small blobs
-			   does */
+			   does) or failed (the save is done; a damaged
+			   sample would fail every check): later */
 			root->interval = I_MIN(root->interval * 2,
 					       DICT_AUTO_MAX_INTERVAL);
+		}
+		if (ret < 0) {
+			e_warning(storage->storage.event, CASBOX_LOG_PREFIX
+				  "Training a compression dictionary "
+				  "(casbox_dict_autotrain) failed: %s; next "
+				  "try in %u saves", error, root->interval);
+		} else if (ret == 0) {
 			e_debug(storage->storage.event, CASBOX_LOG_PREFIX
 				"Dictionary check: nothing to train "
 				"(casbox_dict_autotrain = %u); next check "
