@@ -152,12 +152,6 @@ int casbox_pack_dicts_load(struct casbox_pack_store *store,
 	return 0;
 }
 
-int casbox_pack_dicts_refresh(struct casbox_pack_store *store,
-			      const char **error_r)
-{
-	return casbox_pack_dicts_load(store, error_r);
-}
-
 /* Key rotation --finish: one dictionary file sealed under an older key
    epoch, sealed again under the current one and written over its name
    (temporary file, fsync, rename, directory fsync). Returns 1 rewritten,

@@ -92,8 +92,6 @@ casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id);
 int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
 		     const char **error_r);
 
-int casbox_pack_dicts_load(struct casbox_pack_store *store,
-			   const char **error_r);
 void casbox_pack_dicts_free(struct casbox_pack_store *store);
 
 /* Frees the idle blob scratch buffers (at store close). */

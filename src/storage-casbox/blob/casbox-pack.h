@@ -320,11 +320,12 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
 /* Id of the dictionary new small blobs use, 0 = none yet (the caller
    decides when to train one). */
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
-/* Load the dictionaries other processes wrote since this store was
-   opened (casbox_pack_dict_current() then names the newest). Returns 0
-   ok, -1 error (the directory could not be read). */
-int casbox_pack_dicts_refresh(struct casbox_pack_store *store,
-			      const char **error_r);
+/* Load the dictionaries not loaded yet: at open, and again for those
+   other processes wrote since (casbox_pack_dict_current() then names
+   the newest). Returns 0 ok, -1 error (the directory could not be
+   read). */
+int casbox_pack_dicts_load(struct casbox_pack_store *store,
+			   const char **error_r);
 
 /* Chunks this process has decoded (authenticated and decompressed) so
    far: a statistic for debug logs and tests of what a read touched. */

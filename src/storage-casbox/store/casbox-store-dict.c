@@ -256,7 +256,7 @@ int casbox_store_dict_autotrain(struct casbox_store *store,
 		return 0;
 	/* another process may have trained one since we opened */
 	if (casbox_pack_dict_current(packs) == 0 &&
-	    casbox_pack_dicts_refresh(packs, error_r) < 0)
+	    casbox_pack_dicts_load(packs, error_r) < 0)
 		return -1;
 	if (casbox_pack_dict_current(packs) != 0)
 		return 0;
