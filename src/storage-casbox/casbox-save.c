@@ -988,6 +988,39 @@ casbox_save_suppress(struct casbox_save_context *ctx,
 	(void)casbox_sync_finish(&ctx->sync_ctx, FALSE);
 }
 
+/* Take the sync lock, which orders UID assignment between processes,
+   with the index's UIDVALIDITY committed. When the sync finds the index
+   without one, another process made the mailbox directory and has not
+   written its index yet (a new user's first deliveries at once): the
+   sync writes UIDVALIDITY into its own transaction, which reaches the
+   log only at the sync's commit, after our appends. A reader in between
+   would see next_uid > 1 with uidvalidity 0, log a corrupted index
+   header and fsck it. So that creation is committed first and the lock
+   taken again. Returns 0 with ctx->sync_ctx set, -1 error. */
+static int casbox_save_sync_lock(struct casbox_save_context *ctx)
+{
+	unsigned int attempt;
+
+	for (attempt = 0;; attempt++) {
+		if (casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
+				      CASBOX_SYNC_FLAG_FSYNC,
+				      &ctx->sync_ctx) < 0 ||
+		    ctx->sync_ctx == NULL)
+			return -1;
+		if (mail_index_get_header(ctx->sync_ctx->sync_view)->
+		    uid_validity != 0)
+			return 0;
+		if (attempt > 0) {
+			mailbox_set_critical(&ctx->mbox->box, CASBOX_LOG_PREFIX
+				"The index has no UIDVALIDITY after it was "
+				"created: not assigning UIDs");
+			return -1;
+		}
+		if (casbox_sync_finish(&ctx->sync_ctx, TRUE) < 0)
+			return -1;
+	}
+}
+
 int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 {
 	struct casbox_save_context *ctx = CASBOX_SAVECTX(_ctx);
@@ -1001,40 +1034,11 @@ int casbox_transaction_save_commit_pre(struct mail_save_context *_ctx)
 		return 0;
 
 	casbox_save_event_begin(ctx);
-	/* the sync lock orders UID assignment between processes */
-	if (casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
-			      CASBOX_SYNC_FLAG_FSYNC, &ctx->sync_ctx) < 0 ||
-	    ctx->sync_ctx == NULL) {
+	if (casbox_save_sync_lock(ctx) < 0) {
 		casbox_transaction_save_rollback(_ctx);
 		return -1;
 	}
-
 	hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
-	if (hdr->uid_validity == 0) {
-		/* Another process made the mailbox directory and has not
-		   written its index yet (a new user's first deliveries at
-		   once): this sync wrote UIDVALIDITY into its own
-		   transaction, which reaches the log only at the sync's
-		   commit, after our appends. A reader in between would see
-		   next_uid > 1 with uidvalidity 0, log a corrupted index
-		   header and fsck it. Commit the creation first. */
-		if (casbox_sync_finish(&ctx->sync_ctx, TRUE) < 0 ||
-		    casbox_sync_begin(ctx->mbox, CASBOX_SYNC_FLAG_FORCE |
-				      CASBOX_SYNC_FLAG_FSYNC,
-				      &ctx->sync_ctx) < 0 ||
-		    ctx->sync_ctx == NULL) {
-			casbox_transaction_save_rollback(_ctx);
-			return -1;
-		}
-		hdr = mail_index_get_header(ctx->sync_ctx->sync_view);
-		if (hdr->uid_validity == 0) {
-			mailbox_set_critical(&ctx->mbox->box, CASBOX_LOG_PREFIX
-				"The index has no UIDVALIDITY after it was "
-				"created: not assigning UIDs");
-			casbox_transaction_save_rollback(_ctx);
-			return -1;
-		}
-	}
 	T_BEGIN {
 		struct casbox_dup_record drec;
 
