@@ -13,7 +13,7 @@ from test_doveadm_stats import CONF, packs_size  # noqa: E402
 from test_doveadm_stats import KEYS as STATS_KEYS  # noqa: E402
 
 # this command's dictionary is the first one: the store does not train
-# one by itself at 200 small blobs (test_dict_autotrain.py does)
+# one by itself (casbox_dict_autotrain; test_dict_autotrain.py tests that)
 KEYS = dict(STATS_KEYS, casbox_dict_autotrain="0")
 
 
