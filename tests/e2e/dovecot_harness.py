@@ -284,6 +284,21 @@ def distinctive_strings(messages):
     return out
 
 
+def _only_log_child(pid):
+    """The pid of the log process when it is pid's only child (zombies
+    count as children until reaped), else None."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            children = f.read().split()
+        if len(children) != 1:
+            return None
+        with open("/proc/%s/comm" % children[0]) as f:
+            comm = f.read().strip()
+    except (OSError, ProcessLookupError):
+        return None
+    return int(children[0]) if comm == "log" else None
+
+
 def free_port():
     return free_ports(1)[0]
 
@@ -578,13 +593,57 @@ class Dovecot:
         except ProcessLookupError:
             return
         try:
-            ready, _, _ = select.select([fd], [], [], 60)
+            ready = self._wait_master_exit(pid, fd)
         finally:
             os.close(fd)
         if not ready:
             os.kill(pid, signal.SIGKILL)
             raise HarnessError("dovecot master %d did not stop in 60s"
                                % pid)
+
+    def _wait_master_exit(self, pid, fd):
+        """Wait (up to 60 s) for the master to exit after SIGTERM.
+
+        Once the master has reaped every child but the log process, it
+        has logged each child's end, and Dovecot (2.3 and 2.4,
+        services_monitor_wait_and_kill()) then only SIGQUITs the log
+        process and sleeps a fixed second before closing the log pipes:
+        a second per instance, most of the e2e suite's idle time. Kill
+        the master at that point instead; the log process drains its
+        pipes, sees them close and exits, and its exit is what makes
+        the log complete. True when both are gone."""
+        deadline = time.monotonic() + 60
+        while True:
+            ready, _, _ = select.select([fd], [], [], 0.01)
+            if ready:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            log_pid = _only_log_child(pid)
+            if log_pid is None:
+                continue
+            try:
+                log_fd = os.pidfd_open(log_pid)
+            except ProcessLookupError:
+                continue
+            try:
+                # the master may have exited meanwhile
+                if not select.select([fd], [], [], 0)[0]:
+                    os.kill(pid, signal.SIGKILL)
+                left = max(deadline - time.monotonic(), 1)
+                if not (select.select([fd], [], [], left)[0] and
+                        select.select([log_fd], [], [], left)[0]):
+                    return False
+            finally:
+                os.close(log_fd)
+            # what the master removes on a clean exit: a restart on the
+            # same base_dir would take its pid (maybe not yet reaped)
+            # for a running master
+            try:
+                os.unlink(os.path.join(self.tmp, "run", "master.pid"))
+            except FileNotFoundError:
+                pass
+            return True
 
     # -- configuration ---------------------------------------------------
 
