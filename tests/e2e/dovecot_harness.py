@@ -294,7 +294,7 @@ def _only_log_child(pid):
             return None
         with open("/proc/%s/comm" % children[0]) as f:
             comm = f.read().strip()
-    except (OSError, ProcessLookupError):
+    except OSError:  # gone meanwhile
         return None
     return int(children[0]) if comm == "log" else None
 
