@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 import dovecot_harness  # noqa: E402
 from dovecot_harness import Dovecot, PASSWORD, corpus_files  # noqa: E402
 from imapraw import RawIMAP  # noqa: E402
+from stats import service_cpu_s  # noqa: E402
 
 USER = "fetchbench"
 DEFAULT_BUILDDIR = dovecot_harness.TOP_BUILDDIR
@@ -84,21 +85,6 @@ def load(folder, n):
             msgs.append(f.read().replace(b"\r\n", b"\n")
                         .replace(b"\n", b"\r\n"))
     return msgs
-
-
-def service_cpu_s(dc, service):
-    """utime + stime of the instance's processes of one service, in
-    seconds."""
-    total = 0
-    for pid in dc.pids(service):
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                stat = f.read()
-        except FileNotFoundError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def one_round(name, msgs, args):

@@ -26,26 +26,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
 import dovecot_harness as harness  # noqa: E402
 from imapraw import RawIMAP  # noqa: E402
-from stats import percentile  # noqa: E402
+from stats import percentile, service_cpu_s  # noqa: E402
 import bench  # noqa: E402
+import fts  # noqa: E402
 import storage  # noqa: E402
-
-fts = __import__("fts")
 
 DEFAULT_SEARCHES = [("BODY", "firmware"), ("BODY", "the"),
                     ("BODY", "xyzzyquux"), ("BODY", "gnuradio"),
                     ("SUBJECT", "usrp"), ("FROM", "ettus"),
                     ("TEXT", "unsubscribe")]
-
-
-def service_cpu_s(dc, service):
-    total = 0.0
-    tck = os.sysconf("SC_CLK_TCK")
-    for pid in dc.pids(service):
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tck
-    return total
 
 
 def main():

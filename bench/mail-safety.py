@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
 from dovecot_harness import Dovecot, PASSWORD, corpus_files  # noqa: E402
 from imapraw import RawIMAP  # noqa: E402
+from stats import service_cpu_s  # noqa: E402
 
 USER = "safetybench"
 USER2 = "safetybench2"
@@ -45,19 +46,6 @@ PEERS = {
     "on": dict(KEYS, casbox_duplicate_window="1d",
                casbox_expunge_retention="7d"),
 }
-
-
-def service_cpu_s(dc, service):
-    total = 0
-    for pid in dc.pids(service):
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                stat = f.read()
-        except FileNotFoundError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def stats(dc):
