@@ -5,19 +5,24 @@ import os
 import statistics
 
 
+def cpu_seconds(pid):
+    """utime + stime of one process, in seconds (FileNotFoundError once
+    it is gone)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def service_cpu_s(dc, service):
     """utime + stime, in seconds, of a harness instance's processes of
     one service (processes that exited meanwhile count no more)."""
-    total = 0
+    total = 0.0
     for pid in dc.pids(service):
         try:
-            with open("/proc/%d/stat" % pid) as f:
-                stat = f.read()
+            total += cpu_seconds(pid)
         except FileNotFoundError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def summarize(values):
