@@ -275,7 +275,7 @@ service lmtp {{
 service anvil {{
   chroot =
 }}
-{extra_conf(dc.extra_conf)}
+{dc.config_listener_text()}{extra_conf(dc.extra_conf)}
 """
 
 

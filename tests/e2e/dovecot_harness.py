@@ -299,6 +299,16 @@ def _only_log_child(pid):
     return int(children[0]) if comm == "log" else None
 
 
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def free_port():
     return free_ports(1)[0]
 
@@ -787,7 +797,7 @@ service anvil {{
 service imap-login {{
   chroot =
 }}
-plugin {{
+{self.config_listener_text()}plugin {{
 {settings}}}
 {self.extra_conf}
 """
@@ -835,9 +845,39 @@ plugin {{
                 self.doveadm_moddir, DOVEADM_MODULEDIR,
                 self.settings_moddir, SETTINGS_MODULEDIR] + list(argv)
 
+    def config_socket(self):
+        """The config process's socket while this instance runs (as root:
+        see config_listener_text()), else None."""
+        if not getattr(self, "root", False) or self.tmp is None:
+            return None
+        path = os.path.join(self.tmp, "run", "config")
+        if (self.master_pid is None or not _pid_alive(self.master_pid)
+                or not os.path.exists(path)):
+            return None
+        return path
+
+    def config_listener_text(self):
+        """The config socket owned by the mail user (mode 0600 still), so
+        a doveadm that dropped to it (doveadm import, -u commands that
+        re-read settings) can read the settings again from the socket it
+        was started with (see doveadm_command())."""
+        if not self.root:
+            return ""
+        name = pwd.getpwuid(self.uid).pw_name
+        return ("service config {\n  unix_listener config {\n"
+                "    user = %s\n    mode = 0600\n  }\n}\n" % name)
+
     def doveadm_command(self, *args):
-        """argv of a doveadm run against this instance (for Popen)."""
-        return self.command(DOVEADM, "-c", self.conf_path, *args)
+        """argv of a doveadm run against this instance (for Popen).
+
+        While the instance runs, doveadm reads its settings from the
+        config process's socket instead of parsing the file, which
+        execs doveconf on every call: 43 -> 28 ms a call on 2.3, 108 ->
+        58 ms on 2.4, over the thousands of doveadm calls of the e2e
+        suite (doc/testing.md, "How long the suite takes"). The file
+        while it is stopped or its master is gone (a test killed it)."""
+        conf = self.config_socket() or self.conf_path
+        return self.command(DOVEADM, "-c", conf, *args)
 
     def doveadm(self, *args, check=True, input=None, text=True):
         """Run doveadm against this instance's config."""
