@@ -52,6 +52,7 @@
 #include "cas-key.h"
 #include "cas-userkey.h"
 #include "cas-keymode.h"
+#include "cas-secmem.h"
 
 #include <sodium.h>
 #include <fcntl.h>
@@ -215,9 +216,7 @@ static struct cas_keyring_secrets *cas_keyring_secrets_alloc(void)
 {
 	struct cas_keyring_secrets *secrets;
 
-	secrets = sodium_malloc(sizeof(*secrets));
-	if (secrets == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	secrets = cas_secmem_alloc(sizeof(*secrets));
 	sodium_memzero(secrets, sizeof(*secrets));
 	return secrets;
 }
@@ -598,9 +597,7 @@ cas_keyring_load_once(const char *path, struct cas_keyring **keyring_r,
 		i_close_fd(&fd);
 		return -1;
 	}
-	file = sodium_malloc(CAS_KEY_FILE_MAX_SIZE + 1);
-	if (file == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	file = cas_secmem_alloc(CAS_KEY_FILE_MAX_SIZE + 1);
 	/* read one byte more than allowed to notice a file that grew */
 	ret = pread(fd, file, CAS_KEY_FILE_MAX_SIZE + 1, 0);
 	if (ret < 0) {
@@ -617,7 +614,7 @@ cas_keyring_load_once(const char *path, struct cas_keyring **keyring_r,
 		(*keyring_r)->have_stat = TRUE;
 		result = 1;
 	}
-	sodium_free(file);
+	cas_secmem_free(file, CAS_KEY_FILE_MAX_SIZE + 1);
 	i_close_fd(&fd);
 	return result;
 }
@@ -682,8 +679,8 @@ void cas_keyring_free(struct cas_keyring **_keyring)
 
 static void cas_keyring_server_free(struct cas_keyring *keyring)
 {
-	/* sodium_free() wipes the memory */
-	sodium_free(keyring->secrets);
+	/* wiped there */
+	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
 }
 
 static void cas_keyring_password_free(struct cas_keyring *keyring)
@@ -767,7 +764,7 @@ cas_keyring_unseal(struct cas_keyring *keyring)
 
 	copy = cas_keyring_secrets_alloc();
 	memcpy(copy, keyring->secrets, sizeof(*copy));
-	sodium_free(keyring->secrets);
+	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
 	keyring->secrets = copy;
 	return copy;
 }
@@ -1058,7 +1055,7 @@ cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
 	}
 	cas_keyring_seal(fresh);
 	/* swap in place: the pack store and streams hold this pointer */
-	sodium_free(keyring->secrets);
+	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
 	*keyring = *fresh;
 	i_free(fresh);
 	*changed_r = TRUE;

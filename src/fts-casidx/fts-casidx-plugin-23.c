@@ -5,6 +5,7 @@
 #include "fts-user.h"
 #include "fts-api-private.h"
 #include "fts-casidx-plugin.h"
+#include "cas-secmem.h"
 
 const char *fts_casidx_plugin_version = DOVECOT_ABI_VERSION;
 const char *fts_casidx_plugin_dependencies[] = { "fts", NULL };
@@ -62,5 +63,6 @@ void fts_casidx_plugin_init(struct module *module)
 void fts_casidx_plugin_deinit(void)
 {
 	fts_backend_unregister(fts_backend_casidx.name);
+	cas_secmem_pool_deinit();
 	mail_storage_hooks_remove(&fts_casidx_mail_storage_hooks);
 }

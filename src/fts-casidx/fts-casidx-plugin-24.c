@@ -6,6 +6,7 @@
 #include "fts-user.h"
 #include "fts-api-private.h"
 #include "fts-casidx-plugin.h"
+#include "cas-secmem.h"
 
 const char *fts_casidx_plugin_version = DOVECOT_ABI_VERSION;
 const char *fts_casidx_plugin_dependencies[] = { "fts", NULL };
@@ -26,4 +27,5 @@ void fts_casidx_plugin_init(struct module *module ATTR_UNUSED)
 void fts_casidx_plugin_deinit(void)
 {
 	fts_backend_unregister(fts_backend_casidx.name);
+	cas_secmem_pool_deinit();
 }

@@ -6,6 +6,8 @@
 #include "casbox-storage.h"
 #include "casbox-dict-auto.h"
 #include "casbox-plugin.h"
+#include "casbox-base-cache.h"
+#include "cas-secmem.h"
 
 #include <sodium.h>
 
@@ -31,4 +33,6 @@ void casbox_plugin_deinit(void)
 		return;
 	mail_storage_class_unregister(&casbox_storage);
 	casbox_dict_autotrain_deinit();
+	casbox_base_pool_free();
+	cas_secmem_pool_deinit();
 }

@@ -41,9 +41,10 @@ void (*casbox_base_plain_wipe_hook)(const unsigned char *data,
    munmap each, which for mail-sized bases cost more than decoding
    them (measured: 2.8x slower sequential reads of the spamassassin
    corpus without this). Per process, a few buffers of at most the
-   largest prefix; freed when no cache and no entry is left (not at
-   exit: lib_atexit() would call into a plugin Dovecot has unloaded by
-   then). */
+   largest prefix, kept when no cache is left (an LMTP process opens
+   and closes a store per delivery) until casbox_base_pool_free() at
+   plugin deinit (not at exit: lib_atexit() would call into a plugin
+   Dovecot has unloaded by then). */
 #define CASBOX_BASE_POOL_MAX 32
 /* ... and at most this much memory (half the default cache). Eight
    buffers and 256 KiB (two 128 KiB-class ones) matched too few of a
@@ -58,23 +59,14 @@ static struct {
 static unsigned int casbox_base_pool_count;
 static size_t casbox_base_pool_bytes;
 unsigned int casbox_base_sodium_allocs = 0;
-/* caches and entries alive */
-static unsigned int casbox_base_users;
 
-static void casbox_base_pool_deinit(void)
+void casbox_base_pool_free(void)
 {
 	while (casbox_base_pool_count > 0) {
 		casbox_base_pool_count--;
 		sodium_free(casbox_base_pool[casbox_base_pool_count].data);
 	}
 	casbox_base_pool_bytes = 0;
-}
-
-static void casbox_base_unuse(void)
-{
-	i_assert(casbox_base_users > 0);
-	if (--casbox_base_users == 0)
-		casbox_base_pool_deinit();
 }
 
 /* Capacity classes: 4 KiB, then powers of two, so a buffer is reused
@@ -171,7 +163,6 @@ casbox_base_plain_new(const struct cas_blob_id *id, uint64_t plain_size,
 	plain->size = I_MIN(plain_size, CASBOX_BASE_PREFIX_MAX);
 	plain->data = casbox_base_alloc(plain->size, &plain->capacity);
 	plain->refcount = 1;
-	casbox_base_users++;
 	return plain;
 }
 
@@ -220,7 +211,6 @@ void casbox_base_plain_unref(struct casbox_base_plain **_plain)
 	casbox_base_release(plain->data, plain->capacity);
 	sodium_memzero(plain->digest, sizeof(plain->digest));
 	i_free(plain);
-	casbox_base_unuse();
 }
 
 struct casbox_base_cache *casbox_base_cache_create(size_t max_bytes)
@@ -231,7 +221,6 @@ struct casbox_base_cache *casbox_base_cache_create(size_t max_bytes)
 		CASBOX_BASE_CACHE_DEFAULT_SIZE;
 	hash_table_create(&cache->ids, default_pool, 0, casbox_base_id_hash,
 			  casbox_base_id_cmp);
-	casbox_base_users++;
 	return cache;
 }
 
@@ -289,7 +278,6 @@ void casbox_base_cache_destroy(struct casbox_base_cache **_cache)
 	casbox_base_cache_clear(cache);
 	hash_table_destroy(&cache->ids);
 	i_free(cache);
-	casbox_base_unuse();
 }
 
 static struct casbox_base_plain *

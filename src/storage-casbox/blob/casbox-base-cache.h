@@ -84,6 +84,8 @@ void casbox_base_cache_get_stats(struct casbox_base_cache *cache,
 /* Tests: how many entry buffers were sodium_malloc()ed (not reused
    from the process's few freed ones) so far. */
 extern unsigned int casbox_base_sodium_allocs;
+/* sodium_free() the pooled buffers of freed entries (plugin deinit). */
+void casbox_base_pool_free(void);
 /* Tests: called with the data just wiped, before it is freed. */
 extern void (*casbox_base_plain_wipe_hook)(const unsigned char *data,
 					   size_t size);

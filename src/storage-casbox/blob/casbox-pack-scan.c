@@ -5,6 +5,7 @@
 #include "lib.h"
 #include "array.h"
 #include "cas-crc32c.h"
+#include "cas-secmem.h"
 #include "casbox-pack-private.h"
 #include "casbox-pack-file.h"
 
@@ -390,9 +391,7 @@ int casbox_pack_frame_base_id(struct casbox_pack_store *store,
 		*error_r = "not a delta frame";
 		return -1;
 	}
-	keys = sodium_malloc(CAS_DEK_SIZE + CAS_AEAD_SUBKEY_SIZE);
-	if (keys == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	keys = cas_secmem_alloc(CAS_DEK_SIZE + CAS_AEAD_SUBKEY_SIZE);
 	if (cas_keyring_dek_open(store->keyring, &info->id, dek_kind,
 				 stored_dek, keys, error_r) < 0)
 		ret = -1;
@@ -402,6 +401,6 @@ int casbox_pack_frame_base_id(struct casbox_pack_store *store,
 		casbox_frame_base_mask(keys + CAS_DEK_SIZE,
 				       info->base_masked, base_id_r->id);
 	}
-	sodium_free(keys);
+	cas_secmem_free(keys, CAS_DEK_SIZE + CAS_AEAD_SUBKEY_SIZE);
 	return ret;
 }

@@ -13,6 +13,7 @@
 #include "istream-private.h"
 #include "casbox-pack-private.h"
 #include "casbox-pack-file.h"
+#include "cas-secmem.h"
 
 #include <sodium.h>
 #include <fcntl.h>
@@ -82,9 +83,7 @@ casbox_blob_scratch_get(struct casbox_pack_store *store)
 		return scratch;
 	}
 	scratch = i_new(struct casbox_blob_scratch, 1);
-	scratch->dek = sodium_malloc(CASBOX_BLOB_SCRATCH_KEYS_SIZE);
-	if (scratch->dek == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	scratch->dek = cas_secmem_alloc(CASBOX_BLOB_SCRATCH_KEYS_SIZE);
 	scratch->stored = i_malloc(CASBOX_BLOB_SMALL_FRAME);
 	scratch->plain = i_malloc(CASBOX_CHUNK_SIZE);
 	return scratch;
@@ -92,7 +91,7 @@ casbox_blob_scratch_get(struct casbox_pack_store *store)
 
 static void casbox_blob_scratch_destroy(struct casbox_blob_scratch *scratch)
 {
-	sodium_free(scratch->dek);
+	cas_secmem_free(scratch->dek, CASBOX_BLOB_SCRATCH_KEYS_SIZE);
 	i_free(scratch->stored);
 	i_free(scratch->plain);
 	i_free(scratch);

@@ -17,6 +17,7 @@
 #include "buffer.h"
 #include "byteorder.h"
 #include "safe-memset.h"
+#include "cas-secmem.h"
 #include "casbox-lsm-private.h"
 
 #include <sodium.h>
@@ -56,11 +57,7 @@ struct casbox_lsm_key *casbox_lsm_key_new(uint32_t epoch)
 {
 	struct casbox_lsm_key *key;
 
-	if (sodium_init() < 0)
-		i_fatal("casbox-lsm: sodium_init() failed");
-	key = sodium_malloc(sizeof(*key));
-	if (key == NULL)
-		i_fatal_status(FATAL_OUTOFMEM, "sodium_malloc() failed: %m");
+	key = cas_secmem_alloc(sizeof(*key));
 	key->epoch = epoch;
 	return key;
 }
@@ -80,7 +77,7 @@ void casbox_lsm_key_free(struct casbox_lsm_key **_key)
 	if (key == NULL)
 		return;
 	*_key = NULL;
-	sodium_free(key);
+	cas_secmem_free(key, sizeof(*key));
 }
 
 static void
