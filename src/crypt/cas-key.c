@@ -191,6 +191,7 @@ struct cas_keyring_backend {
 };
 static const struct cas_keyring_backend cas_keyring_server;
 static const struct cas_keyring_backend cas_keyring_password;
+static void cas_keyring_seal(struct cas_keyring *keyring);
 
 static void cas_sodium_init(void)
 {
@@ -675,6 +676,20 @@ void cas_keyring_free(struct cas_keyring **_keyring)
 	*_keyring = NULL;
 	keyring->backend->free(keyring);
 	i_free(keyring);
+}
+
+struct cas_keyring *cas_keyring_dup(const struct cas_keyring *keyring)
+{
+	struct cas_keyring *copy;
+
+	if (keyring->backend != &cas_keyring_server)
+		return NULL;
+	copy = i_new(struct cas_keyring, 1);
+	*copy = *keyring;
+	copy->secrets = cas_keyring_secrets_alloc();
+	memcpy(copy->secrets, keyring->secrets, sizeof(*copy->secrets));
+	cas_keyring_seal(copy);
+	return copy;
 }
 
 static void cas_keyring_server_free(struct cas_keyring *keyring)

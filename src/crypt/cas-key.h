@@ -54,6 +54,11 @@ int cas_keyring_load(const char *path, struct cas_keyring **keyring_r,
 int cas_keyring_create(const char *path, struct cas_keyring **keyring_r,
 		       const char **error_r);
 void cas_keyring_free(struct cas_keyring **keyring);
+/* A copy of a server-mode key ring (its secrets in new locked memory,
+   the file's stat for cas_keyring_refresh()), or NULL for a
+   password-mode one: what cas_keyring_load() of the same file would
+   give, without reading and checking it again. */
+struct cas_keyring *cas_keyring_dup(const struct cas_keyring *keyring);
 /* Key ring from raw KEK bytes (tests, benchmarks, fuzzers). */
 struct cas_keyring *
 cas_keyring_create_from_kek(const unsigned char kek[CAS_KEK_SIZE]);

@@ -308,6 +308,23 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		*error_r = store->unlock_error;
 		return -1;
 	}
+	if (key_set.mode == CAS_KEY_MODE_SERVER && store->lsm_keyring != NULL) {
+		/* the file the LSM's ring was read from: a copy of that ring,
+		   once it is current (one stat()), instead of reading and
+		   checking the file again (an LMTP delivery opens the store
+		   and did both) */
+		bool changed;
+
+		if (cas_keyring_refresh(store->lsm_keyring, path, &changed,
+					&error) < 0) {
+			*error_r = t_strdup_printf("key file %s: %s",
+						   path, error);
+			return -1;
+		}
+		store->keyring = cas_keyring_dup(store->lsm_keyring);
+		i_assert(store->keyring != NULL);
+		return 0;
+	}
 	ret = cas_keyring_load_mode(&key_set, &store->keyring, &error);
 	if (ret > 0)
 		return 0;
