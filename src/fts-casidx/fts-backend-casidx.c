@@ -904,7 +904,7 @@ casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
 		if (error == NULL)
 			error = mailbox_get_last_internal_error(ctx->box, NULL);
 		e_warning(backend->event, "%s: UID %u: couldn't read the "
-			  "%s header (%s): TEXT searches it as maybe",
+			  "%s header (%s): its searches are maybe",
 			  mailbox_get_vname(ctx->box), ctx->uid, name, error);
 		casidx_query_add_marker(ctx->writer, ctx->field,
 					CASIDX_TERM_UNINDEXED,
