@@ -50,7 +50,8 @@ static void dtgram_cb(const unsigned char *gram, size_t gram_len,
 				&ctx->state);
 }
 
-/* the field's words and, as the backend does, its dtgrams */
+/* the field's words and, as the backend does, its dtgrams (a raw
+   address value's go to the header field) */
 static void add_field(struct feed_ctx *ctx, enum casidx_field field,
 		      const char *text)
 {
@@ -60,6 +61,8 @@ static void add_field(struct feed_ctx *ctx, enum casidx_field field,
 	casidx_tokenizer_tokenize(tok, text, strlen(text), feed_cb, ctx);
 	if (field == CASIDX_FIELD_BODY)
 		casidx_query_dtgram_restart(&ctx->state);
+	if (field >= CASIDX_FIELD_COUNT)
+		ctx->field = CASIDX_FIELD_HEADER;
 	casidx_dtgram_feed(dt, text, strlen(text), dtgram_cb, ctx);
 	casidx_dtgram_destroy(&dt);
 }
@@ -647,6 +650,168 @@ START_TEST(test_dtgrams)
 }
 END_TEST
 
+#define TO CASIDX_FIELD_MASK(CASIDX_FIELD_TO)
+#define CC CASIDX_FIELD_MASK(CASIDX_FIELD_CC)
+
+/* Segment version 4: the raw values of From/To/Cc/Bcc have namespaces of
+   their own. A FROM search takes what matches in the raw From values as
+   maybe (comments, group names), never what only another header holds
+   (issue 17: FROM gmail had 2,774 candidates from Received, Message-ID
+   and DKIM headers); TEXT reads them all. */
+START_TEST(test_raw_address_namespaces)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 7);
+	add_field(&ctx, CASIDX_FIELD_FROM, "one@example.com");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM,
+		  "Some One <one@example.com> (the first)");
+	add_field(&ctx, CASIDX_FIELD_HEADER,
+		  "from smtp.gmail.com by mx.example.org");
+	add_field(&ctx, CASIDX_FIELD_HEADER, "<xyz@gmail.com>");
+	add_doc(&ctx, 8);
+	add_field(&ctx, CASIDX_FIELD_FROM, "Gmail Fan <fan@gmail.com>");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM, "Gmail Fan <fan@gmail.com>");
+	add_field(&ctx, CASIDX_FIELD_RAW_TO,
+		  "unlisted-recipients:; (no To-header on input)");
+	add_doc(&ctx, 9);
+	add_field(&ctx, CASIDX_FIELD_FROM, "juergen@example.de");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM,
+		  "juergen@example.de (J\xC3\xBCrgen M\xC3\xBCller)");
+	add_doc(&ctx, 10);
+	add_field(&ctx, CASIDX_FIELD_FROM, "x@example.org");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM, "x@example.org");
+	add_field(&ctx, CASIDX_FIELD_HEADER, "M\xC3\xBCller AG, the first");
+	add_field(&ctx, CASIDX_FIELD_RAW_CC, "y@example.org");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* a value in the normalised From: definite; in Received or
+	   Message-ID only (7): no candidate */
+	check1(FROM, "gmail", FALSE, "8", "");
+	/* in a raw From comment only: maybe; in another header: no */
+	check1(FROM, "first", FALSE, "", "7");
+	check1(FROM, "m\xC3\xBCller", FALSE, "", "9");
+	check1(FROM, "j\xC3\xBCrgen", FALSE, "", "9");
+	/* each header its own namespace */
+	check1(TO, "unlisted", FALSE, "", "8");
+	check1(FROM, "unlisted", FALSE, "", "");
+	check1(CC, "first", FALSE, "", "");
+	check1(CC, "example", FALSE, "", "10");
+	/* TEXT reads raw values and other headers: proven in raw terms */
+	check1(ALL, "first", FALSE, "7,10", "");
+	check1(ALL, "unlisted", FALSE, "8", "");
+	check1(ALL, "gmail", FALSE, "7,8", "");
+	check1(ALL, "m\xC3\xBCller", FALSE, "", "9,10");
+	/* NOT: the raw candidates stay maybe */
+	check1(FROM, "first", TRUE, "1,2,3,4,5,8,9,10", "7");
+}
+END_TEST
+
+/* An index written before segment version 4 (tests/fixtures/casidx-seg3:
+   the raw address values in the header field) is answered the old way,
+   the header field standing in for the raw namespaces, for its
+   documents only; also once a merge took them into a version-4
+   segment (CASIDX_TERM_RAWHDR). */
+static void copy_seg3_fixture(const char *name)
+{
+	const char *top = getenv("CASBOX_TOP_SRCDIR");
+	const char *src = t_strdup_printf(
+		"%s/tests/fixtures/casidx-seg3/%s",
+		top == NULL ? CASBOX_SRCDIR : top, name);
+	unsigned char tmp[4096];
+	ssize_t n;
+	int in, out;
+
+	in = open(src, O_RDONLY);
+	ck_assert_msg(in >= 0, "open(%s) failed", src);
+	out = open(t_strdup_printf("%s/%s", test_dir, name),
+		   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(out, 0);
+	while ((n = read(in, tmp, sizeof(tmp))) > 0)
+		ck_assert_int_eq(write(out, tmp, n), n);
+	i_close_fd(&in);
+	i_close_fd(&out);
+}
+
+static void open_seg3_fixture(void)
+{
+	static const struct casidx_index_settings set = { .no_fsync = TRUE };
+	const char *error;
+	char tmpl[] = "/tmp/check-casidx-query-XXXXXX";
+
+	ck_assert_ptr_ne(mkdtemp(tmpl), NULL);
+	test_dir = i_strdup(tmpl);
+	tok = casidx_tokenizer_create();
+	copy_seg3_fixture("manifest");
+	copy_seg3_fixture("seg-00000001.cxs");
+	idx = casidx_index_init(test_dir, &set);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+}
+
+/* the fixture's docs 1-3 (README.md there) and 4-5 of version 4 */
+static void check_seg3_answers(void)
+{
+	/* raw From comment of 1, only in the header field */
+	check1(FROM, "first", FALSE, "", "1");
+	/* 2's From; 3 has it in Received and Message-ID, which the old
+	   segment cannot tell from a raw From: maybe, as before; 4 in its
+	   raw From comment; 5 only in another header */
+	check1(FROM, "gmail", FALSE, "2", "3,4");
+	/* To comment of 1, group name of 2 */
+	check1(TO, "input", FALSE, "", "1");
+	check1(TO, "alpha", FALSE, "2", "");
+	/* a comment without a display name becomes the name: the
+	   normalised Cc of 3 has it */
+	check1(CC, "comment", FALSE, "3", "");
+	check1(ALL, "comment", FALSE, "3", "");
+	check1(ALL, "club", FALSE, "4", "");
+}
+
+START_TEST(test_seg3_raw_addresses)
+{
+	struct casidx_segment **segs;
+	struct feed_ctx ctx;
+	roaring_bitmap_t *docs;
+	const char *error;
+
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 1);
+	ck_assert(casidx_segment_has_dtgrams(segs[0]));
+	ck_assert(!casidx_segment_has_raw_addresses(segs[0]));
+	check1(FROM, "first", FALSE, "", "1");
+	check1(FROM, "gmail", FALSE, "2", "3");
+	check1(TO, "input", FALSE, "", "1");
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 4);
+	add_field(&ctx, CASIDX_FIELD_FROM, "x@example.com");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM, "x@example.com (gmail club)");
+	add_field(&ctx, CASIDX_FIELD_HEADER, "from smtp.gmail.com");
+	add_doc(&ctx, 5);
+	add_field(&ctx, CASIDX_FIELD_FROM, "y@example.com");
+	add_field(&ctx, CASIDX_FIELD_RAW_FROM, "y@example.com");
+	add_field(&ctx, CASIDX_FIELD_HEADER, "<abc@gmail.com> the first");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 2);
+	ck_assert(casidx_segment_has_raw_addresses(segs[1]));
+	check_seg3_answers();
+
+	/* merged: one version-4 segment, the old docs marked */
+	ck_assert_int_eq(casidx_index_optimize(idx, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 1);
+	ck_assert(casidx_segment_has_raw_addresses(segs[0]));
+	docs = roaring_bitmap_create();
+	casidx_index_add_docs_without_raw_addresses(idx, docs);
+	ck_assert(roaring_bitmap_is_empty(docs));
+	roaring_bitmap_free(docs);
+	check_seg3_answers();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -667,6 +832,11 @@ int main(void)
 	tcase_add_test(tc, test_dtgram_value);
 	tcase_add_test(tc, test_dtgram_chunks);
 	tcase_add_test(tc, test_dtgrams);
+	tcase_add_test(tc, test_raw_address_namespaces);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("seg3");
+	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);
+	tcase_add_test(tc, test_seg3_raw_addresses);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

@@ -11,7 +11,9 @@
 
 #include <ctype.h>
 
-/* Relative weight of a hit per field (BM25F-style). */
+/* Relative weight of a hit per field (BM25F-style). The raw address
+   namespaces have no lengths and are not scored: the address fields'
+   normalised terms score the same words. */
 static const double field_weights[CASIDX_FIELD_COUNT] = {
 	[CASIDX_FIELD_BODY] = 1.0,
 	[CASIDX_FIELD_FROM] = 2.0,
@@ -317,20 +319,28 @@ void casidx_query_add_token(struct casidx_index_writer *writer,
 	 CASIDX_FIELD_MASK(CASIDX_FIELD_TO) | \
 	 CASIDX_FIELD_MASK(CASIDX_FIELD_CC) | \
 	 CASIDX_FIELD_MASK(CASIDX_FIELD_BCC))
+#define RAW_FIELDS_MASK \
+	(CASIDX_FIELD_MASK(CASIDX_FIELD_RAW_FROM) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_RAW_TO) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_RAW_CC) | \
+	 CASIDX_FIELD_MASK(CASIDX_FIELD_RAW_BCC))
 #define DTGRAM_FIELDS_MASK \
 	(CASIDX_FIELD_MASK(CASIDX_FIELD_BODY) | \
 	 CASIDX_FIELD_MASK(CASIDX_FIELD_SUBJECT) | \
 	 CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER))
 
 /* The fields whose dtgrams answer a leaf of field_mask: body, subject
-   and other headers (the raw values of the address headers are there).
-   None for FROM/TO/CC/BCC alone: Dovecot compares their normalised
-   addresses, whose dtgrams are not indexed. */
+   and other headers. The raw address values' dtgrams are the header
+   field's (with every other header's: a superset). None for
+   FROM/TO/CC/BCC alone: Dovecot compares their normalised addresses,
+   whose dtgrams are not indexed. */
 static unsigned int dtgram_field_mask(unsigned int field_mask)
 {
 	if ((field_mask & ADDRESS_FIELDS_MASK) != 0 &&
 	    (field_mask & CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER)) == 0)
 		return 0;
+	if ((field_mask & RAW_FIELDS_MASK) != 0)
+		field_mask |= CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER);
 	return field_mask & DTGRAM_FIELDS_MASK;
 }
 
@@ -520,12 +530,17 @@ static int query_token_docs(struct casidx_index *index,
 	ctx.match = match;
 	ctx.total_docs = roaring_bitmap_get_cardinality(universe);
 	ctx.pool = pool_alloconly_create("casidx scan", 1024);
-	for (field = 0; field < CASIDX_FIELD_COUNT; field++) {
+	for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
 		if ((field_mask & CASIDX_FIELD_MASK(field)) == 0)
 			continue;
 		ctx.field = field;
-		ctx.weight = field_weights[field];
-		ctx.avg_len = casidx_index_get_avg_len(index, field);
+		if (field < CASIDX_FIELD_COUNT) {
+			ctx.scores = scores;
+			ctx.weight = field_weights[field];
+			ctx.avg_len = casidx_index_get_avg_len(index, field);
+		} else {
+			ctx.scores = NULL;
+		}
 		p_clear(ctx.pool);
 		hash_table_create(&ctx.term_idx, ctx.pool, 0, str_hash,
 				  strcmp);
@@ -1238,12 +1253,35 @@ static int query_leaf(struct casidx_index *index,
 		      roaring_bitmap_t **definite_r, roaring_bitmap_t **maybe_r,
 		      const char **error_r);
 
+/* The leaf evaluated over raw (a copy of it with another field mask,
+   no NOT, no FUZZY) within universe: its candidates or'ed into maybe. */
+static int address_raw_add(struct casidx_index *index,
+			   struct casidx_tokenizer *tok,
+			   const struct casidx_query_leaf *raw,
+			   const roaring_bitmap_t *universe,
+			   roaring_bitmap_t *maybe, const char **error_r)
+{
+	roaring_bitmap_t *def, *may;
+
+	if (query_leaf(index, tok, raw, universe, NULL, &def, &may,
+		       error_r) < 0)
+		return -1;
+	roaring_bitmap_or_inplace(maybe, may);
+	roaring_bitmap_free(def);
+	roaring_bitmap_free(may);
+	return 0;
+}
+
 /* FROM/TO/CC/BCC fields hold Dovecot's normalised address lists, which
    drop group names and comments that Dovecot's own search sees (e.g.
-   "undisclosed-recipients:;"). The raw values of the top-level address
-   headers are in the other-headers field: what matches there is added
-   to maybe, so Dovecot checks it (found on the whole corpus: TO "t"
-   missed 8 messages). */
+   "undisclosed-recipients:;"). The raw values of the top-level headers
+   are indexed too: what matches there is added to maybe, so Dovecot
+   checks it (found on the whole corpus: TO "t" missed 8 messages).
+   Since segment version 4 each of the four headers has a namespace of
+   its own (CASIDX_FIELD_RAW_*); a document written before (an older
+   segment's, or one a merge carried over: RAWHDR) has them in the
+   header field with every other header, which is looked up for those
+   documents only. */
 static int address_leaf_add_raw(struct casidx_index *index,
 				struct casidx_tokenizer *tok,
 				const struct casidx_query_leaf *leaf,
@@ -1251,18 +1289,32 @@ static int address_leaf_add_raw(struct casidx_index *index,
 				roaring_bitmap_t *maybe, const char **error_r)
 {
 	struct casidx_query_leaf raw = *leaf;
-	roaring_bitmap_t *def, *may;
+	roaring_bitmap_t *old;
+	enum casidx_field field;
+	int ret = 0;
 
-	raw.field_mask = CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER);
 	raw.match_not = FALSE;
 	raw.fuzzy = FALSE;
-	if (query_leaf(index, tok, &raw, universe, NULL, &def, &may,
-		       error_r) < 0)
+	raw.field_mask = 0;
+	for (field = CASIDX_FIELD_FROM; field <= CASIDX_FIELD_BCC; field++) {
+		if ((leaf->field_mask & CASIDX_FIELD_MASK(field)) != 0) {
+			raw.field_mask |=
+				CASIDX_FIELD_MASK(CASIDX_FIELD_RAW(field));
+		}
+	}
+	if (address_raw_add(index, tok, &raw, universe, maybe, error_r) < 0 ||
+	    query_marker_docs(index, CASIDX_TERM_RAWHDR,
+			      CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER), universe,
+			      &old, error_r) < 0)
 		return -1;
-	roaring_bitmap_or_inplace(maybe, may);
-	roaring_bitmap_free(def);
-	roaring_bitmap_free(may);
-	return 0;
+	casidx_index_add_docs_without_raw_addresses(index, old);
+	roaring_bitmap_and_inplace(old, universe);
+	if (!roaring_bitmap_is_empty(old)) {
+		raw.field_mask = CASIDX_FIELD_MASK(CASIDX_FIELD_HEADER);
+		ret = address_raw_add(index, tok, &raw, old, maybe, error_r);
+	}
+	roaring_bitmap_free(old);
+	return ret;
 }
 
 /* Evaluate one leaf into definite/maybe (maybe includes definite),

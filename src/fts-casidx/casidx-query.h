@@ -13,7 +13,10 @@
    to the docs that have every one of its dtgrams in a field of the
    leaf (body, subject, other headers; FROM/TO/CC/BCC alone have none),
    plus the docs whose dtgrams there may be incomplete (DTPARTIAL,
-   segments older than version 3). Results:
+   segments older than version 3). A FROM/TO/CC/BCC leaf also takes as
+   maybe what its value matches in the raw values of the same headers
+   (CASIDX_FIELD_RAW_*, or the header field for documents written
+   before segment version 4). Results:
      definite  the leaf certainly holds: a single pure-ASCII
                alphanumeric token found inside an indexed term; or the
                proofs of doc/search-semantics.md (punctuation in one
@@ -39,7 +42,8 @@ struct casidx_tokenizer;
 struct casidx_token;
 
 #define CASIDX_FIELD_MASK(field) (1U << (field))
-#define CASIDX_FIELD_MASK_ALL ((1U << CASIDX_FIELD_COUNT) - 1)
+/* TEXT: every field and the raw address namespaces */
+#define CASIDX_FIELD_MASK_ALL ((1U << CASIDX_FIELD_SPACE_COUNT) - 1)
 
 struct casidx_query_leaf {
 	unsigned int field_mask;
@@ -93,7 +97,7 @@ struct casidx_doc_state {
 	   everything so far */
 	uint32_t dt_pos_base, dt_pos_end;
 	bool dt_no_positions;
-	uint32_t encoded_bytes[CASIDX_FIELD_COUNT];
+	uint32_t encoded_bytes[CASIDX_FIELD_SPACE_COUNT];
 	/* body positions: the tokenizer counts from 0 at each reset (each
 	   MIME part), the index from pos_base, which
 	   casidx_query_body_restart() moves past everything so far */
@@ -105,7 +109,8 @@ struct casidx_doc_state {
 
 /* Index a token into the writer's current document the way lookups
    expect it: its term, and the marker term (casidx-index.h) its flags
-   call for, once per field. */
+   call for, once per field. field may be a raw address namespace
+   (CASIDX_FIELD_RAW_*). */
 void casidx_query_add_token(struct casidx_index_writer *writer,
 			    enum casidx_field field,
 			    const struct casidx_token *token,

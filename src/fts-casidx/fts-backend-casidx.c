@@ -876,9 +876,12 @@ static int casidx_update_html(struct casidx_fts_backend_update_context *ctx)
 /* The raw values of an address header of the message (top level).
    The FTS build hands the backend Dovecot's normalised address list,
    without comments, group names' punctuation or quoting, while SEARCH
-   TEXT reads the header as it is ("To: unlisted-recipients:; (no
-   To-header on input)"). Indexed in the other-headers field, which only
-   TEXT reads: SEARCH TO/FROM/CC compare normalised addresses. */
+   TEXT and FROM/TO/CC/BCC read the header as it is ("To:
+   unlisted-recipients:; (no To-header on input)"). From, To, Cc and Bcc
+   values go to their own raw namespace (CASIDX_FIELD_RAW_*), which a
+   search of that header and TEXT read; the others' (Sender, Reply-To,
+   Resent-*) to the other-headers field, which only TEXT reads. The
+   dtgrams of all of them are the other-headers field's. */
 static void
 casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
 			  const char *name)
@@ -887,24 +890,30 @@ casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
 		container_of(ctx->ctx.backend, struct casidx_fts_backend,
 			     backend);
 	const char *const *values, *error = NULL, *key;
+	enum casidx_field field = casidx_header_field(name);
 	struct mail *mail;
 
 	key = t_strdup_printf(":%s:", t_str_lcase(name));
 	if (strstr(str_c(ctx->raw_hdrs_done), key) != NULL)
 		return;
 	str_append(ctx->raw_hdrs_done, key);
-	ctx->field = CASIDX_FIELD_HEADER;
+	ctx->field = field >= CASIDX_FIELD_FROM && field <= CASIDX_FIELD_BCC ?
+		CASIDX_FIELD_RAW(field) : CASIDX_FIELD_HEADER;
 	if ((mail = casidx_update_mail(ctx, &error)) == NULL ||
 	    mail_get_headers_utf8(mail, name, &values) < 0) {
 		if (error == NULL)
 			error = mailbox_get_last_internal_error(ctx->box, NULL);
 		e_warning(backend->event, "%s: UID %u: couldn't read the "
-			  "%s header (%s): TEXT searches it as maybe",
+			  "%s header (%s): its searches are maybe",
 			  mailbox_get_vname(ctx->box), ctx->uid, name, error);
 		casidx_query_add_marker(ctx->writer, ctx->field,
 					CASIDX_TERM_UNINDEXED,
 					&ctx->doc_state);
 		casidx_query_add_marker(ctx->writer, ctx->field,
+					CASIDX_TERM_DTPARTIAL,
+					&ctx->doc_state);
+		/* where its dtgrams would have been */
+		casidx_query_add_marker(ctx->writer, CASIDX_FIELD_HEADER,
 					CASIDX_TERM_DTPARTIAL,
 					&ctx->doc_state);
 		return;

@@ -204,6 +204,68 @@ def index_state(dc):
     return "index state:\n" + "\n".join(lines)
 
 
+# Raw address values (segment version 4): tests/fixtures/casidx-seg3 has
+# msg1-3 indexed by the version-3 code; msg4 has "gmail" only in its raw
+# From (a comment after a display name), msg5 only in Received and
+# Message-ID.
+SEG3_FIXTURE = os.path.join(harness.TOP_SRCDIR, "tests", "fixtures",
+                            "casidx-seg3")
+RAW_MSGS = [
+    b"From: X Person <x@example.com> (gmail club)\r\n"
+    b"To: list@example.com\r\nSubject: four\r\n\r\nbody four\r\n",
+    b"Received: from smtp.gmail.com by mx.example.org; "
+    b"Mon, 1 Jan 2024 00:00:00 +0000\r\n"
+    b"From: y@example.com\r\nMessage-ID: <abc@gmail.com>\r\n"
+    b"Subject: five\r\n\r\nthe first\r\n",
+    b"From: z@example.com\r\nTo: undisclosed-recipients:;\r\n"
+    b"Cc: \"Doe, Jane (Lab)\" <jane@example.com>\r\n"
+    b"Subject: six\r\n\r\nsix\r\n",
+]
+RAW_QUERIES = [
+    ["FROM", "first"], ["FROM", "the first"], ["FROM", "gmail"],
+    ["FROM", "club"], ["FROM", "one"], ["FROM", "example"],
+    ["TO", "input"], ["TO", "unlisted"], ["TO", "alpha"],
+    ["TO", "team alpha"], ["CC", "comment"], ["CC", "carol"],
+    ["TEXT", "first"], ["TEXT", "gmail"], ["TEXT", "input"],
+    ["TEXT", "club"], ["NOT", "FROM", "gmail"], ["NOT", "TO", "input"],
+    ["TO", "undisclosed"], ["TO", "recipients:;"], ["CC", "doe, jane"],
+    ["CC", "jane (lab"], ["CC", "lab"],
+]
+
+
+def seg3_messages():
+    msgs = []
+    for i in (1, 2, 3):
+        with open(os.path.join(SEG3_FIXTURE, "msg%d.eml" % i), "rb") as f:
+            msgs.append(f.read())
+    return msgs + RAW_MSGS
+
+
+def run_raw_queries(dc):
+    imap = dc.imap_login(USER)
+    try:
+        imap.select("INBOX")
+        return {tuple(q): uid_search(imap, q) for q in RAW_QUERIES}
+    finally:
+        imap.logout()
+
+
+def fts_lookup(dc, key, value):
+    """(definite, maybe) UIDs of doveadm fts lookup <key> <value>."""
+    r = dc.doveadm("fts", "lookup", "-u", USER, "mailbox", "INBOX",
+                   key, value)
+    out = {"INBOX:": set(), "- maybe:": set()}
+    for line in r.stdout.splitlines():
+        line = line.strip()
+        for prefix in out:
+            if line.startswith(prefix) and "no results" not in line:
+                for item in line[len(prefix):].split(","):
+                    a, _, b = item.strip().partition(":")
+                    if a:
+                        out[prefix].update(range(int(a), int(b or a) + 1))
+    return out["INBOX:"], out["- maybe:"]
+
+
 class FtsCasidxSearch(unittest.TestCase):
 
     @classmethod
@@ -366,6 +428,59 @@ class FtsCasidxSearch(unittest.TestCase):
             r = dc.doveadm("fts", "lookup", "-u", USER,
                            "mailbox", "INBOX", "body", "quick")
             self.assertIn("INBOX: 1", r.stdout)
+
+    def test_raw_addresses(self):
+        """FROM/TO/CC look up the raw values of the same header only
+        (segment version 4): a value in Received or Message-ID alone is
+        no candidate, one in a raw From comment is. A version-3 index
+        (the committed fixture) is answered the old way, also merged with
+        a version-4 segment; all equal to Dovecot without FTS."""
+        msgs = seg3_messages()
+        with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
+                     extra_conf=NO_LMTP_RECEIVED) as dc:
+            dc.lmtp_deliver_many(USER, msgs)
+            oracle = run_raw_queries(dc)
+        dc = Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx"},
+                     extra_conf=NO_LMTP_RECEIVED)
+        with dc:
+            dc.lmtp_deliver_many(USER, msgs)
+            dc.doveadm("index", "-u", USER, "INBOX")
+            self.assertEqual(fts_lookup(dc, "from", "gmail"), ({2}, {4}))
+            self.assertEqual(fts_lookup(dc, "from", "first"), (set(), {1}))
+            self.assert_same(run_raw_queries(dc), oracle, "version 4")
+        dc = Dovecot(mail_location="sdbox:~/sdbox",
+                     mail_plugins=["fts", "fts_casidx"],
+                     plugin_settings={"fts": "casidx"},
+                     extra_conf=NO_LMTP_RECEIVED)
+        with dc:
+            dc.lmtp_deliver_many(USER, msgs[:3])
+            dc.doveadm("mailbox", "update", "-u", USER, "--uid-validity",
+                       "1700000000", "INBOX")
+            dc.doveadm("index", "-u", USER, "INBOX")
+            [d] = casidx_dirs(dc)
+            for f in os.listdir(d):
+                os.unlink(os.path.join(d, f))
+            for f in ("manifest", "seg-00000001.cxs"):
+                shutil.copy(os.path.join(SEG3_FIXTURE, f), d)
+                os.chown(os.path.join(d, f), os.stat(d).st_uid,
+                         os.stat(d).st_gid)
+            # the old way: 3's Received and Message-ID count
+            self.assertEqual(fts_lookup(dc, "from", "gmail"), ({2}, {3}))
+            # a version-4 segment beside it (tiered merges may have
+            # merged them already)
+            dc.lmtp_deliver_many(USER, msgs[3:])
+            dc.doveadm("index", "-u", USER, "INBOX")
+            self.assertEqual(fts_lookup(dc, "from", "gmail"),
+                             ({2}, {3, 4}))
+            self.assert_same(run_raw_queries(dc), oracle, "3 + 4")
+            dc.doveadm("fts", "optimize", "-u", USER)
+            self.assertEqual(len([f for f in os.listdir(d)
+                                  if f.endswith(".cxs")]), 1)
+            self.assertEqual(fts_lookup(dc, "from", "gmail"),
+                             ({2}, {3, 4}))
+            self.assert_same(run_raw_queries(dc), oracle, "merged")
 
     def test_lmtp_id_matches_every_mail_of_its_instance(self):
         """Why the oracle runs deliver without LMTP's Received header: a

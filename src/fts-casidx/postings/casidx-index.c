@@ -920,7 +920,7 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 {
 	buffer_t *prefix;
 
-	i_assert(field < CASIDX_FIELD_COUNT);
+	i_assert(field < CASIDX_FIELD_SPACE_COUNT);
 	prefix = t_buffer_create(token_len + 1);
 	buffer_append_c(prefix, CASIDX_FIELD_KEY_CHAR(field));
 	if (match != CASIDX_MATCH_SUBSTRING && match != CASIDX_MATCH_TYPO)
@@ -963,6 +963,20 @@ void casidx_index_add_docs_without_dtgrams(const struct casidx_index *index,
 
 	array_foreach(&index->segments, os) {
 		if (!casidx_segment_has_dtgrams(os->seg)) {
+			roaring_bitmap_or_inplace(docs,
+				casidx_segment_get_docs(os->seg));
+		}
+	}
+}
+
+void
+casidx_index_add_docs_without_raw_addresses(const struct casidx_index *index,
+					    roaring_bitmap_t *docs)
+{
+	const struct open_segment *os;
+
+	array_foreach(&index->segments, os) {
+		if (!casidx_segment_has_raw_addresses(os->seg)) {
 			roaring_bitmap_or_inplace(docs,
 				casidx_segment_get_docs(os->seg));
 		}
@@ -1031,6 +1045,15 @@ static int merge_segment(struct casidx_builder *builder,
 		for (f = 0; f < CASIDX_FIELD_COUNT; f++)
 			lens[f] = casidx_segment_doc_len(seg, uid, f);
 		casidx_builder_add_doc_lens(builder, uid, lens);
+		if (!casidx_segment_has_raw_addresses(seg)) {
+			/* its raw address values stay in the header
+			   field: the merged segment says so per doc */
+			key[0] = CASIDX_FIELD_KEY_CHAR(CASIDX_FIELD_HEADER);
+			memcpy(key + 1, CASIDX_TERM_RAWHDR,
+			       CASIDX_TERM_MARKER_LEN);
+			casidx_builder_add_posting(builder, key,
+				CASIDX_TERM_MARKER_LEN + 1, uid, 1);
+		}
 		if (casidx_segment_has_dtgrams(seg))
 			continue;
 		/* written before dtgrams: the merged segment says so */
@@ -1367,7 +1390,7 @@ void casidx_index_writer_add_term_pos(struct casidx_index_writer *writer,
 		/* what is left of the document is unindexed: searches
 		   answer it "maybe" */
 		writer->doc_truncated = TRUE;
-		for (f = 0; f < CASIDX_FIELD_COUNT; f++) {
+		for (f = 0; f < CASIDX_FIELD_SPACE_COUNT; f++) {
 			casidx_builder_add_term(writer->builder, f,
 						CASIDX_TERM_UNINDEXED,
 						CASIDX_TERM_MARKER_LEN);

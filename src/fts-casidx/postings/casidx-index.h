@@ -40,6 +40,11 @@ struct casidx_index_writer;
               count as DTPARTIAL in every field; a merge writes the
               marker for them. */
 #define CASIDX_TERM_DTPARTIAL "\x01\x03"
+/* RAWHDR     (header field only) the document's raw address values are
+              in the header field, not in the CASIDX_FIELD_RAW_*
+              namespaces: it was written into a segment older than
+              version 4, and a merge carried it into a newer one. */
+#define CASIDX_TERM_RAWHDR "\x01\x04"
 #define CASIDX_TERM_MARKER_LEN 2
 /* First byte of a term whose word normalisation changed beyond ASCII
    case (CASIDX_TOKEN_FLAG_FOLDED: "muñoz" is stored as "\x02munoz"):
@@ -139,8 +144,8 @@ double casidx_index_get_avg_len(const struct casidx_index *index,
 uint32_t casidx_index_get_doc_len(const struct casidx_index *index,
 				  uint32_t uid, enum casidx_field field);
 
-/* Find terms of field matching token. Returns 1 if some term matched,
-   0 if none, -1 on error (corruption). */
+/* Find terms of field (any < CASIDX_FIELD_SPACE_COUNT) matching token.
+   Returns 1 if some term matched, 0 if none, -1 on error (corruption). */
 int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 		      const char *token, size_t token_len,
 		      enum casidx_match match,
@@ -158,6 +163,12 @@ int casidx_index_lookup_dtgram(struct casidx_index *index,
    (casidx_segment_has_dtgrams()) into docs. */
 void casidx_index_add_docs_without_dtgrams(const struct casidx_index *index,
 					   roaring_bitmap_t *docs);
+/* Or the docs of every open segment that has no raw address namespaces
+   (casidx_segment_has_raw_addresses()) into docs: their raw address
+   values are in the header field. */
+void
+casidx_index_add_docs_without_raw_addresses(const struct casidx_index *index,
+					    roaring_bitmap_t *docs);
 
 /* Writer. Only one writer per index object at a time. */
 struct casidx_index_writer *
@@ -166,7 +177,9 @@ casidx_index_writer_begin(struct casidx_index *index);
 void casidx_index_writer_add_doc(struct casidx_index_writer *writer,
 				 uint32_t uid);
 /* Terms past half of the memory budget for one document are dropped
-   (the rest of the document is not searchable); see _doc_truncated(). */
+   (the rest of the document is not searchable: every field and raw
+   namespace gets UNINDEXED and DTPARTIAL); see _doc_truncated(). field
+   may be a raw namespace (< CASIDX_FIELD_SPACE_COUNT). */
 void casidx_index_writer_add_term(struct casidx_index_writer *writer,
 				  enum casidx_field field,
 				  const void *term, size_t term_len);

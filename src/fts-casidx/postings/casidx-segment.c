@@ -25,8 +25,13 @@
    still read (no positions).
    3: the same layout, and every document of the segment has its
    dtgram keys (casidx_segment_has_dtgrams()); 2 and 1 are still read
-   (their documents count as without dtgrams). */
-#define SEG_VERSION 3
+   (their documents count as without dtgrams).
+   4: the same layout, and the raw values of the top-level From/To/Cc/
+   Bcc headers are in their own key namespaces (CASIDX_FIELD_RAW_*),
+   except for the documents marked CASIDX_TERM_RAWHDR; 3..1 are still
+   read (the values are in the header field). */
+#define SEG_VERSION 4
+#define SEG_VERSION_DTGRAMS 3
 #define SEG_VERSION_POSITIONS 2
 #define SEG_VERSION_NO_POSITIONS 1
 #define SEG_HEADER_SIZE 16
@@ -405,7 +410,7 @@ void casidx_builder_add_term_pos(struct casidx_builder *builder,
 	struct builder_doc *doc;
 	unsigned char key[CASIDX_TERM_MAX_BYTES + 1];
 
-	i_assert(field < CASIDX_FIELD_COUNT);
+	i_assert(field < CASIDX_FIELD_SPACE_COUNT);
 	i_assert(array_count(&builder->docs) > 0);
 
 	if (term_len == 0 || memchr(term, '\0', term_len) != NULL)
@@ -414,7 +419,8 @@ void casidx_builder_add_term_pos(struct casidx_builder *builder,
 	if (term_len == 0)
 		return;
 	doc = array_back_modifiable(&builder->docs);
-	doc->lens[field]++;
+	if (field < CASIDX_FIELD_COUNT)
+		doc->lens[field]++;
 	key[0] = CASIDX_FIELD_KEY_CHAR(field);
 	memcpy(key + 1, term, term_len);
 	casidx_builder_add_posting_pos(builder, key, term_len + 1, doc->uid, 1,
@@ -1360,6 +1366,11 @@ bool casidx_segment_has_positions(const struct casidx_segment *seg)
 }
 
 bool casidx_segment_has_dtgrams(const struct casidx_segment *seg)
+{
+	return seg->version >= SEG_VERSION_DTGRAMS;
+}
+
+bool casidx_segment_has_raw_addresses(const struct casidx_segment *seg)
 {
 	return seg->version >= SEG_VERSION;
 }

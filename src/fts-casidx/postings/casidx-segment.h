@@ -31,9 +31,27 @@ enum casidx_field {
 	CASIDX_FIELD_SUBJECT,
 	CASIDX_FIELD_HEADER,	/* every other header */
 
-	CASIDX_FIELD_COUNT
+	CASIDX_FIELD_COUNT,
+
+	/* Key namespaces without a DOCLEN column (segment version 4): the
+	   raw values of the top-level From, To, Cc and Bcc headers, as
+	   the message has them (comments, group names), which Dovecot's
+	   own search sees and the normalised address fields above lack.
+	   Keys '7', '8', '9', ':'; no dtgrams of their own (the values'
+	   dtgrams are the header field's). */
+	CASIDX_FIELD_RAW_FROM = CASIDX_FIELD_COUNT,
+	CASIDX_FIELD_RAW_TO,
+	CASIDX_FIELD_RAW_CC,
+	CASIDX_FIELD_RAW_BCC,
+
+	CASIDX_FIELD_SPACE_COUNT
 };
-/* First byte of a dictionary key. */
+/* The raw namespace of an address field (FROM..BCC). */
+#define CASIDX_FIELD_RAW(field) \
+	((enum casidx_field)(CASIDX_FIELD_RAW_FROM + \
+			     ((field) - CASIDX_FIELD_FROM)))
+/* First byte of a dictionary key, for every field < CASIDX_FIELD_SPACE_COUNT
+   ('0'..':'). */
 #define CASIDX_FIELD_KEY_CHAR(field) ((char)('0' + (field)))
 /* First byte of a dtgram key (casidx-dtgram.h): "<dtgram char><gram>",
    a namespace of its own per field ('A'..'G'), so no term lookup of the
@@ -72,8 +90,10 @@ void casidx_builder_destroy(struct casidx_builder **builder);
    it never gets any terms. Terms of a document must be added while it is
    the most recently added document. */
 void casidx_builder_add_doc(struct casidx_builder *builder, uint32_t uid);
-/* Add one occurrence of term to the current document's field. Terms with
-   NUL bytes are ignored, over-long terms are cut at a UTF-8 boundary. */
+/* Add one occurrence of term to the current document's field (any
+   field < CASIDX_FIELD_SPACE_COUNT; only those < CASIDX_FIELD_COUNT count
+   in the document's lengths). Terms with NUL bytes are ignored,
+   over-long terms are cut at a UTF-8 boundary. */
 void casidx_builder_add_term(struct casidx_builder *builder,
 			     enum casidx_field field,
 			     const void *term, size_t term_len);
@@ -219,5 +239,11 @@ bool casidx_segment_has_positions(const struct casidx_segment *seg);
 /* FALSE for a segment of version 1 or 2 (written before dtgrams): none
    of its documents has dtgram keys. */
 bool casidx_segment_has_dtgrams(const struct casidx_segment *seg);
+/* FALSE for a segment of version 1 to 3 (written before the raw address
+   namespaces): the raw values of its documents' address headers, if
+   any, are in the header field. In a version-4 segment a document
+   whose values are there (merged from an older segment) carries the
+   CASIDX_TERM_RAWHDR marker (casidx-index.h). */
+bool casidx_segment_has_raw_addresses(const struct casidx_segment *seg);
 
 #endif
