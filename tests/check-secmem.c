@@ -54,7 +54,7 @@ START_TEST(test_readonly_comes_back_writable)
 	p = cas_secmem_alloc(64);
 	memset(p, 0x5a, 64);
 	ck_assert_int_eq(sodium_mprotect_readonly(p), 0);
-	cas_secmem_free(p, 64);
+	cas_secmem_free_protected(p, 64);
 	q = cas_secmem_alloc(64);
 	ck_assert_ptr_eq(q, p);
 	ck_assert(all_zero(q, 64));

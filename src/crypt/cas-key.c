@@ -695,7 +695,7 @@ struct cas_keyring *cas_keyring_dup(const struct cas_keyring *keyring)
 static void cas_keyring_server_free(struct cas_keyring *keyring)
 {
 	/* wiped there */
-	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
+	cas_secmem_free_protected(keyring->secrets, sizeof(*keyring->secrets));
 }
 
 static void cas_keyring_password_free(struct cas_keyring *keyring)
@@ -779,7 +779,7 @@ cas_keyring_unseal(struct cas_keyring *keyring)
 
 	copy = cas_keyring_secrets_alloc();
 	memcpy(copy, keyring->secrets, sizeof(*copy));
-	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
+	cas_secmem_free_protected(keyring->secrets, sizeof(*keyring->secrets));
 	keyring->secrets = copy;
 	return copy;
 }
@@ -1070,7 +1070,7 @@ cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
 	}
 	cas_keyring_seal(fresh);
 	/* swap in place: the pack store and streams hold this pointer */
-	cas_secmem_free(keyring->secrets, sizeof(*keyring->secrets));
+	cas_secmem_free_protected(keyring->secrets, sizeof(*keyring->secrets));
 	*keyring = *fresh;
 	i_free(fresh);
 	*changed_r = TRUE;

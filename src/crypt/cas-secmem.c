@@ -37,7 +37,7 @@ void *cas_secmem_alloc(size_t size)
 	return ptr;
 }
 
-void cas_secmem_free(void *ptr, size_t size)
+static void cas_secmem_release(void *ptr, size_t size, bool protected)
 {
 	if (ptr == NULL)
 		return;
@@ -47,7 +47,7 @@ void cas_secmem_free(void *ptr, size_t size)
 		return;
 	}
 	/* read-only secrets become writable for the wipe */
-	if (sodium_mprotect_readwrite(ptr) < 0)
+	if (protected && sodium_mprotect_readwrite(ptr) < 0)
 		i_fatal("casbox: sodium_mprotect_readwrite() failed: %m");
 	sodium_memzero(ptr, size);
 	if (cas_secmem_pool_count == CAS_SECMEM_POOL_MAX) {
@@ -60,6 +60,16 @@ void cas_secmem_free(void *ptr, size_t size)
 	cas_secmem_pool[cas_secmem_pool_count].ptr = ptr;
 	cas_secmem_pool[cas_secmem_pool_count].size = size;
 	cas_secmem_pool_count++;
+}
+
+void cas_secmem_free(void *ptr, size_t size)
+{
+	cas_secmem_release(ptr, size, FALSE);
+}
+
+void cas_secmem_free_protected(void *ptr, size_t size)
+{
+	cas_secmem_release(ptr, size, TRUE);
 }
 
 void cas_secmem_pool_deinit(void)

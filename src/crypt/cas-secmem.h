@@ -26,8 +26,11 @@
    when out of memory, as sodium_malloc() callers here always did. */
 void *cas_secmem_alloc(size_t size);
 /* Wipe and release ptr (NULL is ignored), which cas_secmem_alloc(size)
-   returned; read-only (sodium_mprotect_readonly()) is allowed. */
+   returned and which is writable. */
 void cas_secmem_free(void *ptr, size_t size);
+/* The same for a buffer that may have been made read-only
+   (sodium_mprotect_readonly()): one mprotect() more. */
+void cas_secmem_free_protected(void *ptr, size_t size);
 /* sodium_free() every pooled buffer (plugin deinit, tests). */
 void cas_secmem_pool_deinit(void);
 
