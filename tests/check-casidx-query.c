@@ -812,6 +812,42 @@ START_TEST(test_seg3_raw_addresses)
 }
 END_TEST
 
+/* The phrase exclusion looks only at the terms a piece holding the
+   value can have: the one ending the piece before the space ends with
+   word 1, the one starting the next piece starts with the last word
+   (or either is folded). A word without a code elsewhere ("checklist"
+   in a piece ICU read) no longer keeps the message; one that could be
+   the piece's does. */
+START_TEST(test_phrase_exclusion_terms)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 20);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this checklist\xE2\x82\xAC ok");
+	add_doc(&ctx, 21);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this list\xE2\x82\xAC ok");
+	add_doc(&ctx, 22);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this list\xC3\xA9 ok");
+	add_doc(&ctx, 23);
+	add_field(&ctx, CASIDX_FIELD_BODY, "\xE2\x82\xACthis list");
+	add_doc(&ctx, 24);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this is a list\xE2\x82\xAC");
+	add_doc(&ctx, 25);
+	add_field(&ctx, CASIDX_FIELD_BODY, "athis\xE2\x82\xAC list");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* 21-23 hold it (ICU words, a folded one: no codes); 24's "list"
+	   and 25's "athis" could be the pieces' words (no proof they are
+	   not); 20's "checklist" could not: out */
+	check1(BODY, "this list", FALSE, "", "21,22,23,24,25");
+	check1(BODY, "this list ok", FALSE, "", "21,22");
+	check1(BODY, "is a list", FALSE, "", "24,25");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -833,6 +869,7 @@ int main(void)
 	tcase_add_test(tc, test_dtgram_chunks);
 	tcase_add_test(tc, test_dtgrams);
 	tcase_add_test(tc, test_raw_address_namespaces);
+	tcase_add_test(tc, test_phrase_exclusion_terms);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("seg3");
 	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);

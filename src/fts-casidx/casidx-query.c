@@ -675,8 +675,13 @@ static int phrase_entry_cb(struct casidx_segment *seg,
 	bool term_ok = phrase_term_ok(ctx, entry->key + 1,
 				      entry->key_len - 1);
 	const uint32_t *tfs;
+	bool folded = entry->key_len > 1 &&
+		entry->key[1] == CASIDX_TERM_FOLDED_PREFIX;
 
-	if (!term_ok && ctx->unsure == NULL)
+	/* only the terms a piece holding the word can start (prefix,
+	   first word: suffix, others: whole) or folded ones matter for
+	   the exclusion (query_phrase_prove()) */
+	if (!term_ok && (ctx->unsure == NULL || !folded))
 		return 0;
 	if (casidx_segment_read_positions(seg, entry, &docs, &ctx->tfs,
 					  &ctx->pos, &ctx->pos_idx,
@@ -853,12 +858,16 @@ static bool phrase_words_excludable(char *const *words, unsigned int count)
 
 /* Phrase proof, and where it can be shown the value is absent, the
    candidates it drops from set. A body holding the value literally has
-   each word inside a term: if every occurrence in the doc of every term
-   containing a word has a code (all whole RAW tokens), the proof finds
-   it; so a candidate the proof did not find is dropped unless some
-   such occurrence has no code (ICU words, parts, windows, encoded runs,
-   folded terms, segments without positions), its body is UNINDEXED, or
-   (TEXT) all the words are in its other fields too. */
+   word 1 at the end of a whitespace-delimited piece, the middle words
+   as whole pieces and the last word at the start of one; the whole
+   token there is a term that ends with word 1 (is a middle word,
+   starts with the last one), or a folded term containing it. If every
+   occurrence in the doc of those terms has a code (all whole RAW
+   tokens), the proof finds it; so a candidate the proof did not find
+   is dropped unless some such occurrence has no code (ICU words,
+   parts, windows, encoded runs, folded terms, segments without
+   positions), its body is UNINDEXED, or (TEXT) all the words are in
+   its other fields too. */
 static int query_phrase_prove(struct casidx_index *index,
 			      char *const *words, unsigned int count,
 			      unsigned int mask,
