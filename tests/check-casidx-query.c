@@ -848,6 +848,49 @@ START_TEST(test_phrase_exclusion_terms)
 }
 END_TEST
 
+/* A value of words joined by '_' lies inside one term wherever the
+   text has it ('_' joins words, encoded runs, URLs, local parts), or
+   where an address's domain ends or a URL's scheme begins at one of
+   its '_': other candidates are out. Definite only in a plain body
+   term. */
+START_TEST(test_underscore_exclusion)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 30);
+	add_field(&ctx, CASIDX_FIELD_BODY, "use GNU_Radio here");
+	add_doc(&ctx, 31);
+	add_field(&ctx, CASIDX_FIELD_BODY, "gnu and radio, gnu-radio, gnu_ radio");
+	add_doc(&ctx, 32);
+	add_field(&ctx, CASIDX_FIELD_BODY, "mail x@gnu_radio.org");
+	add_doc(&ctx, 33);
+	add_field(&ctx, CASIDX_FIELD_BODY, "see gnu_radio://host/");
+	add_doc(&ctx, 34);
+	add_field(&ctx, CASIDX_FIELD_BODY, "GNU_Radio\xC3\xA9");
+	add_doc(&ctx, 35);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "gnu_radio rocks");
+	add_field(&ctx, CASIDX_FIELD_BODY, "gnu radio");
+	add_doc(&ctx, 36);
+	add_field(&ctx, CASIDX_FIELD_BODY, "a_1 a 1 b_2x");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	check1(BODY, "GNU_Radio", FALSE, "30", "32,33,34");
+	check1(BODY, "gnu_radio", TRUE, "1,2,3,4,5,31,35,36", "32,33,34");
+	/* TEXT: definite in the body only; the subject's is maybe */
+	check1(ALL, "gnu_radio", FALSE, "30", "32,33,34,35");
+	/* the address and the URL could cut it: maybe */
+	check1(BODY, "gnu__radio", FALSE, "", "32,33");
+	/* a digit next to '_' may be a superscript Dovecot reads as one:
+	   not excluded */
+	check1(BODY, "a_1", FALSE, "36", "");
+	check1(BODY, "b_2", FALSE, "36", "");
+	check1(BODY, "x_a", FALSE, "", "");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -870,6 +913,7 @@ int main(void)
 	tcase_add_test(tc, test_dtgrams);
 	tcase_add_test(tc, test_raw_address_namespaces);
 	tcase_add_test(tc, test_phrase_exclusion_terms);
+	tcase_add_test(tc, test_underscore_exclusion);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("seg3");
 	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);
