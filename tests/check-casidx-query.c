@@ -812,6 +812,85 @@ START_TEST(test_seg3_raw_addresses)
 }
 END_TEST
 
+/* The phrase exclusion looks only at the terms a piece holding the
+   value can have: the one ending the piece before the space ends with
+   word 1, the one starting the next piece starts with the last word
+   (or either is folded). A word without a code elsewhere ("checklist"
+   in a piece ICU read) no longer keeps the message; one that could be
+   the piece's does. */
+START_TEST(test_phrase_exclusion_terms)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 20);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this checklist\xE2\x82\xAC ok");
+	add_doc(&ctx, 21);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this list\xE2\x82\xAC ok");
+	add_doc(&ctx, 22);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this list\xC3\xA9 ok");
+	add_doc(&ctx, 23);
+	add_field(&ctx, CASIDX_FIELD_BODY, "\xE2\x82\xACthis list");
+	add_doc(&ctx, 24);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this is a list\xE2\x82\xAC");
+	add_doc(&ctx, 25);
+	add_field(&ctx, CASIDX_FIELD_BODY, "athis\xE2\x82\xAC list");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* 21-23 hold it (ICU words, a folded one: no codes); 24's "list"
+	   and 25's "athis" could be the pieces' words (no proof they are
+	   not); 20's "checklist" could not: out */
+	check1(BODY, "this list", FALSE, "", "21,22,23,24,25");
+	check1(BODY, "this list ok", FALSE, "", "21,22");
+	check1(BODY, "is a list", FALSE, "", "24,25");
+}
+END_TEST
+
+/* A value of words joined by '_' lies inside one term wherever the
+   text has it ('_' joins words, encoded runs, URLs, local parts), or
+   where an address's domain ends or a URL's scheme begins at one of
+   its '_': other candidates are out. Definite only in a plain body
+   term. */
+START_TEST(test_underscore_exclusion)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 30);
+	add_field(&ctx, CASIDX_FIELD_BODY, "use GNU_Radio here");
+	add_doc(&ctx, 31);
+	add_field(&ctx, CASIDX_FIELD_BODY, "gnu and radio, gnu-radio, gnu_ radio");
+	add_doc(&ctx, 32);
+	add_field(&ctx, CASIDX_FIELD_BODY, "mail x@gnu_radio.org");
+	add_doc(&ctx, 33);
+	add_field(&ctx, CASIDX_FIELD_BODY, "see gnu_radio://host/");
+	add_doc(&ctx, 34);
+	add_field(&ctx, CASIDX_FIELD_BODY, "GNU_Radio\xC3\xA9");
+	add_doc(&ctx, 35);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "gnu_radio rocks");
+	add_field(&ctx, CASIDX_FIELD_BODY, "gnu radio");
+	add_doc(&ctx, 36);
+	add_field(&ctx, CASIDX_FIELD_BODY, "a_1 a 1 b_2x");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	check1(BODY, "GNU_Radio", FALSE, "30", "32,33,34");
+	check1(BODY, "gnu_radio", TRUE, "1,2,3,4,5,31,35,36", "32,33,34");
+	/* TEXT: definite in the body only; the subject's is maybe */
+	check1(ALL, "gnu_radio", FALSE, "30", "32,33,34,35");
+	/* the address and the URL could cut it: maybe */
+	check1(BODY, "gnu__radio", FALSE, "", "32,33");
+	/* a digit next to '_' may be a superscript Dovecot reads as one:
+	   not excluded */
+	check1(BODY, "a_1", FALSE, "36", "");
+	check1(BODY, "b_2", FALSE, "36", "");
+	check1(BODY, "x_a", FALSE, "", "");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -833,6 +912,8 @@ int main(void)
 	tcase_add_test(tc, test_dtgram_chunks);
 	tcase_add_test(tc, test_dtgrams);
 	tcase_add_test(tc, test_raw_address_namespaces);
+	tcase_add_test(tc, test_phrase_exclusion_terms);
+	tcase_add_test(tc, test_underscore_exclusion);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("seg3");
 	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);

@@ -675,8 +675,13 @@ static int phrase_entry_cb(struct casidx_segment *seg,
 	bool term_ok = phrase_term_ok(ctx, entry->key + 1,
 				      entry->key_len - 1);
 	const uint32_t *tfs;
+	bool folded = entry->key_len > 1 &&
+		entry->key[1] == CASIDX_TERM_FOLDED_PREFIX;
 
-	if (!term_ok && ctx->unsure == NULL)
+	/* only the terms a piece holding the word can start (prefix,
+	   first word: suffix, others: whole) or folded ones matter for
+	   the exclusion (query_phrase_prove()) */
+	if (!term_ok && (ctx->unsure == NULL || !folded))
 		return 0;
 	if (casidx_segment_read_positions(seg, entry, &docs, &ctx->tfs,
 					  &ctx->pos, &ctx->pos_idx,
@@ -853,12 +858,16 @@ static bool phrase_words_excludable(char *const *words, unsigned int count)
 
 /* Phrase proof, and where it can be shown the value is absent, the
    candidates it drops from set. A body holding the value literally has
-   each word inside a term: if every occurrence in the doc of every term
-   containing a word has a code (all whole RAW tokens), the proof finds
-   it; so a candidate the proof did not find is dropped unless some
-   such occurrence has no code (ICU words, parts, windows, encoded runs,
-   folded terms, segments without positions), its body is UNINDEXED, or
-   (TEXT) all the words are in its other fields too. */
+   word 1 at the end of a whitespace-delimited piece, the middle words
+   as whole pieces and the last word at the start of one; the whole
+   token there is a term that ends with word 1 (is a middle word,
+   starts with the last one), or a folded term containing it. If every
+   occurrence in the doc of those terms has a code (all whole RAW
+   tokens), the proof finds it; so a candidate the proof did not find
+   is dropped unless some such occurrence has no code (ICU words,
+   parts, windows, encoded runs, folded terms, segments without
+   positions), its body is UNINDEXED, or (TEXT) all the words are in
+   its other fields too. */
 static int query_phrase_prove(struct casidx_index *index,
 			      char *const *words, unsigned int count,
 			      unsigned int mask,
@@ -926,6 +935,151 @@ static int query_phrase_prove(struct casidx_index *index,
 	return 0;
 }
 
+/* A value of ASCII letters and digits joined by runs of '_' with a
+   letter on both sides of each run, of at most CASIDX_TOKEN_WINDOW_SAFE
+   bytes (lower-cased, from punct_value()). '_' joins words wherever it
+   occurs (UAX #29 ExtendNumLet, in the ASCII and the ICU path alike),
+   it is in the base64 alphabet of encoded runs and in URLs and e-mail
+   local parts, so an occurrence of the value lies inside one term
+   (a window, if longer), except where a compound begins or ends at one
+   of its '_': punct_edge_docs(). The letters: a character next to '_'
+   whose image is an ASCII digit may be no word character (superscript
+   two), which ICU splits off. */
+static bool underscore_value(const char *value)
+{
+	size_t i, len = strlen(value);
+
+	if (len > CASIDX_TOKEN_WINDOW_SAFE || !i_isalnum(value[0]) ||
+	    !i_isalnum(value[len - 1]))
+		return FALSE;
+	for (i = 0; i < len; i++) {
+		if (value[i] == '_') {
+			if (value[i + 1] != '_' && !i_isalpha(value[i + 1]))
+				return FALSE;
+		} else if (!i_isalnum(value[i])) {
+			return FALSE;
+		} else if (value[i + 1] == '_' && !i_isalpha(value[i])) {
+			return FALSE;
+		}
+	}
+	return TRUE;
+}
+
+struct punct_edge_ctx {
+	const char *atom;
+	size_t len;
+	/* the first atom: a term ending with it; else starting with it */
+	bool first;
+	roaring_bitmap_t *docs;
+};
+
+static void punct_edge_cb(struct casidx_segment *seg ATTR_UNUSED,
+			  const unsigned char *term, size_t term_len,
+			  const roaring_bitmap_t *docs,
+			  const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	struct punct_edge_ctx *ctx = context;
+	bool compound;
+	size_t i;
+
+	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
+		term++;
+		term_len--;
+	}
+	if (term_len < ctx->len)
+		return;
+	if (term_len >= CASIDX_TOKEN_MAX_BYTES)
+		compound = TRUE;
+	else if (ctx->first)
+		compound = memchr(term, '@', term_len) != NULL;
+	else {
+		compound = FALSE;
+		for (i = 0; i + 3 <= term_len && !compound; i++)
+			compound = memcmp(term + i, "://", 3) == 0;
+	}
+	if (ctx->first) {
+		if (memcmp(term + term_len - ctx->len, ctx->atom,
+			   ctx->len) != 0)
+			return;
+	} else if (memcmp(term, ctx->atom, ctx->len) != 0) {
+		return;
+	}
+	if (compound)
+		roaring_bitmap_or_inplace(ctx->docs, docs);
+}
+
+/* Docs where a compound may cut an underscore_value(): an e-mail
+   address whose domain ends at the value's first '_' ("x@gnu_radio":
+   the term ends with the first atom) or a URL whose scheme begins
+   after its last one ("gnu_radio://": the term starts with the last
+   atom); a long one's windows too. */
+static int punct_edge_docs(struct casidx_index *index, const char *value,
+			   unsigned int mask, roaring_bitmap_t *docs,
+			   const char **error_r)
+{
+	struct punct_edge_ctx ctx;
+	const char *last = strrchr(value, '_') + 1;
+	enum casidx_field field;
+	unsigned int i;
+
+	for (i = 0; i < 2; i++) {
+		i_zero(&ctx);
+		ctx.first = i == 0;
+		ctx.atom = ctx.first ? value : last;
+		ctx.len = ctx.first ? strcspn(value, "_") : strlen(last);
+		ctx.docs = docs;
+		for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
+			if ((mask & CASIDX_FIELD_MASK(field)) == 0)
+				continue;
+			T_BEGIN {
+				const char *atom = t_strndup(ctx.atom,
+							     ctx.len);
+				if (casidx_index_scan(index, field, atom,
+						      ctx.len,
+						      CASIDX_MATCH_SUBSTRING,
+						      punct_edge_cb, &ctx,
+						      error_r) < 0)
+					i = 3;
+			} T_END;
+			if (i == 3)
+				return -1;
+		}
+	}
+	return 0;
+}
+
+/* Exclusion for an underscore_value(): the candidates that have no
+   term containing it (in the arg's fields, folded or not), no
+   compound that may cut it and no UNINDEXED field are dropped. */
+static int punct_exclude(struct casidx_index *index, const char *value,
+			 unsigned int mask, const roaring_bitmap_t *universe,
+			 roaring_bitmap_t *set, const roaring_bitmap_t *proven,
+			 const char **error_r)
+{
+	struct query_token token;
+	roaring_bitmap_t *keep, *docs;
+
+	i_zero(&token);
+	token.term = value;
+	token.len = strlen(value);
+	token.ascii = TRUE;
+	if (query_token_docs(index, &token, CASIDX_MATCH_SUBSTRING, mask,
+			     universe, NULL, &keep, NULL, error_r) < 0)
+		return -1;
+	if (punct_edge_docs(index, value, mask, keep, error_r) < 0 ||
+	    query_marker_docs(index, CASIDX_TERM_UNINDEXED, mask, universe,
+			      &docs, error_r) < 0) {
+		roaring_bitmap_free(keep);
+		return -1;
+	}
+	roaring_bitmap_or_inplace(keep, docs);
+	roaring_bitmap_free(docs);
+	roaring_bitmap_or_inplace(keep, proven);
+	roaring_bitmap_and_inplace(set, keep);
+	roaring_bitmap_free(keep);
+	return 0;
+}
+
 /* Definite answers beyond a single word, added to def (and set): a
    multi-word value proven by positions in the body, a value with
    punctuation found inside one plain term (a term is its text's bytes
@@ -974,6 +1128,10 @@ static int query_leaf_prove(struct casidx_index *index,
 			roaring_bitmap_or_inplace(proven, plain);
 			roaring_bitmap_free(docs);
 			roaring_bitmap_free(plain);
+		}
+		if (ret == 0 && underscore_value(value)) {
+			ret = punct_exclude(index, value, leaf->field_mask,
+					    universe, set, proven, error_r);
 		}
 	}
 	if (ret == 0) {

@@ -84,6 +84,14 @@ MESSAGES = [
     ("folded", plain("m24", "sampl\u00e9 rate")),
     ("markup", multipart("m25", [
         ("text/html", "8bit", "<div class=\"x\">href=\"y\"</div>")])),
+    # words joined by '_': excluded where no term holds them, except
+    # where an address or a URL scheme cuts them
+    ("underscore cut", plain("m26", "mail x@gnu_radio.org and "
+                             "gnu_radio://host/ ok")),
+    ("underscore apart", plain("m27", "gnu radio, gnu-radio, gnu_ radio")),
+    ("underscore superscript", plain("m28", "gnu\u00b2_radio x\u2082_y")),
+    ("underscore fullwidth", plain("m29", "\uff27NU\uff3fRadio")),
+    ("underscore plain", plain("m30", "run GNU_Radio_Companion now")),
 ]
 
 VALUES = [
@@ -95,7 +103,8 @@ VALUES = [
     "example.com/a", "//example.com/a/b.c?d=e", "foo.bar@baz.com",
     "bar@baz", "<div", "href=", "class=\"x\"", "a_b c", "snake_case",
     "e and", "dollars and", "na\u00efve rate", "sample rate\u20ac",
-    "caf\u00e9 sample",
+    "caf\u00e9 sample", "GNU_Radio", "gnu__radio", "gnu2_radio", "x2_y",
+    "radio_companion", "gnu_rad",
 ]
 
 # the index must answer these messages' BODY searches definitely (a
@@ -113,6 +122,9 @@ DEFINITE = {
     "www.": ["url path"],
     "foo.bar@baz.com": ["url path"],
     "1,000 dollars": ["numbers"],
+    "snake_case": ["underscore"],
+    "GNU_Radio": ["underscore plain"],
+    "radio_companion": ["underscore plain"],
 }
 
 
