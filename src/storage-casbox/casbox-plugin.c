@@ -6,8 +6,7 @@
 #include "casbox-storage.h"
 #include "casbox-dict-auto.h"
 #include "casbox-plugin.h"
-#include "casbox-base-cache.h"
-#include "cas-secmem.h"
+#include "casbox-store.h"
 
 #include <sodium.h>
 
@@ -33,6 +32,5 @@ void casbox_plugin_deinit(void)
 		return;
 	mail_storage_class_unregister(&casbox_storage);
 	casbox_dict_autotrain_deinit();
-	casbox_base_pool_free();
-	cas_secmem_pool_deinit();
+	casbox_store_free_pools();
 }

@@ -9,6 +9,7 @@
 #include "istream-concat.h"
 #include "safe-memset.h"
 #include "cas-keymode.h"
+#include "cas-secmem.h"
 #include "casbox-pack.h"
 #include "casbox-lsm.h"
 #include "casbox-settings.h"
@@ -232,6 +233,12 @@ int casbox_store_maintenance_lock(struct casbox_store *store, bool exclusive,
 			"scrub of this store", path, timeout_secs);
 	}
 	return ret;
+}
+
+void casbox_store_free_pools(void)
+{
+	casbox_base_pool_free();
+	cas_secmem_pool_deinit();
 }
 
 void casbox_store_close(struct casbox_store **_store)

@@ -35,6 +35,10 @@ int casbox_store_maintenance_lock(struct casbox_store *store, bool exclusive,
 				  struct file_lock **lock_r,
 				  const char **error_r);
 void casbox_store_close(struct casbox_store **store);
+/* Free what closed stores leave pooled in the process for the next
+   open (wiped locked buffers: key rings, LSM keys, blob scratch keys,
+   decoded bases). Plugin deinit. */
+void casbox_store_free_pools(void);
 
 /* Load (or, for an empty store with casbox_key_autocreate, create) the
    key ring and open the packs. Returns 0 ok, -1 error (a missing key
