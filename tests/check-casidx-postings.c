@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <dirent.h>
+#include <zstd.h>
 
 static char *test_dir;
 
@@ -467,9 +468,18 @@ static int try_open(const struct cas_keyring *kr, const char *guid,
 		    buffer_t *plain)
 {
 	const char *error;
+	buffer_t *image;
+	int ret;
 
 	buffer_set_used_size(plain, 0);
-	return casidx_crypt_open(kr, guid, name, data, size, plain, &error);
+	ret = casidx_crypt_open(kr, guid, name, data, size, &image, &error);
+	if (ret > 0) {
+		buffer_append(plain, image->data, image->used);
+		buffer_free(&image);
+	} else {
+		ck_assert_ptr_null(image);
+	}
+	return ret;
 }
 
 START_TEST(test_sealed_segment_roundtrip)
@@ -488,7 +498,10 @@ START_TEST(test_sealed_segment_roundtrip)
 	ck_assert(mem_has(out->data, out->used, "common"));
 	casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
 			  out->used, sealed);
-	ck_assert_uint_eq(sealed->used, out->used + CASIDX_CRYPT_OVERHEAD);
+	/* version 2: a compressed image, smaller than the image */
+	ck_assert_uint_eq(((const unsigned char *)sealed->data)[8],
+			  CASIDX_CRYPT_VERSION);
+	ck_assert_uint_lt(sealed->used, out->used);
 	ck_assert(!mem_has(sealed->data, sealed->used, "common"));
 	ck_assert(!mem_has(sealed->data, sealed->used, "example.com"));
 	/* random nonce: sealing twice differs */
@@ -534,6 +547,195 @@ START_TEST(test_sealed_segment_roundtrip)
 	buffer_free(&out);
 	cas_keyring_free(&ka);
 	cas_keyring_free(&kb);
+}
+END_TEST
+
+/* A sealed file of any version and plaintext, written from the format
+   (doc/casidx-format.md, "Encrypted segments"), not by casidx_crypt. */
+static void seal_raw(const struct cas_keyring *kr, uint32_t version,
+		     const void *plain, size_t size, buffer_t *sealed)
+{
+	buffer_t *aad = t_buffer_create(128);
+	unsigned char v[4];
+
+	v[0] = version; v[1] = version >> 8;
+	v[2] = version >> 16; v[3] = version >> 24;
+	buffer_append(aad, "casidx-seg", 11);
+	buffer_append(aad, "CXSEGENC", 8);
+	buffer_append(aad, v, 4);
+	buffer_append(aad, GUID_A, strlen(GUID_A) + 1);
+	buffer_append(aad, "seg-00000001.cxs", 16);
+	buffer_set_used_size(sealed, 0);
+	buffer_append(sealed, "CXSEGENC", 8);
+	buffer_append(sealed, v, 4);
+	cas_record_seal(kr, aad->data, aad->used, plain, size, sealed);
+}
+
+static int try_open_error(const struct cas_keyring *kr, const buffer_t *sealed,
+			  const char **error_r)
+{
+	buffer_t *image;
+	int ret;
+
+	ret = casidx_crypt_open(kr, GUID_A, "seg-00000001.cxs", sealed->data,
+				sealed->used, &image, error_r);
+	if (image != NULL)
+		buffer_free(&image);
+	return ret;
+}
+
+/* Version 2's plaintext must be one zstd frame that declares its size
+   (at most CASIDX_CRYPT_MAX_IMAGE) and decompresses to exactly that;
+   authenticated files that break any of it are refused, naming the
+   compressed image, and allocate nothing of the declared size. */
+START_TEST(test_sealed_v2_hostile_frames)
+{
+	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *sealed = buffer_create_dynamic(default_pool, 4096);
+	buffer_t *z = buffer_create_dynamic(default_pool, 4096);
+	unsigned char *zp, big[18];
+	ZSTD_CCtx *cctx;
+	ZSTD_outBuffer zout;
+	ZSTD_inBuffer zin;
+	const char *error;
+	size_t bound, n;
+
+	build_sample(out);
+	bound = ZSTD_compressBound(out->used);
+	zp = buffer_append_space_unsafe(z, bound);
+	n = ZSTD_compress(zp, bound, out->data, out->used, 3);
+	ck_assert(!ZSTD_isError(n));
+	buffer_set_used_size(z, n);
+
+	/* the well-formed one opens */
+	seal_raw(ka, 2, z->data, z->used, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), 1);
+	/* the same plaintext labelled version 1 is the frame, no segment:
+	   it opens as a plaintext image (the parser then refuses it) */
+	seal_raw(ka, 1, z->data, z->used, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), 1);
+
+	/* two frames */
+	buffer_append(z, z->data, n);
+	seal_raw(ka, 2, z->data, z->used, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+	/* a cut frame */
+	seal_raw(ka, 2, z->data, n - 1, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+
+	/* no declared size (streaming, nothing pledged) */
+	cctx = ZSTD_createCCtx();
+	ck_assert_int_eq(ZSTD_CCtx_setParameter(cctx,
+			 ZSTD_c_contentSizeFlag, 0), 0);
+	buffer_set_used_size(z, 0);
+	zp = buffer_append_space_unsafe(z, bound);
+	zout.dst = zp; zout.size = bound; zout.pos = 0;
+	zin.src = out->data; zin.size = out->used; zin.pos = 0;
+	ck_assert_uint_eq(ZSTD_compressStream2(cctx, &zout, &zin, ZSTD_e_end),
+			  0);
+	ZSTD_freeCCtx(cctx);
+	ck_assert_uint_eq(ZSTD_getFrameContentSize(zp, zout.pos),
+			  ZSTD_CONTENTSIZE_UNKNOWN);
+	seal_raw(ka, 2, zp, zout.pos, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+
+	/* a frame header declaring 2 GiB: magic, single segment with an
+	   8-byte content size, then one empty last raw block */
+	memcpy(big, "\x28\xb5\x2f\xfd\xe0", 5);
+	memcpy(big + 5, "\x00\x00\x00\x80\x00\x00\x00\x00", 8);
+	memcpy(big + 13, "\x01\x00\x00", 3);
+	ck_assert_uint_eq(ZSTD_getFrameContentSize(big, 16),
+			  (unsigned long long)1 << 31);
+	seal_raw(ka, 2, big, 16, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+	/* declaring 100 bytes, holding none */
+	memcpy(big, "\x28\xb5\x2f\xfd\x20\x64\x01\x00\x00", 9);
+	ck_assert_uint_eq(ZSTD_getFrameContentSize(big, 9), 100);
+	seal_raw(ka, 2, big, 9, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+
+	/* a version neither reader knows */
+	seal_raw(ka, 3, out->data, out->used, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "version 3"));
+
+	buffer_free(&z);
+	buffer_free(&sealed);
+	buffer_free(&out);
+	cas_keyring_free(&ka);
+}
+END_TEST
+
+/* A segment sealed by the code before version 2 (uncompressed,
+   tests/fixtures/casidx-sealed-v1) still opens, its terms read, and a
+   reseal keeps it version 1; relabelled version 2 it fails
+   authentication (the version is in the AAD). */
+START_TEST(test_sealed_v1_fixture)
+{
+	const char *top = getenv("CASBOX_TOP_SRCDIR");
+	const char *path = t_strdup_printf(
+		"%s/tests/fixtures/casidx-sealed-v1/seg-00000001.cxs",
+		top == NULL ? CASBOX_SRCDIR : top);
+	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
+	buffer_t *file = buffer_create_dynamic(default_pool, 1024);
+	buffer_t *plain = buffer_create_dynamic(default_pool, 1024);
+	buffer_t *resealed = buffer_create_dynamic(default_pool, 1024);
+	struct casidx_segment *seg;
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	unsigned char tmp[4096], *copy;
+	unsigned int terms = 0;
+	bool fox = FALSE;
+	const char *error;
+	ssize_t n;
+	int fd;
+
+	fd = open(path, O_RDONLY);
+	ck_assert_msg(fd >= 0, "open(%s) failed", path);
+	while ((n = read(fd, tmp, sizeof(tmp))) > 0)
+		buffer_append(file, tmp, n);
+	i_close_fd(&fd);
+	ck_assert_uint_eq(((const unsigned char *)file->data)[8], 1);
+
+	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs", file->data,
+				  file->used, plain), 1);
+	ck_assert_int_eq(casidx_segment_open_buf(plain->data, plain->used,
+						 &seg, &error), 1);
+	ck_assert_uint_eq(roaring_bitmap_get_cardinality(
+				casidx_segment_get_docs(seg)), 2);
+	iter = casidx_segment_iter_init(seg, NULL, 0);
+	while (casidx_segment_iter_next(iter, &e) > 0) {
+		terms++;
+		if (e->key_len == 4 && memcmp(e->key, "0fox", 4) == 0)
+			fox = TRUE;
+	}
+	ck_assert_int_eq(casidx_segment_iter_deinit(&iter, &error), 0);
+	ck_assert(fox);
+	/* body: sealed fixture quick brown fox lazy dog sleeps;
+	   subject: fixture one two */
+	ck_assert_uint_eq(terms, 11);
+	casidx_segment_close(&seg);
+
+	/* one epoch: nothing to reseal; the file stays as it is */
+	ck_assert_int_eq(casidx_crypt_reseal(ka, GUID_A, "seg-00000001.cxs",
+					     file->data, file->used, resealed,
+					     &error), 0);
+	copy = i_malloc(file->used);
+	memcpy(copy, file->data, file->used);
+	copy[8] = 2;
+	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs", copy,
+				  file->used, plain), -1);
+	i_free(copy);
+	buffer_free(&resealed);
+	buffer_free(&plain);
+	buffer_free(&file);
+	cas_keyring_free(&ka);
 }
 END_TEST
 
@@ -1685,6 +1887,8 @@ int main(void)
 	tcase_add_test(tc, test_substring_lookup_matches_scan);
 	tcase_add_test(tc, test_termsig_candidates);
 	tcase_add_test(tc, test_sealed_segment_roundtrip);
+	tcase_add_test(tc, test_sealed_v2_hostile_frames);
+	tcase_add_test(tc, test_sealed_v1_fixture);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(tci, setup, teardown);
 	tcase_add_test(tci, test_index_commit_refresh);

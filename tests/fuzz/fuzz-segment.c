@@ -94,21 +94,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (fuzz_keyring == NULL)
 		fuzz_keyring = cas_keyring_create_from_kek(fuzz_kek);
 	T_BEGIN {
-		buffer_t *plain = buffer_create_dynamic(default_pool, 256);
+		buffer_t *plain = NULL;
 
 		if (casidx_segment_open_buf(data, size, &seg, &error) > 0) {
 			check_segment(seg);
 			casidx_segment_close(&seg);
 		}
 		if (casidx_crypt_open(fuzz_keyring, FUZZ_GUID, FUZZ_SEG_NAME,
-				      data, size, plain, &error) > 0) {
+				      data, size, &plain, &error) > 0) {
 			sealed_opened++;
 			if (casidx_segment_open_owned(&plain, &seg,
 						      &error) > 0) {
 				check_segment(seg);
 				casidx_segment_close(&seg);
 			}
-		} else if (plain->used != 0) {
+		} else if (plain != NULL) {
 			i_panic("failed open left plaintext behind");
 		}
 		if (plain != NULL)

@@ -4,7 +4,13 @@
 /* casidx sealed files: a whole segment file encrypted with the user's
    casbox index key (doc/casidx-format.md, "Encrypted segments"):
 
-     "CXSEGENC" | u32 version (1) | nonce[24] | ciphertext | tag[16]
+     "CXSEGENC" | u32 version (2) | nonce[24] | ciphertext | tag[16]
+
+   Version 2 (written since 2026-12-06): the plaintext is one zstd frame
+   (level 3, content size in its header) of the segment image, which
+   about halves a segment (its postings and dictionary are varints and
+   front-coded keys, never compressed before). Version 1 (the segment
+   image itself) is still read and resealed as it is.
 
    XChaCha20-Poly1305 via cas_record_seal() (the key ring's index key,
    whose purpose includes FTS segments). The associated data binds the
@@ -23,27 +29,37 @@
 struct cas_keyring;
 
 #define CASIDX_CRYPT_MAGIC "CXSEGENC"
-#define CASIDX_CRYPT_VERSION 1
+#define CASIDX_CRYPT_VERSION 2
+#define CASIDX_CRYPT_VERSION_PLAIN 1
+/* Largest segment image a version-2 file may declare: an authenticated
+   file that decompresses to more is refused, not allocated. */
+#define CASIDX_CRYPT_MAX_IMAGE (1024U * 1024 * 1024)
+/* zstd level of version 2 */
+#define CASIDX_CRYPT_ZSTD_LEVEL 3
 /* magic | version | nonce | tag */
 #define CASIDX_CRYPT_OVERHEAD (8 + 4 + 24 + 16)
 
-/* Append the sealed form of plain to sealed. */
+/* Append the sealed form of plain (a segment image, at most
+   CASIDX_CRYPT_MAX_IMAGE bytes) to sealed: compressed, version 2. */
 void casidx_crypt_seal(const struct cas_keyring *keyring,
 		       const char *box_guid, const char *file_name,
 		       const void *plain, size_t size, buffer_t *sealed);
-/* Verify and decrypt a sealed file image, appending the plaintext to
-   plain. Returns 1 ok, -1 not a sealed file, wrong key, moved or
-   tampered (error_r says which of "not sealed", "version" or
-   "authentication failed", never key bytes; plain is unchanged). */
+/* Verify and decrypt a sealed file image into *plain_r, a new buffer
+   (default_pool) holding the segment image. Returns 1 ok, -1 not a sealed file, wrong key, moved or
+   tampered, or (version 2) its frame is not one zstd frame of at most
+   CASIDX_CRYPT_MAX_IMAGE bytes declared and produced (error_r says
+   which of "not sealed", "version", "authentication failed" or
+   "compressed image", never key bytes; *plain_r is NULL then). */
 int casidx_crypt_open(const struct cas_keyring *keyring,
 		      const char *box_guid, const char *file_name,
-		      const void *data, size_t size, buffer_t *plain,
+		      const void *data, size_t size, buffer_t **plain_r,
 		      const char **error_r);
 
 /* Key rotation: if the sealed file opens under an older key epoch than
    the key ring's current one, append it sealed under the current one to
    resealed and return 1; 0 it is current already (or the ring has one
-   index key); -1 it opens under none (error_r). */
+   index key); -1 it opens under none (error_r). The file keeps its
+   version (compressed or not). */
 int casidx_crypt_reseal(const struct cas_keyring *keyring,
 			const char *box_guid, const char *file_name,
 			const void *data, size_t size, buffer_t *resealed,

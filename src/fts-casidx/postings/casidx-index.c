@@ -392,14 +392,11 @@ static int index_seg_open(struct casidx_index *index, uint32_t id,
 	*corrupted_r = FALSE;
 	if ((ret = read_file(path, &sealed, error_r)) <= 0)
 		return ret;
-	plain = buffer_create_dynamic(default_pool, sealed->used);
 	ret = casidx_crypt_open(index->keyring, index->box_guid, seg_name(id),
-				sealed->data, sealed->used, plain, error_r);
+				sealed->data, sealed->used, &plain, error_r);
 	buffer_free(&sealed);
 	if (ret > 0)
 		ret = casidx_segment_open_owned(&plain, seg_r, error_r);
-	else
-		buffer_free(&plain);
 	if (ret < 0) {
 		*corrupted_r = TRUE;
 		*error_r = t_strdup_printf("%s: %s", path, *error_r);
