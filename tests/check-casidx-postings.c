@@ -496,8 +496,9 @@ START_TEST(test_sealed_segment_roundtrip)
 
 	build_sample(out);
 	ck_assert(mem_has(out->data, out->used, "common"));
-	casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
-			  out->used, sealed);
+	buffer_free(&sealed);
+	sealed = casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
+				   out->used);
 	/* version 2: a compressed image, smaller than the image */
 	ck_assert_uint_eq(((const unsigned char *)sealed->data)[8],
 			  CASIDX_CRYPT_VERSION);
@@ -505,8 +506,9 @@ START_TEST(test_sealed_segment_roundtrip)
 	ck_assert(!mem_has(sealed->data, sealed->used, "common"));
 	ck_assert(!mem_has(sealed->data, sealed->used, "example.com"));
 	/* random nonce: sealing twice differs */
-	casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
-			  out->used, sealed2);
+	buffer_free(&sealed2);
+	sealed2 = casidx_crypt_seal(ka, GUID_A, "seg-00000001.cxs", out->data,
+				    out->used);
 	ck_assert(!buffer_cmp(sealed, sealed2));
 
 	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs",
@@ -553,21 +555,25 @@ END_TEST
 /* A sealed file of any version and plaintext, written from the format
    (doc/casidx-format.md, "Encrypted segments"), not by casidx_crypt. */
 static void seal_raw(const struct cas_keyring *kr, uint32_t version,
-		     const void *plain, size_t size, buffer_t *sealed)
+		     uint64_t image_size, const void *plain, size_t size,
+		     buffer_t *sealed)
 {
 	buffer_t *aad = t_buffer_create(128);
-	unsigned char v[4];
+	unsigned char v[12];
+	unsigned int i;
 
-	v[0] = version; v[1] = version >> 8;
-	v[2] = version >> 16; v[3] = version >> 24;
-	buffer_append(aad, "casidx-seg", 11);
-	buffer_append(aad, "CXSEGENC", 8);
-	buffer_append(aad, v, 4);
-	buffer_append(aad, GUID_A, strlen(GUID_A) + 1);
-	buffer_append(aad, "seg-00000001.cxs", 16);
+	for (i = 0; i < 4; i++)
+		v[i] = version >> (8 * i);
+	for (i = 0; i < 8; i++)
+		v[4 + i] = image_size >> (8 * i);
 	buffer_set_used_size(sealed, 0);
 	buffer_append(sealed, "CXSEGENC", 8);
-	buffer_append(sealed, v, 4);
+	/* version 1 has no image size */
+	buffer_append(sealed, v, version == 1 ? 4 : 12);
+	buffer_append(aad, "casidx-seg", 11);
+	buffer_append(aad, sealed->data, sealed->used);
+	buffer_append(aad, GUID_A, strlen(GUID_A) + 1);
+	buffer_append(aad, "seg-00000001.cxs", 16);
 	cas_record_seal(kr, aad->data, aad->used, plain, size, sealed);
 }
 
@@ -595,6 +601,7 @@ START_TEST(test_sealed_v2_hostile_frames)
 	buffer_t *sealed = buffer_create_dynamic(default_pool, 4096);
 	buffer_t *z = buffer_create_dynamic(default_pool, 4096);
 	unsigned char *zp, big[18];
+	uint64_t image_size;
 	ZSTD_CCtx *cctx;
 	ZSTD_outBuffer zout;
 	ZSTD_inBuffer zin;
@@ -608,21 +615,35 @@ START_TEST(test_sealed_v2_hostile_frames)
 	ck_assert(!ZSTD_isError(n));
 	buffer_set_used_size(z, n);
 
-	/* the well-formed one opens */
-	seal_raw(ka, 2, z->data, z->used, sealed);
+	/* the well-formed one opens; its header gives the image size */
+	seal_raw(ka, 2, out->used, z->data, z->used, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), 1);
+	ck_assert_int_eq(casidx_crypt_image_size(sealed->data, 20,
+						 sealed->used, &image_size), 0);
+	ck_assert_uint_eq(image_size, out->used);
+	ck_assert_int_eq(casidx_crypt_image_size(sealed->data, 11,
+						 sealed->used, &image_size), -1);
+	/* a header that says another size than the frame */
+	seal_raw(ka, 2, out->used + 1, z->data, z->used, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+	/* a header whose size was changed after sealing */
+	seal_raw(ka, 2, out->used, z->data, z->used, sealed);
+	((unsigned char *)buffer_get_modifiable_data(sealed, NULL))[12] ^= 1;
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "authentication failed"));
 	/* the same plaintext labelled version 1 is the frame, no segment:
 	   it opens as a plaintext image (the parser then refuses it) */
-	seal_raw(ka, 1, z->data, z->used, sealed);
+	seal_raw(ka, 1, 0, z->data, z->used, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), 1);
 
 	/* two frames */
 	buffer_append(z, z->data, n);
-	seal_raw(ka, 2, z->data, z->used, sealed);
+	seal_raw(ka, 2, out->used, z->data, z->used, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
 	/* a cut frame */
-	seal_raw(ka, 2, z->data, n - 1, sealed);
+	seal_raw(ka, 2, out->used, z->data, n - 1, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
 
@@ -639,7 +660,7 @@ START_TEST(test_sealed_v2_hostile_frames)
 	ZSTD_freeCCtx(cctx);
 	ck_assert_uint_eq(ZSTD_getFrameContentSize(zp, zout.pos),
 			  ZSTD_CONTENTSIZE_UNKNOWN);
-	seal_raw(ka, 2, zp, zout.pos, sealed);
+	seal_raw(ka, 2, out->used, zp, zout.pos, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
 
@@ -650,18 +671,22 @@ START_TEST(test_sealed_v2_hostile_frames)
 	memcpy(big + 13, "\x01\x00\x00", 3);
 	ck_assert_uint_eq(ZSTD_getFrameContentSize(big, 16),
 			  (unsigned long long)1 << 31);
-	seal_raw(ka, 2, big, 16, sealed);
+	seal_raw(ka, 2, out->used, big, 16, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
+	/* ... and the header saying so: refused before any decryption */
+	seal_raw(ka, 2, (uint64_t)1 << 31, big, 16, sealed);
+	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
+	ck_assert_ptr_nonnull(strstr(error, "over the limit"));
 	/* declaring 100 bytes, holding none */
 	memcpy(big, "\x28\xb5\x2f\xfd\x20\x64\x01\x00\x00", 9);
 	ck_assert_uint_eq(ZSTD_getFrameContentSize(big, 9), 100);
-	seal_raw(ka, 2, big, 9, sealed);
+	seal_raw(ka, 2, 100, big, 9, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "compressed image"));
 
 	/* a version neither reader knows */
-	seal_raw(ka, 3, out->data, out->used, sealed);
+	seal_raw(ka, 3, 0, out->data, out->used, sealed);
 	ck_assert_int_eq(try_open_error(ka, sealed, &error), -1);
 	ck_assert_ptr_nonnull(strstr(error, "version 3"));
 
@@ -691,6 +716,7 @@ START_TEST(test_sealed_v1_fixture)
 	const struct casidx_term_entry *e;
 	unsigned char tmp[4096], *copy;
 	unsigned int terms = 0;
+	uint64_t image_size;
 	bool fox = FALSE;
 	const char *error;
 	ssize_t n;
@@ -702,6 +728,9 @@ START_TEST(test_sealed_v1_fixture)
 		buffer_append(file, tmp, n);
 	i_close_fd(&fd);
 	ck_assert_uint_eq(((const unsigned char *)file->data)[8], 1);
+	ck_assert_int_eq(casidx_crypt_image_size(file->data, 20, file->used,
+						 &image_size), 0);
+	ck_assert_uint_eq(image_size, file->used - 52);
 
 	ck_assert_int_eq(try_open(ka, GUID_A, "seg-00000001.cxs", file->data,
 				  file->used, plain), 1);

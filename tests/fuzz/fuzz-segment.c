@@ -155,7 +155,7 @@ static void write_sealed_seed(const char *dir, const char *name)
 {
 	struct casidx_builder *b = casidx_builder_create();
 	buffer_t *plain = buffer_create_dynamic(default_pool, 1024);
-	buffer_t *sealed = buffer_create_dynamic(default_pool, 1024);
+	buffer_t *sealed;
 	struct cas_keyring *keyring = cas_keyring_create_from_kek(fuzz_kek);
 	const char *error;
 
@@ -163,8 +163,8 @@ static void write_sealed_seed(const char *dir, const char *name)
 	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "sealed", 6);
 	casidx_builder_add_term(b, CASIDX_FIELD_SUBJECT, "seed", 4);
 	casidx_builder_serialize(b, plain);
-	casidx_crypt_seal(keyring, FUZZ_GUID, FUZZ_SEG_NAME, plain->data,
-			  plain->used, sealed);
+	sealed = casidx_crypt_seal(keyring, FUZZ_GUID, FUZZ_SEG_NAME,
+				   plain->data, plain->used);
 	if (casidx_file_write(t_strconcat(dir, "/", name, NULL), sealed->data,
 			      sealed->used, FALSE, &error) < 0)
 		i_fatal("%s", error);

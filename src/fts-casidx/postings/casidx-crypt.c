@@ -7,9 +7,9 @@
 #include "cas-key.h"
 #include "casidx-crypt.h"
 
+#include <stdlib.h>
 #include <zstd.h>
 
-#define CRYPT_HEADER_SIZE 12
 #define CRYPT_AAD_DOMAIN "casidx-seg"
 
 static void put_u32(buffer_t *buf, uint32_t v)
@@ -19,58 +19,122 @@ static void put_u32(buffer_t *buf, uint32_t v)
 	buffer_append(buf, b, sizeof(b));
 }
 
+static void put_u64(buffer_t *buf, uint64_t v)
+{
+	put_u32(buf, (uint32_t)v);
+	put_u32(buf, (uint32_t)(v >> 32));
+}
+
 static uint32_t get_u32(const unsigned char *p)
 {
 	return p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
+static uint64_t get_u64(const unsigned char *p)
+{
+	return get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
+}
+
+/* The header's size for a version (0 for an unknown one). */
+static size_t crypt_header_size(uint32_t version)
+{
+	switch (version) {
+	case CASIDX_CRYPT_VERSION_PLAIN:
+		return 12;
+	case CASIDX_CRYPT_VERSION:
+		return 20;
+	}
+	return 0;
+}
+
+/* The AAD: the file's place and its whole header (magic, version and,
+   version 2, the image size). */
 static buffer_t *crypt_aad(const char *box_guid, const char *file_name,
-			   uint32_t version)
+			   const unsigned char *header, size_t header_size)
 {
 	buffer_t *aad = t_buffer_create(64);
 
 	buffer_append(aad, CRYPT_AAD_DOMAIN, sizeof(CRYPT_AAD_DOMAIN));
-	buffer_append(aad, CASIDX_CRYPT_MAGIC, 8);
-	put_u32(aad, version);
+	buffer_append(aad, header, header_size);
 	buffer_append(aad, box_guid, strlen(box_guid) + 1);
 	buffer_append(aad, file_name, strlen(file_name));
 	return aad;
 }
 
-void casidx_crypt_seal(const struct cas_keyring *keyring,
-		       const char *box_guid, const char *file_name,
-		       const void *plain, size_t size, buffer_t *sealed)
+/* The version and header size of a sealed file image, 0 if it is not
+   one of a known version (error_r says which). */
+static size_t crypt_header(const unsigned char *p, size_t size,
+			   uint32_t *version_r, const char **error_r)
 {
+	size_t header_size;
+
+	if (size < 12 || memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0) {
+		*error_r = "not a sealed casidx file";
+		return 0;
+	}
+	*version_r = get_u32(p + 8);
+	header_size = crypt_header_size(*version_r);
+	if (header_size == 0) {
+		*error_r = t_strdup_printf(
+			"unsupported sealed file version %u", *version_r);
+		return 0;
+	}
+	if (size < header_size + CASIDX_CRYPT_SEAL_OVERHEAD) {
+		*error_r = "not a sealed casidx file (truncated)";
+		return 0;
+	}
+	return header_size;
+}
+
+buffer_t *casidx_crypt_seal(const struct cas_keyring *keyring,
+			    const char *box_guid, const char *file_name,
+			    const void *plain, size_t size)
+{
+	buffer_t *sealed;
+
 	T_BEGIN {
-		buffer_t *aad = crypt_aad(box_guid, file_name,
-					  CASIDX_CRYPT_VERSION);
 		size_t bound = ZSTD_compressBound(size), zsize;
 		unsigned char *z;
+		buffer_t *aad;
 
 		i_assert(size <= CASIDX_CRYPT_MAX_IMAGE);
-		z = i_malloc(bound);
+		/* not i_malloc(): zeroing the bound (about the image's
+		   size) would make all of it resident, where zstd writes
+		   about half; doveadm index's peak is a segment write */
+		z = malloc(bound);
+		if (z == NULL)
+			i_fatal_status(FATAL_OUTOFMEM, "malloc(%zu) failed: %m",
+				       bound);
 		zsize = ZSTD_compress(z, bound, plain, size,
 				      CASIDX_CRYPT_ZSTD_LEVEL);
 		if (ZSTD_isError(zsize)) {
 			i_panic("casidx: ZSTD_compress() failed: %s",
 				ZSTD_getErrorName(zsize));
 		}
+		sealed = buffer_create_dynamic(default_pool,
+					       zsize + CASIDX_CRYPT_OVERHEAD);
 		buffer_append(sealed, CASIDX_CRYPT_MAGIC, 8);
 		put_u32(sealed, CASIDX_CRYPT_VERSION);
+		put_u64(sealed, size);
+		aad = crypt_aad(box_guid, file_name, sealed->data,
+				sealed->used);
 		cas_record_seal(keyring, aad->data, aad->used, z, zsize,
 				sealed);
 		safe_memset(z, 0, zsize);
-		i_free(z);
+		free(z);
 	} T_END;
+	return sealed;
 }
 
 /* The image of an authenticated version-2 plaintext: exactly one zstd
-   frame that declares its size, at most CASIDX_CRYPT_MAX_IMAGE, and
-   decompresses to exactly that. *image_r is allocated to that size (a
-   growing buffer would round it up to a power of two, and a reader
-   keeps the image for as long as the segment is open). */
+   frame that declares the header's image size (at most
+   CASIDX_CRYPT_MAX_IMAGE) and decompresses to exactly that, into a
+   buffer of that size (a growing buffer would round a 40 MB image up to
+   64 MB and zero-fill it, and a reader keeps it while the segment is
+   open). */
 static int crypt_decompress(const unsigned char *z, size_t zsize,
-			    buffer_t **image_r, const char **error_r)
+			    uint64_t image_size, buffer_t **image_r,
+			    const char **error_r)
 {
 	unsigned long long n = ZSTD_getFrameContentSize(z, zsize);
 	buffer_t *image;
@@ -78,10 +142,10 @@ static int crypt_decompress(const unsigned char *z, size_t zsize,
 	size_t ret;
 
 	if (n == ZSTD_CONTENTSIZE_UNKNOWN || n == ZSTD_CONTENTSIZE_ERROR ||
-	    n > CASIDX_CRYPT_MAX_IMAGE ||
+	    n != image_size || n > CASIDX_CRYPT_MAX_IMAGE ||
 	    ZSTD_findFrameCompressedSize(z, zsize) != zsize) {
 		*error_r = "sealed file: compressed image: not one zstd frame "
-			"of a declared size within the limit";
+			"of the header's size within the limit";
 		return -1;
 	}
 	image = buffer_create_dynamic(default_pool, I_MAX(n, 1));
@@ -106,30 +170,25 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		      const char **error_r)
 {
 	const unsigned char *p = data;
+	size_t header_size;
 	buffer_t *aad, *z;
 	const char *error;
 	uint32_t version;
 	int ret;
 
 	*plain_r = NULL;
-	if (size < CASIDX_CRYPT_OVERHEAD ||
-	    memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0) {
-		*error_r = "not a sealed casidx file";
+	if ((header_size = crypt_header(p, size, &version, error_r)) == 0)
+		return -1;
+	if (version == CASIDX_CRYPT_VERSION &&
+	    get_u64(p + 12) > CASIDX_CRYPT_MAX_IMAGE) {
+		*error_r = "sealed file: image size over the limit";
 		return -1;
 	}
-	version = get_u32(p + 8);
-	if (version != CASIDX_CRYPT_VERSION &&
-	    version != CASIDX_CRYPT_VERSION_PLAIN) {
-		*error_r = t_strdup_printf(
-			"unsupported sealed file version %u", version);
-		return -1;
-	}
-	aad = crypt_aad(box_guid, file_name, version);
-	z = buffer_create_dynamic(default_pool,
-				  size - CASIDX_CRYPT_OVERHEAD + 1);
+	aad = crypt_aad(box_guid, file_name, p, header_size);
+	z = buffer_create_dynamic(default_pool, size - header_size -
+				  CASIDX_CRYPT_SEAL_OVERHEAD + 1);
 	ret = cas_record_open(keyring, aad->data, aad->used,
-			      p + CRYPT_HEADER_SIZE, size - CRYPT_HEADER_SIZE,
-			      z, &error);
+			      p + header_size, size - header_size, z, &error);
 	if (ret < 0) {
 		*error_r = "sealed file: authentication failed "
 			"(wrong key, moved or tampered)";
@@ -137,11 +196,31 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		*plain_r = z;
 		return 1;
 	} else {
-		ret = crypt_decompress(z->data, z->used, plain_r, error_r);
+		ret = crypt_decompress(z->data, z->used, get_u64(p + 12),
+				       plain_r, error_r);
 	}
 	safe_memset(buffer_get_modifiable_data(z, NULL), 0, z->used);
 	buffer_free(&z);
 	return ret < 0 ? -1 : 1;
+}
+
+int casidx_crypt_image_size(const void *header, size_t size,
+			    uint64_t file_size, uint64_t *image_size_r)
+{
+	const unsigned char *p = header;
+	size_t header_size;
+	uint32_t version;
+
+	if (size < 12 || memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0)
+		return -1;
+	version = get_u32(p + 8);
+	header_size = crypt_header_size(version);
+	if (header_size == 0 || size < header_size ||
+	    file_size < header_size + CASIDX_CRYPT_SEAL_OVERHEAD)
+		return -1;
+	*image_size_r = version == CASIDX_CRYPT_VERSION ? get_u64(p + 12) :
+		file_size - header_size - CASIDX_CRYPT_SEAL_OVERHEAD;
+	return 0;
 }
 
 int casidx_crypt_reseal(const struct cas_keyring *keyring,
@@ -150,24 +229,20 @@ int casidx_crypt_reseal(const struct cas_keyring *keyring,
 			const char **error_r)
 {
 	const unsigned char *p = data;
+	size_t header_size;
 	buffer_t *aad;
 	const char *error;
 	uint32_t version;
 	int ret;
 
-	if (size < CASIDX_CRYPT_OVERHEAD ||
-	    memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0 ||
-	    ((version = get_u32(p + 8)) != CASIDX_CRYPT_VERSION &&
-	     version != CASIDX_CRYPT_VERSION_PLAIN)) {
-		*error_r = "not a sealed casidx file of a known version";
+	if ((header_size = crypt_header(p, size, &version, error_r)) == 0)
 		return -1;
-	}
-	/* the file keeps its version: the AAD binds it */
-	aad = crypt_aad(box_guid, file_name, version);
-	buffer_append(resealed, p, CRYPT_HEADER_SIZE);
+	/* the file keeps its version and header: the AAD binds them */
+	aad = crypt_aad(box_guid, file_name, p, header_size);
+	buffer_append(resealed, p, header_size);
 	ret = cas_record_reseal(keyring, aad->data, aad->used,
-				p + CRYPT_HEADER_SIZE,
-				size - CRYPT_HEADER_SIZE, resealed, &error);
+				p + header_size, size - header_size, resealed,
+				&error);
 	if (ret <= 0)
 		buffer_set_used_size(resealed, 0);
 	if (ret < 0) {

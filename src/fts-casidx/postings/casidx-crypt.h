@@ -4,25 +4,30 @@
 /* casidx sealed files: a whole segment file encrypted with the user's
    casbox index key (doc/casidx-format.md, "Encrypted segments"):
 
-     "CXSEGENC" | u32 version (2) | nonce[24] | ciphertext | tag[16]
+     version 2: "CXSEGENC" | u32 version (2) | u64 image size |
+                nonce[24] | ciphertext | tag[16]
+     version 1: "CXSEGENC" | u32 version (1) | nonce[24] | ciphertext |
+                tag[16]
 
-   Version 2 (written since 2026-12-06): the plaintext is one zstd frame
-   (level 3, content size in its header) of the segment image, which
-   about halves a segment (its postings and dictionary are varints and
-   front-coded keys, never compressed before). Version 1 (the segment
-   image itself) is still read and resealed as it is.
+   (little-endian). Version 2 (written since 2026-12-06): the plaintext
+   is one zstd frame (level 3) of the segment image, whose size is in
+   the header (what merges plan with) and in the frame; it about halves
+   a segment (varints, front-coded keys and roaring containers, never
+   compressed before). Version 1's plaintext is the image itself; it is
+   still read, and resealed as it is.
 
    XChaCha20-Poly1305 via cas_record_seal() (the key ring's index key,
    whose purpose includes FTS segments). The associated data binds the
    file to its place and format:
 
-     "casidx-seg" NUL | "CXSEGENC" | u32 version | mailbox GUID hex NUL |
-     file name
+     "casidx-seg" NUL | the header (magic, version, v2: image size) |
+     mailbox GUID hex NUL | file name
 
    so a sealed segment cannot be moved to another mailbox, renamed to
-   another segment id, or downgraded. The tag is verified before a single
-   plaintext byte is returned; nothing is parsed from unauthenticated
-   bytes. */
+   another segment id, relabelled to another version or image size. The
+   tag is verified before a single plaintext byte is returned; nothing
+   is parsed from unauthenticated bytes but the header's fields, which
+   the tag then covers. */
 
 #include "buffer.h"
 
@@ -36,14 +41,17 @@ struct cas_keyring;
 #define CASIDX_CRYPT_MAX_IMAGE (1024U * 1024 * 1024)
 /* zstd level of version 2 */
 #define CASIDX_CRYPT_ZSTD_LEVEL 3
-/* magic | version | nonce | tag */
-#define CASIDX_CRYPT_OVERHEAD (8 + 4 + 24 + 16)
+/* nonce | tag */
+#define CASIDX_CRYPT_SEAL_OVERHEAD (24 + 16)
+/* a version-2 file: header | nonce | tag */
+#define CASIDX_CRYPT_OVERHEAD (8 + 4 + 8 + CASIDX_CRYPT_SEAL_OVERHEAD)
 
-/* Append the sealed form of plain (a segment image, at most
-   CASIDX_CRYPT_MAX_IMAGE bytes) to sealed: compressed, version 2. */
-void casidx_crypt_seal(const struct cas_keyring *keyring,
-		       const char *box_guid, const char *file_name,
-		       const void *plain, size_t size, buffer_t *sealed);
+/* The sealed form of plain (a segment image, at most
+   CASIDX_CRYPT_MAX_IMAGE bytes), compressed (version 2), in a new
+   buffer (default_pool) of exactly its size. */
+buffer_t *casidx_crypt_seal(const struct cas_keyring *keyring,
+			    const char *box_guid, const char *file_name,
+			    const void *plain, size_t size);
 /* Verify and decrypt a sealed file image into *plain_r, a new buffer
    (default_pool) holding the segment image. Returns 1 ok, -1 not a sealed file, wrong key, moved or
    tampered, or (version 2) its frame is not one zstd frame of at most
@@ -54,6 +62,14 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		      const char *box_guid, const char *file_name,
 		      const void *data, size_t size, buffer_t **plain_r,
 		      const char **error_r);
+
+/* The image size of a sealed file from its first bytes (header, size
+   bytes of them; 20 are enough) and its file size, without the key: the
+   header's (version 2) or the file size less the overhead (version 1).
+   Returns 0 ok, -1 not a sealed file of a known version. The value is
+   only authenticated when the file is opened. */
+int casidx_crypt_image_size(const void *header, size_t size,
+			    uint64_t file_size, uint64_t *image_size_r);
 
 /* Key rotation: if the sealed file opens under an older key epoch than
    the key ring's current one, append it sealed under the current one to

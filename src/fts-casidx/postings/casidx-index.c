@@ -423,10 +423,8 @@ static int index_seg_write(struct casidx_index *index, uint32_t id,
 		buffer_free(&plain);
 		return ret;
 	}
-	sealed = buffer_create_dynamic(default_pool,
-				       plain->used + CASIDX_CRYPT_OVERHEAD);
-	casidx_crypt_seal(index->keyring, index->box_guid, seg_name(id),
-			  plain->data, plain->used, sealed);
+	sealed = casidx_crypt_seal(index->keyring, index->box_guid,
+				   seg_name(id), plain->data, plain->used);
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
 	buffer_free(&plain);
 	ret = index_file_write(index, seg_path(index, id), sealed->data,
@@ -1099,11 +1097,30 @@ static int merge_segment(struct casidx_builder *builder,
 	return 0;
 }
 
+/* The size of segment id's image, which is what a merge holds in
+   memory: the file size, or for a sealed index the image size its
+   header gives (a compressed file is about half of it). 0 if unknown. */
 static uint64_t seg_file_size(struct casidx_index *index, uint32_t id)
 {
+	unsigned char header[20];
+	uint64_t image_size;
 	struct stat st;
+	ssize_t ret;
+	int fd;
 
-	return stat(seg_path(index, id), &st) < 0 ? 0 : (uint64_t)st.st_size;
+	if (index->keyring == NULL) {
+		return stat(seg_path(index, id), &st) < 0 ? 0 :
+			(uint64_t)st.st_size;
+	}
+	if ((fd = open(seg_path(index, id), O_RDONLY)) < 0)
+		return 0;
+	if (fstat(fd, &st) < 0 ||
+	    (ret = pread(fd, header, sizeof(header), 0)) < 0 ||
+	    casidx_crypt_image_size(header, ret, st.st_size,
+				    &image_size) < 0)
+		image_size = 0;
+	i_close_fd(&fd);
+	return image_size;
 }
 
 /* A merge holds the merged postings in memory (several times the input
