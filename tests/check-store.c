@@ -1459,6 +1459,84 @@ START_TEST(test_read_races)
 }
 END_TEST
 
+/* One whole key rotation by another store handle: a new epoch, every
+   record re-sealed under it, the old epoch dropped from the key file. */
+static void rotate_and_finish(void)
+{
+	struct casbox_store *other = store_open();
+	struct casbox_rekey_stats stats;
+	struct cas_keyring *kr;
+	const char *error = NULL;
+	buffer_t *pos;
+	int ret;
+
+	ck_assert_int_eq(cas_keyring_load(key_path, &kr, &error), 1);
+	cas_keyring_rotate_add(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+	casbox_store_close(&other);
+	other = store_open();
+	pos = buffer_create_dynamic(default_pool, 64);
+	i_zero(&stats);
+	while ((ret = casbox_rekey_meta_step(other, 100, pos, &stats,
+					     &error)) > 0) ;
+	ck_assert_msg(ret == 0, "meta step: %s", error);
+	buffer_set_used_size(pos, 0);
+	while ((ret = casbox_rekey_records_step(other, 100, pos, &stats,
+						&error)) > 0) ;
+	ck_assert_msg(ret == 0, "records step: %s", error);
+	buffer_free(&pos);
+	ck_assert_int_eq(casbox_rekey_lsm(other, &error), 0);
+	casbox_store_close(&other);
+	cas_keyring_rotate_finish(kr);
+	ck_assert_int_eq(cas_keyring_save(kr, key_path, &error), 1);
+	cas_keyring_free(&kr);
+}
+
+/* A reader whose LSM view holds records of an epoch that a later
+   rotation's --finish dropped, and whose key ring was refreshed after
+   that (the soak's SEARCH "record key of epoch 6: The key file does not
+   hold key epoch 6"): its lookup reads the LSM again and opens the
+   re-sealed record. */
+START_TEST(test_stale_view_after_finish)
+{
+	static const char *const bodies[] = { "\none\n", "\ntwo\n" };
+	struct casbox_store *reader = store_open();
+	struct casbox_msg_record rec;
+	struct istream **inputs;
+	pool_t pool = pool_alloconly_create("test", 16384);
+	const char *error = NULL;
+	unsigned int i;
+
+	ck_assert_int_eq(casbox_store_open_keys(reader, &error), 0);
+	for (i = 0; i < N_ELEMENTS(bodies); i++) {
+		const char *parts[] = { part_a, bodies[i], NULL };
+
+		make_record(reader, pool, parts, &rec, &inputs);
+		add_msg(reader, i + 1, &rec, inputs);
+		free_inputs(inputs);
+	}
+	/* epoch 0 -> 1; the reader's view then takes in the epoch-1
+	   records (a lookup that misses reads the LSM again), its key
+	   ring stays at epoch 0 */
+	rotate_and_finish();
+	ck_assert_int_eq(casbox_store_msg_lookup(reader, box_guid, 99, pool,
+						 &rec, &error), 0);
+	/* epoch 1 -> 2, dropping 1: the view still has epoch-1 records;
+	   opening one refreshes the key ring, which has no epoch 1 */
+	rotate_and_finish();
+	for (i = 0; i < N_ELEMENTS(bodies); i++) {
+		if (casbox_store_msg_lookup(reader, box_guid, i + 1, pool,
+					    &rec, &error) != 1)
+			ck_abort_msg("uid %u: %s", i + 1, error);
+		ck_assert_uint_eq(array_count(&rec.parts), 2);
+		ck_assert_str_eq(read_msg(reader, i + 1),
+				 t_strconcat(part_a, bodies[i], NULL));
+	}
+	casbox_store_close(&reader);
+	pool_unref(&pool);
+}
+END_TEST
+
 /* The message record of uid as stored. */
 /* key rotate --finish's re-seal steps: the sealed metadata of every
    message record and the dictionaries move to the new epoch, once (a
@@ -1679,6 +1757,7 @@ int main(void)
 	tcase_add_test(tc, test_meta_v2_hostile);
 	tcase_add_test(tc, test_rekey_walk);
 	tcase_add_test(tc, test_rekey_reseal_steps);
+	tcase_add_test(tc, test_stale_view_after_finish);
 	tcase_add_test(tc, test_rekey_progress_marker);
 	tcase_add_test(tc, test_rekey_waits_for_save);
 	tcase_add_test(tc, test_password_mode);
