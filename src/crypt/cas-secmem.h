@@ -11,9 +11,9 @@
    key, blob scratch keys): a quarter of the lmtp process's CPU samples
    were TLB flushes (doc/benchmarks.md, "LMTP CPU: locked memory").
 
-   A freed buffer is wiped (made writable first, so read-only secrets
-   are fine) and kept for the next allocation of exactly its size; it
-   stays locked and between its guard pages. The pool is bounded
+   A freed buffer is wiped (cas_secmem_free_protected() makes a
+   read-only one writable first) and kept for the next allocation of
+   exactly its size; it stays locked and between its guard pages. The pool is bounded
    (CAS_SECMEM_POOL_MAX buffers of at most CAS_SECMEM_POOL_MAX_SIZE
    bytes each); anything else is sodium_free()d as before. */
 
