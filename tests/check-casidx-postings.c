@@ -17,6 +17,7 @@
 
 #include <check.h>
 #include "check-run.h"
+#include "check-fixture.h"
 #include <stdlib.h>
 #include <stdio.h>
 #include <fcntl.h>
@@ -703,10 +704,8 @@ END_TEST
    authentication (the version is in the AAD). */
 START_TEST(test_sealed_v1_fixture)
 {
-	const char *top = getenv("CASBOX_TOP_SRCDIR");
-	const char *path = t_strdup_printf(
-		"%s/tests/fixtures/casidx-sealed-v1/seg-00000001.cxs",
-		top == NULL ? CASBOX_SRCDIR : top);
+	const char *path = check_fixture_path("casidx-sealed-v1",
+					      "seg-00000001.cxs");
 	struct cas_keyring *ka = cas_keyring_create_from_kek(kek_a);
 	buffer_t *file = buffer_create_dynamic(default_pool, 1024);
 	buffer_t *plain = buffer_create_dynamic(default_pool, 1024);
@@ -1576,22 +1575,8 @@ END_TEST
 
 static void copy_fixture(unsigned int version, const char *name)
 {
-	const char *top = getenv("CASBOX_TOP_SRCDIR");
-	const char *src = t_strdup_printf("%s/tests/fixtures/casidx-v%u/%s",
-		top == NULL ? CASBOX_SRCDIR : top, version, name);
-	unsigned char tmp[4096];
-	ssize_t n;
-	int in, out;
-
-	in = open(src, O_RDONLY);
-	ck_assert_msg(in >= 0, "open(%s) failed", src);
-	out = open(t_strdup_printf("%s/%s", test_dir, name),
-		   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	ck_assert_int_ge(out, 0);
-	while ((n = read(in, tmp, sizeof(tmp))) > 0)
-		ck_assert_int_eq(write(out, tmp, n), n);
-	i_close_fd(&in);
-	i_close_fd(&out);
+	check_fixture_copy(t_strdup_printf("casidx-v%u", version), name,
+			   test_dir);
 }
 
 /* An index written by the format-1 or format-2 code

@@ -13,6 +13,7 @@
 
 #include <check.h>
 #include "check-run.h"
+#include "check-fixture.h"
 #include <stdlib.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -717,23 +718,7 @@ END_TEST
    segment (CASIDX_TERM_RAWHDR). */
 static void copy_seg3_fixture(const char *name)
 {
-	const char *top = getenv("CASBOX_TOP_SRCDIR");
-	const char *src = t_strdup_printf(
-		"%s/tests/fixtures/casidx-seg3/%s",
-		top == NULL ? CASBOX_SRCDIR : top, name);
-	unsigned char tmp[4096];
-	ssize_t n;
-	int in, out;
-
-	in = open(src, O_RDONLY);
-	ck_assert_msg(in >= 0, "open(%s) failed", src);
-	out = open(t_strdup_printf("%s/%s", test_dir, name),
-		   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	ck_assert_int_ge(out, 0);
-	while ((n = read(in, tmp, sizeof(tmp))) > 0)
-		ck_assert_int_eq(write(out, tmp, n), n);
-	i_close_fd(&in);
-	i_close_fd(&out);
+	check_fixture_copy("casidx-seg3", name, test_dir);
 }
 
 static void open_seg3_fixture(void)
