@@ -737,6 +737,8 @@ START_TEST(test_sealed_v1_fixture)
 						 &seg, &error), 1);
 	ck_assert_uint_eq(roaring_bitmap_get_cardinality(
 				casidx_segment_get_docs(seg)), 2);
+	/* written before segment version 4 too */
+	ck_assert(!casidx_segment_has_raw_addresses(seg));
 	iter = casidx_segment_iter_init(seg, NULL, 0);
 	while (casidx_segment_iter_next(iter, &e) > 0) {
 		terms++;
