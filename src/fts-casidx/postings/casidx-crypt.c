@@ -61,10 +61,12 @@ static buffer_t *crypt_aad(const char *box_guid, const char *file_name,
 	return aad;
 }
 
-/* The version and header size of a sealed file image, 0 if it is not
+/* The version and header size of a sealed file of file_size bytes
+   whose first size bytes are p (at least its header), 0 if it is not
    one of a known version (error_r says which). */
 static size_t crypt_header(const unsigned char *p, size_t size,
-			   uint32_t *version_r, const char **error_r)
+			   uint64_t file_size, uint32_t *version_r,
+			   const char **error_r)
 {
 	size_t header_size;
 
@@ -79,7 +81,8 @@ static size_t crypt_header(const unsigned char *p, size_t size,
 			"unsupported sealed file version %u", *version_r);
 		return 0;
 	}
-	if (size < header_size + CASIDX_CRYPT_SEAL_OVERHEAD) {
+	if (size < header_size ||
+	    file_size < header_size + CASIDX_CRYPT_SEAL_OVERHEAD) {
 		*error_r = "not a sealed casidx file (truncated)";
 		return 0;
 	}
@@ -177,7 +180,8 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 	int ret;
 
 	*plain_r = NULL;
-	if ((header_size = crypt_header(p, size, &version, error_r)) == 0)
+	if ((header_size = crypt_header(p, size, size, &version,
+					 error_r)) == 0)
 		return -1;
 	if (version == CASIDX_CRYPT_VERSION &&
 	    get_u64(p + 12) > CASIDX_CRYPT_MAX_IMAGE) {
@@ -208,15 +212,12 @@ int casidx_crypt_image_size(const void *header, size_t size,
 			    uint64_t file_size, uint64_t *image_size_r)
 {
 	const unsigned char *p = header;
+	const char *error;
 	size_t header_size;
 	uint32_t version;
 
-	if (size < 12 || memcmp(p, CASIDX_CRYPT_MAGIC, 8) != 0)
-		return -1;
-	version = get_u32(p + 8);
-	header_size = crypt_header_size(version);
-	if (header_size == 0 || size < header_size ||
-	    file_size < header_size + CASIDX_CRYPT_SEAL_OVERHEAD)
+	header_size = crypt_header(p, size, file_size, &version, &error);
+	if (header_size == 0)
 		return -1;
 	*image_size_r = version == CASIDX_CRYPT_VERSION ? get_u64(p + 12) :
 		file_size - header_size - CASIDX_CRYPT_SEAL_OVERHEAD;
@@ -235,7 +236,8 @@ int casidx_crypt_reseal(const struct cas_keyring *keyring,
 	uint32_t version;
 	int ret;
 
-	if ((header_size = crypt_header(p, size, &version, error_r)) == 0)
+	if ((header_size = crypt_header(p, size, size, &version,
+					 error_r)) == 0)
 		return -1;
 	/* the file keeps its version and header: the AAD binds them */
 	aad = crypt_aad(box_guid, file_name, p, header_size);
