@@ -162,13 +162,23 @@ def uid_search(imap, criteria):
     return sorted(int(x) for x in data[0].split())
 
 
-def run_queries(dc):
+def run_queries(dc, queries=None):
     imap = dc.imap_login(USER)
     try:
         imap.select("INBOX")
-        return {tuple(q): uid_search(imap, q) for q in QUERIES}
+        return {tuple(q): uid_search(imap, q)
+                for q in (QUERIES if queries is None else queries)}
     finally:
         imap.logout()
+
+
+def casidx_sdbox():
+    """sdbox with fts = casidx and nothing else set (the old-format
+    fixture tests and tests/fixtures/casidx-seg3/make-fixture.py)."""
+    return Dovecot(mail_location="sdbox:~/sdbox",
+                   mail_plugins=["fts", "fts_casidx"],
+                   plugin_settings={"fts": "casidx"},
+                   extra_conf=NO_LMTP_RECEIVED)
 
 
 def casidx_dirs(dc):
@@ -239,15 +249,6 @@ def seg3_messages():
         with open(os.path.join(SEG3_FIXTURE, "msg%d.eml" % i), "rb") as f:
             msgs.append(f.read())
     return msgs + RAW_MSGS
-
-
-def run_raw_queries(dc):
-    imap = dc.imap_login(USER)
-    try:
-        imap.select("INBOX")
-        return {tuple(q): uid_search(imap, q) for q in RAW_QUERIES}
-    finally:
-        imap.logout()
 
 
 def fts_lookup(dc, key, value):
@@ -397,10 +398,7 @@ class FtsCasidxSearch(unittest.TestCase):
                 b"Subject: fixture one\r\n\r\nThe quick brown fox jumps.\r\n",
                 b"From: c@example.com\r\nTo: d@example.com\r\n"
                 b"Subject: fixture two\r\n\r\nlazy dog sleeps.\r\n"]
-        dc = Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx"},
-                     extra_conf=NO_LMTP_RECEIVED)
+        dc = casidx_sdbox()
         with dc:
             dc.lmtp_deliver_many(USER, msgs)
             dc.doveadm("index", "-u", USER, "INBOX")
@@ -439,21 +437,16 @@ class FtsCasidxSearch(unittest.TestCase):
         with Dovecot(mail_location="sdbox:~/sdbox", mail_plugins=[],
                      extra_conf=NO_LMTP_RECEIVED) as dc:
             dc.lmtp_deliver_many(USER, msgs)
-            oracle = run_raw_queries(dc)
-        dc = Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx"},
-                     extra_conf=NO_LMTP_RECEIVED)
+            oracle = run_queries(dc, RAW_QUERIES)
+        dc = casidx_sdbox()
         with dc:
             dc.lmtp_deliver_many(USER, msgs)
             dc.doveadm("index", "-u", USER, "INBOX")
             self.assertEqual(fts_lookup(dc, "from", "gmail"), ({2}, {4}))
             self.assertEqual(fts_lookup(dc, "from", "first"), (set(), {1}))
-            self.assert_same(run_raw_queries(dc), oracle, "version 4")
-        dc = Dovecot(mail_location="sdbox:~/sdbox",
-                     mail_plugins=["fts", "fts_casidx"],
-                     plugin_settings={"fts": "casidx"},
-                     extra_conf=NO_LMTP_RECEIVED)
+            self.assert_same(run_queries(dc, RAW_QUERIES), oracle,
+                             "version 4")
+        dc = casidx_sdbox()
         with dc:
             dc.lmtp_deliver_many(USER, msgs[:3])
             dc.doveadm("mailbox", "update", "-u", USER, "--uid-validity",
@@ -474,13 +467,13 @@ class FtsCasidxSearch(unittest.TestCase):
             dc.doveadm("index", "-u", USER, "INBOX")
             self.assertEqual(fts_lookup(dc, "from", "gmail"),
                              ({2}, {3, 4}))
-            self.assert_same(run_raw_queries(dc), oracle, "3 + 4")
+            self.assert_same(run_queries(dc, RAW_QUERIES), oracle, "3 + 4")
             dc.doveadm("fts", "optimize", "-u", USER)
             self.assertEqual(len([f for f in os.listdir(d)
                                   if f.endswith(".cxs")]), 1)
             self.assertEqual(fts_lookup(dc, "from", "gmail"),
                              ({2}, {3, 4}))
-            self.assert_same(run_raw_queries(dc), oracle, "merged")
+            self.assert_same(run_queries(dc, RAW_QUERIES), oracle, "merged")
 
     def test_lmtp_id_matches_every_mail_of_its_instance(self):
         """Why the oracle runs deliver without LMTP's Received header: a
