@@ -1665,6 +1665,60 @@ START_TEST(test_sealed_wal_records)
 }
 END_TEST
 
+/* A batch of many similar records is stored compressed (the WAL grows
+   by less than its entries), reads back whole after a reopen, and a
+   small batch after it (stored uncompressed) reads too. */
+START_TEST(test_sealed_wal_compressed)
+{
+	struct casbox_lsm_settings set;
+	struct casbox_lsm *lsm;
+	struct casbox_lsm_batch *batch;
+	string_t *str = t_str_new(128);
+	const char *wal, *error, *value;
+	struct stat st;
+	size_t raw = 0;
+	unsigned int i;
+
+	test_dir_setup();
+	set = test_sealed_settings();
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	batch = begin(lsm);
+	for (i = 0; i < 200; i++) {
+		const char *key = t_strdup_printf("message-%05u", i);
+		value = t_strdup_printf("flags=seen received=17000%05u "
+					"mailbox=INBOX part=%u", i, i % 3);
+		put_str(batch, key, value);
+		raw += strlen(key) + strlen(value);
+	}
+	commit(&batch);
+	batch = begin(lsm);
+	put_str(batch, "small", "x");
+	commit(&batch);
+	casbox_lsm_close(&lsm);
+	wal = t_strdup(find_file(".wal"));
+	ck_assert(stat(wal, &st) == 0);
+	ck_assert_msg((size_t)st.st_size < raw / 2,
+		      "WAL %lld bytes for %zu bytes of entries",
+		      (long long)st.st_size, raw);
+	ck_assert(!test_dir_contains("received="));
+
+	ck_assert_int_eq(casbox_lsm_open(&set, &lsm, &error), 1);
+	for (i = 0; i < 200; i++) {
+		str_truncate(str, 0);
+		ck_assert_int_eq(get_str(lsm, t_strdup_printf(
+			"message-%05u", i), str), 1);
+		ck_assert_str_eq(str_c(str), t_strdup_printf(
+			"flags=seen received=17000%05u mailbox=INBOX part=%u",
+			i, i % 3));
+	}
+	str_truncate(str, 0);
+	ck_assert_int_eq(get_str(lsm, "small", str), 1);
+	ck_assert_str_eq(str_c(str), "x");
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 static void test_assert_epochs(struct casbox_lsm *lsm, const uint32_t *want,
 			       unsigned int count)
 {
@@ -1855,6 +1909,7 @@ int main(void)
 	tcase_add_test(tc_sealed, test_sealed_block_moved);
 	tcase_add_test(tc_sealed, test_sealed_table_swapped);
 	tcase_add_test(tc_sealed, test_sealed_wal_records);
+	tcase_add_test(tc_sealed, test_sealed_wal_compressed);
 	tcase_add_test(tc_sealed, test_sealed_upgrade_plaintext);
 	tcase_add_test(tc_sealed, test_sealed_epochs);
 	suite_add_tcase(s, tc_sealed);

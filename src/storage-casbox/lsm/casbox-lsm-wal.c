@@ -148,7 +148,7 @@ void casbox_lsm_wal_record_encode_sealed(buffer_t *out,
 
 	buffer_append_zero(out, CASBOX_LSM_WAL_RECORD_HDR);
 	casbox_lsm_seal(key, CASBOX_LSM_SEAL_WAL, wal_no, offset,
-			plain->data, plain->used, FALSE, out);
+			plain->data, plain->used, TRUE, out);
 	hdr = buffer_get_modifiable_data(out, NULL);
 	hdr += start;
 	cpu32_to_be_unaligned(out->used - start - CASBOX_LSM_WAL_RECORD_HDR,
