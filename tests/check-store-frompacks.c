@@ -67,9 +67,10 @@ static struct casbox_store *store_open(void)
 	return test_store_fixture_open(root, &set, TRUE);
 }
 
-/* Save (parts given) or copy (copy = TRUE: the blobs must exist) one
-   message the way casbox-save.c does: recovery mailbox, message, then
-   the mailbox record. */
+/* Save (parts given) or copy (copy = TRUE: the blobs must exist; a
+   copy record in the packs, not a recovery record) one message the way
+   casbox-save.c does: recovery mailbox, message, then the mailbox
+   record. */
 static void add_msg(struct casbox_store *store, const guid_128_t box,
 		    const char *name, uint32_t uid, const char *guid,
 		    const char *const *parts, bool copy)
@@ -107,8 +108,9 @@ static void add_msg(struct casbox_store *store, const guid_128_t box,
 	mrec.highest_modseq = 10 + uid;
 	ck_assert_int_eq(casbox_store_txn_begin(store, &txn, &error), 0);
 	casbox_store_txn_set_recovery_mailbox(txn, box, NULL, &mrec);
-	if (casbox_store_txn_add_msg(txn, box, uid, &rec,
-				     copy ? NULL : inputs, &error) < 0)
+	if ((copy ? casbox_store_txn_add_copy(txn, box, uid, &rec, &error) :
+	     casbox_store_txn_add_msg(txn, box, uid, &rec, inputs,
+				      &error)) < 0)
 		ck_abort_msg("add: %s", error);
 	casbox_store_txn_put_mailbox(txn, box, &mrec);
 	if (casbox_store_txn_commit(&txn, &error) < 0)

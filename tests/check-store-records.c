@@ -565,6 +565,157 @@ START_TEST(test_recovery_mailbox)
 }
 END_TEST
 
+/* Copy records: one entry stored as it is, many compressed; both read
+   back entry for entry; every truncation, a trailing byte, another
+   version or compression, a raw size the frame does not declare, zero
+   entries, a zero UID are refused. */
+START_TEST(test_copy_record)
+{
+	pool_t pool = pool_alloconly_create("test", 65536);
+	struct casbox_recovery_record rec, rrec;
+	struct casbox_copy_record crec, crec2;
+	const struct casbox_copy_entry *entry;
+	buffer_t *body = buffer_create_dynamic(pool, 4096);
+	buffer_t *buf = buffer_create_dynamic(pool, 4096);
+	buffer_t *m1 = buffer_create_dynamic(pool, 512);
+	buffer_t *m2 = buffer_create_dynamic(pool, 512);
+	const char *error = NULL;
+	unsigned char *p;
+	size_t i, head;
+	unsigned int n;
+
+	fill_recovery(pool, &rec);
+	i_zero(&crec);
+	crec.written_usecs = rec.written_usecs;
+	memcpy(crec.mailbox_guid, rec.mailbox_guid, GUID_128_SIZE);
+	crec.uid_validity = rec.uid_validity;
+	crec.next_uid = 200;
+	crec.highest_modseq = 7;
+	crec.mailbox_name = "Copies";
+	casbox_copy_record_body_init(body);
+	ck_assert_uint_eq(casbox_copy_record_body_count(body), 0);
+	casbox_copy_record_body_add(body, 101, &rec.msg);
+	casbox_copy_record_export(&crec, body, buf);
+	/* head: version, written, 2 GUIDs, UIDVALIDITY, next UID, modseq,
+	   name; then the compression byte */
+	head = 1 + 8 + 16 + 16 + 4 + 4 + 8 + 2 + strlen("Copies");
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), 1);
+	ck_assert_uint_eq(array_count(&crec2.entries), 1);
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_copy_record_import(buf->data, i, pool,
+							   &crec2, &error), -1);
+		ck_assert_ptr_nonnull(strstr(error, "copy record: "));
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+
+	/* 200 entries: compressed to less than a fifth */
+	for (n = 102; n < 301; n++)
+		casbox_copy_record_body_add(body, n, &rec.msg);
+	ck_assert_uint_eq(casbox_copy_record_body_count(body), 200);
+	buffer_set_used_size(buf, 0);
+	casbox_copy_record_export(&crec, body, buf);
+	p = buffer_get_modifiable_data(buf, NULL);
+	ck_assert_uint_eq(p[head], 1);
+	ck_assert_uint_lt(buf->used, body->used / 5);
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), 1);
+	ck_assert_uint_eq(array_count(&crec2.entries), 200);
+	ck_assert_str_eq(crec2.mailbox_name, "Copies");
+	ck_assert_uint_eq(crec2.next_uid, 200);
+	casbox_msg_record_export(&rec.msg, m1);
+	n = 101;
+	array_foreach(&crec2.entries, entry) {
+		ck_assert_uint_eq(entry->uid, n++);
+		buffer_set_used_size(m2, 0);
+		casbox_msg_record_export(&entry->msg, m2);
+		ck_assert(buffer_cmp(m1, m2));
+	}
+	/* the recovery record an entry stands for: next UID above it */
+	entry = array_idx(&crec2.entries, 199);
+	casbox_copy_record_entry(&crec2, entry, pool, &rrec);
+	ck_assert_uint_eq(rrec.uid, 300);
+	ck_assert_uint_eq(rrec.next_uid, 301);
+	ck_assert_uint_eq(rrec.uid_validity, rec.uid_validity);
+	ck_assert_uint_eq(array_count(&rrec.blobs), 0);
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_copy_record_import(buf->data, i, pool,
+							   &crec2, &error), -1);
+	}
+	/* a raw size the zstd frame does not declare */
+	p[head + 4] ^= 0x01;
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+	ck_assert_str_eq(error, "copy record: compressed body does not "
+			 "declare its size");
+	p[head + 4] ^= 0x01;
+	p[head] = 2;
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+	ck_assert_str_eq(error, "copy record: unknown compression 2");
+	p[head] = 1;
+	p[0] = 2;
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+	ck_assert_str_eq(error, "copy record: unsupported version 2");
+	p[0] = 1;
+
+	/* no entry; a zero UID */
+	casbox_copy_record_body_init(body);
+	buffer_set_used_size(buf, 0);
+	casbox_copy_record_export(&crec, body, buf);
+	/* (4 bytes do not compress: stored as they are) */
+	ck_assert_uint_eq(((const unsigned char *)buf->data)[head], 0);
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+	ck_assert_str_eq(error, "copy record: no entry");
+	casbox_copy_record_body_add(body, 0, &rec.msg);
+	buffer_set_used_size(buf, 0);
+	casbox_copy_record_export(&crec, body, buf);
+	ck_assert_int_eq(casbox_copy_record_import(buf->data, buf->used, pool,
+						   &crec2, &error), -1);
+	ck_assert_str_eq(error, "copy record: zero UID");
+	pool_unref(&pool);
+}
+END_TEST
+
+/* Blob keys: round trip, every truncation, none at all. */
+START_TEST(test_blob_keys)
+{
+	pool_t pool = pool_alloconly_create("test", 4096);
+	struct casbox_recovery_record rec;
+	struct casbox_blob_keys bkeys, bkeys2;
+	buffer_t *buf = buffer_create_dynamic(pool, 512);
+	const char *error = NULL;
+	size_t i;
+
+	fill_recovery(pool, &rec);
+	i_zero(&bkeys);
+	bkeys.written_usecs = 5;
+	bkeys.blobs = rec.blobs;
+	casbox_blob_keys_export(&bkeys, buf);
+	ck_assert_int_eq(casbox_blob_keys_import(buf->data, buf->used, pool,
+						 &bkeys2, &error), 1);
+	ck_assert_uint_eq(bkeys2.written_usecs, 5);
+	ck_assert_uint_eq(array_count(&bkeys2.blobs), 1);
+	ck_assert(memcmp(array_front(&bkeys2.blobs), array_front(&rec.blobs),
+			 sizeof(struct casbox_recovery_blob)) == 0);
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_blob_keys_import(buf->data, i, pool,
+							 &bkeys2, &error), -1);
+	}
+	array_clear(&bkeys.blobs);
+	buffer_set_used_size(buf, 0);
+	casbox_blob_keys_export(&bkeys, buf);
+	ck_assert_int_eq(casbox_blob_keys_import(buf->data, buf->used, pool,
+						 &bkeys2, &error), -1);
+	ck_assert_str_eq(error, "blob keys record: no blob");
+	pool_unref(&pool);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("storage-records");
@@ -582,6 +733,8 @@ int main(void)
 	tcase_add_test(tc, test_recovery_record);
 	tcase_add_test(tc, test_recovery_record_v2);
 	tcase_add_test(tc, test_recovery_mailbox);
+	tcase_add_test(tc, test_copy_record);
+	tcase_add_test(tc, test_blob_keys);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

@@ -22,6 +22,7 @@ static const char *const casbox_gc_fields[] = {
 	"bytes_reclaimed", "recovery_kept", "recovery_dropped",
 	"dek_updates", "recovery_written", "retained_released",
 	"retained_bytes_released", "duplicates_expired",
+	"blob_keys_written",
 };
 #define CASBOX_GC_FIELD_COUNT N_ELEMENTS(casbox_gc_fields)
 
@@ -44,6 +45,7 @@ static void casbox_gc_values(const struct casbox_store_gc_stats *stats,
 	values_r[i++] = stats->retained_released;
 	values_r[i++] = stats->retained_bytes_released;
 	values_r[i++] = stats->duplicates_expired;
+	values_r[i++] = stats->blob_keys_written;
 	i_assert(i == CASBOX_GC_FIELD_COUNT);
 }
 

@@ -694,8 +694,8 @@ casbox_save_add_msg(struct casbox_store *store, struct casbox_store_txn *txn,
 					    pool_datastack_create(), &rec,
 					    error_r) < 0)
 			return -1;
-		return casbox_store_txn_add_msg(txn, mailbox_guid, uid, &rec,
-						NULL, error_r);
+		return casbox_store_txn_add_copy(txn, mailbox_guid, uid, &rec,
+						 error_r);
 	}
 	count = array_count(&msg->rec.parts);
 	inputs = t_new(struct istream *, count + 1);

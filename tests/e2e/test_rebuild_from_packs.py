@@ -94,10 +94,10 @@ def from_packs(dc, check=True):
     return r, (rows[0] if rows else None)
 
 
-def recovery_records(root):
-    """Meta frames of messages: a mailbox record (kind 3) is ~110
-    bytes, a message's recovery record at least ~380 (the kind byte is
-    at offset 5 of the frame header, in the clear)."""
+def meta_frames(root, want):
+    """Meta frames of one kind (the kind byte is at offset 5 of the
+    frame header, in the clear): 1 a saved message's recovery record,
+    3 a mailbox record, 4 blob keys, 5 a COPY's copy record."""
     out = []
     for path, off, magic, size in pack_frames(root):
         if magic != b"CBMF":
@@ -105,9 +105,14 @@ def recovery_records(root):
         with open(path, "rb") as f:
             f.seek(off + 5)
             kind = f.read(1)[0]
-        if kind == 1:
+        if kind == want:
             out.append((path, off, magic, size))
     return out
+
+
+def recovery_records(root):
+    """The recovery records of saved messages, in pack order."""
+    return meta_frames(root, 1)
 
 
 def pack_frames(root):
@@ -269,6 +274,8 @@ class RebuildFromPacksTest(unittest.TestCase):
                                        USER, "--all").stdout)[0]
         self.assertEqual(int(gc["recovery_dropped"]), NEXPUNGED, gc)
         self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED, gc)
+        # INBOX 3 has a copy (Work 23): its blobs' DEKs stay as blob keys
+        self.assertGreaterEqual(int(gc["blob_keys_written"]), 1, gc)
         shutil.rmtree(os.path.join(self.root, "lsm"))
         for path in index_files(self.root):
             os.unlink(path)
@@ -287,7 +294,11 @@ class RebuildFromPacksTest(unittest.TestCase):
         """A flipped byte in one blob frame loses only the messages that
         use that blob; every other message comes back unchanged."""
         frames = [f for f in pack_frames(self.root) if f[2] == b"CBFR"]
-        self.assertEqual(len(recovery_records(self.root)), 40 + 20 + 8)
+        # a recovery record per saved message; the one COPY of 8
+        # messages wrote one copy record, no blob keys yet
+        self.assertEqual(len(recovery_records(self.root)), 40 + 20)
+        self.assertEqual(len(meta_frames(self.root, 5)), 1)
+        self.assertEqual(meta_frames(self.root, 4), [])
         path, off, _, size = frames[len(frames) // 2]
         with open(path, "r+b") as f:
             # into chunk 0: past the header of frame version 1 or 2
@@ -319,11 +330,11 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertLessEqual(missing, lost)
 
     def test_damaged_recovery_record(self):
-        """A damaged recovery record: scrub names it; the rebuild loses
-        that one message and nothing else (its copy in Work has its own
-        record with the DEKs; the blob is not an orphan, the copy uses
-        it)."""
-        path, off, _, size = recovery_records(self.root)[0]
+        """A damaged recovery record of a message nothing copied: scrub
+        names it; the rebuild loses that one message and nothing else.
+        (A copy's DEKs are in its source's record: the next test.)"""
+        # INBOX UID 10 (the records are in save order)
+        path, off, _, size = recovery_records(self.root)[9]
         with open(path, "r+b") as f:
             f.seek(off + 40)
             b = f.read(1)
@@ -340,16 +351,50 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual(int(row["damaged_frames"]), 1, row)
         self.assertEqual(int(row["messages"]), 68 - 1, row)
         self.assertEqual(int(row["lost_messages"]), 0, row)
-        self.assertEqual(int(row["orphans"]), 0, row)
         after = Snapshot(self.dc)
-        # the first save: INBOX UID 1
-        self.assertNotIn(1, after.msgs["INBOX"])
+        self.assertNotIn(10, after.msgs["INBOX"])
         for box in ("INBOX", "Work"):
             for uid, m in self.before.msgs[box].items():
-                if (box, uid) == ("INBOX", 1):
+                if (box, uid) == ("INBOX", 10):
                     continue
                 self.assertEqual(after.durable(box)[uid],
                                  self.before.durable(box)[uid], (box, uid))
+
+    def test_copy_of_expunged_source(self):
+        """A copy's record in the packs holds no DEKs: they are in the
+        source's recovery record. When the source is expunged, gc keeps
+        them as blob keys; when the source's record is damaged as well,
+        `gc --all` writes blob keys from the LSM. Either way the copy
+        comes back from the packs, byte for byte."""
+        # INBOX 1 and 2 were copied to Work 21 and 22
+        self.dc.doveadm("expunge", "-u", USER, "mailbox", "INBOX", "uid",
+                        "1,2")
+        path, off, _, size = recovery_records(self.root)[1]
+        with open(path, "r+b") as f:
+            f.seek(off + 40)
+            b = f.read(1)
+            f.seek(off + 40)
+            f.write(bytes([b[0] ^ 0x01]))
+        gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
+                                       USER, "--all").stdout)[0]
+        # INBOX 1's record dropped, its blobs kept for Work 21; INBOX 2's
+        # unreadable (its pack stays), Work 22's blobs get keys from the
+        # LSM
+        self.assertGreaterEqual(int(gc["blob_keys_written"]), 2, gc)
+        self.assertEqual(int(gc["recovery_written"]), 0, gc)
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        after = Snapshot(self.dc)
+        self.assertNotIn(1, after.msgs["INBOX"])
+        for uid in (21, 22):
+            self.assertEqual(unchanged_fields(after.msgs["Work"][uid]),
+                             unchanged_fields(self.before.msgs["Work"][uid]),
+                             uid)
+            self.assertEqual(after.bodies[("Work", uid)],
+                             self.before.bodies[("Work", uid)], uid)
 
     def test_gc_all_writes_missing_records(self):
         """Live messages without an intact recovery record (damaged here;

@@ -3,7 +3,8 @@
    casbox_dek_update_import()): recovery record versions 1 (server-
    wrapped DEKs) and 2 (DEKs of any kind: password mode's 133-byte
    sealed DEKs), message records with part transforms (base64 leaves
-   stored decoded), mailbox records, DEK updates versions 1 and 2. Oracle:
+   stored decoded), mailbox records, DEK updates versions 1 and 2, copy
+   records (stored as they are and zstd-compressed) and blob keys. Oracle:
    a crash or a leak, or a decoded record whose export does not decode
    to the same export again; a recovery record exports with the version
    its DEK kinds need. `fuzz-recovery-record --make-corpus DIR` writes
@@ -79,6 +80,54 @@ static void fuzz_dek_update(const uint8_t *data, size_t size)
 		i_panic("DEK update does not round-trip");
 }
 
+static void fuzz_copy(const uint8_t *data, size_t size)
+{
+	struct casbox_copy_record rec, rec2;
+	const struct casbox_copy_entry *entry;
+	buffer_t *body, *out, *out2;
+	const char *error;
+	pool_t pool = pool_datastack_create();
+
+	if (casbox_copy_record_import(data, size, pool, &rec, &error) <= 0)
+		return;
+	body = t_buffer_create(size * 2);
+	casbox_copy_record_body_init(body);
+	array_foreach(&rec.entries, entry)
+		casbox_copy_record_body_add(body, entry->uid, &entry->msg);
+	if (casbox_copy_record_body_count(body) != array_count(&rec.entries))
+		i_panic("copy record body count");
+	out = t_buffer_create(size + 64);
+	casbox_copy_record_export(&rec, body, out);
+	if (casbox_copy_record_import(out->data, out->used, pool, &rec2,
+				      &error) <= 0)
+		i_panic("exported copy record does not import: %s", error);
+	if (array_count(&rec2.entries) != array_count(&rec.entries))
+		i_panic("copy record entries lost");
+	body = t_buffer_create(size * 2);
+	casbox_copy_record_body_init(body);
+	array_foreach(&rec2.entries, entry)
+		casbox_copy_record_body_add(body, entry->uid, &entry->msg);
+	out2 = t_buffer_create(out->used);
+	casbox_copy_record_export(&rec2, body, out2);
+	if (!buffer_cmp(out, out2))
+		i_panic("copy record does not round-trip");
+}
+
+static void fuzz_blob_keys(const uint8_t *data, size_t size)
+{
+	struct casbox_blob_keys rec;
+	buffer_t *out;
+	const char *error;
+
+	if (casbox_blob_keys_import(data, size, pool_datastack_create(), &rec,
+				    &error) <= 0)
+		return;
+	out = t_buffer_create(size);
+	casbox_blob_keys_export(&rec, out);
+	if (out->used != size || memcmp(out->data, data, size) != 0)
+		i_panic("blob keys record does not round-trip");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static bool inited = FALSE;
@@ -91,6 +140,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_recovery(data, size);
 		fuzz_mailbox(data, size);
 		fuzz_dek_update(data, size);
+		fuzz_copy(data, size);
+		fuzz_blob_keys(data, size);
 	} T_END;
 	return 0;
 }
@@ -213,6 +264,41 @@ static void make_corpus(const char *dir)
 	buffer_set_used_size(buf, 0);
 	casbox_dek_update_export(&upd, buf);
 	write_seed(dir, "dek-update-v2-sealed", buf);
+
+	/* a copy record of one entry (stored as it is) and of three
+	   (compressed) */
+	{
+		struct casbox_copy_record crec;
+		struct casbox_blob_keys bkeys;
+		buffer_t *body = buffer_create_dynamic(pool, 1024);
+		unsigned int i;
+
+		make_recovery(&rec, pool, FALSE);
+		i_zero(&crec);
+		crec.written_usecs = rec.written_usecs;
+		memcpy(crec.mailbox_guid, rec.mailbox_guid, GUID_128_SIZE);
+		crec.uid_validity = rec.uid_validity;
+		crec.next_uid = 30;
+		crec.highest_modseq = 77;
+		crec.mailbox_name = "Copies";
+		casbox_copy_record_body_init(body);
+		casbox_copy_record_body_add(body, 21, &rec.msg);
+		buffer_set_used_size(buf, 0);
+		casbox_copy_record_export(&crec, body, buf);
+		write_seed(dir, "copy-one", buf);
+		for (i = 22; i < 25; i++)
+			casbox_copy_record_body_add(body, i, &rec.msg);
+		buffer_set_used_size(buf, 0);
+		casbox_copy_record_export(&crec, body, buf);
+		write_seed(dir, "copy-compressed", buf);
+
+		i_zero(&bkeys);
+		bkeys.written_usecs = rec.written_usecs;
+		bkeys.blobs = rec.blobs;
+		buffer_set_used_size(buf, 0);
+		casbox_blob_keys_export(&bkeys, buf);
+		write_seed(dir, "blob-keys", buf);
+	}
 	pool_unref(&pool);
 }
 

@@ -151,8 +151,14 @@ enum casbox_meta_kind {
 	CASBOX_META_KIND_DEK_UPDATE = 2,
 	/* a mailbox created, renamed, its GUID changed, or deleted */
 	CASBOX_META_KIND_MAILBOX = 3,
+	/* blob ids -> DEK and plain size, without a message: what gc keeps
+	   of a dropped recovery record whose blobs other messages use */
+	CASBOX_META_KIND_BLOB_KEYS = 4,
+	/* the message records of a COPY's messages into one mailbox,
+	   without DEKs (server key mode) */
+	CASBOX_META_KIND_COPY = 5,
 };
-#define CASBOX_META_KIND_MAX CASBOX_META_KIND_MAILBOX
+#define CASBOX_META_KIND_MAX CASBOX_META_KIND_COPY
 
 struct casbox_meta_header {
 	/* CASBOX_META_VERSION or _USERKEY; 0 writes CASBOX_META_VERSION */

@@ -7,6 +7,9 @@
 #include "casbox-pack.h"
 #include "casbox-recovery.h"
 #include "casbox-record-io.h"
+#include "safe-memset.h"
+
+#include <zstd.h>
 
 /* a blob entry before its DEK */
 #define RECOVERY_BLOB_FIXED_SIZE (CAS_BLOB_ID_SIZE + 4 + 8)
@@ -265,4 +268,245 @@ int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
 		return -1;
 	}
 	return 1;
+}
+
+void casbox_blob_keys_export(const struct casbox_blob_keys *rec,
+			     buffer_t *dest)
+{
+	const struct casbox_recovery_blob *blob;
+
+	i_assert(array_count(&rec->blobs) <= UINT16_MAX);
+	wr_u8(dest, CASBOX_BLOB_KEYS_VERSION);
+	wr_u64(dest, rec->written_usecs);
+	wr_u16(dest, array_count(&rec->blobs));
+	array_foreach(&rec->blobs, blob) {
+		/* gc writes them only where it can open records: server
+		   mode, whose DEKs are wrapped */
+		i_assert(blob->dek_kind == CAS_DEK_KIND_SERVER_WRAP);
+		buffer_append(dest, blob->id.id, CAS_BLOB_ID_SIZE);
+		wr_u32(dest, blob->dict_id);
+		wr_u64(dest, blob->plain_size);
+		wr_u8(dest, CASBOX_DEK_KIND_WRAPPED);
+		buffer_append(dest, blob->wrapped_dek, CAS_WRAPPED_DEK_SIZE);
+	}
+}
+
+int casbox_blob_keys_import(const void *data, size_t size, pool_t pool,
+			    struct casbox_blob_keys *rec_r,
+			    const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size),
+	};
+	struct casbox_recovery_record rrec;
+
+	i_zero(rec_r);
+	rd_version(&rd, CASBOX_BLOB_KEYS_VERSION);
+	rec_r->written_usecs = rd_u64(&rd, "written");
+	i_zero(&rrec);
+	if (rd.error != NULL ||
+	    casbox_recovery_read_blobs(&rd, CASBOX_RECOVERY_VERSION, pool,
+				       &rrec) < 0) {
+		*error_r = t_strconcat("blob keys record: ", rd.error, NULL);
+		return -1;
+	}
+	if (array_count(&rrec.blobs) == 0) {
+		*error_r = "blob keys record: no blob";
+		return -1;
+	}
+	rec_r->blobs = rrec.blobs;
+	return 1;
+}
+
+void casbox_copy_record_body_init(buffer_t *body)
+{
+	buffer_set_used_size(body, 0);
+	wr_u32(body, 0);
+}
+
+void casbox_copy_record_body_add(buffer_t *body, uint32_t uid,
+				 const struct casbox_msg_record *msg)
+{
+	unsigned char *count;
+	size_t len_pos;
+
+	i_assert(body->used >= 4);
+	wr_u32(body, uid);
+	len_pos = body->used;
+	wr_u32(body, 0);
+	casbox_msg_record_export(msg, body);
+	cpu32_to_be_unaligned(body->used - len_pos - 4,
+			      buffer_get_space_unsafe(body, len_pos, 4));
+	count = buffer_get_space_unsafe(body, 0, 4);
+	cpu32_to_be_unaligned(be32_to_cpu_unaligned(count) + 1, count);
+}
+
+unsigned int casbox_copy_record_body_count(const buffer_t *body)
+{
+	return body->used < 4 ? 0 : be32_to_cpu_unaligned(body->data);
+}
+
+void casbox_copy_record_export(const struct casbox_copy_record *rec,
+			       const buffer_t *body, buffer_t *dest)
+{
+	size_t bound, zsize, start;
+	unsigned char *z;
+
+	i_assert(body->used <= CASBOX_COPY_RECORD_MAX_RAW);
+	write_head(dest, CASBOX_COPY_RECORD_VERSION, rec->written_usecs,
+		   rec->mailbox_guid, rec->public_guid, rec->uid_validity);
+	wr_u32(dest, rec->next_uid);
+	wr_u64(dest, rec->highest_modseq);
+	wr_str16(dest, rec->mailbox_name);
+	/* many message records of one mailbox: their keys, dates, sizes
+	   and field layout repeat */
+	start = dest->used;
+	bound = ZSTD_compressBound(body->used);
+	z = buffer_append_space_unsafe(dest, 5 + bound);
+	zsize = ZSTD_compress(z + 5, bound, body->data, body->used, 3);
+	if (!ZSTD_isError(zsize) && zsize + 4 < body->used) {
+		z[0] = 1;
+		cpu32_to_be_unaligned(body->used, z + 1);
+		buffer_set_used_size(dest, start + 5 + zsize);
+	} else {
+		buffer_set_used_size(dest, start);
+		wr_u8(dest, 0);
+		buffer_append_buf(dest, body, 0, SIZE_MAX);
+	}
+}
+
+static int
+casbox_copy_record_read_body(struct rec_reader *rd, pool_t pool,
+			     struct casbox_copy_record *rec_r)
+{
+	struct casbox_copy_entry *entry;
+	const unsigned char *p;
+	const char *error;
+	unsigned int i, count;
+	size_t len;
+
+	count = rd_u32(rd, "entry count");
+	/* an entry is at least a UID and a length */
+	if (rd->error == NULL && count > (size_t)(rd->end - rd->p) / 8) {
+		rd->error = t_strdup_printf("%u entries do not fit in the "
+					    "record", count);
+	}
+	if (rd->error == NULL && count == 0)
+		rd->error = "no entry";
+	if (rd->error != NULL)
+		return -1;
+	p_array_init(&rec_r->entries, pool, count);
+	for (i = 0; i < count; i++) {
+		entry = array_append_space(&rec_r->entries);
+		entry->uid = rd_u32(rd, "uid");
+		len = rd_u32(rd, "message record length");
+		if ((p = rd_take(rd, len, "message record")) == NULL)
+			return -1;
+		if (entry->uid == 0) {
+			rd->error = "zero UID";
+			return -1;
+		}
+		if (casbox_msg_record_import(p, len, pool, &entry->msg,
+					     &error) < 0) {
+			rd->error = t_strdup_printf("entry %u: message "
+						    "record: %s", i, error);
+			return -1;
+		}
+	}
+	if (rd->p != rd->end) {
+		rd->error = "trailing bytes";
+		return -1;
+	}
+	return 0;
+}
+
+int casbox_copy_record_import(const void *data, size_t size, pool_t pool,
+			      struct casbox_copy_record *rec_r,
+			      const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size),
+	};
+	struct rec_reader body_rd;
+	unsigned char *raw = NULL;
+	uint8_t version, compression;
+	size_t raw_size = 0, zret;
+	int ret = 0;
+
+	i_zero(rec_r);
+	version = rd_u8(&rd, "version");
+	if (rd.error == NULL && version != CASBOX_COPY_RECORD_VERSION)
+		rd.error = t_strdup_printf("unsupported version %u", version);
+	rec_r->written_usecs = rd_u64(&rd, "written");
+	if (rd_need(&rd, 2 * GUID_128_SIZE, "mailbox guid")) {
+		memcpy(rec_r->mailbox_guid, rd_take(&rd, GUID_128_SIZE, ""),
+		       GUID_128_SIZE);
+		memcpy(rec_r->public_guid, rd_take(&rd, GUID_128_SIZE, ""),
+		       GUID_128_SIZE);
+	}
+	rec_r->uid_validity = rd_u32(&rd, "uidvalidity");
+	rec_r->next_uid = rd_u32(&rd, "next uid");
+	rec_r->highest_modseq = rd_u64(&rd, "highest modseq");
+	rec_r->mailbox_name = rd_str16(&rd, pool, "mailbox name");
+	compression = rd_u8(&rd, "compression");
+	if (rd.error == NULL && (rec_r->uid_validity == 0 ||
+				 guid_128_is_empty(rec_r->mailbox_guid)))
+		rd.error = "zero UIDVALIDITY or mailbox GUID";
+	body_rd = rd;
+	if (rd.error == NULL && compression == 1) {
+		raw_size = rd_u32(&rd, "raw size");
+		if (rd.error == NULL &&
+		    (raw_size > CASBOX_COPY_RECORD_MAX_RAW || raw_size < 4))
+			rd.error = t_strdup_printf("raw size %zu out of range",
+						   raw_size);
+		/* the frame must declare that size itself before anything
+		   is allocated for it */
+		if (rd.error == NULL &&
+		    ZSTD_getFrameContentSize(rd.p, rd.end - rd.p) != raw_size)
+			rd.error = "compressed body does not declare its size";
+		if (rd.error == NULL) {
+			raw = i_malloc(raw_size);
+			zret = ZSTD_decompress(raw, raw_size, rd.p,
+					       rd.end - rd.p);
+			if (ZSTD_isError(zret) || zret != raw_size)
+				rd.error = "decompression failed";
+		}
+		body_rd.p = raw;
+		body_rd.end = raw + raw_size;
+		body_rd.error = rd.error;
+	} else if (rd.error == NULL && compression != 0) {
+		rd.error = t_strdup_printf("unknown compression %u",
+					   compression);
+		body_rd.error = rd.error;
+	}
+	if (rd.error != NULL ||
+	    casbox_copy_record_read_body(&body_rd, pool, rec_r) < 0) {
+		*error_r = t_strconcat("copy record: ",
+				       rd.error != NULL ? rd.error :
+				       body_rd.error, NULL);
+		ret = -1;
+	}
+	if (raw != NULL) {
+		safe_memset(raw, 0, raw_size);
+		i_free(raw);
+	}
+	return ret < 0 ? -1 : 1;
+}
+
+void casbox_copy_record_entry(const struct casbox_copy_record *rec,
+			      const struct casbox_copy_entry *entry,
+			      pool_t pool,
+			      struct casbox_recovery_record *rrec_r)
+{
+	i_zero(rrec_r);
+	rrec_r->written_usecs = rec->written_usecs;
+	guid_128_copy(rrec_r->mailbox_guid, rec->mailbox_guid);
+	guid_128_copy(rrec_r->public_guid, rec->public_guid);
+	rrec_r->uid_validity = rec->uid_validity;
+	rrec_r->uid = entry->uid;
+	rrec_r->next_uid = I_MAX(rec->next_uid, entry->uid + 1);
+	rrec_r->highest_modseq = rec->highest_modseq;
+	rrec_r->mailbox_name = rec->mailbox_name;
+	rrec_r->msg = entry->msg;
+	p_array_init(&rrec_r->blobs, pool, 1);
 }

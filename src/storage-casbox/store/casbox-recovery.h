@@ -85,6 +85,76 @@ struct casbox_recovery_mailbox {
 	const char *name;
 };
 
+/* Blob keys (CASBOX_META_KIND_BLOB_KEYS): gc writes one for a recovery
+   record it drops (its message is gone) when some of the record's
+   blobs are still live, with those blobs' entries as the record had
+   them, so that messages whose own record holds no DEK (copies, below)
+   still find one, and the plain size of a delta's base:
+     u8 version (1: server-wrapped DEKs) | u64 written |
+     u16 n | n x blob entry (as in the recovery record) */
+#define CASBOX_BLOB_KEYS_VERSION 1
+struct casbox_blob_keys {
+	uint64_t written_usecs;
+	ARRAY_TYPE(casbox_recovery_blob) blobs;
+};
+void casbox_blob_keys_export(const struct casbox_blob_keys *rec,
+			     buffer_t *dest);
+int casbox_blob_keys_import(const void *data, size_t size, pool_t pool,
+			    struct casbox_blob_keys *rec_r,
+			    const char **error_r);
+
+/* Copy record (CASBOX_META_KIND_COPY): the messages one COPY (or one
+   of its checkpoint chunks) added to one mailbox, in server key mode.
+   A copy writes no blob, so instead of a recovery record per message
+   (~550 bytes: mailbox, message record and every blob's wrapped DEK)
+   it writes only the message records, many to a frame, compressed;
+   the DEKs are in the records of the messages that stored the blobs,
+   or in blob keys gc writes when it drops those.
+     u8 version (1) | u64 written | 16 mailbox storage id |
+     16 public mailbox GUID (zero = the storage id) | u32 UIDVALIDITY |
+     u32 mailbox next_uid | u64 highest-modseq bound | u16 len | name |
+     u8 compression (0 none, 1 zstd) | [u32 raw size |] body
+   body (after decompression) = u32 n | n x (u32 UID | u32 len |
+     casbox_msg_record_export(), as in a recovery record)
+   The raw size is at most CASBOX_COPY_RECORD_MAX_RAW. */
+#define CASBOX_COPY_RECORD_VERSION 1
+#define CASBOX_COPY_RECORD_MAX_RAW (64U * 1024 * 1024)
+struct casbox_copy_entry {
+	uint32_t uid;
+	struct casbox_msg_record msg;
+};
+ARRAY_DEFINE_TYPE(casbox_copy_entry, struct casbox_copy_entry);
+struct casbox_copy_record {
+	uint64_t written_usecs;
+	guid_128_t mailbox_guid;
+	guid_128_t public_guid;
+	uint32_t uid_validity;
+	uint32_t next_uid;
+	uint64_t highest_modseq;
+	const char *mailbox_name;
+	ARRAY_TYPE(casbox_copy_entry) entries;
+};
+/* entries is the already exported body (u32 n | entries), as
+   casbox_copy_record_body_add() builds it; compressed here when that
+   makes it smaller. */
+void casbox_copy_record_export(const struct casbox_copy_record *rec,
+			       const buffer_t *body, buffer_t *dest);
+/* One entry onto body (body starts with u32 n = 0: _body_init()). */
+void casbox_copy_record_body_init(buffer_t *body);
+void casbox_copy_record_body_add(buffer_t *body, uint32_t uid,
+				 const struct casbox_msg_record *msg);
+unsigned int casbox_copy_record_body_count(const buffer_t *body);
+/* rec->entries from pool. Returns 1 ok, -1 malformed. */
+int casbox_copy_record_import(const void *data, size_t size, pool_t pool,
+			      struct casbox_copy_record *rec_r,
+			      const char **error_r);
+/* The recovery record a copy entry stands for (no blobs: a rebuild
+   takes their DEKs from any record that has them). */
+void casbox_copy_record_entry(const struct casbox_copy_record *rec,
+			      const struct casbox_copy_entry *entry,
+			      pool_t pool,
+			      struct casbox_recovery_record *rrec_r);
+
 void casbox_recovery_mailbox_export(const struct casbox_recovery_mailbox *rec,
 				    buffer_t *dest);
 /* Returns 1 ok, -1 malformed. */

@@ -900,6 +900,18 @@ int casbox_census_check_meta(struct casbox_store *store,
 		ret = casbox_recovery_mailbox_import(plain->data, plain->used,
 						     pool_datastack_create(),
 						     &mrec, error_r);
+	} else if (kind == CASBOX_META_KIND_COPY) {
+		struct casbox_copy_record crec;
+
+		ret = casbox_copy_record_import(plain->data, plain->used,
+						pool_datastack_create(),
+						&crec, error_r);
+	} else if (kind == CASBOX_META_KIND_BLOB_KEYS) {
+		struct casbox_blob_keys bkeys;
+
+		ret = casbox_blob_keys_import(plain->data, plain->used,
+					      pool_datastack_create(),
+					      &bkeys, error_r);
 	} else {
 		ret = casbox_dek_update_import(plain->data, plain->used, &upd,
 					       error_r);

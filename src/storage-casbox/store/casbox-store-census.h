@@ -35,6 +35,8 @@ struct casbox_census_blob {
 	time_t quarantine_time;
 	/* gc: copied to a new frame (under a fresh DEK) */
 	bool gc_moved;
+	/* gc --all: a meta record it keeps or writes holds a DEK for it */
+	bool gc_dek_seen;
 };
 
 /* A shared metadata record ('s') and the message records naming it. */

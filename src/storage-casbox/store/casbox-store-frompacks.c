@@ -92,6 +92,28 @@ static void frompacks_add_dek(struct casbox_frompacks *fp,
 	memcpy(new_dek->stored, stored, size);
 }
 
+/* The message of mailbox and UID to fill from a record written at
+   written_usecs, or NULL if a newer record already filled it. */
+static struct casbox_frompacks_msg *
+frompacks_msg_slot(struct casbox_frompacks *fp, const guid_128_t mailbox_guid,
+		   uint32_t uid, uint64_t written_usecs)
+{
+	struct casbox_frompacks_msg *msg;
+	const char *key;
+
+	key = t_strdup_printf("%s:%u", binary_to_hex(mailbox_guid,
+				GUID_128_SIZE), uid);
+	msg = hash_table_lookup(fp->msgs, key);
+	if (msg != NULL && msg->rec.written_usecs > written_usecs)
+		return NULL;
+	if (msg == NULL) {
+		msg = p_new(fp->pool, struct casbox_frompacks_msg, 1);
+		hash_table_insert(fp->msgs, p_strdup(fp->pool, key), msg);
+		array_push_back(&fp->msg_list, &msg);
+	}
+	return msg;
+}
+
 static void frompacks_add_recovery(struct casbox_frompacks *fp,
 				   const buffer_t *plain,
 				   const struct casbox_pack_frame_info *info)
@@ -99,7 +121,7 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 	struct casbox_recovery_record rec;
 	const struct casbox_recovery_blob *rblob;
 	struct casbox_frompacks_msg *msg;
-	const char *key, *error;
+	const char *error;
 	pool_t pool = pool_datastack_create();
 
 	if (casbox_recovery_record_import(plain->data, plain->used, pool,
@@ -117,16 +139,10 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 			rblob->plain_size;
 	}
 
-	key = t_strdup_printf("%s:%u", binary_to_hex(rec.mailbox_guid,
-				GUID_128_SIZE), rec.uid);
-	msg = hash_table_lookup(fp->msgs, key);
-	if (msg != NULL && msg->rec.written_usecs > rec.written_usecs)
+	msg = frompacks_msg_slot(fp, rec.mailbox_guid, rec.uid,
+				 rec.written_usecs);
+	if (msg == NULL)
 		return;
-	if (msg == NULL) {
-		msg = p_new(fp->pool, struct casbox_frompacks_msg, 1);
-		hash_table_insert(fp->msgs, p_strdup(fp->pool, key), msg);
-		array_push_back(&fp->msg_list, &msg);
-	}
 	/* again, from the long-lived pool */
 	if (casbox_recovery_record_import(plain->data, plain->used, fp->pool,
 					  &msg->rec, &error) < 0)
@@ -136,6 +152,64 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 	/* the new LSM has no shared metadata records (recovery records are
 	   written without a reference; this keeps a stray one out) */
 	msg->rec.msg.meta_ref = FALSE;
+}
+
+/* A copy record: each entry is a message like a recovery record's,
+   whose blobs' DEKs come from other records (the source's recovery
+   record, blob keys, DEK updates). */
+static void frompacks_add_copy(struct casbox_frompacks *fp,
+			       const buffer_t *plain,
+			       const struct casbox_pack_frame_info *info)
+{
+	struct casbox_copy_record rec;
+	const struct casbox_copy_entry *entry;
+	struct casbox_frompacks_msg *msg;
+	const char *error;
+
+	/* the long-lived pool: the entries kept are used as they are */
+	if (casbox_copy_record_import(plain->data, plain->used, fp->pool,
+				      &rec, &error) < 0) {
+		i_warning("casbox rebuild --from-packs: pack %u offset %"
+			  PRIu64": %s", info->pack_id, info->offset, error);
+		fp->meta_unreadable++;
+		return;
+	}
+	array_foreach(&rec.entries, entry) {
+		msg = frompacks_msg_slot(fp, rec.mailbox_guid, entry->uid,
+					 rec.written_usecs);
+		if (msg == NULL)
+			continue;
+		casbox_copy_record_entry(&rec, entry, fp->pool, &msg->rec);
+		guid_128_copy(msg->mailbox_guid, rec.mailbox_guid);
+		msg->uid = entry->uid;
+		msg->rec.msg.meta_ref = FALSE;
+	}
+}
+
+/* Blob keys: DEKs and plain sizes of blobs whose message record gc
+   dropped. */
+static void frompacks_add_blob_keys(struct casbox_frompacks *fp,
+				    const buffer_t *plain,
+				    const struct casbox_pack_frame_info *info)
+{
+	struct casbox_blob_keys rec;
+	const struct casbox_recovery_blob *rblob;
+	const char *error;
+
+	if (casbox_blob_keys_import(plain->data, plain->used,
+				    pool_datastack_create(), &rec,
+				    &error) < 0) {
+		i_warning("casbox rebuild --from-packs: pack %u offset %"
+			  PRIu64": %s", info->pack_id, info->offset, error);
+		fp->meta_unreadable++;
+		return;
+	}
+	array_foreach(&rec.blobs, rblob) {
+		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
+				  rblob->stored_dek);
+		frompacks_blob_get(fp, &rblob->id)->size_hint =
+			rblob->plain_size;
+	}
 }
 
 static void frompacks_add_dek_update(struct casbox_frompacks *fp,
@@ -183,6 +257,10 @@ static void frompacks_meta(struct casbox_frompacks *fp,
 		frompacks_add_recovery(fp, plain, info);
 	else if (kind == CASBOX_META_KIND_MAILBOX)
 		frompacks_add_mailbox(fp, plain, info);
+	else if (kind == CASBOX_META_KIND_COPY)
+		frompacks_add_copy(fp, plain, info);
+	else if (kind == CASBOX_META_KIND_BLOB_KEYS)
+		frompacks_add_blob_keys(fp, plain, info);
 	else
 		frompacks_add_dek_update(fp, plain, info);
 	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);

@@ -104,7 +104,7 @@ struct casbox_gc {
 	uint64_t bytes_before, bytes_written;
 	unsigned int records_dropped, packs_deleted;
 	unsigned int recovery_kept, recovery_dropped, dek_updates;
-	unsigned int recovery_written;
+	unsigned int recovery_written, blob_keys_written;
 	/* casbox_gc_expire(): retained mail and dup records released */
 	struct casbox_expire_result expired;
 };
@@ -198,6 +198,27 @@ static int casbox_gc_txn_begin(struct casbox_gc *gc, const char **error_r)
 	return 0;
 }
 
+/* gc --all: the packs will hold a DEK for this blob. */
+static void casbox_gc_dek_seen(struct casbox_gc *gc,
+			       const struct cas_blob_id *id)
+{
+	struct casbox_census_blob *blob;
+
+	blob = hash_table_lookup(gc->census->blobs, id);
+	if (blob != NULL)
+		blob->gc_dek_seen = TRUE;
+}
+
+static void
+casbox_gc_deks_seen(struct casbox_gc *gc,
+		    const ARRAY_TYPE(casbox_recovery_blob) *blobs)
+{
+	const struct casbox_recovery_blob *rblob;
+
+	array_foreach(blobs, rblob)
+		casbox_gc_dek_seen(gc, &rblob->id);
+}
+
 static int casbox_gc_dek_update(struct casbox_gc *gc,
 				const struct cas_blob_id *id,
 				uint8_t dek_kind,
@@ -217,6 +238,7 @@ static int casbox_gc_dek_update(struct casbox_gc *gc,
 	}
 	if (ret > 0)
 		gc->dek_updates++;
+	casbox_gc_dek_seen(gc, id);
 	return 0;
 }
 
@@ -385,13 +407,74 @@ casbox_gc_locators_build(struct casbox_gc *gc,
 	return ret;
 }
 
+static void casbox_gc_drop_msg(struct casbox_gc *gc,
+			       struct casbox_gc_pack *cand,
+			       const guid_128_t mailbox_guid, uint32_t uid,
+			       const char *guid)
+{
+	struct casbox_gc_dropped *drop;
+
+	drop = array_append_space(&gc->dropped);
+	guid_128_copy(drop->mailbox_guid, mailbox_guid);
+	drop->uid = uid;
+	drop->guid = p_strdup(gc->census->pool, guid);
+	drop->cand = cand;
+	gc->recovery_dropped++;
+}
+
+/* A dropped recovery record's blobs that are still live (other
+   messages use them: copies, whose copy records carry no DEK,
+   redeliveries, a shared attachment, a delta's base) keep their DEK
+   and plain size in the packs as blob keys. Server key mode only: a
+   password-mode copy has a recovery record of its own.
+   Returns 1 ok, -1 error. */
+static int
+casbox_gc_blob_keys_write(struct casbox_gc *gc,
+			  const ARRAY_TYPE(casbox_recovery_blob) *blobs,
+			  const char **error_r)
+{
+	struct casbox_blob_keys bkeys;
+	const struct casbox_recovery_blob *rblob;
+	struct casbox_census_blob *blob;
+	const char *error;
+	buffer_t *plain;
+	int ret;
+
+	if (cas_keyring_get_userkey(gc->keyring) != NULL)
+		return 1;
+	i_zero(&bkeys);
+	t_array_init(&bkeys.blobs, array_count(blobs));
+	array_foreach(blobs, rblob) {
+		blob = hash_table_lookup(gc->census->blobs, &rblob->id);
+		if (blob != NULL && casbox_census_blob_is_live(blob) &&
+		    rblob->dek_kind == CAS_DEK_KIND_SERVER_WRAP)
+			array_push_back(&bkeys.blobs, rblob);
+	}
+	if (array_count(&bkeys.blobs) == 0)
+		return 1;
+	bkeys.written_usecs = casbox_meta_now_usecs();
+	plain = t_buffer_create(64 + array_count(&bkeys.blobs) * 128);
+	casbox_blob_keys_export(&bkeys, plain);
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	ret = casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_BLOB_KEYS,
+				       plain->data, plain->used, &error);
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	gc->blob_keys_written++;
+	casbox_gc_deks_seen(gc, &bkeys.blobs);
+	return 1;
+}
+
 static int casbox_gc_recovery(struct casbox_gc *gc,
 			      struct casbox_gc_pack *cand,
 			      const buffer_t *sealed, const buffer_t *plain,
 			      const char **error_r)
 {
 	struct casbox_recovery_record rrec;
-	struct casbox_gc_dropped *drop;
 	const char *error;
 	int ret;
 
@@ -413,6 +496,7 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 			return -1;
 		}
 		gc->recovery_kept++;
+		casbox_gc_deks_seen(gc, &rrec.blobs);
 		if (gc->all) {
 			char *key = p_strdup(gc->census->pool,
 				casbox_gc_msg_key(rrec.mailbox_guid,
@@ -421,12 +505,111 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 		}
 		return 1;
 	}
-	drop = array_append_space(&gc->dropped);
-	guid_128_copy(drop->mailbox_guid, rrec.mailbox_guid);
-	drop->uid = rrec.uid;
-	drop->guid = p_strdup(gc->census->pool, rrec.msg.guid);
-	drop->cand = cand;
-	gc->recovery_dropped++;
+	casbox_gc_drop_msg(gc, cand, rrec.mailbox_guid, rrec.uid,
+			   rrec.msg.guid);
+	return casbox_gc_blob_keys_write(gc, &rrec.blobs, error_r);
+}
+
+/* A copy record: kept as it is while all its messages live, written
+   again with the live ones when some are gone, dropped with the last.
+   Returns 1 handled, 0 unreadable (keep the pack), -1 error. */
+static int casbox_gc_copy_frame(struct casbox_gc *gc,
+				struct casbox_gc_pack *cand,
+				const buffer_t *sealed, const buffer_t *plain,
+				const char **error_r)
+{
+	struct casbox_copy_record crec;
+	const struct casbox_copy_entry *entry;
+	const char *error;
+	buffer_t *body, *out;
+	unsigned int live = 0, count;
+	int ret;
+
+	if (casbox_copy_record_import(plain->data, plain->used,
+				      pool_datastack_create(), &crec,
+				      error_r) < 0)
+		return 0;
+	body = t_buffer_create(plain->used);
+	casbox_copy_record_body_init(body);
+	array_foreach(&crec.entries, entry) {
+		ret = casbox_gc_msg_live(gc, crec.mailbox_guid, entry->uid,
+					 entry->msg.guid, error_r);
+		if (ret < 0)
+			return -1;
+		if (ret == 0) {
+			casbox_gc_drop_msg(gc, cand, crec.mailbox_guid,
+					   entry->uid, entry->msg.guid);
+			continue;
+		}
+		live++;
+		casbox_copy_record_body_add(body, entry->uid, &entry->msg);
+		if (gc->all) {
+			char *key = p_strdup(gc->census->pool,
+				casbox_gc_msg_key(crec.mailbox_guid,
+						  entry->uid));
+			hash_table_update(gc->covered, key, key);
+		}
+	}
+	count = array_count(&crec.entries);
+	gc->recovery_kept += live;
+	if (live == 0)
+		return 1;
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (live == count) {
+		ret = casbox_pack_txn_add_meta_sealed(gc->txn,
+				CASBOX_META_KIND_COPY, sealed->data,
+				sealed->used, &error);
+	} else {
+		/* the same record with fewer entries (written time kept:
+		   the newest record of a UID still wins a rebuild) */
+		out = t_buffer_create(body->used / 2 + 256);
+		casbox_copy_record_export(&crec, body, out);
+		ret = casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_COPY,
+					       out->data, out->used, &error);
+		safe_memset(buffer_get_modifiable_data(out, NULL), 0,
+			    out->used);
+	}
+	safe_memset(buffer_get_modifiable_data(body, NULL), 0, body->used);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 1;
+}
+
+/* Blob keys: kept while one of their blobs is live. */
+static int casbox_gc_blob_keys_frame(struct casbox_gc *gc,
+				     const buffer_t *sealed,
+				     const buffer_t *plain,
+				     const char **error_r)
+{
+	struct casbox_blob_keys bkeys;
+	const struct casbox_recovery_blob *rblob;
+	struct casbox_census_blob *blob;
+	const char *error;
+	bool live = FALSE;
+
+	if (casbox_blob_keys_import(plain->data, plain->used,
+				    pool_datastack_create(), &bkeys,
+				    error_r) < 0)
+		return 0;
+	array_foreach(&bkeys.blobs, rblob) {
+		blob = hash_table_lookup(gc->census->blobs, &rblob->id);
+		live = live || (blob != NULL &&
+				casbox_census_blob_is_live(blob));
+	}
+	if (!live)
+		return 1;
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_meta_sealed(gc->txn,
+			CASBOX_META_KIND_BLOB_KEYS, sealed->data,
+			sealed->used, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	casbox_gc_deks_seen(gc, &bkeys.blobs);
 	return 1;
 }
 
@@ -453,6 +636,7 @@ static int casbox_gc_dek_frame(struct casbox_gc *gc, const buffer_t *sealed,
 		*error_r = t_strdup_printf("pack append: %s", error);
 		return -1;
 	}
+	casbox_gc_dek_seen(gc, &upd.id);
 	return 1;
 }
 
@@ -582,6 +766,10 @@ static int casbox_gc_meta(struct casbox_gc *gc,
 		ret = casbox_gc_recovery(gc, cand, sealed, plain, &error);
 	else if (kind == CASBOX_META_KIND_MAILBOX)
 		ret = casbox_gc_mailbox_frame(gc, sealed, plain, &error);
+	else if (kind == CASBOX_META_KIND_COPY)
+		ret = casbox_gc_copy_frame(gc, cand, sealed, plain, &error);
+	else if (kind == CASBOX_META_KIND_BLOB_KEYS)
+		ret = casbox_gc_blob_keys_frame(gc, sealed, plain, &error);
 	else
 		ret = casbox_gc_dek_frame(gc, sealed, plain, &error);
 	if (plain->used > 0) {
@@ -703,7 +891,52 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 		return -1;
 	}
 	gc->recovery_written++;
+	casbox_gc_deks_seen(gc, &rrec.blobs);
 	return 1;
+}
+
+/* --all, server key mode: blob keys for every live blob that no record
+   gc kept or wrote has a DEK for (its message's recovery record was
+   damaged, or dropped by a build before blob keys, and copies use the
+   blob), from its LSM record, so that a rebuild from the packs opens
+   every live blob. Returns 0 ok, -1 error. */
+static int casbox_gc_backfill_deks(struct casbox_gc *gc, const char **error_r)
+{
+	struct casbox_census_blob *blob;
+	struct casbox_recovery_blob *rblob;
+	ARRAY_TYPE(casbox_recovery_blob) blobs;
+	unsigned int i, count;
+	int ret = 0;
+
+	if (cas_keyring_get_userkey(gc->keyring) != NULL)
+		return 0;
+	t_array_init(&blobs, 64);
+	count = array_count(&gc->census->blob_list);
+	for (i = 0; i <= count && ret >= 0; i++) {
+		if (i < count) {
+			blob = array_idx_elem(&gc->census->blob_list, i);
+			if (blob->gc_dek_seen || !blob->have_record ||
+			    blob->record_bad ||
+			    !casbox_census_blob_is_live(blob) ||
+			    blob->rec.dek_kind != CAS_DEK_KIND_SERVER_WRAP)
+				continue;
+			rblob = array_append_space(&blobs);
+			rblob->id = blob->id;
+			rblob->dict_id = blob->rec.dict_id;
+			rblob->plain_size = blob->rec.plain_size;
+			rblob->dek_kind = blob->rec.dek_kind;
+			memcpy(rblob->wrapped_dek, blob->rec.stored_dek,
+			       CAS_WRAPPED_DEK_SIZE);
+			/* the census marks it live: written below */
+			blob->gc_dek_seen = TRUE;
+		}
+		if (array_count(&blobs) == 0 ||
+		    (i < count && array_count(&blobs) < 4096))
+			continue;
+		ret = casbox_gc_blob_keys_write(gc, &blobs, error_r);
+		array_clear(&blobs);
+	}
+	return ret < 0 ? -1 : 0;
 }
 
 /* --all saw every recovery record: give each live message that has none
@@ -763,6 +996,8 @@ static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
 		ret = casbox_gc_copy_metas(gc, error_r);
 	if (ret == 0 && gc->all)
 		ret = casbox_gc_backfill(gc, error_r);
+	if (ret == 0 && gc->all)
+		ret = casbox_gc_backfill_deks(gc, error_r);
 	if (ret == 0)
 		ret = casbox_gc_txn_commit(gc, error_r);
 	if (gc->txn != NULL)
@@ -1040,6 +1275,7 @@ static void casbox_gc_stats(struct casbox_gc *gc,
 		freed - gc->bytes_written : 0;
 	stats_r->recovery_kept = gc->recovery_kept;
 	stats_r->recovery_dropped = gc->recovery_dropped;
+	stats_r->blob_keys_written = gc->blob_keys_written;
 	stats_r->dek_updates = gc->dek_updates;
 	stats_r->recovery_written = gc->recovery_written;
 	stats_r->retained_released = gc->expired.retained_released;

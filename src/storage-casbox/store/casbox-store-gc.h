@@ -17,6 +17,9 @@ struct casbox_store_gc_stats {
 	   dup records past casbox_duplicate_window (casbox-store-safety.h) */
 	uint64_t retained_released, retained_bytes_released;
 	uint64_t duplicates_expired;
+	/* blob keys records written for dropped recovery records whose
+	   blobs other messages (copies) still use */
+	uint64_t blob_keys_written;
 };
 
 /* Open the store's keys (or fail), then census, copy, switch, unlink.

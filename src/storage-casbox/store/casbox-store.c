@@ -104,6 +104,9 @@ struct casbox_store_txn {
 	bool have_recovery_mailbox;
 	guid_128_t recovery_mailbox_guid, recovery_public_guid;
 	struct casbox_mailbox_record recovery_mailbox;
+	/* the copies added since the last pack commit, for one copy
+	   record (casbox_copy_record_body_add(); NULL = none yet) */
+	buffer_t *copy_body;
 
 	/* cross-message compression (casbox-xmsg.h): the next added
 	   message's hints (NULL = none) and what this txn mapped */
@@ -2017,6 +2020,83 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	return 0;
 }
 
+/* Copies get a copy record instead of a recovery record each: the
+   server key mode only, where gc opens recovery records and keeps
+   the DEKs of a dropped one whose blobs live on (blob keys). In
+   password mode gc cannot open records, so copies keep a recovery
+   record each. */
+static bool casbox_store_txn_copy_records(struct casbox_store_txn *txn)
+{
+	return txn->store->keyring != NULL &&
+		cas_keyring_get_userkey(txn->store->keyring) == NULL;
+}
+
+/* The copy record of the copies added so far into the pack
+   transaction (before its commit). Returns 0 ok, -1 error. */
+static int casbox_store_txn_flush_copies(struct casbox_store_txn *txn,
+					 const char **error_r)
+{
+	const struct casbox_mailbox_record *mrec = &txn->recovery_mailbox;
+	struct casbox_copy_record crec;
+	const char *error;
+	buffer_t *plain;
+	int ret;
+
+	if (txn->copy_body == NULL ||
+	    casbox_copy_record_body_count(txn->copy_body) == 0)
+		return 0;
+	if (casbox_store_txn_pack_begin(txn, error_r) < 0)
+		return -1;
+	i_zero(&crec);
+	crec.written_usecs = casbox_meta_now_usecs();
+	guid_128_copy(crec.mailbox_guid, txn->recovery_mailbox_guid);
+	guid_128_copy(crec.public_guid, txn->recovery_public_guid);
+	crec.uid_validity = mrec->uid_validity;
+	crec.next_uid = mrec->next_uid;
+	crec.highest_modseq = mrec->highest_modseq;
+	crec.mailbox_name = mrec->name;
+	plain = buffer_create_dynamic(default_pool,
+				      txn->copy_body->used / 2 + 256);
+	casbox_copy_record_export(&crec, txn->copy_body, plain);
+	ret = casbox_pack_txn_add_meta(txn->pack_txn, CASBOX_META_KIND_COPY,
+				       plain->data, plain->used, &error);
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	buffer_free(&plain);
+	safe_memset(buffer_get_modifiable_data(txn->copy_body, NULL), 0,
+		    txn->copy_body->used);
+	casbox_copy_record_body_init(txn->copy_body);
+	if (ret < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
+/* A copy's message record into the transaction's copy record (a frame
+   per CASBOX_STORE_COPY_RECORD_FLUSH bytes of records). */
+static int
+casbox_store_txn_add_copy_recovery(struct casbox_store_txn *txn,
+				   uint32_t uid,
+				   const struct casbox_msg_record *rec,
+				   const char **error_r)
+{
+	struct casbox_msg_record lean = *rec;
+
+	/* as in a recovery record: no derived metadata, no reference to
+	   the LSM's shared metadata */
+	lean.sealed_meta = NULL;
+	lean.sealed_meta_size = 0;
+	lean.meta_ref = FALSE;
+	if (txn->copy_body == NULL) {
+		txn->copy_body = buffer_create_dynamic(default_pool, 4096);
+		casbox_copy_record_body_init(txn->copy_body);
+	}
+	casbox_copy_record_body_add(txn->copy_body, uid, &lean);
+	if (txn->copy_body->used < CASBOX_STORE_COPY_RECORD_FLUSH)
+		return 0;
+	return casbox_store_txn_flush_copies(txn, error_r);
+}
+
 /* The shared metadata record as this txn sees it (refcount 0 = none).
    Returns 0 ok, -1 error, -2 the record fails to verify or decode. */
 static int
@@ -2184,11 +2264,12 @@ casbox_store_txn_drop_flags(struct casbox_store_txn *txn,
 	return ret < 0 ? -1 : 0;
 }
 
-int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
-			     const guid_128_t mailbox_guid, uint32_t uid,
-			     const struct casbox_msg_record *rec,
-			     struct istream *const *part_inputs,
-			     const char **error_r)
+static int
+casbox_store_txn_add_msg_full(struct casbox_store_txn *txn,
+			      const guid_128_t mailbox_guid, uint32_t uid,
+			      const struct casbox_msg_record *rec,
+			      struct istream *const *part_inputs, bool copy,
+			      const char **error_r)
 {
 	const struct casbox_msg_part *parts;
 	const struct casbox_xmsg_hints *hints;
@@ -2229,9 +2310,17 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 				    &parts[0].id, error_r) < 0)
 		return -1;
 	if (txn->have_recovery_mailbox &&
-	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid) &&
-	    casbox_store_txn_add_recovery(txn, uid, rec, error_r) < 0)
-		return -1;
+	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid)) {
+		if (copy && casbox_store_txn_copy_records(txn) &&
+		    array_count(&rec->parts) > 0)
+			ret = casbox_store_txn_add_copy_recovery(txn, uid, rec,
+								 error_r);
+		else
+			ret = casbox_store_txn_add_recovery(txn, uid, rec,
+							    error_r);
+		if (ret < 0)
+			return -1;
+	}
 	value = t_buffer_create(256);
 	if (casbox_records_ensure_marker(txn->store, txn->batch,
 					 error_r) < 0 ||
@@ -2242,6 +2331,25 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 	casbox_lsm_batch_put(txn->batch, key->data, key->used,
 			     value->data, value->used);
 	return 0;
+}
+
+int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
+			     const guid_128_t mailbox_guid, uint32_t uid,
+			     const struct casbox_msg_record *rec,
+			     struct istream *const *part_inputs,
+			     const char **error_r)
+{
+	return casbox_store_txn_add_msg_full(txn, mailbox_guid, uid, rec,
+					     part_inputs, FALSE, error_r);
+}
+
+int casbox_store_txn_add_copy(struct casbox_store_txn *txn,
+			      const guid_128_t mailbox_guid, uint32_t uid,
+			      const struct casbox_msg_record *rec,
+			      const char **error_r)
+{
+	return casbox_store_txn_add_msg_full(txn, mailbox_guid, uid, rec,
+					     NULL, TRUE, error_r);
 }
 
 void casbox_store_txn_put_mailbox(struct casbox_store_txn *txn,
@@ -2442,6 +2550,11 @@ static void casbox_store_txn_free(struct casbox_store_txn **_txn)
 	txn->store->txns_open--;
 	casbox_xmsg_txn_destroy(&txn->xmsg);
 	casbox_store_txn_blobs_deinit(txn);
+	if (txn->copy_body != NULL) {
+		safe_memset(buffer_get_modifiable_data(txn->copy_body, NULL),
+			    0, txn->copy_body->used);
+		buffer_free(&txn->copy_body);
+	}
 	pool_unref(&txn->pool);
 }
 
@@ -2543,6 +2656,12 @@ static int casbox_store_txn_commit_batch(struct casbox_store_txn *txn,
 		return -1;
 	}
 
+	if (casbox_store_txn_flush_copies(txn, error_r) < 0) {
+		if (txn->pack_txn != NULL)
+			casbox_pack_txn_rollback(&txn->pack_txn);
+		casbox_lsm_batch_rollback(&txn->batch);
+		return -1;
+	}
 	/* blobs first: a record must never point to bytes that are not
 	   durable */
 	if (txn->pack_txn != NULL &&

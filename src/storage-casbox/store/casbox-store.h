@@ -194,6 +194,19 @@ int casbox_store_txn_add_msg(struct casbox_store_txn *txn,
 			     const struct casbox_msg_record *rec,
 			     struct istream *const *part_inputs,
 			     const char **error_r);
+/* The same for a COPY inside the store (NULL part_inputs). Its pack
+   recovery is a copy record (many message records to one compressed
+   meta frame, no DEKs: doc/casbox-storage.md, "Rebuild from the
+   packs") in server key mode; a recovery record, as a save's, in
+   password mode. */
+int casbox_store_txn_add_copy(struct casbox_store_txn *txn,
+			      const guid_128_t mailbox_guid, uint32_t uid,
+			      const struct casbox_msg_record *rec,
+			      const char **error_r);
+/* A copy record is cut into a new frame when its message records reach
+   this many bytes (the meta frame limit is 16 MiB; a checkpoint commits
+   one sooner). */
+#define CASBOX_STORE_COPY_RECORD_FLUSH (4 * 1024 * 1024)
 /* Cross-message compression (casbox-xmsg.h): hints (not copied: they
    must live until then) for the next casbox_store_txn_add_msg() only.
    Its lead part, if written, is compressed against the blob the hints
