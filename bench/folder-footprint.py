@@ -4,10 +4,12 @@ run (issue 16: "never worse than the best peer on any folder of the
 corpus"):
 
     CASBOX_TOP_BUILDDIR=build python3 bench/folder-footprint.py \\
-        [--peers mdbox+zstd,mdbox+zstd+SIS,sdbox+zstd,casbox] [folder ...]
+        [--peers mdbox+zstd,mdbox+zstd+SIS,sdbox+zstd,casbox] \\
+        [--sample N ...] [folder ...]
 
-Each folder (default: every folder of ../shared/corpus) is delivered by
-LMTP (one connection, lmtp_add_received_header = no) into a fresh user
+Each folder (default: every folder of ../shared/corpus; --sample N adds
+bench/run's LMTP sample of N messages) is delivered by LMTP (one
+connection, lmtp_add_received_header = no) into a fresh user
 of a fresh instance of each peer (the configurations of
 bench/storage.py, mail_fsync = optimized). Reported: allocated bytes
 (st_blocks) of the user's whole home, Dovecot's indexes included, per
@@ -22,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
+import dovecot_harness  # noqa: E402
 from dovecot_harness import Dovecot, corpus_dir, load  # noqa: E402
 import bench  # noqa: E402
 import storage  # noqa: E402
@@ -55,6 +58,11 @@ def footprint(config, msgs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--peers", default=DEFAULT_PEERS)
+    ap.add_argument("--sample", type=int, action="append", default=[],
+                    metavar="N",
+                    help="also bench/run's LMTP sample of N messages "
+                    "(every k-th of the whole corpus), as a row "
+                    "sample-N; repeatable")
     ap.add_argument("folders", nargs="*")
     args = ap.parse_args()
     configs = dict(storage.peer_configs("/nonexistent"))
@@ -63,8 +71,12 @@ def main():
         d for d in os.listdir(corpus_dir())
         if os.path.isdir(os.path.join(corpus_dir(), d)))
     rows = []
-    for folder in folders:
-        msgs = load(folder_paths(folder))
+    sets = [(folder, folder_paths(folder)) for folder in folders]
+    for n in args.sample:
+        sets.append(("sample-%d" % n,
+                     bench.corpus_messages(dovecot_harness, n)[1]))
+    for folder, paths in sets:
+        msgs = load(paths)
         mail = sum(len(m) for m in msgs)
         ratios = {}
         for peer in peers:
