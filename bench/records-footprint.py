@@ -13,6 +13,9 @@
   INBOX (one flag change per message); the growth of the WAL files
   (apparent bytes) divided by N. casbox_lsm_wal_size is raised so the
   WAL is not flushed into a table in between.
+- --wal-size 64k (the default setting) instead of the bench's 64M:
+  the LSM bytes per message as a user's store has them (tables
+  compressed, superseded versions merged away).
 - Per record type, after the deliveries: live records and their key
   and value bytes per message (tests/storage-dump -s), so the LSM
   bytes can be told apart (m message, s shared metadata, r its
@@ -68,14 +71,20 @@ def record_sizes(dc, root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=800)
+    ap.add_argument("--wal-size", default="64M",
+                    help="casbox_lsm_wal_size (default 64M: nothing is "
+                    "flushed, so the WAL columns are exact; the "
+                    "default setting, 64k, gives the LSM as a user has "
+                    "it, and then the WAL columns do not mean much)")
     args = ap.parse_args()
+    settings = dict(SETTINGS, casbox_lsm_wal_size=args.wal_size)
     msgs = []
     for path in corpus_files("usrp-users-3000", limit=args.n):
         with open(path, "rb") as f:
             msgs.append(f.read())
     mail_bytes = sum(len(m) for m in msgs)
     with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
-                 plugin_settings=SETTINGS,
+                 plugin_settings=settings,
                  extra_conf="mail_fsync = optimized\n") as dc:
         root = os.path.join(dc.home(USER), "casbox")
         lsm = os.path.join(root, "lsm")
