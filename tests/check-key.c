@@ -551,7 +551,24 @@ START_TEST(test_v3_round_trip)
 	ck_assert_uint_eq(cas_dek_wrapped_key_id(w3), new_id);
 
 	/* another process notices the new file in place and adopts its
-	   epoch */
+	   epoch; with a stat() made by the caller (one for two rings of
+	   the same file) as well as by itself */
+	ck_assert(cas_keyring_refresh_needs_stat(k1));
+	{
+		struct cas_keyring *k1b;
+		struct stat st;
+
+		ck_assert_int_eq(stat(path, &st), 0);
+		k1b = cas_keyring_dup(k1);
+		ck_assert_int_eq(cas_keyring_refresh_stat(k1b, path, &st,
+					&changed, &error), 1);
+		ck_assert(changed);
+		ck_assert_uint_eq(cas_keyring_wrap_key_id(k1b), new_id);
+		ck_assert_int_eq(cas_keyring_refresh_stat(k1b, path, &st,
+					&changed, &error), 1);
+		ck_assert(!changed);
+		cas_keyring_free(&k1b);
+	}
 	ck_assert_int_eq(cas_keyring_refresh(k1, path, &changed, &error), 1);
 	ck_assert(changed);
 	ck_assert_uint_eq(cas_keyring_wrap_key_id(k1), new_id);

@@ -154,8 +154,10 @@ struct cas_keyring_backend {
 	uint32_t (*wrap_key_id)(const struct cas_keyring *keyring);
 	bool (*has_key_id)(const struct cas_keyring *keyring,
 			   uint32_t key_id);
+	/* st: the file's stat() made by the caller, or NULL */
 	int (*refresh)(struct cas_keyring *keyring, const char *path,
-		       bool *changed_r, const char **error_r);
+		       const struct stat *st, bool *changed_r,
+		       const char **error_r);
 	void (*blob_id_init)(const struct cas_keyring *keyring,
 			     struct cas_blob_id_ctx *ctx);
 	void (*record_seal)(const struct cas_keyring *keyring,
@@ -992,12 +994,23 @@ int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 			bool *changed_r, const char **error_r)
 {
 	*changed_r = FALSE;
-	return keyring->backend->refresh(keyring, path, changed_r, error_r);
+	return keyring->backend->refresh(keyring, path, NULL, changed_r,
+					 error_r);
+}
+
+int cas_keyring_refresh_stat(struct cas_keyring *keyring, const char *path,
+			     const struct stat *st, bool *changed_r,
+			     const char **error_r)
+{
+	*changed_r = FALSE;
+	return keyring->backend->refresh(keyring, path, st, changed_r,
+					 error_r);
 }
 
 static int
 cas_keyring_password_refresh(struct cas_keyring *keyring ATTR_UNUSED,
 			     const char *path ATTR_UNUSED,
+			     const struct stat *st ATTR_UNUSED,
 			     bool *changed_r ATTR_UNUSED,
 			     const char **error_r ATTR_UNUSED)
 {
@@ -1006,9 +1019,15 @@ cas_keyring_password_refresh(struct cas_keyring *keyring ATTR_UNUSED,
 	return 1;
 }
 
+bool cas_keyring_refresh_needs_stat(const struct cas_keyring *keyring)
+{
+	return keyring->backend->refresh != cas_keyring_password_refresh;
+}
+
 static int
 cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
-			   bool *changed_r, const char **error_r)
+			   const struct stat *given_st, bool *changed_r,
+			   const char **error_r)
 {
 	struct cas_keyring *fresh;
 	struct cas_keyring_secrets *secrets;
@@ -1016,7 +1035,9 @@ cas_keyring_server_refresh(struct cas_keyring *keyring, const char *path,
 	struct stat st;
 	int ret;
 
-	if (stat(path, &st) < 0) {
+	if (given_st != NULL)
+		st = *given_st;
+	else if (stat(path, &st) < 0) {
 		*error_r = t_strdup_printf("stat(%s) failed: %m", path);
 		return -1;
 	}

@@ -1,6 +1,8 @@
 #ifndef CAS_KEY_H
 #define CAS_KEY_H
 
+#include <sys/stat.h>
+
 /* cas-key: a user's key ring and the envelope-encryption primitives
    (see doc/casbox-format.md and doc/threat-model.md).
 
@@ -114,6 +116,15 @@ int cas_keyring_save(struct cas_keyring *keyring, const char *path,
    another key: the key ring is left as it was). */
 int cas_keyring_refresh(struct cas_keyring *keyring, const char *path,
 			bool *changed_r, const char **error_r);
+/* The same with the file's stat() already made by the caller (st; for
+   two key rings of one file, one stat() instead of two). A password-
+   mode ring ignores it, as it ignores the file. */
+int cas_keyring_refresh_stat(struct cas_keyring *keyring, const char *path,
+			     const struct stat *st, bool *changed_r,
+			     const char **error_r);
+/* TRUE if cas_keyring_refresh() of this ring looks at the file (a
+   server-mode ring). */
+bool cas_keyring_refresh_needs_stat(const struct cas_keyring *keyring);
 
 /* Keyed content address: BLAKE2b-256 keyed with the current epoch's
    blob-id key. */

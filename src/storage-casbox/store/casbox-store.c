@@ -746,19 +746,33 @@ int casbox_store_refresh_keys(struct casbox_store *store,
 			      const char **error_r)
 {
 	const char *error;
+	struct stat st, *stp = NULL;
 	bool changed;
 
+	/* both rings are of one file (server mode: the store's ring is
+	   a copy of the LSM's): one stat() for both */
+	if ((store->lsm_keyring != NULL &&
+	     cas_keyring_refresh_needs_stat(store->lsm_keyring)) ||
+	    (store->keyring != NULL &&
+	     cas_keyring_refresh_needs_stat(store->keyring))) {
+		if (stat(store->set->key_file, &st) < 0) {
+			*error_r = t_strdup_printf("key file %s: stat() "
+				"failed: %m", store->set->key_file);
+			return -1;
+		}
+		stp = &st;
+	}
 	if (store->lsm_keyring != NULL &&
-	    cas_keyring_refresh(store->lsm_keyring, store->set->key_file,
-				&changed, &error) < 0) {
+	    cas_keyring_refresh_stat(store->lsm_keyring, store->set->key_file,
+				     stp, &changed, &error) < 0) {
 		*error_r = t_strdup_printf("key file %s: %s",
 					   store->set->key_file, error);
 		return -1;
 	}
 	if (store->keyring == NULL)
 		return 0;
-	if (cas_keyring_refresh(store->keyring, store->set->key_file,
-				&changed, &error) < 0) {
+	if (cas_keyring_refresh_stat(store->keyring, store->set->key_file,
+				     stp, &changed, &error) < 0) {
 		*error_r = t_strdup_printf("key file %s: %s",
 					   store->set->key_file, error);
 		return -1;
