@@ -186,6 +186,101 @@ START_TEST(test_chunked_parent)
 }
 END_TEST
 
+/* The decoder: random bytes of every length 0..200 (every padding),
+   wrapped at 4/76 columns, LF/CRLF, read through parents of 1..4096
+   bytes a read and small own buffers, give the bytes back, also after a
+   seek back; invalid input fails the stream with EINVAL naming the
+   offset: a character outside the alphabet, data after the padding, a
+   group cut short, padding where it cannot be. */
+static buffer_t *decode(const buffer_t *body, size_t parent_buf,
+			size_t own_buf, int *errno_r, const char **error_r)
+{
+	struct istream *input, *chunked, *dec;
+	buffer_t *out = t_buffer_create(body->used + 8);
+	const unsigned char *data;
+	size_t size;
+
+	input = i_stream_create_from_data(body->data, body->used);
+	/* a parent that gives parent_buf bytes at a time */
+	chunked = i_stream_create_limit(input, (uoff_t)-1);
+	i_stream_set_max_buffer_size(chunked, parent_buf);
+	dec = i_stream_create_casbox_b64_decoder(chunked);
+	i_stream_set_max_buffer_size(dec, own_buf);
+	while (i_stream_read_more(dec, &data, &size) > 0) {
+		buffer_append(out, data, size);
+		i_stream_skip(dec, size);
+	}
+	*errno_r = dec->stream_errno;
+	*error_r = t_strdup(i_stream_get_error(dec));
+	if (dec->stream_errno == 0 && out->used > 3) {
+		/* back to the middle: decoded again from the start */
+		buffer_t *tail = t_buffer_create(out->used);
+
+		i_stream_seek(dec, out->used / 2);
+		while (i_stream_read_more(dec, &data, &size) > 0) {
+			buffer_append(tail, data, size);
+			i_stream_skip(dec, size);
+		}
+		ck_assert_int_eq(dec->stream_errno, 0);
+		ck_assert_uint_eq(tail->used, out->used - out->used / 2);
+		ck_assert(memcmp(tail->data, CONST_PTR_OFFSET(out->data,
+			out->used / 2), tail->used) == 0);
+	}
+	i_stream_unref(&dec);
+	i_stream_unref(&chunked);
+	i_stream_unref(&input);
+	return out;
+}
+
+START_TEST(test_decoder)
+{
+	static const size_t parent_bufs[] = { 1, 3, 7, 4096 };
+	static const size_t own_bufs[] = { 8, 100, 65536 };
+	static const struct {
+		const char *body, *why;
+	} bad[] = {
+		{ "QUJD\ERFRg==", "not a base64 character" },
+		{ "QUJD RERFRg==", "not a base64 character" },
+		{ "QUJDREVGRw==QQ==", "data after the padding" },
+		{ "QUI=QUI=", "data after the padding" },
+		{ "QUJDRA", "the last group is cut short" },
+		{ "QUJDR", "the last group is cut short" },
+		{ "QUJD=", "not a base64 character" },
+		{ "QUJDR===", "not a base64 character" },
+		{ "QU=J", "data after the padding" },
+	};
+	unsigned char data[200];
+	buffer_t *body, *out;
+	const char *error;
+	unsigned int len, p, o, i;
+	int err;
+
+	for (i = 0; i < sizeof(data); i++)
+		data[i] = (unsigned char)(test_rand() & 0xff);
+	for (len = 0; len <= sizeof(data); len++)
+	for (p = 0; p < N_ELEMENTS(parent_bufs); p++)
+	for (o = 0; o < N_ELEMENTS(own_bufs); o++) T_BEGIN {
+		body = wrap(data, len, len % 2 == 0 ? 76 : 4, len % 3 == 0,
+			    len % 5 != 0);
+		out = decode(body, parent_bufs[p], own_bufs[o], &err, &error);
+		ck_assert_msg(err == 0, "len %u: %s", len, error);
+		ck_assert_msg(out->used == len &&
+			      memcmp(out->data, data, len) == 0,
+			      "len %u parent %zu own %zu: %zu bytes", len,
+			      parent_bufs[p], own_bufs[o], out->used);
+	} T_END;
+	for (i = 0; i < N_ELEMENTS(bad); i++) T_BEGIN {
+		body = t_buffer_create(32);
+		buffer_append(body, bad[i].body, strlen(bad[i].body));
+		(void)decode(body, 4096, 65536, &err, &error);
+		ck_assert_msg(err == EINVAL, "%s: errno %d", bad[i].body, err);
+		ck_assert_msg(strstr(error, bad[i].why) != NULL &&
+			      strstr(error, "Invalid base64 at input offset")
+			      != NULL, "%s: %s", bad[i].body, error);
+	} T_END;
+}
+END_TEST
+
 static void assert_refused(const char *what, const buffer_t *body)
 {
 	struct casbox_b64_form form;
@@ -383,6 +478,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_canonical_forms);
 	tcase_add_test(tc, test_chunked_parent);
+	tcase_add_test(tc, test_decoder);
 	tcase_add_test(tc, test_odd_forms);
 	tcase_add_test(tc, test_record_tail);
 	tcase_add_test(tc, test_fixtures);

@@ -13,7 +13,6 @@
 #include "str.h"
 #include "istream.h"
 #include "istream-crlf.h"
-#include "istream-base64.h"
 #include "ostream.h"
 #include "message-parser.h"
 #include "casbox-meta.h"
@@ -276,7 +275,7 @@ casbox_save_check_b64(struct casbox_store *store, struct istream *input,
 			       error_r);
 	if (ret > 0) {
 		i_stream_seek(range, 0);
-		dec = i_stream_create_base64_decoder(range);
+		dec = i_stream_create_casbox_b64_decoder(range);
 		ret = casbox_store_blob_id(store, dec, 0, dsize, &part->id,
 					   error_r) < 0 ? -1 : 1;
 		i_stream_unref(&dec);
@@ -296,7 +295,7 @@ casbox_save_part_input(struct istream *input, uoff_t offset,
 	range = i_stream_create_range(input, offset, part->size);
 	if (part->transform == CASBOX_PART_TRANSFORM_NONE)
 		return range;
-	dec = i_stream_create_base64_decoder(range);
+	dec = i_stream_create_casbox_b64_decoder(range);
 	i_stream_unref(&range);
 	return dec;
 }

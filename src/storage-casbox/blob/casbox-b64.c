@@ -5,7 +5,6 @@
 
 #include "lib.h"
 #include "istream.h"
-#include "istream-base64.h"
 #include "casbox-b64.h"
 
 static bool b64_char(unsigned char c)
@@ -120,11 +119,11 @@ int casbox_b64_check(struct istream *input, uoff_t size,
 	if (casbox_b64_encoded_size(form_r, dsize) != size)
 		return 0;
 
-	/* each reader its own range of input: Dovecot's base64 decoder
+	/* each reader its own range of input: the base64 decoder
 	   expects a parent nobody else moves */
 	orig = i_stream_create_range(input, 0, size);
 	range = i_stream_create_range(input, 0, size);
-	dec = i_stream_create_base64_decoder(range);
+	dec = i_stream_create_casbox_b64_decoder(range);
 	i_stream_unref(&range);
 	enc = i_stream_create_casbox_b64_encoder(dec, form_r, dsize);
 	while (same) {

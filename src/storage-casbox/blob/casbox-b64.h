@@ -58,11 +58,22 @@ static inline bool casbox_b64_form_valid(const struct casbox_b64_form *form)
    offset... from offset 0) are base64 in a form that re-encodes them
    exactly: 1 yes (form_r, decoded_size_r set), 0 no (store as is),
    -1 read error (error_r). Reads the body twice (decode + re-encode +
-   compare); the bytes to store are then i_stream_create_base64_decoder()
+   compare); the bytes to store are then i_stream_create_casbox_b64_decoder()
    of the same input. */
 int casbox_b64_check(struct istream *input, uoff_t size,
 		     struct casbox_b64_form *form_r, uoff_t *decoded_size_r,
 		     const char **error_r);
+
+/* Decode base64 (RFC 4648 alphabet, '=' padding only in the last group,
+   CR and LF anywhere and ignored; anything else fails the stream with
+   EINVAL). A table per byte, where Dovecot's decoder appends byte by
+   byte: the save decodes a body three times (check, blob id, blob).
+   Lenient about line structure on purpose: casbox_b64_check() accepts a
+   body only if re-encoding what this decoded reproduces it exactly, and
+   base64 encoding is injective, so any decoder that passes the check
+   decoded it right; the save decodes with this one throughout. A
+   backwards seek decodes again from the start. */
+struct istream *i_stream_create_casbox_b64_decoder(struct istream *input);
 
 /* Encode the decoded_size bytes of input (seekable) in form: a seekable
    stream of exactly casbox_b64_encoded_size() bytes. A shorter input

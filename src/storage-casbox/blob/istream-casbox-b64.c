@@ -268,3 +268,225 @@ i_stream_create_casbox_b64_encoder(struct istream *input,
 	bstream->istream.istream.seekable = input->seekable;
 	return i_stream_create(&bstream->istream, input, -1, 0);
 }
+
+/* ---- decoder ---- */
+
+/* 0..63 the value of an alphabet character, B64_SKIP a line end
+   character, B64_PAD '=', B64_BAD anything else */
+#define B64_SKIP 64
+#define B64_PAD 65
+#define B64_BAD 66
+
+struct casbox_b64_decoder_istream {
+	struct istream_private istream;
+	/* the characters of the group being read (nchars of them) */
+	uint32_t acc;
+	unsigned int nchars;
+	/* '=' characters still expected (1 after "xx="), and whether the
+	   padded last group was read (only line ends may follow) */
+	unsigned int pad_left;
+	bool ended;
+};
+
+static unsigned char b64_values[256];
+
+static void b64_values_init(void)
+{
+	unsigned int i;
+
+	if (b64_values['='] == B64_PAD)
+		return;
+	memset(b64_values, B64_BAD, sizeof(b64_values));
+	for (i = 0; i < 64; i++)
+		b64_values[(unsigned char)b64_alphabet[i]] = i;
+	b64_values['\r'] = B64_SKIP;
+	b64_values['\n'] = B64_SKIP;
+	b64_values['='] = B64_PAD;
+}
+
+static void
+b64_decoder_fail(struct casbox_b64_decoder_istream *dstream, uoff_t offset,
+		 const char *why)
+{
+	dstream->istream.istream.stream_errno = EINVAL;
+	io_stream_set_error(&dstream->istream.iostream,
+			    "Invalid base64 at input offset %"PRIuUOFF_T": %s",
+			    offset, why);
+}
+
+/* Decode what the parent has buffered into dest (room for all of it).
+   Returns bytes produced, -1 on invalid input (stream error set). *used_r
+   = input bytes consumed. */
+static ssize_t
+b64_decode_block(struct casbox_b64_decoder_istream *dstream,
+		 const unsigned char *data, size_t size, unsigned char *dest,
+		 size_t *used_r)
+{
+	unsigned char *out = dest;
+	uint32_t acc = dstream->acc;
+	unsigned int n = dstream->nchars;
+	unsigned char v;
+	size_t i;
+
+	for (i = 0; i < size; i++) {
+		v = b64_values[data[i]];
+		if (v < 64 && !dstream->ended && dstream->pad_left == 0) {
+			acc = acc << 6 | v;
+			if (++n == 4) {
+				out[0] = acc >> 16;
+				out[1] = acc >> 8;
+				out[2] = acc;
+				out += 3;
+				n = 0;
+				acc = 0;
+			}
+		} else if (v == B64_SKIP) {
+			continue;
+		} else if (v == B64_PAD && !dstream->ended &&
+			   (dstream->pad_left == 1 || n == 2 || n == 3)) {
+			if (dstream->pad_left == 1) {
+				dstream->pad_left = 0;
+				dstream->ended = TRUE;
+			} else if (n == 3) {
+				/* xxx= */
+				out[0] = acc >> 10;
+				out[1] = acc >> 2;
+				out += 2;
+				dstream->ended = TRUE;
+			} else {
+				/* xx== */
+				out[0] = acc >> 4;
+				out += 1;
+				dstream->pad_left = 1;
+			}
+			n = 0;
+			acc = 0;
+		} else {
+			dstream->acc = acc;
+			dstream->nchars = n;
+			*used_r = i;
+			b64_decoder_fail(dstream,
+				dstream->istream.parent->v_offset + i,
+				dstream->ended || dstream->pad_left > 0 ?
+				"data after the padding" :
+				"not a base64 character");
+			return -1;
+		}
+	}
+	dstream->acc = acc;
+	dstream->nchars = n;
+	*used_r = size;
+	return out - dest;
+}
+
+static ssize_t i_stream_casbox_b64_decoder_read(struct istream_private *stream)
+{
+	struct casbox_b64_decoder_istream *dstream =
+		container_of(stream, struct casbox_b64_decoder_istream,
+			     istream);
+	const unsigned char *data;
+	size_t size, avail, used;
+	ssize_t ret, produced;
+
+	for (;;) {
+		data = i_stream_get_data(stream->parent, &size);
+		if (size == 0) {
+			ret = i_stream_read_memarea(stream->parent);
+			if (ret == 0)
+				return 0;
+			if (ret == -1) {
+				if (stream->parent->stream_errno != 0) {
+					stream->istream.stream_errno =
+						stream->parent->stream_errno;
+					io_stream_set_error(&stream->iostream,
+						"%s", i_stream_get_error(
+							stream->parent));
+					return -1;
+				}
+				if (dstream->nchars != 0 ||
+				    dstream->pad_left != 0) {
+					b64_decoder_fail(dstream,
+						stream->parent->v_offset,
+						"the last group is cut short");
+					return -1;
+				}
+				stream->istream.eof = TRUE;
+				return -1;
+			}
+			continue;
+		}
+		/* 4 characters give at most 3 bytes */
+		if (!i_stream_try_alloc(stream, size / 4 * 3 + 3, &avail))
+			return -2;
+		if (avail < size / 4 * 3 + 3) {
+			/* decode only what surely fits */
+			size = avail < 3 ? 0 : (avail - 3) / 3 * 4;
+			if (size == 0)
+				return -2;
+		}
+		produced = b64_decode_block(dstream, data, size,
+					    stream->w_buffer + stream->pos,
+					    &used);
+		i_stream_skip(stream->parent, used);
+		if (produced < 0)
+			return -1;
+		stream->pos += produced;
+		if (produced > 0)
+			return produced;
+		/* only line ends or padding: read on */
+	}
+}
+
+static void
+i_stream_casbox_b64_decoder_seek(struct istream_private *stream,
+				 uoff_t v_offset, bool mark)
+{
+	struct casbox_b64_decoder_istream *dstream =
+		container_of(stream, struct casbox_b64_decoder_istream,
+			     istream);
+
+	if (v_offset < stream->istream.v_offset) {
+		/* back: decode again from the start */
+		stream->parent_expected_offset = stream->parent_start_offset;
+		stream->skip = stream->pos = 0;
+		stream->istream.v_offset = 0;
+		i_stream_seek(stream->parent, 0);
+		dstream->acc = 0;
+		dstream->nchars = 0;
+		dstream->pad_left = 0;
+		dstream->ended = FALSE;
+	}
+	i_stream_default_seek_nonseekable(stream, v_offset, mark);
+}
+
+static void i_stream_casbox_b64_decoder_destroy(struct iostream_private *stream)
+{
+	struct casbox_b64_decoder_istream *dstream =
+		container_of(stream, struct casbox_b64_decoder_istream,
+			     istream.iostream);
+
+	/* the buffer held message text */
+	if (dstream->istream.w_buffer != NULL) {
+		sodium_memzero(dstream->istream.w_buffer,
+			       dstream->istream.buffer_size);
+	}
+	i_stream_free_buffer(&dstream->istream);
+	i_stream_unref(&dstream->istream.parent);
+}
+
+struct istream *i_stream_create_casbox_b64_decoder(struct istream *input)
+{
+	struct casbox_b64_decoder_istream *dstream;
+
+	b64_values_init();
+	dstream = i_new(struct casbox_b64_decoder_istream, 1);
+	dstream->istream.max_buffer_size = i_stream_get_max_buffer_size(input);
+	dstream->istream.iostream.destroy = i_stream_casbox_b64_decoder_destroy;
+	dstream->istream.read = i_stream_casbox_b64_decoder_read;
+	dstream->istream.seek = i_stream_casbox_b64_decoder_seek;
+	dstream->istream.istream.readable_fd = FALSE;
+	dstream->istream.istream.blocking = input->blocking;
+	dstream->istream.istream.seekable = input->seekable;
+	return i_stream_create(&dstream->istream, input,
+			       i_stream_get_fd(input), 0);
+}
