@@ -563,6 +563,46 @@ START_TEST(test_rotation)
 }
 END_TEST
 
+/* casbox_pack_store_keep_read_fd(): the fd of the last pack a blob
+   stream closed serves the next read of the same pack (seen here by
+   moving the file away: the read still works), until released (then the
+   read opens the path again and fails). Without it, the move fails the
+   read at once. */
+START_TEST(test_kept_read_fd)
+{
+	struct casbox_pack_store *store = store_open();
+	buffer_t *blobs[1], *out = buffer_create_dynamic(default_pool, 1024);
+	struct cas_blob_id ids[1];
+	struct casbox_blob_record recs[1];
+	const char *path, *moved;
+
+	pattern_blobs(blobs, 1, 20000, 7);
+	add_blobs(store, (const buffer_t *const *)blobs, 1, ids, recs);
+	path = t_strdup_printf("%s/packs/pack-%08u.cbp", tmpdir,
+			       recs[0].pack_id);
+	moved = t_strconcat(path, ".moved", NULL);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	ck_assert_int_eq(rename(path, moved), 0);
+	ck_assert_int_eq(read_blob(store, &ids[0], &recs[0], out), -1);
+	ck_assert_int_eq(rename(moved, path), 0);
+
+	casbox_pack_store_keep_read_fd(store);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	ck_assert_int_eq(rename(path, moved), 0);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	casbox_pack_store_release_read_fd(store);
+	ck_assert_int_eq(read_blob(store, &ids[0], &recs[0], out), -1);
+	ck_assert_int_eq(rename(moved, path), 0);
+	assert_blob(store, &ids[0], &recs[0], blobs[0]);
+	/* the close releases the kept fd (no fd leak under valgrind's
+	   --track-fds) */
+	casbox_pack_store_close(&store);
+	buffer_free(&blobs[0]);
+	buffer_free(&out);
+}
+END_TEST
+
 /* A long-lived store (an IMAP session) appends after another process
    rotated and gc deleted packs: it must append to the newest pack, not
    walk on from the one it last used. Before, with packs 1 and 2 gone
@@ -2146,6 +2186,7 @@ int main(void)
 	tcase_add_test(tc, test_meta_password_mode);
 	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_rotation);
+	tcase_add_test(tc, test_kept_read_fd);
 	tcase_add_test(tc, test_newest_pack_after_gc);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);

@@ -97,6 +97,8 @@ int casbox_storage_get_store(struct casbox_storage *storage,
 				CASBOX_LOG_PREFIX"%s", error);
 			return -1;
 		}
+		/* released at every mailbox sync (casbox-sync.c) */
+		casbox_store_keep_read_fd(storage->store);
 	}
 	*store_r = storage->store;
 	return 0;

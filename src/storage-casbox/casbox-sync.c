@@ -522,6 +522,11 @@ casbox_storage_sync_init(struct mailbox *box, enum mailbox_sync_flags flags)
 	enum casbox_sync_flags sync_flags = 0;
 	int ret = 0;
 
+	/* an IMAP command ends with a sync and IDLE begins with one: the
+	   pack fd kept for the next read must not keep a pack gc unlinks
+	   alive while the session waits */
+	if (mbox->storage->store != NULL)
+		casbox_store_release_read_fd(mbox->storage->store);
 	if ((flags & MAILBOX_SYNC_FLAG_FORCE_RESYNC) != 0) {
 		/* doveadm force-resync: rebuild the index from the LSM */
 		sync_flags |= CASBOX_SYNC_FLAG_FORCE |

@@ -239,7 +239,12 @@ int casbox_pack_file_open(struct casbox_pack_store *store, uint32_t pack_id,
 	pf->store = store;
 	pf->pack_id = pack_id;
 	pf->map_fd = -1;
-	pf->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (store->kept_fd != -1 && store->kept_pack_id == pack_id) {
+		pf->fd = store->kept_fd;
+		store->kept_fd = -1;
+	} else {
+		pf->fd = open(path, O_RDONLY | O_CLOEXEC);
+	}
 	if (pf->fd != -1) {
 		pf->name = i_strdup(path);
 		*pf_r = pf;
@@ -271,6 +276,15 @@ void casbox_pack_file_close(struct casbox_pack_file **_pf)
 	if (pf == NULL)
 		return;
 	*_pf = NULL;
+	if (pf->fd != -1 && !pf->remote && pf->map_fd == -1 &&
+	    pf->store->keep_read_fd) {
+		/* for the next open of this pack (a read fd: local packs
+		   are opened O_RDONLY here; the appender has its own) */
+		casbox_pack_store_release_read_fd(pf->store);
+		pf->store->kept_fd = pf->fd;
+		pf->store->kept_pack_id = pf->pack_id;
+		pf->fd = -1;
+	}
 	if (pf->fd != -1)
 		i_close_fd(&pf->fd);
 	if (pf->map_fd != -1)

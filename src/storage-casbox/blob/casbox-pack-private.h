@@ -79,6 +79,12 @@ struct casbox_pack_store {
 	/* the last remote read failed: temporary, not damage */
 	bool remote_error_temp;
 	struct casbox_pack_upload_stats upload_stats;
+
+	/* casbox_pack_store_keep_read_fd(): the read fd of the last local
+	   pack file closed, for the next open of the same pack (-1 none) */
+	bool keep_read_fd;
+	int kept_fd;
+	uint32_t kept_pack_id;
 };
 
 const char *casbox_pack_path(struct casbox_pack_store *store,

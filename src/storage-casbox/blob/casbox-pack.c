@@ -140,6 +140,7 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			CASBOX_PACK_DEFAULT_DICT_MAX_BLOB_SIZE;
 	}
 	store->keyring = keyring;
+	store->kept_fd = -1;
 	store->meta = casbox_pack_meta_sealer_for(keyring);
 	store->set.storage = NULL;
 	store->set.cache_dir = NULL;
@@ -200,6 +201,7 @@ void casbox_pack_store_close(struct casbox_pack_store **_store)
 				  store->set.dir, error);
 		}
 	} T_END;
+	casbox_pack_store_release_read_fd(store);
 	casbox_objstore_destroy(&store->remote);
 	casbox_pack_dicts_free(store);
 	casbox_blob_scratch_free_all(store);
@@ -211,6 +213,17 @@ void casbox_pack_store_close(struct casbox_pack_store **_store)
 	i_free(store->txn_alt);
 	casbox_base_cache_destroy(&store->base_cache);
 	pool_unref(&store->pool);
+}
+
+void casbox_pack_store_keep_read_fd(struct casbox_pack_store *store)
+{
+	store->keep_read_fd = TRUE;
+}
+
+void casbox_pack_store_release_read_fd(struct casbox_pack_store *store)
+{
+	if (store->kept_fd != -1)
+		i_close_fd(&store->kept_fd);
 }
 
 static int uint32_cmp(const uint32_t *a, const uint32_t *b)

@@ -125,6 +125,16 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			   struct casbox_pack_store **store_r,
 			   const char **error_r);
 void casbox_pack_store_close(struct casbox_pack_store **store);
+/* Keep the read fd of the last local pack file closed open, for the
+   next open of the same pack: a FETCH of many messages reads one pack
+   after the other, and each blob stream opened and closed it (two
+   system calls per blob). The kept fd may belong to a pack gc has
+   unlinked since (it reads the same bytes; no pack id is ever reused),
+   so whoever enables this must release it when the process goes idle:
+   casbox_pack_store_release_read_fd() (the glue: at every mailbox sync,
+   which an IMAP command ends with and IDLE begins with), and at close. */
+void casbox_pack_store_keep_read_fd(struct casbox_pack_store *store);
+void casbox_pack_store_release_read_fd(struct casbox_pack_store *store);
 
 /* Append blobs. begin takes the pack append lock (so several processes
    can append to one store). Blobs added are durable only after commit

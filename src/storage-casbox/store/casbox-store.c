@@ -55,6 +55,8 @@ struct casbox_store {
 	   and a key load for a record read (nor inside that) */
 	unsigned int txns_open;
 	bool no_records_upgrade;
+	/* casbox_store_keep_read_fd() */
+	bool keep_read_fd;
 };
 
 /* A blob touched by a transaction: its current refcount and location. */
@@ -734,8 +736,23 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 		*error_r = t_strdup_printf("packs %s: %s", pack_set.dir, error);
 		return -1;
 	}
+	if (store->keep_read_fd)
+		casbox_pack_store_keep_read_fd(store->packs);
 	casbox_store_records_upgrade_on_open(store);
 	return 0;
+}
+
+void casbox_store_keep_read_fd(struct casbox_store *store)
+{
+	store->keep_read_fd = TRUE;
+	if (store->packs != NULL)
+		casbox_pack_store_keep_read_fd(store->packs);
+}
+
+void casbox_store_release_read_fd(struct casbox_store *store)
+{
+	if (store->packs != NULL)
+		casbox_pack_store_release_read_fd(store->packs);
 }
 
 /* Pick up a key file that key rotation rewrote since it was loaded (one

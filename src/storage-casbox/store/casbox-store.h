@@ -67,6 +67,14 @@ void casbox_store_set_key_password(struct casbox_store *store,
    open its DEKs: no password, or unlocking with it failed. */
 bool casbox_store_key_locked(struct casbox_store *store);
 
+/* Keep the read fd of the last pack file a blob stream closed open for
+   the next read of the same pack (casbox_pack_store_keep_read_fd(): one
+   open() and close() less per message a FETCH reads); the caller
+   releases it whenever the process may go idle (the glue: at every
+   mailbox sync), and the store's close does. */
+void casbox_store_keep_read_fd(struct casbox_store *store);
+void casbox_store_release_read_fd(struct casbox_store *store);
+
 /* Reload the key ring if key rotation rewrote the key file since it was
    loaded (one stat() otherwise; the key ring pointer stays valid, see
    cas_keyring_refresh()). No-op before the keys are loaded. Returns 0
