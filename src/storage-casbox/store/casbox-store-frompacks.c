@@ -72,6 +72,17 @@ frompacks_blob_get(struct casbox_frompacks *fp, const struct cas_blob_id *id)
 	return blob;
 }
 
+/* A meta frame that does not open or decode: warned about and counted
+   (column unreadable_records). */
+static void frompacks_unreadable(struct casbox_frompacks *fp,
+				 const struct casbox_pack_frame_info *info,
+				 const char *error)
+{
+	i_warning("casbox rebuild --from-packs: pack %u offset %"PRIu64": %s",
+		  info->pack_id, info->offset, error);
+	fp->meta_unreadable++;
+}
+
 static void frompacks_add_dek(struct casbox_frompacks *fp,
 			      const struct cas_blob_id *id, uint8_t kind,
 			      const unsigned char *stored)
@@ -126,9 +137,7 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 
 	if (casbox_recovery_record_import(plain->data, plain->used, pool,
 					  &rec, &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	/* DEKs count even if a newer record of this UID replaces it */
@@ -169,9 +178,7 @@ static void frompacks_add_copy(struct casbox_frompacks *fp,
 	/* the long-lived pool: the entries kept are used as they are */
 	if (casbox_copy_record_import(plain->data, plain->used, fp->pool,
 				      &rec, &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	array_foreach(&rec.entries, entry) {
@@ -199,9 +206,7 @@ static void frompacks_add_blob_keys(struct casbox_frompacks *fp,
 	if (casbox_blob_keys_import(plain->data, plain->used,
 				    pool_datastack_create(), &rec,
 				    &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	array_foreach(&rec.blobs, rblob) {
@@ -221,9 +226,7 @@ static void frompacks_add_dek_update(struct casbox_frompacks *fp,
 
 	if (casbox_dek_update_import(plain->data, plain->used, &upd,
 				     &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	frompacks_add_dek(fp, &upd.id, upd.dek_kind, upd.stored_dek);
@@ -248,9 +251,7 @@ static void frompacks_meta(struct casbox_frompacks *fp,
 				  sealed, &error) < 0 ||
 	    casbox_pack_meta_open(packs, kind, sealed->data, sealed->used,
 				  plain, &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	if (kind == CASBOX_META_KIND_RECOVERY)
@@ -500,9 +501,7 @@ static void frompacks_add_mailbox(struct casbox_frompacks *fp,
 
 	if (casbox_recovery_mailbox_import(plain->data, plain->used, fp->pool,
 					   &rec, &error) < 0) {
-		i_warning("casbox rebuild --from-packs: pack %u offset %"
-			  PRIu64": %s", info->pack_id, info->offset, error);
-		fp->meta_unreadable++;
+		frompacks_unreadable(fp, info, error);
 		return;
 	}
 	mbox = frompacks_mailbox_get(fp, rec.mailbox_guid);

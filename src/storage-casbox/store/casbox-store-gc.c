@@ -407,6 +407,25 @@ casbox_gc_locators_build(struct casbox_gc *gc,
 	return ret;
 }
 
+/* A meta frame carried forward as it was sealed (re-sealed on the way
+   after a key rotation, casbox_pack_txn_add_meta_sealed()). Returns 0
+   ok, -1 error. */
+static int casbox_gc_keep_sealed(struct casbox_gc *gc,
+				 enum casbox_meta_kind kind,
+				 const buffer_t *sealed, const char **error_r)
+{
+	const char *error;
+
+	if (casbox_gc_txn_begin(gc, error_r) < 0)
+		return -1;
+	if (casbox_pack_txn_add_meta_sealed(gc->txn, kind, sealed->data,
+					    sealed->used, &error) < 0) {
+		*error_r = t_strdup_printf("pack append: %s", error);
+		return -1;
+	}
+	return 0;
+}
+
 static void casbox_gc_drop_msg(struct casbox_gc *gc,
 			       struct casbox_gc_pack *cand,
 			       const guid_128_t mailbox_guid, uint32_t uid,
@@ -475,7 +494,6 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 			      const char **error_r)
 {
 	struct casbox_recovery_record rrec;
-	const char *error;
 	int ret;
 
 	if (casbox_recovery_record_import(plain->data, plain->used,
@@ -487,14 +505,9 @@ static int casbox_gc_recovery(struct casbox_gc *gc,
 	if (ret < 0)
 		return -1;
 	if (ret > 0) {
-		if (casbox_gc_txn_begin(gc, error_r) < 0)
+		if (casbox_gc_keep_sealed(gc, CASBOX_META_KIND_RECOVERY, sealed,
+						  error_r) < 0)
 			return -1;
-		if (casbox_pack_txn_add_meta_sealed(gc->txn,
-				CASBOX_META_KIND_RECOVERY, sealed->data,
-				sealed->used, &error) < 0) {
-			*error_r = t_strdup_printf("pack append: %s", error);
-			return -1;
-		}
 		gc->recovery_kept++;
 		casbox_gc_deks_seen(gc, &rrec.blobs);
 		if (gc->all) {
@@ -552,30 +565,27 @@ static int casbox_gc_copy_frame(struct casbox_gc *gc,
 	}
 	count = array_count(&crec.entries);
 	gc->recovery_kept += live;
-	if (live == 0)
-		return 1;
-	if (casbox_gc_txn_begin(gc, error_r) < 0)
-		return -1;
-	if (live == count) {
-		ret = casbox_pack_txn_add_meta_sealed(gc->txn,
-				CASBOX_META_KIND_COPY, sealed->data,
-				sealed->used, &error);
-	} else {
+	if (live == count)
+		ret = casbox_gc_keep_sealed(gc, CASBOX_META_KIND_COPY, sealed,
+					    error_r);
+	else if (live == 0)
+		ret = 0;
+	else if ((ret = casbox_gc_txn_begin(gc, error_r)) == 0) {
 		/* the same record with fewer entries (written time kept:
 		   the newest record of a UID still wins a rebuild) */
 		out = t_buffer_create(body->used / 2 + 256);
 		casbox_copy_record_export(&crec, body, out);
-		ret = casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_COPY,
-					       out->data, out->used, &error);
+		if (casbox_pack_txn_add_meta(gc->txn, CASBOX_META_KIND_COPY,
+					     out->data, out->used,
+					     &error) < 0) {
+			*error_r = t_strdup_printf("pack append: %s", error);
+			ret = -1;
+		}
 		safe_memset(buffer_get_modifiable_data(out, NULL), 0,
 			    out->used);
 	}
 	safe_memset(buffer_get_modifiable_data(body, NULL), 0, body->used);
-	if (ret < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
-		return -1;
-	}
-	return 1;
+	return ret < 0 ? -1 : 1;
 }
 
 /* Blob keys: kept while one of their blobs is live. */
@@ -587,7 +597,6 @@ static int casbox_gc_blob_keys_frame(struct casbox_gc *gc,
 	struct casbox_blob_keys bkeys;
 	const struct casbox_recovery_blob *rblob;
 	struct casbox_census_blob *blob;
-	const char *error;
 	bool live = FALSE;
 
 	if (casbox_blob_keys_import(plain->data, plain->used,
@@ -601,14 +610,9 @@ static int casbox_gc_blob_keys_frame(struct casbox_gc *gc,
 	}
 	if (!live)
 		return 1;
-	if (casbox_gc_txn_begin(gc, error_r) < 0)
+	if (casbox_gc_keep_sealed(gc, CASBOX_META_KIND_BLOB_KEYS, sealed,
+					  error_r) < 0)
 		return -1;
-	if (casbox_pack_txn_add_meta_sealed(gc->txn,
-			CASBOX_META_KIND_BLOB_KEYS, sealed->data,
-			sealed->used, &error) < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
-		return -1;
-	}
 	casbox_gc_deks_seen(gc, &bkeys.blobs);
 	return 1;
 }
@@ -618,7 +622,6 @@ static int casbox_gc_dek_frame(struct casbox_gc *gc, const buffer_t *sealed,
 {
 	struct casbox_dek_update upd;
 	struct casbox_census_blob *blob;
-	const char *error;
 
 	if (casbox_dek_update_import(plain->data, plain->used, &upd,
 				     error_r) < 0)
@@ -628,14 +631,9 @@ static int casbox_gc_dek_frame(struct casbox_gc *gc, const buffer_t *sealed,
 	if (blob == NULL || !casbox_census_blob_is_live(blob) ||
 	    blob->gc_moved)
 		return 1;
-	if (casbox_gc_txn_begin(gc, error_r) < 0)
+	if (casbox_gc_keep_sealed(gc, CASBOX_META_KIND_DEK_UPDATE, sealed,
+					  error_r) < 0)
 		return -1;
-	if (casbox_pack_txn_add_meta_sealed(gc->txn,
-			CASBOX_META_KIND_DEK_UPDATE, sealed->data,
-			sealed->used, &error) < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
-		return -1;
-	}
 	casbox_gc_dek_seen(gc, &upd.id);
 	return 1;
 }
@@ -650,7 +648,6 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
 {
 	struct casbox_recovery_mailbox rec;
 	buffer_t *key, *value;
-	const char *error;
 	int ret;
 
 	if (casbox_recovery_mailbox_import(plain->data, plain->used,
@@ -668,14 +665,9 @@ static int casbox_gc_mailbox_frame(struct casbox_gc *gc,
 		if (ret == 0)
 			return 1;
 	}
-	if (casbox_gc_txn_begin(gc, error_r) < 0)
+	if (casbox_gc_keep_sealed(gc, CASBOX_META_KIND_MAILBOX, sealed,
+					  error_r) < 0)
 		return -1;
-	if (casbox_pack_txn_add_meta_sealed(gc->txn, CASBOX_META_KIND_MAILBOX,
-					    sealed->data, sealed->used,
-					    &error) < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
-		return -1;
-	}
 	return 1;
 }
 
@@ -698,7 +690,7 @@ static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
 {
 	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
 	struct casbox_gc_dropped *drop;
-	const char *error, *msg_key;
+	const char *msg_key;
 
 	if (casbox_pack_meta_verify(gc->packs, kind, sealed->data,
 				    sealed->used, error_r) < 0)
@@ -728,13 +720,8 @@ static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
 			hash_table_update(gc->covered, key, key);
 		}
 	}
-	if (casbox_gc_txn_begin(gc, error_r) < 0)
+	if (casbox_gc_keep_sealed(gc, kind, sealed, error_r) < 0)
 		return -1;
-	if (casbox_pack_txn_add_meta_sealed(gc->txn, kind, sealed->data,
-					    sealed->used, &error) < 0) {
-		*error_r = t_strdup_printf("pack append: %s", error);
-		return -1;
-	}
 	if (kind == CASBOX_META_KIND_RECOVERY)
 		gc->recovery_kept++;
 	return 1;
