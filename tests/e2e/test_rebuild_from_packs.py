@@ -396,6 +396,37 @@ class RebuildFromPacksTest(unittest.TestCase):
             self.assertEqual(after.bodies[("Work", uid)],
                              self.before.bodies[("Work", uid)], uid)
 
+    def test_copy_record_partly_expunged(self):
+        """gc rewrites a copy record without the copies expunged since
+        (its other messages stay recoverable), drops it with the last."""
+        # Work 21..28 are the copies of INBOX 1..8, one copy record
+        self.dc.doveadm("expunge", "-u", USER, "mailbox", "Work", "uid",
+                        "22,25")
+        gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
+                                       USER, "--all").stdout)[0]
+        self.assertEqual(int(gc["recovery_dropped"]), NEXPUNGED + 2, gc)
+        self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED - 2, gc)
+        copies = meta_frames(self.root, 5)
+        self.assertEqual(len(copies), 1)
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assert_counts(row, 68 - NEXPUNGED - 2)
+        after = Snapshot(self.dc)
+        self.assertEqual(sorted(after.msgs["Work"]),
+                         sorted(set(self.before.msgs["Work"]) - {22, 25}))
+        for uid in (21, 23, 24, 26, 27, 28):
+            self.assertEqual(after.bodies[("Work", uid)],
+                             self.before.bodies[("Work", uid)], uid)
+
+        # all of them gone: no copy record left
+        self.dc.doveadm("expunge", "-u", USER, "mailbox", "Work", "uid",
+                        "21:28")
+        gc = parse_tab(self.dc.doveadm("-f", "tab", "casbox", "gc", "-u",
+                                       USER, "--all").stdout)[0]
+        self.assertEqual(meta_frames(self.root, 5), [])
+
     def test_gc_all_writes_missing_records(self):
         """Live messages without an intact recovery record (damaged here;
         or saved before recovery records existed) get a new one from
