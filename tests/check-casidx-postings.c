@@ -48,7 +48,9 @@ static void add_words_pos(struct casidx_builder *b, const char *text,
 	for (w = t_strsplit_spaces(text, " "); *w != NULL; w++) {
 		casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, *w,
 					    strlen(*w),
-					    (*pos << 1) | (first ? 0 : 1));
+					    CASIDX_POS_CODE(*pos, first ?
+						CASIDX_POS_KIND_WORD :
+						CASIDX_POS_KIND_SPACE));
 		(*pos)++;
 		first = FALSE;
 	}
@@ -233,8 +235,8 @@ static const char *seg_positions(struct casidx_segment *seg,
 		for (j = (*array_idx(&pos_idx, rank));
 		     j < (*array_idx(&pos_idx, rank + 1)); j++) {
 			str_printfa(str, "%s%u:%u", str_len(str) > 0 ? "," : "",
-				    (*array_idx(&pos, j)) >> 1,
-				    (*array_idx(&pos, j)) & 1);
+				    CASIDX_POS_OF(*array_idx(&pos, j)),
+				    CASIDX_POS_KIND(*array_idx(&pos, j)));
 		}
 	}
 	roaring_bitmap_free(docs);
@@ -263,8 +265,10 @@ START_TEST(test_positions_roundtrip)
 	pos = 1000000;
 	add_words_pos(b, "c a", &pos);
 	/* out of order: term "d" keeps no positions at all */
-	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1, 9 << 1);
-	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1, 8 << 1);
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1,
+				    CASIDX_POS_CODE(9, CASIDX_POS_KIND_WORD));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "d", 1,
+				    CASIDX_POS_CODE(8, CASIDX_POS_KIND_WORD));
 	casidx_builder_add_doc(b, 3);
 	pos = 5;
 	add_words_pos(b, "c d", &pos);
@@ -320,10 +324,50 @@ START_TEST(test_positions_roundtrip)
 }
 END_TEST
 
-/* One term "0w" in doc 1, tf 3, codes 2<<1 and 4<<1|1: its postings
-   entry is the whole POSTINGS section (footer slots 11 and 12) and ends
-   in the positions section "03 09 02 05" (length 3; the first code
-   4 << 1 | 0 (npos < tf), + 1; npos 2; the delta 2<<1|1). If pos is given, those 4 bytes
+/* Segment version 5: parts' codes (kind PART) round-trip, after the
+   whole token at the same position and repeated (a compound with an
+   atom twice); a whole token after a part at its position is out of
+   order and drops the term's codes. */
+START_TEST(test_part_codes_roundtrip)
+{
+	struct casidx_builder *b = casidx_builder_create();
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	struct casidx_segment *seg;
+	const char *error;
+
+	casidx_builder_add_doc(b, 1);
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "a", 1,
+				    CASIDX_POS_CODE(3, CASIDX_POS_KIND_SPACE));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "a", 1,
+				    CASIDX_POS_CODE(3, CASIDX_POS_KIND_PART));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "a", 1,
+				    CASIDX_POS_CODE(3, CASIDX_POS_KIND_PART));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "a", 1,
+				    CASIDX_POS_CODE(200, CASIDX_POS_KIND_PART));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "a", 1,
+				    CASIDX_POS_CODE(201, CASIDX_POS_KIND_WORD));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "b", 1,
+				    CASIDX_POS_CODE(5, CASIDX_POS_KIND_PART));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "b", 1,
+				    CASIDX_POS_CODE(5, CASIDX_POS_KIND_WORD));
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	ck_assert(casidx_segment_has_part_codes(seg));
+	ck_assert_str_eq(seg_positions(seg, "0a", 1),
+			 "3:1,3:2,3:2,200:2,201:0");
+	ck_assert_str_eq(seg_positions(seg, "0b", 1), "");
+	casidx_segment_close(&seg);
+	buffer_free(&out);
+}
+END_TEST
+
+/* One term "0w" in doc 1, tf 3, codes (2, WORD) and (4, SPACE): its
+   postings entry is the whole POSTINGS section (footer slots 11 and 12)
+   and ends in the positions section "03 11 02 09" (length 3; the first
+   code 2 << 2, << 1 | 0 (npos < tf), + 1; npos 2; the delta 2 << 2 |
+   SPACE). If pos is given, those 4 bytes
    are replaced and the entry's CRC fixed, so only the position parser
    can object. Returns the offset of the 4 bytes. */
 static size_t build_pos_entry(buffer_t *out, const char *pos)
@@ -333,9 +377,10 @@ static size_t build_pos_entry(buffer_t *out, const char *pos)
 	unsigned char *entry;
 
 	casidx_builder_add_doc(b, 1);
-	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "w", 1, 2 << 1);
 	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "w", 1,
-				    4 << 1 | 1);
+				    CASIDX_POS_CODE(2, CASIDX_POS_KIND_WORD));
+	casidx_builder_add_term_pos(b, CASIDX_FIELD_BODY, "w", 1,
+				    CASIDX_POS_CODE(4, CASIDX_POS_KIND_SPACE));
 	casidx_builder_add_term(b, CASIDX_FIELD_BODY, "w", 1);
 	casidx_builder_serialize(b, out);
 	casidx_builder_destroy(&b);
@@ -345,7 +390,7 @@ static size_t build_pos_entry(buffer_t *out, const char *pos)
 		out->used - 200 + 12 * 8));
 	entry = buffer_get_modifiable_data(out, NULL);
 	entry += post_off;
-	ck_assert_int_eq(memcmp(entry + post_len - 4, "\x03\x09\x02\x05",
+	ck_assert_int_eq(memcmp(entry + post_len - 4, "\x03\x11\x02\x09",
 				4), 0);
 	if (pos != NULL) {
 		memcpy(entry + post_len - 4, pos, 4);
@@ -396,23 +441,26 @@ START_TEST(test_positions_damage)
 		const char *bytes, *error;
 	} cases[] = {
 		/* 4 positions, tf 3; tf positions must use the flag */
-		{ "\x03\x09\x04\x05", "position count" },
-		{ "\x03\x09\x03\x05", "position count" },
-		{ "\x03\x09\x00\x05", "position count" },
-		/* a zero delta */
-		{ "\x03\x09\x02\x01", "position delta" },
+		{ "\x03\x11\x04\x09", "position count" },
+		{ "\x03\x11\x03\x09", "position count" },
+		{ "\x03\x11\x00\x09", "position count" },
+		/* a zero delta (only a part may repeat a position) */
+		{ "\x03\x11\x02\x01", "position delta" },
+		/* kind 3, of the second and of the first code */
+		{ "\x03\x11\x02\x0b", "position kind" },
+		{ "\x03\x17\x02\x09", "position kind" },
 		/* an unterminated varint */
-		{ "\x03\x09\x02\x85", "position delta" },
-		{ "\x03\x09\x82\x85", "position count" },
+		{ "\x03\x11\x02\x85", "position delta" },
+		{ "\x03\x11\x82\x85", "position count" },
 		/* one position, then a stray byte */
-		{ "\x03\x09\x01\x05", "positions trailing bytes" },
+		{ "\x03\x11\x01\x09", "positions trailing bytes" },
 		/* no codes, then stray bytes */
 		{ "\x03\x00\x04\x05", "positions trailing bytes" },
 		/* three codes (npos = tf): one missing */
-		{ "\x03\x0a\x05\x00", "position delta" },
+		{ "\x03\x12\x09\x00", "position delta" },
 		/* the section's length wrong either way */
-		{ "\x04\x09\x02\x05", "positions size" },
-		{ "\x02\x09\x02\x05", "positions size" },
+		{ "\x04\x11\x02\x09", "positions size" },
+		{ "\x02\x11\x02\x09", "positions size" },
 	};
 	unsigned int i, bit;
 	size_t start;
@@ -1897,6 +1945,7 @@ int main(void)
 	tcase_add_test(tc, test_segment_roundtrip);
 	tcase_add_test(tc, test_segment_deterministic);
 	tcase_add_test(tc, test_positions_roundtrip);
+	tcase_add_test(tc, test_part_codes_roundtrip);
 	tcase_add_test(tc, test_positions_damage);
 	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
 	tcase_add_test(tc, test_builder_long_and_nul_terms);

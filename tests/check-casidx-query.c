@@ -716,12 +716,8 @@ END_TEST
    the header field standing in for the raw namespaces, for its
    documents only; also once a merge took them into a version-4
    segment (CASIDX_TERM_RAWHDR). */
-static void copy_seg3_fixture(const char *name)
-{
-	check_fixture_copy("casidx-seg3", name, test_dir);
-}
-
-static void open_seg3_fixture(void)
+/* Open a copy of tests/fixtures/<fixture> (manifest and segment 1). */
+static void open_fixture(const char *fixture)
 {
 	static const struct casidx_index_settings set = { .no_fsync = TRUE };
 	const char *error;
@@ -730,10 +726,15 @@ static void open_seg3_fixture(void)
 	ck_assert_ptr_ne(mkdtemp(tmpl), NULL);
 	test_dir = i_strdup(tmpl);
 	tok = casidx_tokenizer_create();
-	copy_seg3_fixture("manifest");
-	copy_seg3_fixture("seg-00000001.cxs");
+	check_fixture_copy(fixture, "manifest", test_dir);
+	check_fixture_copy(fixture, "seg-00000001.cxs", test_dir);
 	idx = casidx_index_init(test_dir, &set);
 	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+}
+
+static void open_seg3_fixture(void)
+{
+	open_fixture("casidx-seg3");
 }
 
 /* the fixture's docs 1-3 (README.md there) and 4-5 of version 4 */
@@ -797,6 +798,65 @@ START_TEST(test_seg3_raw_addresses)
 }
 END_TEST
 
+/* An index written before segment version 5 (tests/fixtures/casidx-seg4:
+   parts without codes) is answered as it was: a phrase whose words
+   occur there only as parts stays maybe, for its documents only; also
+   once a merge took them into a version-5 segment (their parts'
+   occurrences keep no code there). */
+static void open_seg4_fixture(void)
+{
+	open_fixture("casidx-seg4");
+}
+
+/* the fixture's docs 1-3 (README.md there) and 4-5 of version 5 */
+static void check_seg4_answers(void)
+{
+	/* 2 holds it; 1's "list" is only in parts, without codes; 4 has
+	   1's body (parts with codes): out; 5 holds it */
+	check1(BODY, "this list", FALSE, "2,5", "1");
+	check1(ALL, "this list", FALSE, "2,5", "1");
+	/* as before: inside a URL term of 1 (definite), outside one in 2 */
+	check1(BODY, "com/blog", FALSE, "1,4", "2");
+	check1(BODY, "checklist", FALSE, "3", "");
+}
+
+START_TEST(test_seg4_part_codes)
+{
+	struct casidx_segment **segs;
+	struct feed_ctx ctx;
+	const char *error;
+
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 1);
+	ck_assert(casidx_segment_has_raw_addresses(segs[0]));
+	ck_assert(!casidx_segment_has_part_codes(segs[0]));
+	/* version 4's answers (test_seg4_fixture in e2e compares the same
+	   with Dovecot) */
+	check1(BODY, "this list", FALSE, "2", "1");
+	check1(BODY, "com/blog", FALSE, "1", "2");
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 4);
+	add_field(&ctx, CASIDX_FIELD_BODY, "Please read this\n"
+		  "http://lists.example.org/mailman/listinfo/dev before "
+		  "posting.\nMail ann.list@example.org or see "
+		  "www.example.com/blog for more.\n");
+	add_doc(&ctx, 5);
+	add_field(&ctx, CASIDX_FIELD_BODY, "read this list.");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 2);
+	ck_assert(casidx_segment_has_part_codes(segs[1]));
+	check_seg4_answers();
+
+	/* merged: one version-5 segment holding both */
+	ck_assert_int_eq(casidx_index_optimize(idx, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+	ck_assert_uint_eq(casidx_index_get_open_segments(idx, &segs), 1);
+	ck_assert(casidx_segment_has_part_codes(segs[0]));
+	check_seg4_answers();
+}
+END_TEST
+
 /* The phrase exclusion looks only at the terms a piece holding the
    value can have: the one ending the piece before the space ends with
    word 1, the one starting the next piece starts with the last word
@@ -830,6 +890,52 @@ START_TEST(test_phrase_exclusion_terms)
 	check1(BODY, "this list", FALSE, "", "21,22,23,24,25");
 	check1(BODY, "this list ok", FALSE, "", "21,22");
 	check1(BODY, "is a list", FALSE, "", "24,25");
+}
+END_TEST
+
+/* Segment version 5: the parts of compounds and words have codes of
+   kind PART, so a phrase whose words occur only as such parts ("list"
+   of "listinfo" in a URL, of "ann.list@" in an address) is excluded;
+   where a whole token ends (starts) with the word it is still proven.
+   Folded parts (joined words) keep no code: still maybe. */
+START_TEST(test_phrase_exclusion_parts)
+{
+	struct feed_ctx ctx;
+	const char *error;
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 40);
+	add_field(&ctx, CASIDX_FIELD_BODY, "read this\n"
+		  "http://lists.example.org/mailman/listinfo/dev now");
+	add_doc(&ctx, 41);
+	add_field(&ctx, CASIDX_FIELD_BODY,
+		  "mail ann.list@example.org about this");
+	add_doc(&ctx, 42);
+	add_field(&ctx, CASIDX_FIELD_BODY, "see this list.info page");
+	add_doc(&ctx, 43);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this http://list.org/list/list");
+	add_doc(&ctx, 44);
+	add_field(&ctx, CASIDX_FIELD_BODY, "see http://x.org/this list");
+	add_doc(&ctx, 45);
+	add_field(&ctx, CASIDX_FIELD_BODY, "x.this listen");
+	add_doc(&ctx, 46);
+	add_field(&ctx, CASIDX_FIELD_BODY, "this ann.list@example.org");
+	add_doc(&ctx, 47);
+	add_field(&ctx, CASIDX_FIELD_BODY, "x\xC2\xB2 this");
+	add_doc(&ctx, 48);
+	add_field(&ctx, CASIDX_FIELD_BODY, "is it this\xE2\x82\xAC list");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	/* 40, 41, 43, 46: "list" only in parts (46: the address starts
+	   with "ann"); 42, 44, 45 hold it; 48's "this" is an ICU word */
+	check1(BODY, "this list", FALSE, "42,44,45", "48");
+	/* "x2" ends 47's piece only as a joined (folded) part */
+	check1(BODY, "x2 this", FALSE, "", "47");
+	/* 41's "about" is no part: excluded as before */
+	check1(BODY, "list about", FALSE, "", "");
+	/* TEXT: no other field holds the words */
+	check1(ALL, "this list", FALSE, "42,44,45", "48");
 }
 END_TEST
 
@@ -898,11 +1004,16 @@ int main(void)
 	tcase_add_test(tc, test_dtgrams);
 	tcase_add_test(tc, test_raw_address_namespaces);
 	tcase_add_test(tc, test_phrase_exclusion_terms);
+	tcase_add_test(tc, test_phrase_exclusion_parts);
 	tcase_add_test(tc, test_underscore_exclusion);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("seg3");
 	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);
 	tcase_add_test(tc, test_seg3_raw_addresses);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("seg4");
+	tcase_add_checked_fixture(tc, open_seg4_fixture, teardown);
+	tcase_add_test(tc, test_seg4_part_codes);
 	suite_add_tcase(s, tc);
 	failed = check_run_suite(s);
 	lib_deinit();

@@ -234,7 +234,8 @@ void casidx_query_add_dtgram(struct casidx_index_writer *writer,
 		if (abs + 2 > CASIDX_POS_MAX)
 			state->dt_no_positions = TRUE;
 		else {
-			code = (uint32_t)abs << 1;
+			code = CASIDX_POS_CODE(abs,
+					       CASIDX_POS_KIND_WORD);
 			if (abs + 2 > state->dt_pos_end)
 				state->dt_pos_end = abs + 2;
 		}
@@ -250,24 +251,45 @@ void casidx_query_body_restart(struct casidx_doc_state *state)
 		state->no_positions = TRUE;
 }
 
-/* Position code of a body token (casidx-segment.h): only whole RAW
-   tokens that are their own term (not a window of a longer one) get
-   one; the query needs exactly those (query_phrase_docs()). Encoded
-   runs (base64-looking) get none: phrases with them are rare, their
-   codes many. */
+/* The code kind of a body token (casidx-segment.h), FALSE for none.
+   Whole RAW tokens that are their own term (not a window of a longer
+   one) are what query_phrase_docs() proves with. Parts get the kind
+   PART: a part is never the whole token of a piece's end or start, so
+   the phrase exclusion (query_phrase_prove()) may pass over it, where
+   an occurrence without a code could be an ICU word. Folded parts
+   (joined words: "x2y" of "x²y" ends a piece its whole tokens do not)
+   and CJK unigrams get none, nor do encoded runs (base64-looking):
+   phrases with them are rare, their codes many. */
+static bool token_pos_kind(const struct casidx_token *token,
+			   enum casidx_pos_kind *kind_r)
+{
+	if ((token->flags & (CASIDX_TOKEN_FLAG_FOLDED |
+			     CASIDX_TOKEN_FLAG_CJK |
+			     CASIDX_TOKEN_FLAG_ENCODED)) != 0)
+		return FALSE;
+	if ((token->flags & CASIDX_TOKEN_FLAG_PART) != 0) {
+		*kind_r = CASIDX_POS_KIND_PART;
+		return TRUE;
+	}
+	if ((token->flags & CASIDX_TOKEN_FLAG_RAW) == 0 ||
+	    (token->flags & CASIDX_TOKEN_FLAG_WINDOW) != 0)
+		return FALSE;
+	*kind_r = (token->flags & CASIDX_TOKEN_FLAG_SPACE_BEFORE) != 0 ?
+		CASIDX_POS_KIND_SPACE : CASIDX_POS_KIND_WORD;
+	return TRUE;
+}
+
+/* Position code of a body token (casidx-segment.h), CASIDX_POS_NONE
+   for none (token_pos_kind()). */
 static uint32_t token_pos_code(enum casidx_field field,
 			       const struct casidx_token *token,
 			       struct casidx_doc_state *state)
 {
+	enum casidx_pos_kind kind;
 	uint64_t pos;
 
 	if (field != CASIDX_FIELD_BODY || state->no_positions ||
-	    (token->flags & CASIDX_TOKEN_FLAG_RAW) == 0 ||
-	    (token->flags & (CASIDX_TOKEN_FLAG_PART |
-			     CASIDX_TOKEN_FLAG_WINDOW |
-			     CASIDX_TOKEN_FLAG_FOLDED |
-			     CASIDX_TOKEN_FLAG_CJK |
-			     CASIDX_TOKEN_FLAG_ENCODED)) != 0)
+	    !token_pos_kind(token, &kind))
 		return CASIDX_POS_NONE;
 	pos = (uint64_t)state->pos_base + token->position;
 	if (pos > CASIDX_POS_MAX) {
@@ -276,8 +298,7 @@ static uint32_t token_pos_code(enum casidx_field field,
 	}
 	if (pos + 1 > state->pos_end)
 		state->pos_end = pos + 1;
-	return ((uint32_t)pos << 1) |
-		((token->flags & CASIDX_TOKEN_FLAG_SPACE_BEFORE) != 0 ? 1 : 0);
+	return CASIDX_POS_CODE(pos, kind);
 }
 
 void casidx_query_add_token(struct casidx_index_writer *writer,
@@ -722,9 +743,14 @@ static int phrase_entry_cb(struct casidx_segment *seg,
 		bm = hash_table_lookup(ctx->starts, POINTER_CAST(uid));
 		for (j = idx[i]; j < idx[i + 1]; j++) {
 			code = codes[j];
-			pos = code >> 1;
-			/* after the first word: one space before it */
-			if (ctx->idx > 0 && ((code & 1) == 0 || pos < ctx->idx))
+			pos = CASIDX_POS_OF(code);
+			/* whole tokens only; after the first word: one space
+			   before it */
+			if (CASIDX_POS_KIND(code) == CASIDX_POS_KIND_PART)
+				continue;
+			if (ctx->idx > 0 &&
+			    (CASIDX_POS_KIND(code) != CASIDX_POS_KIND_SPACE ||
+			     pos < ctx->idx))
 				continue;
 			pos -= ctx->idx;
 			if (prev != NULL && !roaring_bitmap_contains(prev, pos))
@@ -1241,9 +1267,9 @@ static void dtgram_chain_step(unsigned int i, const roaring_bitmap_t *docs,
 			continue;
 		bm = NULL;
 		for (j = idx[d]; j < idx[d + 1]; j++) {
-			if ((codes[j] >> 1) < i)
+			if (CASIDX_POS_OF(codes[j]) < i)
 				continue;
-			p = (codes[j] >> 1) - i;
+			p = CASIDX_POS_OF(codes[j]) - i;
 			if (i > 0 && !roaring_bitmap_contains(pbm, p))
 				continue;
 			if (bm == NULL) {

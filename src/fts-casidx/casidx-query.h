@@ -124,7 +124,8 @@ void casidx_query_add_marker(struct casidx_index_writer *writer,
 			     struct casidx_doc_state *state);
 /* Index a dtgram of the current document's field (up to
    CASIDX_DTGRAM_DOC_MAX, then DTPARTIAL); pos as casidx-dtgram.h gives
-   it. Body dtgrams get position codes (pos + dt_pos_base) << 1, so a
+   it. Body dtgrams get position codes of position pos + dt_pos_base
+   (kind WORD), so a
    value whose image is a chain of dtgrams is proven where they follow
    each other. */
 void casidx_query_add_dtgram(struct casidx_index_writer *writer,

@@ -92,6 +92,15 @@ MESSAGES = [
     ("underscore superscript", plain("m28", "gnu\u00b2_radio x\u2082_y")),
     ("underscore fullwidth", plain("m29", "\uff27NU\uff3fRadio")),
     ("underscore plain", plain("m30", "run GNU_Radio_Companion now")),
+    # parts of compounds have codes (segment version 5): "list" only
+    # inside a URL and an address is no whole token after "this "; a
+    # whole token ending with "this" (the URL) is; a joined part
+    # ("x2" of "x²") has no code
+    ("parts only", plain("m31", "read this\r\nhttp://lists.example.org/"
+                         "mailman/listinfo/dev and mail "
+                         "ann.list@example.org")),
+    ("compound ends", plain("m32", "see http://x.org/this list.info")),
+    ("joined part", plain("m33", "x\u00b2 this")),
 ]
 
 VALUES = [
@@ -104,7 +113,8 @@ VALUES = [
     "bar@baz", "<div", "href=", "class=\"x\"", "a_b c", "snake_case",
     "e and", "dollars and", "na\u00efve rate", "sample rate\u20ac",
     "caf\u00e9 sample", "GNU_Radio", "gnu__radio", "gnu2_radio", "x2_y",
-    "radio_companion", "gnu_rad",
+    "radio_companion", "gnu_rad", "this list", "list and", "x2 this",
+    "org/this list", "com/blog",
 ]
 
 # the index must answer these messages' BODY searches definitely (a
@@ -125,6 +135,14 @@ DEFINITE = {
     "snake_case": ["underscore"],
     "GNU_Radio": ["underscore plain"],
     "radio_companion": ["underscore plain"],
+    "this list": ["compound ends"],
+    "org/this list": ["compound ends"],
+}
+
+# and must not return these at all (the words only as parts)
+EXCLUDED = {
+    "this list": ["parts only"],
+    "list and": ["parts only"],
 }
 
 
@@ -238,6 +256,9 @@ class FtsCasidxPhrase(unittest.TestCase):
                 for name in DEFINITE.get(value, []):
                     self.assertIn(uid_of[name], definite,
                                   "%r in %s" % (value, name))
+                for name in EXCLUDED.get(value, []):
+                    self.assertNotIn(uid_of[name], definite | maybe,
+                                     "%r in %s" % (value, name))
                 if value in phrases:
                     total += len(want[("BODY", value)])
                     proven += len(definite)

@@ -73,7 +73,11 @@ static void check_segment(struct casidx_segment *seg)
 			    idx[i + 1] - idx[i] > (*array_idx(&tfs, i)))
 				i_panic("position count invariant broken");
 			for (j = idx[i] + 1; j < idx[i + 1]; j++) {
-				if ((codes[j] >> 1) <= (codes[j - 1] >> 1))
+				if (CASIDX_POS_OF(codes[j]) <
+				    CASIDX_POS_OF(codes[j - 1]) ||
+				    (codes[j] <= codes[j - 1] &&
+				     CASIDX_POS_KIND(codes[j]) !=
+				     CASIDX_POS_KIND_PART))
 					i_panic("positions not ascending");
 			}
 		}
@@ -140,7 +144,8 @@ static void write_seed(const char *dir, const char *name,
 			casidx_builder_add_term_pos(b,
 				positions ? CASIDX_FIELD_BODY :
 				i % CASIDX_FIELD_COUNT, word, strlen(word),
-				positions ? (i << 1) | (i % 3 != 0) :
+				positions ? CASIDX_POS_CODE(i, i % 4 == 3 ?
+					CASIDX_POS_KIND_PART : i % 3 != 0) :
 				CASIDX_POS_NONE);
 		}
 	}

@@ -29,8 +29,13 @@
    4: the same layout, and the raw values of the top-level From/To/Cc/
    Bcc headers are in their own key namespaces (CASIDX_FIELD_RAW_*),
    except for the documents marked CASIDX_TERM_RAWHDR; 3..1 are still
-   read (the values are in the header field). */
-#define SEG_VERSION 4
+   read (the values are in the header field).
+   5: position codes have a kind (casidx-segment.h CASIDX_POS_KIND_*),
+   and the parts of body tokens have codes of kind PART; 4..2 are still
+   read (their codes are of the kinds WORD and SPACE). */
+#define SEG_VERSION 5
+#define SEG_VERSION_PART_CODES 5
+#define SEG_VERSION_RAW_ADDRESSES 4
 #define SEG_VERSION_DTGRAMS 3
 #define SEG_VERSION_POSITIONS 2
 #define SEG_VERSION_NO_POSITIONS 1
@@ -293,6 +298,16 @@ builder_term_get(struct casidx_builder *builder,
 	return term;
 }
 
+/* May code follow prev in the codes of one (term, doc)? A later
+   position, or a part at the same one (after the whole token, or
+   another part: "a.a@b" has the part "a" twice). */
+static bool pos_code_follows(uint32_t prev, uint32_t code)
+{
+	return CASIDX_POS_OF(code) > CASIDX_POS_OF(prev) ||
+		(CASIDX_POS_OF(code) == CASIDX_POS_OF(prev) &&
+		 CASIDX_POS_KIND(code) == CASIDX_POS_KIND_PART);
+}
+
 static void builder_term_add_pos(struct casidx_builder *builder,
 				 struct builder_term *term,
 				 const uint32_t *pos, unsigned int npos)
@@ -302,10 +317,12 @@ static void builder_term_add_pos(struct casidx_builder *builder,
 
 	if (term->no_pos || npos == 0)
 		return;
-	/* strictly ascending within the doc */
+	/* ascending within the doc, strictly but for repeated parts */
 	for (i = 0; i < npos; i++) {
+		i_assert(CASIDX_POS_KIND(pos[i]) <= CASIDX_POS_KIND_PART);
 		if ((pairs[2] > 0 || i > 0) &&
-		    (pos[i] >> 1) <= (term->pos[term->pos_count - 1] >> 1)) {
+		    !pos_code_follows(term->pos[term->pos_count - 1],
+				      pos[i])) {
 			term->no_pos = TRUE;
 			return;
 		}
@@ -578,9 +595,10 @@ static void append_bitmap(buffer_t *output, const roaring_bitmap_t *bm)
 /* The positions section of a postings entry: per doc (bitmap order)
    varint x: 0 = no codes; else x - 1 = first code << 1 | (npos == tf),
    then, if npos < tf, varint npos; then npos - 1 varints, each
-   ((position - previous) << 1 | flag). A code is position << 1 | space
-   flag. Empty when no doc has any. Most docs have a code for every
-   occurrence, so they pay no count. */
+   ((position - previous) << 2 | kind). A code is position << 2 | kind
+   (version 5; up to 4 position << 1 | space flag). Empty when no doc
+   has any. Most docs have a code for every occurrence, so they pay no
+   count. */
 static void write_positions(buffer_t *body, struct builder_term *term,
 			    const roaring_bitmap_t *no_pos_docs)
 {
@@ -605,10 +623,10 @@ static void write_positions(buffer_t *body, struct builder_term *term,
 				if (pair[2] != pair[1])
 					put_varint(pos, pair[2]);
 			} else {
-				put_varint(pos, (((*code >> 1) - prev) << 1) |
-					   (*code & 1));
+				put_varint(pos, ((CASIDX_POS_OF(*code) - prev) << 2) |
+					   CASIDX_POS_KIND(*code));
 			}
-			prev = *code >> 1;
+			prev = CASIDX_POS_OF(*code);
 			written++;
 		}
 	}
@@ -1297,10 +1315,48 @@ int casidx_segment_iter_deinit(struct casidx_segment_iter **_iter,
 	return ret;
 }
 
+/* One code of the positions section after the first: v is the varint
+   read, *pos the previous position, *code the previous code. Version 5
+   (kinds): (delta << 2 | kind), the delta 0 only for a part
+   (pos_code_follows()); before it, (delta << 1 | space flag), the
+   delta at least 1. */
+static int seg_parse_next_code(uint64_t v, bool kinds, uint64_t *pos,
+			       uint32_t *code, const char **error_r)
+{
+	unsigned int kind = kinds ? (v & 3) : (v & 1);
+	uint64_t delta = kinds ? v >> 2 : v >> 1;
+
+	if (kind > CASIDX_POS_KIND_PART)
+		return seg_corrupt(error_r, "position kind");
+	*pos += delta;
+	if (*pos > CASIDX_POS_MAX)
+		return seg_corrupt(error_r, "position range");
+	if (!pos_code_follows(*code, CASIDX_POS_CODE(*pos, kind)))
+		return seg_corrupt(error_r, "position delta");
+	*code = CASIDX_POS_CODE(*pos, kind);
+	return 0;
+}
+
+/* The first code of a doc (x - 1 >> 1 of write_positions()). */
+static int seg_parse_first_code(uint64_t v, bool kinds, uint64_t *pos,
+				uint32_t *code, const char **error_r)
+{
+	unsigned int kind = kinds ? (v & 3) : (v & 1);
+
+	*pos = kinds ? v >> 2 : v >> 1;
+	if (kind > CASIDX_POS_KIND_PART)
+		return seg_corrupt(error_r, "position kind");
+	if (*pos > CASIDX_POS_MAX)
+		return seg_corrupt(error_r, "position range");
+	*code = CASIDX_POS_CODE(*pos, kind);
+	return 0;
+}
+
 /* The positions section (write_positions()) of n docs with term
-   frequencies tfs into pos_r/pos_idx_r (absolute codes). */
+   frequencies tfs into pos_r/pos_idx_r (absolute codes); kinds: the
+   codes have kinds (version 5). */
 static int seg_parse_positions(const unsigned char *p, const unsigned char *end,
-			       const uint32_t *tfs, unsigned int n,
+			       bool kinds, const uint32_t *tfs, unsigned int n,
 			       ARRAY_TYPE(uint32_t) *pos_r,
 			       ARRAY_TYPE(uint32_t) *pos_idx_r,
 			       const char **error_r)
@@ -1332,14 +1388,16 @@ static int seg_parse_positions(const unsigned char *p, const unsigned char *end,
 			first >>= 1;
 		}
 		for (j = 0, pos = 0; j < npos; j++) {
-			if (j == 0)
-				v = first;
-			else if (!get_varint(&p, end, &v) || (v >> 1) == 0)
+			if (j == 0) {
+				if (seg_parse_first_code(first, kinds, &pos,
+							 &code, error_r) < 0)
+					return -1;
+			} else if (!get_varint(&p, end, &v)) {
 				return seg_corrupt(error_r, "position delta");
-			pos = j == 0 ? (v >> 1) : pos + (v >> 1);
-			if (pos > CASIDX_POS_MAX)
-				return seg_corrupt(error_r, "position range");
-			code = (uint32_t)(pos << 1) | (uint32_t)(v & 1);
+			} else if (seg_parse_next_code(v, kinds, &pos, &code,
+						       error_r) < 0) {
+				return -1;
+			}
 			array_push_back(pos_r, &code);
 		}
 		idx += npos;
@@ -1372,7 +1430,12 @@ bool casidx_segment_has_dtgrams(const struct casidx_segment *seg)
 
 bool casidx_segment_has_raw_addresses(const struct casidx_segment *seg)
 {
-	return seg->version >= SEG_VERSION;
+	return seg->version >= SEG_VERSION_RAW_ADDRESSES;
+}
+
+bool casidx_segment_has_part_codes(const struct casidx_segment *seg)
+{
+	return seg->version >= SEG_VERSION_PART_CODES;
 }
 
 int casidx_segment_read_positions(struct casidx_segment *seg,
@@ -1428,7 +1491,9 @@ int casidx_segment_read_positions(struct casidx_segment *seg,
 	}
 	if (pos_r != NULL) {
 		i_assert(pos_idx_r != NULL);
-		if (seg_parse_positions(p, p + pos_len, array_front(tfs_r),
+		if (seg_parse_positions(p, p + pos_len,
+					seg->version >= SEG_VERSION_PART_CODES,
+					array_front(tfs_r),
 					entry->df, pos_r, pos_idx_r,
 					error_r) < 0) {
 			roaring_bitmap_free(bm);

@@ -75,13 +75,28 @@ struct casidx_term_entry {
 };
 
 /* Positions (segment version 2, doc/casidx-format.md): a term's
-   occurrence in a doc may carry a code (position << 1 | flag), where
-   position is the word position within the doc's field and flag says
-   the previous word (position - 1) ends exactly one space before this
-   one (CASIDX_TOKEN_FLAG_SPACE_BEFORE). Codes of a (term, doc) are
-   strictly ascending by position. */
+   occurrence in a doc may carry a code, CASIDX_POS_CODE(position, kind),
+   where position is the word position within the doc's field. Codes of
+   a (term, doc) are strictly ascending, except that a part may repeat
+   its code (a compound with the same atom twice). An occurrence without
+   a code may be anything (npos <= tf). */
+enum casidx_pos_kind {
+	/* a whole token (CASIDX_TOKEN_FLAG_RAW) */
+	CASIDX_POS_KIND_WORD = 0,
+	/* a whole token whose previous one (position - 1) ends exactly
+	   one space before it (CASIDX_TOKEN_FLAG_SPACE_BEFORE) */
+	CASIDX_POS_KIND_SPACE = 1,
+	/* segment version 5: a part (CASIDX_TOKEN_FLAG_PART, not folded,
+	   not CJK) at its compound's or word's position; it is never the
+	   whole token of its text, so a phrase proof skips it */
+	CASIDX_POS_KIND_PART = 2,
+};
+#define CASIDX_POS_CODE(pos, kind) (((uint32_t)(pos) << 2) | (uint32_t)(kind))
+#define CASIDX_POS_OF(code) ((code) >> 2)
+#define CASIDX_POS_KIND(code) ((enum casidx_pos_kind)((code) & 3))
+/* no code (kind 3 is no kind) */
 #define CASIDX_POS_NONE ((uint32_t)-1)
-#define CASIDX_POS_MAX ((1U << 31) - 1)
+#define CASIDX_POS_MAX ((1U << 30) - 1)
 
 /* Builder: collects postings in memory. */
 struct casidx_builder *casidx_builder_create(void);
@@ -239,6 +254,11 @@ bool casidx_segment_has_positions(const struct casidx_segment *seg);
 /* FALSE for a segment of version 1 or 2 (written before dtgrams): none
    of its documents has dtgram keys. */
 bool casidx_segment_has_dtgrams(const struct casidx_segment *seg);
+/* FALSE for a segment of version 1 to 4 (written before part codes):
+   the parts of its documents have no codes. A version-5 segment may
+   still hold documents without them (merged from an older segment):
+   the codes are per occurrence, and one without a code is unknown. */
+bool casidx_segment_has_part_codes(const struct casidx_segment *seg);
 /* FALSE for a segment of version 1 to 3 (written before the raw address
    namespaces): the raw values of its documents' address headers, if
    any, are in the header field. In a version-4 segment a document
