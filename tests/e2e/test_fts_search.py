@@ -174,7 +174,7 @@ def run_queries(dc, queries=None):
 
 def casidx_sdbox():
     """sdbox with fts = casidx and nothing else set (the old-format
-    fixture tests and tests/fixtures/casidx-seg3/make-fixture.py)."""
+    fixture tests and tests/fixtures/make-casidx-fixture.py)."""
     return Dovecot(mail_location="sdbox:~/sdbox",
                    mail_plugins=["fts", "fts_casidx"],
                    plugin_settings={"fts": "casidx"},
