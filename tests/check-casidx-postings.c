@@ -1614,8 +1614,31 @@ START_TEST(test_index_corruption_rejected)
 	ck_assert_ptr_ne(strstr(error, "manifest"), NULL);
 	ck_assert(casidx_index_is_corrupted(index));
 
-	/* delete = fresh start */
-	ck_assert_int_eq(casidx_index_delete(index, &error), 0);
+	/* delete = fresh start; the lock file stays (the same file: a
+	   process waiting for the lock on it would otherwise get it while
+	   another locks a new file of the name), nothing else does */
+	{
+		const char *lock_path = t_strdup_printf("%s/write.lock",
+							test_dir);
+		struct stat st1, st2;
+		DIR *dir;
+		struct dirent *d;
+		unsigned int others = 0;
+
+		ck_assert_int_eq(stat(lock_path, &st1), 0);
+		ck_assert_int_eq(casidx_index_delete(index, &error), 0);
+		ck_assert_int_eq(stat(lock_path, &st2), 0);
+		ck_assert(st1.st_ino == st2.st_ino);
+		dir = opendir(test_dir);
+		ck_assert_ptr_nonnull(dir);
+		while ((d = readdir(dir)) != NULL) {
+			if (d->d_name[0] != '.' &&
+			    strcmp(d->d_name, "write.lock") != 0)
+				others++;
+		}
+		closedir(dir);
+		ck_assert_uint_eq(others, 0);
+	}
 	ck_assert_int_eq(casidx_index_refresh(index, &error), 0);
 	index_docs(index, 1, 3);
 	ck_assert_uint_eq(casidx_index_get_last_uid(index), 3);

@@ -7,7 +7,6 @@
 #include "str.h"
 #include "file-lock.h"
 #include "mkdir-parents.h"
-#include "unlink-directory.h"
 #include "write-full.h"
 #include "safe-memset.h"
 #include "cas-crc32c.h"
@@ -15,6 +14,7 @@
 #include "casidx-crypt.h"
 #include "casidx-index.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -980,6 +980,8 @@ casidx_index_add_docs_without_raw_addresses(const struct casidx_index *index,
 
 /* ---- writing ---- */
 
+static void index_unlock(int *fd, struct file_lock **lock);
+
 static int index_lock(struct casidx_index *index, int *fd_r,
 		      struct file_lock **lock_r, const char **error_r)
 {
@@ -987,24 +989,46 @@ static int index_lock(struct casidx_index *index, int *fd_r,
 		.lock_method = FILE_LOCK_METHOD_FCNTL,
 	};
 	const char *path = t_strdup_printf("%s/"LOCK_NAME, index->dir);
+	struct stat st, fst;
+	unsigned int tries;
 	int fd, ret;
 
 	if (mkdir_parents(index->dir, 0700) < 0 && errno != EEXIST) {
 		*error_r = t_strdup_printf("mkdir(%s) failed: %m", index->dir);
 		return -1;
 	}
-	fd = open(path, O_RDWR | O_CREAT, 0600);
-	if (fd == -1) {
-		*error_r = t_strdup_printf("open(%s) failed: %m", path);
-		return -1;
-	}
-	ret = file_wait_lock(fd, path, F_WRLCK, &lock_set,
-			     index->set.lock_timeout_secs, lock_r, error_r);
-	if (ret <= 0) {
-		if (ret == 0)
-			*error_r = t_strdup_printf("%s: lock timeout", path);
-		i_close_fd(&fd);
-		return -1;
+	for (tries = 0;; tries++) {
+		fd = open(path, O_RDWR | O_CREAT, 0600);
+		if (fd == -1) {
+			*error_r = t_strdup_printf("open(%s) failed: %m",
+						   path);
+			return -1;
+		}
+		ret = file_wait_lock(fd, path, F_WRLCK, &lock_set,
+				     index->set.lock_timeout_secs, lock_r,
+				     error_r);
+		if (ret <= 0) {
+			if (ret == 0) {
+				*error_r = t_strdup_printf("%s: lock timeout",
+							   path);
+			}
+			i_close_fd(&fd);
+			return -1;
+		}
+		/* the lock is on the file the path names now: else the
+		   file was replaced while we waited (an index deleted by
+		   a build before casidx_index_delete() kept it), and a
+		   process that opened the path since holds another lock
+		   at the same time */
+		if (fstat(fd, &fst) == 0 && stat(path, &st) == 0 &&
+		    st.st_ino == fst.st_ino && st.st_dev == fst.st_dev)
+			break;
+		index_unlock(&fd, lock_r);
+		if (tries >= 10) {
+			*error_r = t_strdup_printf("%s: replaced while "
+						   "locking, 10 times", path);
+			return -1;
+		}
 	}
 	*fd_r = fd;
 	return 0;
@@ -1591,6 +1615,44 @@ int casidx_index_reseal(struct casidx_index *index, unsigned int *resealed_r,
 	return ret < 0 ? -1 : 0;
 }
 
+/* Every file of the index directory but the lock file. */
+static int index_unlink_all_but_lock(struct casidx_index *index,
+				     const char **error_r)
+{
+	struct dirent *d;
+	const char *path;
+	DIR *dir;
+	int ret = 0;
+
+	dir = opendir(index->dir);
+	if (dir == NULL) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("opendir(%s) failed: %m",
+					   index->dir);
+		return -1;
+	}
+	while ((d = readdir(dir)) != NULL) {
+		if (strcmp(d->d_name, ".") == 0 ||
+		    strcmp(d->d_name, "..") == 0 ||
+		    strcmp(d->d_name, LOCK_NAME) == 0 ||
+		    d->d_type == DT_DIR)
+			continue;
+		path = t_strdup_printf("%s/%s", index->dir, d->d_name);
+		if (unlink(path) < 0 && errno != ENOENT && ret == 0) {
+			*error_r = t_strdup_printf("unlink(%s) failed: %m",
+						   path);
+			ret = -1;
+		}
+	}
+	if (closedir(dir) < 0 && ret == 0) {
+		*error_r = t_strdup_printf("closedir(%s) failed: %m",
+					   index->dir);
+		ret = -1;
+	}
+	return ret;
+}
+
 int casidx_index_delete(struct casidx_index *index, const char **error_r)
 {
 	struct file_lock *lock;
@@ -1599,10 +1661,13 @@ int casidx_index_delete(struct casidx_index *index, const char **error_r)
 
 	if (index_lock(index, &fd, &lock, error_r) < 0)
 		return -1;
-	/* the manifest goes first, so no reader sees a partial index */
+	/* the manifest goes first, so no reader sees a partial index;
+	   the lock file stays: a process waiting for the lock on it must
+	   not get it while another one locks a new file of that name
+	   (two writers: the second's segments unlinked by the first, the
+	   soak's "segment missing") */
 	i_unlink_if_exists(t_strdup_printf("%s/"MANIFEST_NAME, index->dir));
-	if (unlink_directory(index->dir, UNLINK_DIRECTORY_FLAG_FILES_ONLY,
-			     &error) < 0) {
+	if (index_unlink_all_but_lock(index, &error) < 0) {
 		*error_r = error;
 		ret = -1;
 	}
