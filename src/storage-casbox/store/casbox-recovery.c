@@ -429,22 +429,15 @@ int casbox_copy_record_import(const void *data, size_t size, pool_t pool,
 	};
 	struct rec_reader body_rd;
 	unsigned char *raw = NULL;
-	uint8_t version, compression;
+	uint8_t compression;
 	size_t raw_size = 0, zret;
 	int ret = 0;
 
 	i_zero(rec_r);
-	version = rd_u8(&rd, "version");
-	if (rd.error == NULL && version != CASBOX_COPY_RECORD_VERSION)
-		rd.error = t_strdup_printf("unsupported version %u", version);
-	rec_r->written_usecs = rd_u64(&rd, "written");
-	if (rd_need(&rd, 2 * GUID_128_SIZE, "mailbox guid")) {
-		memcpy(rec_r->mailbox_guid, rd_take(&rd, GUID_128_SIZE, ""),
-		       GUID_128_SIZE);
-		memcpy(rec_r->public_guid, rd_take(&rd, GUID_128_SIZE, ""),
-		       GUID_128_SIZE);
-	}
-	rec_r->uid_validity = rd_u32(&rd, "uidvalidity");
+	/* the head of every recovery record (version 1 only) */
+	(void)read_head(&rd, CASBOX_COPY_RECORD_VERSION,
+			&rec_r->written_usecs, rec_r->mailbox_guid,
+			rec_r->public_guid, &rec_r->uid_validity);
 	rec_r->next_uid = rd_u32(&rd, "next uid");
 	rec_r->highest_modseq = rd_u64(&rd, "highest modseq");
 	rec_r->mailbox_name = rd_str16(&rd, pool, "mailbox name");

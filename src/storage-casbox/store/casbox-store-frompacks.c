@@ -103,6 +103,22 @@ static void frompacks_add_dek(struct casbox_frompacks *fp,
 	memcpy(new_dek->stored, stored, size);
 }
 
+/* The candidate DEK and plain size of every blob a recovery record or
+   blob keys record lists. */
+static void
+frompacks_add_blob_entries(struct casbox_frompacks *fp,
+			   const ARRAY_TYPE(casbox_recovery_blob) *blobs)
+{
+	const struct casbox_recovery_blob *rblob;
+
+	array_foreach(blobs, rblob) {
+		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
+				  rblob->stored_dek);
+		frompacks_blob_get(fp, &rblob->id)->size_hint =
+			rblob->plain_size;
+	}
+}
+
 /* The message of mailbox and UID to fill from a record written at
    written_usecs, or NULL if a newer record already filled it. */
 static struct casbox_frompacks_msg *
@@ -130,7 +146,6 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 				   const struct casbox_pack_frame_info *info)
 {
 	struct casbox_recovery_record rec;
-	const struct casbox_recovery_blob *rblob;
 	struct casbox_frompacks_msg *msg;
 	const char *error;
 	pool_t pool = pool_datastack_create();
@@ -141,12 +156,7 @@ static void frompacks_add_recovery(struct casbox_frompacks *fp,
 		return;
 	}
 	/* DEKs count even if a newer record of this UID replaces it */
-	array_foreach(&rec.blobs, rblob) {
-		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
-				  rblob->stored_dek);
-		frompacks_blob_get(fp, &rblob->id)->size_hint =
-			rblob->plain_size;
-	}
+	frompacks_add_blob_entries(fp, &rec.blobs);
 
 	msg = frompacks_msg_slot(fp, rec.mailbox_guid, rec.uid,
 				 rec.written_usecs);
@@ -200,7 +210,6 @@ static void frompacks_add_blob_keys(struct casbox_frompacks *fp,
 				    const struct casbox_pack_frame_info *info)
 {
 	struct casbox_blob_keys rec;
-	const struct casbox_recovery_blob *rblob;
 	const char *error;
 
 	if (casbox_blob_keys_import(plain->data, plain->used,
@@ -209,12 +218,7 @@ static void frompacks_add_blob_keys(struct casbox_frompacks *fp,
 		frompacks_unreadable(fp, info, error);
 		return;
 	}
-	array_foreach(&rec.blobs, rblob) {
-		frompacks_add_dek(fp, &rblob->id, rblob->dek_kind,
-				  rblob->stored_dek);
-		frompacks_blob_get(fp, &rblob->id)->size_hint =
-			rblob->plain_size;
-	}
+	frompacks_add_blob_entries(fp, &rec.blobs);
 }
 
 static void frompacks_add_dek_update(struct casbox_frompacks *fp,
