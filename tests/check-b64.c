@@ -436,7 +436,8 @@ static buffer_t *read_fixture(const char *name)
 }
 
 /* committed recovery records (the fuzz seeds): the one from before
-   transforms reads with none, the one with a decoded part reads it */
+   transforms reads with none, the one with a decoded part reads it,
+   the compressed one (version 3) holds the first */
 START_TEST(test_fixtures)
 {
 	struct casbox_recovery_record rec;
@@ -465,6 +466,16 @@ START_TEST(test_fixtures)
 	ck_assert_uint_eq(part->size, 406);
 	blob = array_idx(&rec.blobs, 1);
 	ck_assert_uint_eq(blob->plain_size, 300);
+
+	/* version 3 (compressed) holds the record of recovery-v1 */
+	buf = read_fixture("recovery-v3");
+	ck_assert_uint_eq(((const unsigned char *)buf->data)[0],
+			  CASBOX_RECOVERY_VERSION_ZSTD);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+						       pool, &rec, &error), 1);
+	buf = t_buffer_create(512);
+	casbox_recovery_record_export_plain(&rec, buf);
+	ck_assert(buffer_cmp(buf, read_fixture("recovery-v1")));
 }
 END_TEST
 

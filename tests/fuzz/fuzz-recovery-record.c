@@ -1,9 +1,9 @@
 /* Fuzz the pack meta record decoders that rebuild --from-packs, gc and
    scrub run on opened meta frames (src/storage-casbox/casbox-recovery.c,
    casbox_dek_update_import()): recovery record versions 1 (server-
-   wrapped DEKs) and 2 (DEKs of any kind: password mode's 133-byte
-   sealed DEKs), message records with part transforms (base64 leaves
-   stored decoded), mailbox records, DEK updates versions 1 and 2, copy
+   wrapped DEKs), 2 (DEKs of any kind: password mode's 133-byte
+   sealed DEKs) and 3 (either, zstd-compressed), message records with
+   part transforms (base64 leaves stored decoded), mailbox records, DEK updates versions 1 and 2, copy
    records (stored as they are and zstd-compressed) and blob keys. Oracle:
    a crash or a leak, or a decoded record whose export does not decode
    to the same export again; a recovery record exports with the version
@@ -34,12 +34,21 @@ static void fuzz_recovery(const uint8_t *data, size_t size)
 		if (blob->dek_kind != CAS_DEK_KIND_SERVER_WRAP)
 			version = CASBOX_RECOVERY_VERSION_DEK_KIND;
 	}
+	/* (a version 3 record holds a version 1 or 2 one, which the same
+	   decoder checks) */
 	if (version == CASBOX_RECOVERY_VERSION_DEK_KIND &&
-	    data[0] != CASBOX_RECOVERY_VERSION_DEK_KIND)
+	    data[0] != CASBOX_RECOVERY_VERSION_DEK_KIND &&
+	    data[0] != CASBOX_RECOVERY_VERSION_ZSTD)
 		i_panic("sealed DEK accepted in a version %u record", data[0]);
 	out = t_buffer_create(size + 64);
-	casbox_recovery_record_export(&rec, out);
+	casbox_recovery_record_export_plain(&rec, out);
 	if (((const unsigned char *)out->data)[0] != version)
+		i_panic("recovery record exported as the wrong version");
+	buffer_set_used_size(out, 0);
+	casbox_recovery_record_export(&rec, out);
+	if (((const unsigned char *)out->data)[0] != version &&
+	    ((const unsigned char *)out->data)[0] !=
+	    CASBOX_RECOVERY_VERSION_ZSTD)
 		i_panic("recovery record exported as the wrong version");
 	if (casbox_recovery_record_import(out->data, out->used, pool, &rec2,
 					  &error) <= 0)
@@ -210,11 +219,14 @@ static void make_corpus(const char *dir)
 	buffer_t *buf = buffer_create_dynamic(pool, 1024);
 
 	make_recovery(&rec, pool, FALSE);
-	casbox_recovery_record_export(&rec, buf);
+	casbox_recovery_record_export_plain(&rec, buf);
 	write_seed(dir, "recovery-v1", buf);
 	buffer_set_used_size(buf, 0);
-	make_recovery(&rec, pool, TRUE);
 	casbox_recovery_record_export(&rec, buf);
+	write_seed(dir, "recovery-v3", buf);
+	buffer_set_used_size(buf, 0);
+	make_recovery(&rec, pool, TRUE);
+	casbox_recovery_record_export_plain(&rec, buf);
 	write_seed(dir, "recovery-v2-sealed", buf);
 	/* a part stored decoded: the message record's transform tail */
 	make_recovery(&rec, pool, FALSE);
@@ -234,7 +246,7 @@ static void make_corpus(const char *dir)
 		rec.msg.virtual_size = rec.msg.physical_size + 8;
 	}
 	buffer_set_used_size(buf, 0);
-	casbox_recovery_record_export(&rec, buf);
+	casbox_recovery_record_export_plain(&rec, buf);
 	write_seed(dir, "recovery-v1-b64", buf);
 
 	i_zero(&mrec);

@@ -14,6 +14,66 @@
 /* a blob entry before its DEK */
 #define RECOVERY_BLOB_FIXED_SIZE (CAS_BLOB_ID_SIZE + 4 + 8)
 
+/* Compressed bodies (copy records, recovery records version 3):
+   u32 raw size | one zstd frame that declares that size. Appends them
+   to dest and returns TRUE when they are smaller than the raw bytes;
+   else appends nothing and returns FALSE. */
+static bool
+wr_zstd_body(buffer_t *dest, const void *raw, size_t raw_size, int level)
+{
+	size_t start = dest->used, bound, zsize;
+	unsigned char *z;
+
+	i_assert(raw_size <= UINT32_MAX);
+	bound = ZSTD_compressBound(raw_size);
+	z = buffer_append_space_unsafe(dest, 4 + bound);
+	zsize = ZSTD_compress(z + 4, bound, raw, raw_size, level);
+	if (ZSTD_isError(zsize) || zsize + 4 >= raw_size) {
+		buffer_set_used_size(dest, start);
+		return FALSE;
+	}
+	cpu32_to_be_unaligned(raw_size, z);
+	buffer_set_used_size(dest, start + 4 + zsize);
+	return TRUE;
+}
+
+/* Reads what wr_zstd_body() wrote, which must fill the rest of the
+   record: the raw size (min_raw..max_raw, and declared by the frame
+   itself before anything is allocated for it), then the frame.
+   Returns the raw bytes (i_malloc(); the caller wipes and frees them)
+   or NULL with rd->error set. */
+static unsigned char *
+rd_zstd_body(struct rec_reader *rd, size_t min_raw, size_t max_raw,
+	     size_t *raw_size_r)
+{
+	unsigned char *raw;
+	size_t raw_size, zret;
+
+	raw_size = rd_u32(rd, "raw size");
+	if (rd->error != NULL)
+		return NULL;
+	if (raw_size > max_raw || raw_size < min_raw) {
+		rd->error = t_strdup_printf("raw size %zu out of range",
+					    raw_size);
+		return NULL;
+	}
+	if (ZSTD_getFrameContentSize(rd->p, rd->end - rd->p) != raw_size) {
+		rd->error = "compressed body does not declare its size";
+		return NULL;
+	}
+	raw = i_malloc(raw_size);
+	zret = ZSTD_decompress(raw, raw_size, rd->p, rd->end - rd->p);
+	if (ZSTD_isError(zret) || zret != raw_size) {
+		safe_memset(raw, 0, raw_size);
+		i_free(raw);
+		rd->error = "decompression failed";
+		return NULL;
+	}
+	rd->p = rd->end;
+	*raw_size_r = raw_size;
+	return raw;
+}
+
 /* The fields every recovery record starts with: version, write time,
    mailbox storage GUID, public GUID, UIDVALIDITY. */
 static void
@@ -67,8 +127,9 @@ casbox_recovery_record_version(const struct casbox_recovery_record *rec)
 	return CASBOX_RECOVERY_VERSION;
 }
 
-void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
-				   buffer_t *dest)
+void
+casbox_recovery_record_export_plain(const struct casbox_recovery_record *rec,
+				    buffer_t *dest)
 {
 	const struct casbox_recovery_blob *blob;
 	size_t len_pos;
@@ -180,9 +241,31 @@ casbox_recovery_read_blobs(struct rec_reader *rd, uint8_t version,
 	return 0;
 }
 
-int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
-				  struct casbox_recovery_record *rec_r,
-				  const char **error_r)
+void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
+				   buffer_t *dest)
+{
+	/* not on the data stack: dest may be there */
+	buffer_t *plain = buffer_create_dynamic(default_pool, 1024);
+	size_t start = dest->used;
+
+	casbox_recovery_record_export_plain(rec, plain);
+	/* the random parts (blob ids, nonces and tags of wrapped DEKs, the
+	   GUID) do not compress; the rest does, and each blob id is in the
+	   message record and in the blob list */
+	wr_u8(dest, CASBOX_RECOVERY_VERSION_ZSTD);
+	if (!wr_zstd_body(dest, plain->data, plain->used,
+			  CASBOX_RECOVERY_ZSTD_LEVEL)) {
+		buffer_set_used_size(dest, start);
+		buffer_append_buf(dest, plain, 0, SIZE_MAX);
+	}
+	safe_memset(buffer_get_modifiable_data(plain, NULL), 0, plain->used);
+	buffer_free(&plain);
+}
+
+static int
+recovery_record_import_plain(const void *data, size_t size, pool_t pool,
+			     struct casbox_recovery_record *rec_r,
+			     const char **error_r)
 {
 	struct rec_reader rd = {
 		.p = data, .end = CONST_PTR_OFFSET(data, size),
@@ -215,6 +298,36 @@ int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
 		return -1;
 	}
 	return 1;
+}
+
+int casbox_recovery_record_import(const void *data, size_t size, pool_t pool,
+				  struct casbox_recovery_record *rec_r,
+				  const char **error_r)
+{
+	struct rec_reader rd = {
+		.p = data, .end = CONST_PTR_OFFSET(data, size),
+	};
+	unsigned char *raw;
+	size_t raw_size = 0;
+	int ret;
+
+	if (size == 0 || rd.p[0] != CASBOX_RECOVERY_VERSION_ZSTD)
+		return recovery_record_import_plain(data, size, pool, rec_r,
+						    error_r);
+	rd.p++;
+	raw = rd_zstd_body(&rd, 1, CASBOX_RECOVERY_MAX_RAW, &raw_size);
+	if (raw == NULL) {
+		i_zero(rec_r);
+		*error_r = t_strconcat("recovery record: ", rd.error, NULL);
+		return -1;
+	}
+	/* a version 1 or 2 record: another version 3 inside is rejected
+	   as an unsupported version */
+	ret = recovery_record_import_plain(raw, raw_size, pool, rec_r,
+					   error_r);
+	safe_memset(raw, 0, raw_size);
+	i_free(raw);
+	return ret;
 }
 
 void casbox_recovery_locator_data(const guid_128_t mailbox_guid, uint32_t uid,
@@ -349,8 +462,7 @@ unsigned int casbox_copy_record_body_count(const buffer_t *body)
 void casbox_copy_record_export(const struct casbox_copy_record *rec,
 			       const buffer_t *body, buffer_t *dest)
 {
-	size_t bound, zsize, start;
-	unsigned char *z;
+	size_t start;
 
 	i_assert(body->used <= CASBOX_COPY_RECORD_MAX_RAW);
 	write_head(dest, CASBOX_COPY_RECORD_VERSION, rec->written_usecs,
@@ -361,14 +473,8 @@ void casbox_copy_record_export(const struct casbox_copy_record *rec,
 	/* many message records of one mailbox: their keys, dates, sizes
 	   and field layout repeat */
 	start = dest->used;
-	bound = ZSTD_compressBound(body->used);
-	z = buffer_append_space_unsafe(dest, 5 + bound);
-	zsize = ZSTD_compress(z + 5, bound, body->data, body->used, 3);
-	if (!ZSTD_isError(zsize) && zsize + 4 < body->used) {
-		z[0] = 1;
-		cpu32_to_be_unaligned(body->used, z + 1);
-		buffer_set_used_size(dest, start + 5 + zsize);
-	} else {
+	wr_u8(dest, 1);
+	if (!wr_zstd_body(dest, body->data, body->used, 3)) {
 		buffer_set_used_size(dest, start);
 		wr_u8(dest, 0);
 		buffer_append_buf(dest, body, 0, SIZE_MAX);
@@ -430,7 +536,7 @@ int casbox_copy_record_import(const void *data, size_t size, pool_t pool,
 	struct rec_reader body_rd;
 	unsigned char *raw = NULL;
 	uint8_t compression;
-	size_t raw_size = 0, zret;
+	size_t raw_size = 0;
 	int ret = 0;
 
 	i_zero(rec_r);
@@ -447,23 +553,8 @@ int casbox_copy_record_import(const void *data, size_t size, pool_t pool,
 		rd.error = "zero UIDVALIDITY or mailbox GUID";
 	body_rd = rd;
 	if (rd.error == NULL && compression == 1) {
-		raw_size = rd_u32(&rd, "raw size");
-		if (rd.error == NULL &&
-		    (raw_size > CASBOX_COPY_RECORD_MAX_RAW || raw_size < 4))
-			rd.error = t_strdup_printf("raw size %zu out of range",
-						   raw_size);
-		/* the frame must declare that size itself before anything
-		   is allocated for it */
-		if (rd.error == NULL &&
-		    ZSTD_getFrameContentSize(rd.p, rd.end - rd.p) != raw_size)
-			rd.error = "compressed body does not declare its size";
-		if (rd.error == NULL) {
-			raw = i_malloc(raw_size);
-			zret = ZSTD_decompress(raw, raw_size, rd.p,
-					       rd.end - rd.p);
-			if (ZSTD_isError(zret) || zret != raw_size)
-				rd.error = "decompression failed";
-		}
+		raw = rd_zstd_body(&rd, 4, CASBOX_COPY_RECORD_MAX_RAW,
+				   &raw_size);
 		body_rd.p = raw;
 		body_rd.end = raw + raw_size;
 		body_rd.error = rd.error;

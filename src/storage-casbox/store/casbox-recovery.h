@@ -25,7 +25,9 @@
    | wrapped DEK (76); version 2: kind 1 as in version 1, or the 133-byte
    sealed DEK (kind 2, its byte 0). A record whose DEKs are all of kind
    1 (every server-mode record) is written as version 1, byte for byte
-   as before version 2 existed.
+   as before version 2 existed. Since 2026-12-06 the record is written
+   as version 3 (below: the same record zstd-compressed) whenever that
+   is smaller, which for a real message it always is.
    The blobs are every distinct blob of the message, with the wrapped
    DEK the store had for it at the save (new or deduplicated alike), so
    each record opens its message on its own: a damaged record loses only
@@ -40,6 +42,13 @@
 /* DEKs of any kind (password mode's sealed DEKs); readers before it
    reject it with "unsupported version". */
 #define CASBOX_RECOVERY_VERSION_DEK_KIND 2
+/* Version 3 (since 2026-12-06): u8 3 | u32 raw size | one zstd frame
+   that declares that size and holds a version 1 or 2 record, written
+   whenever it is smaller; readers before it reject it with
+   "unsupported version 3". */
+#define CASBOX_RECOVERY_VERSION_ZSTD 3
+#define CASBOX_RECOVERY_ZSTD_LEVEL 3
+#define CASBOX_RECOVERY_MAX_RAW (16U * 1024 * 1024)
 
 struct casbox_recovery_blob {
 	struct cas_blob_id id;
@@ -162,8 +171,15 @@ int casbox_recovery_mailbox_import(const void *data, size_t size, pool_t pool,
 				   struct casbox_recovery_mailbox *rec_r,
 				   const char **error_r);
 
+/* Version 3 when that is smaller (always, for a real message), else
+   the record _export_plain() writes. */
 void casbox_recovery_record_export(const struct casbox_recovery_record *rec,
 				   buffer_t *dest);
+/* The uncompressed record, version 1 or 2 by its DEKs: what version 3
+   compresses (and what the committed fixtures hold). */
+void
+casbox_recovery_record_export_plain(const struct casbox_recovery_record *rec,
+				    buffer_t *dest);
 /* What a recovery record's locator (password mode,
    casbox_pack_meta_locator_make()) is computed over: mailbox storage id
    (16) | UID (u32 BE) | message GUID. gc without the password computes
