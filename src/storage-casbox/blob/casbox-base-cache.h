@@ -24,14 +24,13 @@ struct casbox_base_plain {
 	/* the prefix: size = min(plain_size, CASBOX_BASE_PREFIX_MAX) */
 	unsigned char *data;
 	size_t size;
-	/* casbox_frame_base_digest() of data, set by
-	   casbox_base_plain_seal() */
-	unsigned char digest[CASBOX_BASE_DIGEST_SIZE];
 
 	/* private */
+	/* casbox_frame_base_digest() of data: casbox_base_plain_digest() */
+	unsigned char digest[CASBOX_BASE_DIGEST_SIZE];
 	size_t capacity;
 	int refcount;
-	bool sealed, cached;
+	bool sealed, cached, digest_set;
 	struct casbox_base_plain *prev, *next;
 };
 
@@ -45,8 +44,13 @@ casbox_base_plain_new(const struct cas_blob_id *id, uint64_t plain_size,
 struct casbox_base_plain *
 casbox_base_plain_new_copy(const struct cas_blob_id *id, uint64_t plain_size,
 			   uint8_t depth, const void *data, size_t size);
-/* Computes the digest; the data must not change after this. */
+/* The data must not change after this. */
 void casbox_base_plain_seal(struct casbox_base_plain *plain);
+/* casbox_frame_base_digest() of a sealed plain's data, computed on the
+   first call: only a delta opened against the base needs it, and most
+   lead parts a FETCH keeps as bases are never used as one. */
+const unsigned char *
+casbox_base_plain_digest(struct casbox_base_plain *plain);
 void casbox_base_plain_ref(struct casbox_base_plain *plain);
 /* The last unref wipes and frees the data. */
 void casbox_base_plain_unref(struct casbox_base_plain **plain);

@@ -13,6 +13,31 @@
 static const char b64_alphabet[] =
 	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
+/* Two output characters per 12 input bits: half the lookups of one
+   per 6 bits (the bulk of a FETCH of attachments stored decoded). */
+static char b64_pairs[4096][2];
+static bool b64_pairs_ready = FALSE;
+
+static void b64_pairs_init(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < N_ELEMENTS(b64_pairs); i++) {
+		b64_pairs[i][0] = b64_alphabet[i >> 6];
+		b64_pairs[i][1] = b64_alphabet[i & 63];
+	}
+	b64_pairs_ready = TRUE;
+}
+
+/* 3 bytes to 4 characters (b64_pairs_init() done) */
+static inline void b64_encode3(const unsigned char *in, unsigned char *out)
+{
+	uint32_t v = (uint32_t)in[0] << 16 | (uint32_t)in[1] << 8 | in[2];
+
+	memcpy(out, b64_pairs[v >> 12], 2);
+	memcpy(out + 2, b64_pairs[v & 0xfff], 2);
+}
+
 struct casbox_b64_istream {
 	struct istream_private istream;
 	struct casbox_b64_form form;
@@ -49,7 +74,6 @@ b64_produce_lines(struct casbox_b64_istream *bstream, uoff_t line,
 	uoff_t dstart = line * per_line;
 	const unsigned char *data, *in;
 	unsigned char *out = dest;
-	uint32_t v;
 
 	i_assert(per_line % 3 == 0);
 	if (room < ll || bstream->decoded_size - dstart < per_line)
@@ -68,12 +92,7 @@ b64_produce_lines(struct casbox_b64_istream *bstream, uoff_t line,
 	for (i = 0; i < lines; i++) {
 		in = data + i * per_line;
 		for (j = 0; j < per_line; j += 3) {
-			v = (uint32_t)in[j] << 16 | (uint32_t)in[j + 1] << 8 |
-				in[j + 2];
-			out[0] = b64_alphabet[v >> 18];
-			out[1] = b64_alphabet[(v >> 12) & 63];
-			out[2] = b64_alphabet[(v >> 6) & 63];
-			out[3] = b64_alphabet[v & 63];
+			b64_encode3(in + j, out);
 			out += 4;
 		}
 		if (form->crlf)
@@ -156,7 +175,7 @@ b64_produce(struct casbox_b64_istream *bstream, uoff_t e,
 	/* whole groups */
 	g = I_MIN(size / 3, room / 4);
 	for (n = 0; n < g; n++) {
-		b64_group(data + n * 3, 3, dest + done);
+		b64_encode3(data + n * 3, dest + done);
 		done += 4;
 	}
 	i_stream_skip(parent, g * 3);
@@ -253,6 +272,8 @@ i_stream_create_casbox_b64_encoder(struct istream *input,
 	struct casbox_b64_istream *bstream;
 
 	i_assert(casbox_b64_form_valid(form));
+	if (!b64_pairs_ready)
+		b64_pairs_init();
 	bstream = i_new(struct casbox_b64_istream, 1);
 	bstream->form = *form;
 	bstream->decoded_size = decoded_size;
