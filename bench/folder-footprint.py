@@ -14,7 +14,12 @@ of a fresh instance of each peer (the configurations of
 bench/storage.py, mail_fsync = optimized). Reported: allocated bytes
 (st_blocks) of the user's whole home, Dovecot's indexes included, per
 byte of mail delivered, and casbox's ratio to the best other peer.
-Prints a Markdown table; sizes are reported, never asserted."""
+Prints a Markdown table; sizes are reported, never asserted.
+
+--breakdown also prints, per folder, where each peer's bytes are
+(allocated bytes per directory of the home, by file-name prefix) and,
+for casbox, the pack bytes per frame kind (tests/e2e/casbox_packs.py:
+blob frames by version, meta frames by kind), per byte of mail."""
 
 import argparse
 import os
@@ -24,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "e2e"))
 
+import casbox_packs  # noqa: E402
 import dovecot_harness  # noqa: E402
 from dovecot_harness import Dovecot, corpus_dir, load  # noqa: E402
 import bench  # noqa: E402
@@ -45,14 +51,41 @@ def folder_paths(folder):
     return bench.corpus_paths(os.path.join(corpus_dir(), folder))
 
 
-def footprint(config, msgs):
+def breakdown(home, mail):
+    """Lines: allocated bytes per directory and file-name prefix (up to
+    the first '-' or '.'), then casbox's pack frames by kind."""
+    sizes, counts = {}, {}
+    for dirpath, _, files in os.walk(home):
+        rel = os.path.relpath(dirpath, home)
+        for name in files:
+            key = os.path.join(rel, name.split("-")[0].split(".")[0])
+            st = os.lstat(os.path.join(dirpath, name))
+            sizes[key] = sizes.get(key, 0) + st.st_blocks * 512
+            counts[key] = counts.get(key, 0) + 1
+    lines = ["  %-50s %5d files %10d bytes %.4f"
+             % (key, counts[key], sizes[key], sizes[key] / mail)
+             for key in sorted(sizes, key=lambda k: -sizes[k])]
+    root = os.path.join(home, "casbox")
+    if os.path.isdir(os.path.join(root, "packs")):
+        for label, (n, size) in casbox_packs.frame_census(root).items():
+            lines.append("  frames %-43s %5d      %10d bytes %.4f "
+                         "(%.1f a frame)" % (label, n, size, size / mail,
+                                             size / n))
+    return lines
+
+
+def footprint(config, msgs, mail=None):
+    """Allocated bytes of the user's home after delivering msgs; with
+    mail (the bytes of msgs), also the breakdown() lines."""
     kwargs = dict(config)
     kwargs["extra_conf"] = (storage.COMMON_CONF
                             + "lmtp_add_received_header = no\n"
                             + kwargs.get("extra_conf", ""))
     with Dovecot(**kwargs) as dc:
         dc.lmtp_deliver_many(USER, msgs)
-        return allocated(dc.home(USER))
+        home = dc.home(USER)
+        return (allocated(home),
+                breakdown(home, mail) if mail is not None else [])
 
 
 def main():
@@ -63,6 +96,8 @@ def main():
                     help="also bench/run's LMTP sample of N messages "
                     "(every k-th of the whole corpus), as a row "
                     "sample-N; repeatable")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="where each peer's bytes are (stderr)")
     ap.add_argument("folders", nargs="*")
     args = ap.parse_args()
     configs = dict(storage.peer_configs("/nonexistent"))
@@ -80,9 +115,13 @@ def main():
         mail = sum(len(m) for m in msgs)
         ratios = {}
         for peer in peers:
-            ratios[peer] = footprint(configs[peer], msgs) / mail
+            size, lines = footprint(configs[peer], msgs,
+                                    mail if args.breakdown else None)
+            ratios[peer] = size / mail
             print("%s %s %.4f" % (folder, peer, ratios[peer]),
                   file=sys.stderr)
+            for line in lines:
+                print(line, file=sys.stderr)
         rows.append((folder, len(msgs), mail, ratios))
     print("| folder | messages | MB | "
           + " | ".join(peers) + " | casbox x best other |")

@@ -10,12 +10,12 @@ compress better."""
 
 import base64
 import os
-import struct
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, is_dovecot24, ok  # noqa: E402
+from casbox_packs import frame_bytes  # noqa: E402
 
 KEYS = {"casbox_key_file": "%h/casbox.key", "casbox_key_autocreate": "yes"}
 CONF = "lmtp_add_received_header = no\n"
@@ -32,21 +32,9 @@ def cpu_has_aesni():
 
 def blob_frames(root):
     """[(version, cipher, frame_size)] of every blob frame in the packs."""
-    out = []
-    packs = os.path.join(root, "packs")
-    for name in sorted(os.listdir(packs)):
-        if not name.startswith("pack-"):
-            continue
-        with open(os.path.join(packs, name), "rb") as f:
-            data = f.read()
-        off = 20
-        while off + 12 <= len(data):
-            size = struct.unpack_from("<I", data, off + 8)[0]
-            assert size > 0, (name, off)
-            if data[off:off + 4] == b"CBFR":
-                out.append((data[off + 4], data[off + 5], size))
-            off += size
-    return out
+    return [(head[4], head[5], size)
+            for _, _, magic, size, head in frame_bytes(root, 6)
+            if magic == b"CBFR"]
 
 
 def packs_bytes(root):

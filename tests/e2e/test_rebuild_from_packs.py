@@ -14,12 +14,12 @@ as well) and expunges not yet collected by gc (the mail comes back)."""
 import glob
 import os
 import shutil
-import struct
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dovecot_harness import Dovecot, corpus_files  # noqa: E402
+from casbox_packs import frame_bytes, pack_frames  # noqa: E402
 import test_rebuild  # noqa: E402
 from test_rebuild import (KEYS, USER, Snapshot, index_files,  # noqa: E402
                           parse_tab, strip_recent)
@@ -98,37 +98,14 @@ def meta_frames(root, want):
     """Meta frames of one kind (the kind byte is at offset 5 of the
     frame header, in the clear): 1 a saved message's recovery record,
     3 a mailbox record, 4 blob keys, 5 a COPY's copy record."""
-    out = []
-    for path, off, magic, size in pack_frames(root):
-        if magic != b"CBMF":
-            continue
-        with open(path, "rb") as f:
-            f.seek(off + 5)
-            kind = f.read(1)[0]
-        if kind == want:
-            out.append((path, off, magic, size))
-    return out
+    return [(path, off, magic, size)
+            for path, off, magic, size, head in frame_bytes(root, 6)
+            if magic == b"CBMF" and head[5] == want]
 
 
 def recovery_records(root):
     """The recovery records of saved messages, in pack order."""
     return meta_frames(root, 1)
-
-
-def pack_frames(root):
-    """(path, offset, magic, size) of every frame, walking the packs."""
-    frames = []
-    for path in sorted(glob.glob(os.path.join(root, "packs", "pack-*.cbp"))):
-        with open(path, "rb") as f:
-            data = f.read()
-        off = 20
-        while off + 12 <= len(data):
-            magic = data[off:off + 4]
-            assert magic in (b"CBFR", b"CBMF"), (path, off, magic)
-            size = struct.unpack_from("<I", data, off + 8)[0]
-            frames.append((path, off, magic, size))
-            off += size
-    return frames
 
 
 def unchanged_fields(m):
