@@ -305,8 +305,9 @@ class StorageXmsgTest(unittest.TestCase):
 
     def test_rebuild_from_packs(self):
         """After the parent's expunge and a gc that dropped its recovery
-        record, the replies' records carry the base: the LSM rebuilt
-        from the packs alone has every chain and reference."""
+        record (the only one with the base's DEK), gc's blob keys carry
+        the base: the LSM rebuilt from the packs alone has every chain
+        and reference."""
         with Dovecot(mail_location="casbox:~/casbox", mail_plugins=["casbox"],
                      plugin_settings=KEYS, extra_conf=CONF) as dc:
             self.deliver(dc)

@@ -28,12 +28,14 @@
    as before version 2 existed. Since 2026-12-06 the record is written
    as version 3 (below: the same record zstd-compressed) whenever that
    is smaller, which for a real message it always is.
-   The blobs are every distinct blob of the message, with the wrapped
-   DEK the store had for it at the save (new or deduplicated alike), so
-   each record opens its message on its own: a damaged record loses only
-   its message, and gc can drop a record without losing a DEK that
-   another message needs. A later DEK (gc's fresh one, key rotation) is
-   in a DEK update frame. */
+   The blobs: in password mode every distinct blob of the message and
+   the bases of its delta blobs, with the stored DEK the store had for
+   it at the save (new or deduplicated alike), so each record opens its
+   message on its own. In server key mode only the blobs the save wrote:
+   the DEK of a deduplicated blob or a base is in the record of the save
+   that wrote it, and gc writes it as blob keys when it drops that
+   record while the blob lives on. A later DEK (gc's fresh one, key
+   rotation) is in a DEK update frame. */
 
 #include "casbox-records.h"
 #include "casbox-pack.h"

@@ -68,6 +68,9 @@ struct casbox_pending_blob {
 	bool last_written;
 	/* refcount 0 at commit: its base's reference was dropped */
 	bool base_released;
+	/* this transaction appended the blob's frame; a recovery record of
+	   it already carries the DEK (casbox_store_txn_recovery_blobs()) */
+	bool frame_written, dek_recorded;
 	buffer_t *pack_record;
 };
 
@@ -1914,6 +1917,8 @@ casbox_store_txn_ref_part(struct casbox_store_txn *txn,
 	   the new frame, the old one is gc's */
 	blob->refcount++;
 	blob->last_written = TRUE;
+	blob->frame_written = TRUE;
+	blob->dek_recorded = FALSE;
 	return 0;
 }
 
@@ -1932,11 +1937,23 @@ void casbox_store_txn_set_recovery_mailbox(struct casbox_store_txn *txn,
 	txn->recovery_mailbox.name = p_strdup(txn->pool, rec->name);
 }
 
-/* One blob into the recovery record's list (once), and the bases of a
-   delta blob after it: a message needs them to open. */
+/* The server key mode: gc opens recovery records and keeps the DEKs
+   of a dropped one whose blobs live on (blob keys), so a DEK needs to
+   be in the packs only once, in the record of the save that wrote the
+   blob, and copies get a copy record instead of a recovery record each.
+   In password mode gc cannot open records, so every record keeps every
+   DEK its message needs, and copies a recovery record each. */
+static bool casbox_store_txn_gc_keeps_deks(struct casbox_store_txn *txn)
+{
+	return txn->store->keyring != NULL &&
+		cas_keyring_get_userkey(txn->store->keyring) == NULL;
+}
+
+/* One blob into the recovery record's list (once), and with_bases the
+   bases of a delta blob after it: a message needs them to open. */
 static int
 casbox_store_txn_recovery_blob(struct casbox_store_txn *txn,
-			       const struct cas_blob_id *id,
+			       const struct cas_blob_id *id, bool with_bases,
 			       ARRAY_TYPE(casbox_recovery_blob) *blobs,
 			       const char **error_r)
 {
@@ -1967,17 +1984,22 @@ casbox_store_txn_recovery_blob(struct casbox_store_txn *txn,
 	memcpy(rblob->stored_dek, brec.stored_dek,
 	       cas_dek_kind_size(brec.dek_kind));
 	/* depth-bounded: the records' depths only go down */
-	if (brec.base_depth > 0) {
-		return casbox_store_txn_recovery_blob(txn, &brec.base_id,
+	if (with_bases && brec.base_depth > 0) {
+		return casbox_store_txn_recovery_blob(txn, &brec.base_id, TRUE,
 						      blobs, error_r);
 	}
 	return 0;
 }
 
-/* Every distinct blob of rec, and the bases of its delta blobs, with
-   its stored DEK (wrapped or sealed, by key mode) as the transaction
-   sees it (just written, or deduplicated: the stored record's), so one
-   recovery record is enough to open its message. */
+/* The blobs whose DEKs go into rec's recovery record, each with its
+   stored DEK (wrapped or sealed, by key mode) as the transaction sees
+   it. Password mode: every distinct blob of rec and the bases of its
+   delta blobs (just written, or deduplicated: the stored record's), so
+   one record is enough to open its message. Server key mode: only the
+   blobs this save wrote, once per transaction; the DEKs of blobs it
+   deduplicated onto, and of bases, are in the record of the save that
+   wrote them, or in blob keys once gc dropped that one
+   (casbox_store_txn_gc_keeps_deks()). */
 static int
 casbox_store_txn_recovery_blobs(struct casbox_store_txn *txn,
 				const struct casbox_msg_record *rec,
@@ -1985,10 +2007,20 @@ casbox_store_txn_recovery_blobs(struct casbox_store_txn *txn,
 				const char **error_r)
 {
 	const struct casbox_msg_part *part;
+	struct casbox_pending_blob *blob;
+	bool own_only = casbox_store_txn_gc_keeps_deks(txn);
 
 	array_foreach(&rec->parts, part) {
-		if (casbox_store_txn_recovery_blob(txn, &part->id, blobs,
-						   error_r) < 0)
+		if (own_only) {
+			if (casbox_store_txn_get_blob(txn, &part->id, &blob,
+						      error_r) < 0)
+				return -1;
+			if (!blob->frame_written || blob->dek_recorded)
+				continue;
+			blob->dek_recorded = TRUE;
+		}
+		if (casbox_store_txn_recovery_blob(txn, &part->id, !own_only,
+						   blobs, error_r) < 0)
 			return -1;
 	}
 	return 0;
@@ -2051,16 +2083,6 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	return 0;
 }
 
-/* Copies get a copy record instead of a recovery record each: the
-   server key mode only, where gc opens recovery records and keeps
-   the DEKs of a dropped one whose blobs live on (blob keys). In
-   password mode gc cannot open records, so copies keep a recovery
-   record each. */
-static bool casbox_store_txn_copy_records(struct casbox_store_txn *txn)
-{
-	return txn->store->keyring != NULL &&
-		cas_keyring_get_userkey(txn->store->keyring) == NULL;
-}
 
 /* The copy record of the copies added so far into the pack
    transaction (before its commit). Returns 0 ok, -1 error. */
@@ -2342,7 +2364,7 @@ casbox_store_txn_add_msg_full(struct casbox_store_txn *txn,
 		return -1;
 	if (txn->have_recovery_mailbox &&
 	    guid_128_equals(mailbox_guid, txn->recovery_mailbox_guid)) {
-		if (copy && casbox_store_txn_copy_records(txn) &&
+		if (copy && casbox_store_txn_gc_keeps_deks(txn) &&
 		    array_count(&rec->parts) > 0)
 			ret = casbox_store_txn_add_copy_recovery(txn, uid, rec,
 								 error_r);
