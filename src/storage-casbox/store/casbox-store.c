@@ -2083,7 +2083,6 @@ casbox_store_txn_add_recovery(struct casbox_store_txn *txn, uint32_t uid,
 	return 0;
 }
 
-
 /* The copy record of the copies added so far into the pack
    transaction (before its commit). Returns 0 ok, -1 error. */
 static int casbox_store_txn_flush_copies(struct casbox_store_txn *txn,
