@@ -339,6 +339,25 @@ static void fill_recovery(pool_t pool, struct casbox_recovery_record *rec)
 	memset(blob->wrapped_dek, 0x77, sizeof(blob->wrapped_dek));
 }
 
+/* Every truncation of a recovery record, and a trailing byte, are
+   rejected with a reason. */
+static void assert_truncations_fail(buffer_t *buf, pool_t pool)
+{
+	struct casbox_recovery_record rec;
+	const char *error = NULL;
+	size_t i;
+
+	for (i = 0; i < buf->used; i++) {
+		ck_assert_int_eq(casbox_recovery_record_import(buf->data, i,
+				 pool, &rec, &error), -1);
+		ck_assert_ptr_nonnull(strstr(error, "recovery record: "));
+	}
+	buffer_append_c(buf, 0);
+	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
+			 pool, &rec, &error), -1);
+	buffer_set_used_size(buf, buf->used - 1);
+}
+
 /* The version 1 or 2 record a version 3 (compressed) export holds,
    in buf instead of the export, to test the plain layout. */
 static void export_plain(const struct casbox_recovery_record *rec,
@@ -371,7 +390,6 @@ START_TEST(test_recovery_record)
 	buffer_t *msg2 = buffer_create_dynamic(pool, 512);
 	const char *error = NULL;
 	unsigned char *p;
-	size_t i;
 
 	fill_recovery(pool, &rec);
 	export_plain(&rec, buf);
@@ -396,15 +414,7 @@ START_TEST(test_recovery_record)
 	ck_assert(memcmp(b1, b2, sizeof(*b1)) == 0);
 
 	/* every truncation, and a trailing byte */
-	for (i = 0; i < buf->used; i++) {
-		ck_assert_int_eq(casbox_recovery_record_import(buf->data, i,
-				 pool, &rec2, &error), -1);
-		ck_assert_ptr_nonnull(strstr(error, "recovery record: "));
-	}
-	buffer_append_c(buf, 0);
-	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
-			 pool, &rec2, &error), -1);
-	buffer_set_used_size(buf, buf->used - 1);
+	assert_truncations_fail(buf, pool);
 
 	/* version, DEK kind, a zero UID */
 	p = buffer_get_modifiable_data(buf, NULL);
@@ -546,7 +556,7 @@ START_TEST(test_recovery_record_v3)
 	buffer_t *z = buffer_create_dynamic(pool, 512);
 	const char *error = NULL;
 	unsigned char *p;
-	size_t i, bound, zsize;
+	size_t bound, zsize;
 
 	fill_recovery(pool, &rec);
 	export_plain(&rec, plain);
@@ -564,15 +574,7 @@ START_TEST(test_recovery_record_v3)
 	casbox_recovery_record_export_plain(&rec2, out);
 	ck_assert(buffer_cmp(out, plain));
 
-	for (i = 0; i < buf->used; i++) {
-		ck_assert_int_eq(casbox_recovery_record_import(buf->data, i,
-				 pool, &rec2, &error), -1);
-		ck_assert_ptr_nonnull(strstr(error, "recovery record: "));
-	}
-	buffer_append_c(buf, 0);
-	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
-			 pool, &rec2, &error), -1);
-	buffer_set_used_size(buf, buf->used - 1);
+	assert_truncations_fail(buf, pool);
 	p = buffer_get_modifiable_data(buf, NULL);
 	p[4] ^= 0x01;
 	ck_assert_int_eq(casbox_recovery_record_import(buf->data, buf->used,
