@@ -1021,6 +1021,48 @@ START_TEST(test_header_signatures_kept)
 }
 END_TEST
 
+/* TEXT phrases in headers (no positions): word 1 must end a term of
+   the other fields, a middle word be one, the last word start one (or
+   a folded term, or a header name with a space, hold it). "band
+   exchange" holds "and" and "change" but no piece "and change" can
+   be there; a header name is indexed whole, spaces and all. */
+START_TEST(test_phrase_exclusion_headers)
+{
+	struct feed_ctx ctx;
+	const char *error;
+	const char *name = "bad and change line";
+
+	ctx.w = casidx_index_writer_begin(idx);
+	add_doc(&ctx, 60);
+	add_field(&ctx, CASIDX_FIELD_HEADER, "band exchange");
+	add_field(&ctx, CASIDX_FIELD_BODY, "and then change");
+	add_doc(&ctx, 61);
+	add_field(&ctx, CASIDX_FIELD_HEADER, "sand changes");
+	add_field(&ctx, CASIDX_FIELD_BODY, "and then change");
+	add_doc(&ctx, 62);
+	casidx_index_writer_add_term(ctx.w, CASIDX_FIELD_HEADER, name,
+				     strlen(name));
+	add_field(&ctx, CASIDX_FIELD_BODY, "and then change");
+	add_doc(&ctx, 63);
+	add_field(&ctx, CASIDX_FIELD_SUBJECT, "Re: it is this bond's way");
+	add_field(&ctx, CASIDX_FIELD_HEADER, "b\xC3\xA4nd a b-and is "
+		  "rebonded way");
+	add_field(&ctx, CASIDX_FIELD_BODY, "this and that is and way");
+	ck_assert_int_eq(casidx_index_writer_commit(&ctx.w, &error), 0);
+	ck_assert_int_eq(casidx_index_refresh(idx, &error), 1);
+
+	check1(BODY, "and change", FALSE, "", "");
+	check1(ALL, "and change", FALSE, "", "61,62");
+	/* 63: "b-and" ends with "and" (so does the folded "band" of
+	   "bänd"), "bond's" and "rebonded" start with "bond" and
+	   "rebond", nothing starts with "onded" */
+	check1(ALL, "and is bond", FALSE, "", "63");
+	check1(ALL, "and is rebond", FALSE, "", "63");
+	check1(ALL, "and is onded", FALSE, "", "");
+	check1(ALL, "is this", FALSE, "", "63");
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("casidx-query");
@@ -1046,6 +1088,7 @@ int main(void)
 	tcase_add_test(tc, test_phrase_exclusion_parts);
 	tcase_add_test(tc, test_underscore_exclusion);
 	tcase_add_test(tc, test_header_signatures_kept);
+	tcase_add_test(tc, test_phrase_exclusion_headers);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("seg3");
 	tcase_add_checked_fixture(tc, open_seg3_fixture, teardown);

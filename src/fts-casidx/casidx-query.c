@@ -682,6 +682,18 @@ static bool phrase_term_ok(const struct phrase_word_ctx *ctx,
 	return len == ctx->len && memcmp(term, ctx->word, len) == 0;
 }
 
+/* Some byte of data is below c. */
+static bool memchr_lt(const unsigned char *data, size_t len, unsigned char c)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		if (data[i] < c)
+			return TRUE;
+	}
+	return FALSE;
+}
+
 static int phrase_entry_cb(struct casidx_segment *seg,
 			   const struct casidx_term_entry *entry,
 			   void *context, const char **error_r)
@@ -882,6 +894,63 @@ static bool phrase_words_excludable(char *const *words, unsigned int count)
 	return TRUE;
 }
 
+struct phrase_other_ctx {
+	struct phrase_word_ctx word;
+	roaring_bitmap_t *docs;
+};
+
+static void phrase_other_cb(struct casidx_segment *seg ATTR_UNUSED,
+			    const unsigned char *term, size_t term_len,
+			    const roaring_bitmap_t *docs,
+			    const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	struct phrase_other_ctx *ctx = context;
+
+	/* the scan found term containing the word; a folded term, or a
+	   header name with whitespace or control characters (no token
+	   has them), counts as it is */
+	if ((term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) ||
+	    memchr_lt(term, term_len, 0x21) ||
+	    phrase_term_ok(&ctx->word, term, term_len))
+		roaring_bitmap_or_inplace(ctx->docs, docs);
+}
+
+/* The docs whose fields of mask (no positions: headers) can hold word
+   idx of a phrase of count words: as in the body (query_phrase_prove()),
+   word 1 ends a whitespace-delimited piece, the last one starts one and
+   the others are whole pieces, so one of these fields has a term ending
+   with word 1 (equal to a middle word, starting with the last one), a
+   folded term containing it, or a header name holding it (names are
+   indexed whole, spaces and all, and split at '-'; a name is followed
+   by its colon, so only a name with whitespace can hold a phrase's
+   word next to a space). */
+static int phrase_other_docs(struct casidx_index *index, const char *word,
+			     unsigned int idx, unsigned int count,
+			     unsigned int mask, roaring_bitmap_t **docs_r,
+			     const char **error_r)
+{
+	struct phrase_other_ctx ctx;
+	enum casidx_field field;
+
+	i_zero(&ctx);
+	ctx.word.word = word;
+	ctx.word.len = strlen(word);
+	ctx.word.idx = idx;
+	ctx.word.count = count;
+	ctx.docs = bitmap_create();
+	for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
+		if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
+		    casidx_index_scan(index, field, word, ctx.word.len,
+				      CASIDX_MATCH_SUBSTRING, phrase_other_cb,
+				      &ctx, error_r) < 0) {
+			roaring_bitmap_free(ctx.docs);
+			return -1;
+		}
+	}
+	*docs_r = ctx.docs;
+	return 0;
+}
+
 /* Phrase proof, and where it can be shown the value is absent, the
    candidates it drops from set. A body holding the value literally has
    word 1 at the end of a whitespace-delimited piece, the middle words
@@ -903,7 +972,6 @@ static int query_phrase_prove(struct casidx_index *index,
 {
 	unsigned int other = mask & ~CASIDX_FIELD_MASK(CASIDX_FIELD_BODY);
 	roaring_bitmap_t *keep, *docs, *hdr = NULL, *hdr_unindexed;
-	struct query_token token;
 	unsigned int i;
 
 	if (!phrase_words_excludable(words, count)) {
@@ -923,16 +991,11 @@ static int query_phrase_prove(struct casidx_index *index,
 	roaring_bitmap_free(docs);
 	roaring_bitmap_or_inplace(keep, proven);
 	if (other != 0) {
-		/* a match in another field needs every word there */
+		/* a match in another field needs every word there, each in
+		   a term that can be its piece's (phrase_other_docs()) */
 		for (i = 0; i < count; i++) {
-			i_zero(&token);
-			token.term = words[i];
-			token.len = strlen(words[i]);
-			token.ascii = TRUE;
-			if (query_token_docs(index, &token,
-					     CASIDX_MATCH_SUBSTRING, other,
-					     universe, NULL, &docs, NULL,
-					     error_r) < 0) {
+			if (phrase_other_docs(index, words[i], i, count, other,
+					      &docs, error_r) < 0) {
 				if (hdr != NULL)
 					roaring_bitmap_free(hdr);
 				roaring_bitmap_free(keep);
