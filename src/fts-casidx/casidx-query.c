@@ -68,6 +68,9 @@ struct scan_ctx {
 	/* docs found in terms without CASIDX_TERM_FOLDED_PREFIX */
 	roaring_bitmap_t *plain;
 	const roaring_bitmap_t *universe;
+	/* if not NULL: only docs in it matter (the caller ANDs the result
+	   with a subset of it); terms without any are passed over */
+	const roaring_bitmap_t *restrict_to;
 	struct casidx_query_scores *scores; /* NULL = don't score */
 	const struct query_token *token;
 	enum casidx_match match;
@@ -464,6 +467,9 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 	double factor;
 	unsigned int i, term_idx;
 
+	if (ctx->restrict_to != NULL &&
+	    !roaring_bitmap_intersect(docs, ctx->restrict_to))
+		return;
 	roaring_bitmap_or_inplace(ctx->docs, docs);
 	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
 		term++;
@@ -493,7 +499,9 @@ static void scan_cb(struct casidx_segment *seg, const unsigned char *term,
 	*df += roaring_bitmap_get_cardinality(docs);
 	it = roaring_create_iterator(docs);
 	for (i = 0; it->has_value; roaring_advance_uint32_iterator(it), i++) {
-		if (!roaring_bitmap_contains(ctx->universe, it->current_value))
+		if (!roaring_bitmap_contains(ctx->restrict_to != NULL ?
+					     ctx->restrict_to : ctx->universe,
+					     it->current_value))
 			continue;
 		hit = array_append_space(&ctx->hits);
 		hit->uid = it->current_value;
@@ -530,18 +538,21 @@ static void scan_score_hits(struct scan_ctx *ctx)
 
 /* Docs having a term containing token in any field of mask; plain_r
    (if not NULL) gets those having such a term that was not folded. */
-static int query_token_docs(struct casidx_index *index,
-			    const struct query_token *token,
-			    enum casidx_match match, unsigned int field_mask,
-			    const roaring_bitmap_t *universe,
-			    struct casidx_query_scores *scores,
-			    roaring_bitmap_t **docs_r,
-			    roaring_bitmap_t **plain_r, const char **error_r)
+static int query_token_docs_in(struct casidx_index *index,
+			       const struct query_token *token,
+			       enum casidx_match match,
+			       unsigned int field_mask,
+			       const roaring_bitmap_t *universe,
+			       const roaring_bitmap_t *restrict_to,
+			       struct casidx_query_scores *scores,
+			       roaring_bitmap_t **docs_r,
+			       roaring_bitmap_t **plain_r, const char **error_r)
 {
 	struct scan_ctx ctx;
 	enum casidx_field field;
 
 	i_zero(&ctx);
+	ctx.restrict_to = restrict_to;
 	ctx.docs = bitmap_create();
 	/* collected only when asked for: a second union per term */
 	ctx.plain = plain_r == NULL ? NULL : bitmap_create();
@@ -585,6 +596,18 @@ static int query_token_docs(struct casidx_index *index,
 	if (plain_r != NULL)
 		*plain_r = ctx.plain;
 	return 0;
+}
+
+static int query_token_docs(struct casidx_index *index,
+			    const struct query_token *token,
+			    enum casidx_match match, unsigned int field_mask,
+			    const roaring_bitmap_t *universe,
+			    struct casidx_query_scores *scores,
+			    roaring_bitmap_t **docs_r,
+			    roaring_bitmap_t **plain_r, const char **error_r)
+{
+	return query_token_docs_in(index, token, match, field_mask, universe,
+				   NULL, scores, docs_r, plain_r, error_r);
 }
 
 /* Docs of the fields of mask that carry a marker term. */
@@ -1585,7 +1608,7 @@ static int query_leaf(struct casidx_index *index,
 	roaring_bitmap_t *unindexed = NULL, *plain, *typo, *fuzzy = NULL;
 	roaring_bitmap_t *dt_cand, *dt_def, *partial = NULL;
 	struct query_token *qt;
-	unsigned int i, count;
+	unsigned int i, j, oi, count, *order;
 	bool definite;
 	pool_t pool;
 	int ret = 0;
@@ -1630,15 +1653,33 @@ static int query_leaf(struct casidx_index *index,
 	   CASIDX_QUERY_MAX_TOKENS narrow it down well enough, and a search
 	   of thousands of words (64 kB of them took 4.5 s) costs no more
 	   than that; none is needed once no candidate is left. */
-	for (i = 0; i < count && i < CASIDX_QUERY_MAX_TOKENS; i++) {
+	/* The candidates are the intersection, so each scan needs only
+	   the docs still in it: the dtgrams' candidates first, then the
+	   longest (most selective) tokens, so that a short one ("com" of
+	   "com/blog", the "u" of "ù") passes over the terms of documents
+	   already out instead of scoring all their postings. FUZZY keeps
+	   every token's folded matches. */
+	if (dt_cand != NULL && !leaf->fuzzy)
+		set = roaring_bitmap_copy(dt_cand);
+	order = p_new(pool, unsigned int, count + 1);
+	for (i = 0; i < count; i++) {
+		for (j = i; j > 0 && tokens[order[j - 1]].len < tokens[i].len;
+		     j--)
+			order[j] = order[j - 1];
+		order[j] = i;
+	}
+	for (oi = 0; oi < count && oi < CASIDX_QUERY_MAX_TOKENS; oi++) {
+		i = order[oi];
 		if (set != NULL && roaring_bitmap_is_empty(set) &&
 		    (fuzzy == NULL || roaring_bitmap_is_empty(fuzzy)))
 			break;
-		if (query_token_docs(index, &tokens[i], CASIDX_MATCH_SUBSTRING,
-				     leaf->field_mask, universe,
-				     leaf->match_not ? NULL : scores,
-				     &docs, definite ? &plain : NULL,
-				     error_r) < 0) {
+		if (query_token_docs_in(index, &tokens[i],
+					CASIDX_MATCH_SUBSTRING,
+					leaf->field_mask, universe,
+					leaf->fuzzy ? NULL : set,
+					leaf->match_not ? NULL : scores,
+					&docs, definite ? &plain : NULL,
+					error_r) < 0) {
 			ret = -1;
 			break;
 		}
