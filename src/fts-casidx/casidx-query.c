@@ -1047,34 +1047,45 @@ static int query_phrase_prove(struct casidx_index *index,
 	return 0;
 }
 
-/* A value of ASCII letters and digits joined by runs of '_' with a
-   letter on both sides of each run, of at most CASIDX_TOKEN_WINDOW_SAFE
-   bytes (lower-cased, from punct_value()). '_' joins words wherever it
-   occurs (UAX #29 ExtendNumLet, in the ASCII and the ICU path alike),
-   it is in the base64 alphabet of encoded runs and in URLs and e-mail
-   local parts, so an occurrence of the value lies inside one term
-   (a window, if longer), except where a compound begins or ends at one
-   of its '_': punct_edge_docs(). The letters: a character next to '_'
-   whose image is an ASCII digit may be no word character (superscript
-   two), which ICU splits off. */
-static bool underscore_value(const char *value)
+/* A value of ASCII letters and digits joined by runs of '_', or by
+   single '.', not both, with a letter on both sides of each joiner, of
+   at most CASIDX_TOKEN_WINDOW_SAFE bytes (lower-cased, from
+   punct_value()): its joiner, else '\0'. Both join letters into one
+   word wherever they occur (UAX #29: '_' is ExtendNumLet, '.' MidNumLet
+   between letters, in the ASCII and the ICU path alike), so an
+   occurrence of the value lies inside one term (a window, if longer),
+   except where the word is cut at a joiner: punct_edge_docs() and
+   punct_folded_docs(). '_' is in the base64 alphabet of encoded runs
+   and in URLs and e-mail local parts, '.' in URLs, addresses and
+   their parts. The letters: a character next to '_' whose image is an
+   ASCII digit may be no word character (superscript two), which ICU
+   splits off; '.' joins letters only. */
+static char joined_value(const char *value)
 {
 	size_t i, len = strlen(value);
+	char joiner = '\0';
 
 	if (len > CASIDX_TOKEN_WINDOW_SAFE || !i_isalnum(value[0]) ||
 	    !i_isalnum(value[len - 1]))
-		return FALSE;
+		return '\0';
 	for (i = 0; i < len; i++) {
-		if (value[i] == '_') {
-			if (value[i + 1] != '_' && !i_isalpha(value[i + 1]))
-				return FALSE;
+		if (value[i] == '_' || value[i] == '.') {
+			if (joiner != '\0' && joiner != value[i])
+				return '\0';
+			joiner = value[i];
+			if (value[i + 1] == '_' && value[i] == '_')
+				continue;
+			if (!i_isalpha(value[i + 1]))
+				return '\0';
+			if (value[i] == '.' && !i_isalpha(value[i - 1]))
+				return '\0';
 		} else if (!i_isalnum(value[i])) {
-			return FALSE;
+			return '\0';
 		} else if (value[i + 1] == '_' && !i_isalpha(value[i])) {
-			return FALSE;
+			return '\0';
 		}
 	}
-	return TRUE;
+	return joiner;
 }
 
 struct punct_edge_ctx {
@@ -1082,89 +1093,181 @@ struct punct_edge_ctx {
 	size_t len;
 	/* the first atom: a term ending with it; else starting with it */
 	bool first;
+	/* '.': the end of an encoded run may be there */
+	bool encoded_edge;
 	roaring_bitmap_t *docs;
+	ARRAY_TYPE(uint32_t) tfs;
 };
 
-static void punct_edge_cb(struct casidx_segment *seg ATTR_UNUSED,
-			  const unsigned char *term, size_t term_len,
-			  const roaring_bitmap_t *docs,
-			  const uint32_t *tfs ATTR_UNUSED, void *context)
+static bool punct_edge_term(const struct punct_edge_ctx *ctx,
+			    const unsigned char *term, size_t term_len)
 {
-	struct punct_edge_ctx *ctx = context;
-	bool compound;
+	bool compound = FALSE;
 	size_t i;
 
 	if (term_len > 0 && term[0] == CASIDX_TERM_FOLDED_PREFIX) {
+		/* a word ICU cut at a joiner next to a character whose
+		   image is ASCII but which is no letter to UAX #29 ("tm"
+		   of "gnu_™") */
+		compound = TRUE;
 		term++;
 		term_len--;
 	}
 	if (term_len < ctx->len)
-		return;
-	if (term_len >= CASIDX_TOKEN_MAX_BYTES)
-		compound = TRUE;
-	else if (ctx->first)
-		compound = memchr(term, '@', term_len) != NULL;
-	else {
-		compound = FALSE;
-		for (i = 0; i + 3 <= term_len && !compound; i++)
-			compound = memcmp(term + i, "://", 3) == 0;
-	}
+		return FALSE;
 	if (ctx->first) {
 		if (memcmp(term + term_len - ctx->len, ctx->atom,
 			   ctx->len) != 0)
-			return;
+			return FALSE;
 	} else if (memcmp(term, ctx->atom, ctx->len) != 0) {
-		return;
+		return FALSE;
 	}
-	if (compound)
-		roaring_bitmap_or_inplace(ctx->docs, docs);
+	if (compound || term_len >= CASIDX_TOKEN_MAX_BYTES ||
+	    (ctx->encoded_edge && term_len >= CASIDX_TOKEN_ENCODED_MIN))
+		return TRUE;
+	if (ctx->first)
+		return memchr(term, '@', term_len) != NULL;
+	for (i = 0; i + 3 <= term_len; i++) {
+		if (memcmp(term + i, "://", 3) == 0)
+			return TRUE;
+	}
+	return FALSE;
 }
 
-/* Docs where a compound may cut an underscore_value(): an e-mail
-   address whose domain ends at the value's first '_' ("x@gnu_radio":
-   the term ends with the first atom) or a URL whose scheme begins
-   after its last one ("gnu_radio://": the term starts with the last
-   atom); a long one's windows too. */
+/* The term is checked before its postings are read: a short atom is in
+   most terms of the dictionary. */
+static int punct_edge_entry_cb(struct casidx_segment *seg,
+			       const struct casidx_term_entry *entry,
+			       void *context, const char **error_r)
+{
+	struct punct_edge_ctx *ctx = context;
+	roaring_bitmap_t *docs;
+
+	if (!punct_edge_term(ctx, entry->key + 1, entry->key_len - 1))
+		return 0;
+	if (casidx_segment_read_postings(seg, entry, &docs, &ctx->tfs,
+					 error_r) < 0)
+		return -1;
+	roaring_bitmap_or_inplace(ctx->docs, docs);
+	roaring_bitmap_free(docs);
+	return 0;
+}
+
+/* Docs where a term may end inside a joined_value() at its first
+   joiner or begin at its last one: an e-mail address whose domain
+   ends there ("x@gnu_radio": the term ends with the first atom), a URL
+   whose scheme begins there ("gnu_radio://": the term starts with the
+   last atom), a long term's windows, for '.' (not in the base64
+   alphabet) an encoded run, and a folded word ending (starting) with
+   the atom. */
 static int punct_edge_docs(struct casidx_index *index, const char *value,
-			   unsigned int mask, roaring_bitmap_t *docs,
-			   const char **error_r)
+			   char joiner, unsigned int mask,
+			   roaring_bitmap_t *docs, const char **error_r)
 {
 	struct punct_edge_ctx ctx;
-	const char *last = strrchr(value, '_') + 1;
+	struct casidx_segment **segs;
+	const char *last = strrchr(value, joiner) + 1;
 	enum casidx_field field;
-	unsigned int i;
+	unsigned int i, s, nsegs;
+	int ret = 0;
 
-	for (i = 0; i < 2; i++) {
-		i_zero(&ctx);
+	i_zero(&ctx);
+	ctx.encoded_edge = joiner == '.';
+	ctx.docs = docs;
+	i_array_init(&ctx.tfs, 64);
+	nsegs = casidx_index_get_open_segments(index, &segs);
+	for (i = 0; i < 2 && ret == 0; i++) {
 		ctx.first = i == 0;
 		ctx.atom = ctx.first ? value : last;
-		ctx.len = ctx.first ? strcspn(value, "_") : strlen(last);
-		ctx.docs = docs;
-		for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
+		ctx.len = ctx.first ? (size_t)(strchr(value, joiner) - value) :
+			strlen(last);
+		for (field = 0; field < CASIDX_FIELD_SPACE_COUNT && ret == 0;
+		     field++) {
 			if ((mask & CASIDX_FIELD_MASK(field)) == 0)
 				continue;
-			T_BEGIN {
-				const char *atom = t_strndup(ctx.atom,
-							     ctx.len);
-				if (casidx_index_scan(index, field, atom,
-						      ctx.len,
-						      CASIDX_MATCH_SUBSTRING,
-						      punct_edge_cb, &ctx,
+			for (s = 0; s < nsegs && ret == 0; s++) {
+				if (casidx_segment_find_substring(segs[s],
+					CASIDX_FIELD_KEY_CHAR(field),
+					ctx.atom, ctx.len,
+					punct_edge_entry_cb, &ctx,
+					error_r) < 0)
+					ret = -1;
+			}
+		}
+	}
+	array_free(&ctx.tfs);
+	if (ret < 0)
+		casidx_index_set_corrupted(index);
+	return ret;
+}
+
+static void punct_or_cb(struct casidx_segment *seg ATTR_UNUSED,
+			const unsigned char *term ATTR_UNUSED,
+			size_t term_len ATTR_UNUSED,
+			const roaring_bitmap_t *docs,
+			const uint32_t *tfs ATTR_UNUSED, void *context)
+{
+	roaring_bitmap_or_inplace(context, docs);
+}
+
+/* Docs where ICU may have cut a joined_value() at an inner joiner: the
+   character next to it is non-ASCII and no letter to UAX #29 ("™"),
+   yet Dovecot reads it as the value's letters ("TM"). Such a character
+   is a word of its own, folded, whose term is its image: a non-empty
+   suffix of the atom before the joiner, or prefix of the atom after it
+   (one that reaches past the value's ends is punct_edge_docs()'s). */
+static int punct_folded_docs(struct casidx_index *index, const char *value,
+			     unsigned int mask, roaring_bitmap_t *docs,
+			     const char **error_r)
+{
+	size_t len = strlen(value), i, a, b, k;
+	char term[CASIDX_TOKEN_WINDOW_SAFE + 2];
+	enum casidx_field field;
+
+	term[0] = CASIDX_TERM_FOLDED_PREFIX;
+	for (i = 0; i < len; i++) {
+		if (i_isalnum(value[i]) || (i > 0 && !i_isalnum(value[i - 1])))
+			continue;
+		/* the joiner (run) [i, b); its atoms [a, i) and [b, k) */
+		for (a = i; a > 0 && i_isalnum(value[a - 1]); a--) ;
+		for (b = i; b < len && !i_isalnum(value[b]); b++) ;
+		for (k = b; k < len && i_isalnum(value[k]); k++) ;
+		for (; a < i; a++) {
+			memcpy(term + 1, value + a, i - a);
+			for (field = 0; field < CASIDX_FIELD_SPACE_COUNT;
+			     field++) {
+				if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
+				    casidx_index_scan(index, field, term,
+						      i - a + 1,
+						      CASIDX_MATCH_EXACT,
+						      punct_or_cb, docs,
 						      error_r) < 0)
-					i = 3;
-			} T_END;
-			if (i == 3)
-				return -1;
+					return -1;
+			}
+		}
+		for (; k > b; k--) {
+			memcpy(term + 1, value + b, k - b);
+			for (field = 0; field < CASIDX_FIELD_SPACE_COUNT;
+			     field++) {
+				if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
+				    casidx_index_scan(index, field, term,
+						      k - b + 1,
+						      CASIDX_MATCH_EXACT,
+						      punct_or_cb, docs,
+						      error_r) < 0)
+					return -1;
+			}
 		}
 	}
 	return 0;
 }
 
-/* Exclusion for an underscore_value(): the candidates that have no
-   term containing it (in the arg's fields, folded or not), no
-   compound that may cut it and no UNINDEXED field are dropped. */
+/* Exclusion for a joined_value(): the candidates that have no term
+   containing it (in the arg's fields, folded or not), no term that may
+   be cut at one of its joiners and no UNINDEXED field are dropped. */
 static int punct_exclude(struct casidx_index *index, const char *value,
-			 unsigned int mask, const roaring_bitmap_t *universe,
+			 char joiner, unsigned int mask,
+			 const roaring_bitmap_t *universe,
 			 roaring_bitmap_t *set, const roaring_bitmap_t *proven,
 			 const char **error_r)
 {
@@ -1178,7 +1281,8 @@ static int punct_exclude(struct casidx_index *index, const char *value,
 	if (query_token_docs(index, &token, CASIDX_MATCH_SUBSTRING, mask,
 			     universe, NULL, &keep, NULL, error_r) < 0)
 		return -1;
-	if (punct_edge_docs(index, value, mask, keep, error_r) < 0 ||
+	if (punct_edge_docs(index, value, joiner, mask, keep, error_r) < 0 ||
+	    punct_folded_docs(index, value, mask, keep, error_r) < 0 ||
 	    query_marker_docs(index, CASIDX_TERM_UNINDEXED, mask, universe,
 			      &docs, error_r) < 0) {
 		roaring_bitmap_free(keep);
@@ -1209,6 +1313,7 @@ static int query_leaf_prove(struct casidx_index *index,
 	roaring_bitmap_t *proven, *docs, *plain;
 	unsigned int count, mask = leaf->field_mask;
 	const char *value;
+	char joiner;
 	pool_t pool;
 	int ret = 0;
 
@@ -1241,9 +1346,10 @@ static int query_leaf_prove(struct casidx_index *index,
 			roaring_bitmap_free(docs);
 			roaring_bitmap_free(plain);
 		}
-		if (ret == 0 && underscore_value(value)) {
-			ret = punct_exclude(index, value, leaf->field_mask,
-					    universe, set, proven, error_r);
+		if (ret == 0 && (joiner = joined_value(value)) != '\0') {
+			ret = punct_exclude(index, value, joiner,
+					    leaf->field_mask, universe, set,
+					    proven, error_r);
 		}
 	}
 	if (ret == 0) {
