@@ -682,6 +682,9 @@ struct phrase_word_ctx {
 	/* 0 = first (a suffix of the term), last (a prefix), else the
 	   whole term */
 	unsigned int idx, count;
+	/* the words follow each other with punctuation between, not one
+	   space (query_adjacent_prove()) */
+	bool adjacent;
 	/* uid -> roaring bitmap of start positions; prev = the previous
 	   word's (NULL for the first) */
 	HASH_TABLE_TYPE(uid_starts) starts;
@@ -780,11 +783,13 @@ static int phrase_entry_cb(struct casidx_segment *seg,
 			code = codes[j];
 			pos = CASIDX_POS_OF(code);
 			/* whole tokens only; after the first word: one space
-			   before it */
+			   before it (adjacent: no space) */
 			if (CASIDX_POS_KIND(code) == CASIDX_POS_KIND_PART)
 				continue;
 			if (ctx->idx > 0 &&
-			    (CASIDX_POS_KIND(code) != CASIDX_POS_KIND_SPACE ||
+			    (CASIDX_POS_KIND(code) != (ctx->adjacent ?
+						       CASIDX_POS_KIND_WORD :
+						       CASIDX_POS_KIND_SPACE) ||
 			     pos < ctx->idx))
 				continue;
 			pos -= ctx->idx;
@@ -826,6 +831,7 @@ static void phrase_starts_free(HASH_TABLE_TYPE(uid_starts) *map)
    it. Only segments with positions take part; others prove nothing. */
 static int query_phrase_docs(struct casidx_index *index,
 			     char *const *words, unsigned int count,
+			     bool adjacent,
 			     const roaring_bitmap_t *candidates,
 			     roaring_bitmap_t *proven, roaring_bitmap_t *unsure,
 			     const char **error_r)
@@ -842,6 +848,7 @@ static int query_phrase_docs(struct casidx_index *index,
 	ctx.candidates = candidates;
 	ctx.unsure = unsure;
 	ctx.count = count;
+	ctx.adjacent = adjacent;
 	i_array_init(&ctx.tfs, 64);
 	i_array_init(&ctx.pos, 64);
 	i_array_init(&ctx.pos_idx, 64);
@@ -988,22 +995,51 @@ static int phrase_other_docs(struct casidx_index *index, const char *word,
    its other fields too. */
 static int query_phrase_prove(struct casidx_index *index,
 			      char *const *words, unsigned int count,
-			      unsigned int mask,
+			      const char *adjacent_value, unsigned int mask,
 			      const roaring_bitmap_t *universe,
 			      roaring_bitmap_t *set, roaring_bitmap_t *proven,
 			      const char **error_r)
 {
 	unsigned int other = mask & ~CASIDX_FIELD_MASK(CASIDX_FIELD_BODY);
 	roaring_bitmap_t *keep, *docs, *hdr = NULL, *hdr_unindexed;
+	roaring_bitmap_t *chains;
+	struct query_token token;
 	unsigned int i;
+	int ret;
 
 	if (!phrase_words_excludable(words, count)) {
-		return query_phrase_docs(index, words, count, set, proven,
-					 NULL, error_r);
+		if (adjacent_value != NULL)
+			return 0;
+		return query_phrase_docs(index, words, count, FALSE, set,
+					 proven, NULL, error_r);
 	}
 	keep = bitmap_create();
-	if (query_phrase_docs(index, words, count, set, proven, keep,
-			      error_r) < 0 ||
+	if (adjacent_value == NULL) {
+		ret = query_phrase_docs(index, words, count, FALSE, set,
+					proven, keep, error_r);
+	} else {
+		/* adjacent tokens do not prove the punctuation between
+		   them: kept, not definite; nor does a term holding the
+		   value prove it outside the body */
+		chains = bitmap_create();
+		i_zero(&token);
+		token.term = adjacent_value;
+		token.len = strlen(adjacent_value);
+		token.ascii = TRUE;
+		ret = query_phrase_docs(index, words, count, TRUE, set,
+					chains, keep, error_r);
+		roaring_bitmap_or_inplace(keep, chains);
+		roaring_bitmap_free(chains);
+		if (ret == 0 &&
+		    (ret = query_token_docs(index, &token,
+					    CASIDX_MATCH_SUBSTRING, mask,
+					    universe, NULL, &docs, NULL,
+					    error_r)) == 0) {
+			roaring_bitmap_or_inplace(keep, docs);
+			roaring_bitmap_free(docs);
+		}
+	}
+	if (ret < 0 ||
 	    query_marker_docs(index, CASIDX_TERM_UNINDEXED,
 			      CASIDX_FIELD_MASK(CASIDX_FIELD_BODY), universe,
 			      &docs, error_r) < 0) {
@@ -1296,6 +1332,56 @@ static int punct_exclude(struct casidx_index *index, const char *value,
 	return 0;
 }
 
+/* Punctuation that separates words wherever it occurs: no UAX #29
+   joiner ('.', ',', ';', ':', '\'', '_' are), no compound trigger ('@',
+   ':'), no whitespace. '/', '-', '+' and '=' are in the base64 alphabet
+   and '/' in URLs: there a term holds the whole value. */
+#define ADJACENT_SEPARATORS "/-+=<>()[]{}|\\!?#$%&*~^\""
+
+/* A value of 2..PHRASE_MAX_WORDS ASCII letter-and-digit words with one
+   to three ADJACENT_SEPARATORS between each two and none at its ends
+   ("com/blog", "x-y", "a->b"; lower-cased, from punct_value()): its
+   words into words (count returned), else 0. */
+static unsigned int adjacent_words(const char *value, pool_t pool,
+				   char **words)
+{
+	unsigned int n = 0;
+	size_t i = 0, start, sep;
+
+	for (;;) {
+		start = i;
+		while (i_isalnum(value[i]))
+			i++;
+		if (i == start || n == PHRASE_MAX_WORDS)
+			return 0;
+		words[n++] = p_strndup(pool, value + start, i - start);
+		if (value[i] == '\0')
+			break;
+		sep = i;
+		while (value[i] != '\0' && !i_isalnum(value[i])) {
+			if (strchr(ADJACENT_SEPARATORS, value[i]) == NULL)
+				return 0;
+			i++;
+		}
+		if (i - sep > 3 || value[i] == '\0')
+			return 0;
+	}
+	return n < 2 ? 0 : n;
+}
+
+/* With other fields (TEXT), a first or last word of one or two letters
+   ends (starts) a header term of nearly every message, which keeps it,
+   while finding its body positions reads those of most of the
+   dictionary (TEXT e-mail: 0.8 s for 1,000 of 9,300 candidates): not
+   tried there. */
+static bool adjacent_worth_it(char *const *words, unsigned int count,
+			      unsigned int mask)
+{
+	if ((mask & ~CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) == 0)
+		return TRUE;
+	return strlen(words[0]) >= 3 && strlen(words[count - 1]) >= 3;
+}
+
 /* Definite answers beyond a single word, added to def (and set): a
    multi-word value proven by positions in the body, a value with
    punctuation found inside one plain term (a term is its text's bytes
@@ -1324,8 +1410,8 @@ static int query_leaf_prove(struct casidx_index *index,
 	count = phrase_words(leaf->value, pool, words);
 	if (count > 0) {
 		if ((mask & CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0) {
-			ret = query_phrase_prove(index, words, count, mask,
-						 universe, set, proven,
+			ret = query_phrase_prove(index, words, count, NULL,
+						 mask, universe, set, proven,
 						 error_r);
 		}
 	} else if ((value = punct_value(leaf->value)) != NULL) {
@@ -1350,6 +1436,14 @@ static int query_leaf_prove(struct casidx_index *index,
 			ret = punct_exclude(index, value, joiner,
 					    leaf->field_mask, universe, set,
 					    proven, error_r);
+		} else if (ret == 0 &&
+			   (leaf->field_mask &
+			    CASIDX_FIELD_MASK(CASIDX_FIELD_BODY)) != 0 &&
+			   (count = adjacent_words(value, pool, words)) > 0 &&
+			   adjacent_worth_it(words, count, leaf->field_mask)) {
+			ret = query_phrase_prove(index, words, count, value,
+						 leaf->field_mask, universe,
+						 set, proven, error_r);
 		}
 	}
 	if (ret == 0) {
