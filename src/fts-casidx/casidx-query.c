@@ -1265,9 +1265,15 @@ static int punct_folded_docs(struct casidx_index *index, const char *value,
 		if (i_isalnum(value[i]) || (i > 0 && !i_isalnum(value[i - 1])))
 			continue;
 		/* the joiner (run) [i, b); its atoms [a, i) and [b, k) */
-		for (a = i; a > 0 && i_isalnum(value[a - 1]); a--) ;
-		for (b = i; b < len && !i_isalnum(value[b]); b++) ;
-		for (k = b; k < len && i_isalnum(value[k]); k++) ;
+		a = i;
+		while (a > 0 && i_isalnum(value[a - 1]))
+			a--;
+		b = i;
+		while (b < len && !i_isalnum(value[b]))
+			b++;
+		k = b;
+		while (k < len && i_isalnum(value[k]))
+			k++;
 		for (; a < i; a++) {
 			memcpy(term + 1, value + a, i - a);
 			for (field = 0; field < CASIDX_FIELD_SPACE_COUNT;
