@@ -683,7 +683,7 @@ struct phrase_word_ctx {
 	   whole term */
 	unsigned int idx, count;
 	/* the words follow each other with punctuation between, not one
-	   space (query_adjacent_prove()) */
+	   space (query_phrase_prove() with adjacent_value) */
 	bool adjacent;
 	/* uid -> roaring bitmap of start positions; prev = the previous
 	   word's (NULL for the first) */
