@@ -101,6 +101,20 @@ MESSAGES = [
                          "ann.list@example.org")),
     ("compound ends", plain("m32", "see http://x.org/this list.info")),
     ("joined part", plain("m33", "x\u00b2 this")),
+    # '.' joins letters like '_'; a symbol Dovecot reads as letters
+    # ("\u2122" is "TM") is no letter to UAX #29 and cuts the word at
+    # the joiner; an encoded run can end at a '.'
+    ("symbol at joiner", plain("m34", "gnu_\u2122 and www.\u2122 and "
+                               "\u2122_radio x")),
+    ("dot joined", plain("m35", "see www.linux.org, e.g. this")),
+    ("dot apart", plain("m36", "www linux and www. linux")),
+    ("dot fullwidth", plain("m37", "www\uff0elinux")),
+    ("dot encoded edge", plain("m38", "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY"
+                               "2zA4bC6www.linux")),
+    # words with punctuation between: adjacent tokens
+    ("slash words", plain("m39", "lwn.com/blog and com-blog and/or")),
+    ("slash apart", plain("m40", "com blog and blog/com")),
+    ("header words", plain("band exchange", "and then change")),
 ]
 
 VALUES = [
@@ -114,7 +128,9 @@ VALUES = [
     "e and", "dollars and", "na\u00efve rate", "sample rate\u20ac",
     "caf\u00e9 sample", "GNU_Radio", "gnu__radio", "gnu2_radio", "x2_y",
     "radio_companion", "gnu_rad", "this list", "list and", "x2 this",
-    "org/this list", "com/blog",
+    "org/this list", "com/blog", "gnu_tm", "tm_radio", "www.tm",
+    "m_radio", "www.linux", "e.g", "w.l", "and/or", "blog/com",
+    "com-blog", "and change",
 ]
 
 # the index must answer these messages' BODY searches definitely (a
@@ -137,12 +153,17 @@ DEFINITE = {
     "radio_companion": ["underscore plain"],
     "this list": ["compound ends"],
     "org/this list": ["compound ends"],
+    "www.linux": ["dot joined"],
+    "e.g": ["dot joined"],
 }
 
 # and must not return these at all (the words only as parts)
 EXCLUDED = {
     "this list": ["parts only"],
     "list and": ["parts only"],
+    "www.linux": ["dot apart"],
+    "com/blog": ["slash apart"],
+    "and change": ["header words"],
 }
 
 

@@ -19,7 +19,7 @@
    digit pairs. Random base64 does at ~64 %, hex at ~47 % (hex is kept:
    all [0-9a-f] or all [0-9A-F]), words, paths, CamelCase and cipher
    names at < 30 %. */
-#define CASIDX_TOK_BASE64_MIN 40
+#define CASIDX_TOK_BASE64_MIN CASIDX_TOKEN_ENCODED_MIN
 #define CASIDX_TOK_BASE64_CHANGES_PCT 40
 /* Compounds emit at most this many atom parts. */
 #define CASIDX_TOK_MAX_PARTS 32

@@ -16,6 +16,10 @@
 #define CASIDX_TOKEN_MAX_BYTES 64
 #define CASIDX_TOKEN_WINDOW_STEP 32
 #define CASIDX_TOKEN_WINDOW_SAFE 24
+/* An encoded-looking run (CASIDX_TOKEN_FLAG_ENCODED) is at least this
+   long: a term that short or longer may end or begin where the run of
+   the base64 alphabet did, at any other character. */
+#define CASIDX_TOKEN_ENCODED_MIN 40
 
 enum casidx_token_flags {
 	/* a part of a compound (address/URL split) or of a word with inner
