@@ -301,10 +301,11 @@ casbox_save_part_input(struct istream *input, uoff_t offset,
 }
 
 /* Split input (size bytes) into parts: each MIME leaf body of at least
-   split_size bytes alone, everything between in one part per run. */
+   split_size bytes alone, everything between in one part per run.
+   keys_fresh: the caller just loaded the key ring. */
 static int
 casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
-		  struct istream *input, uoff_t size,
+		  struct istream *input, uoff_t size, bool keys_fresh,
 		  struct casbox_msg_record *rec, const char **error_r)
 {
 	const struct message_parser_settings parser_set = { .flags = 0 };
@@ -336,8 +337,9 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 
 	/* blob ids under the current key epoch: a session that loaded the
 	   key file before key rotation began reloads it (one stat() when
-	   nothing changed) */
-	if (casbox_store_refresh_keys(store, error_r) < 0)
+	   nothing changed; none when the ring was loaded just now, as in
+	   every LMTP delivery) */
+	if (!keys_fresh && casbox_store_refresh_keys(store, error_r) < 0)
 		return -1;
 	array_foreach_modifiable(&rec->parts, part) {
 		if (part->transform == CASBOX_PART_TRANSFORM_BASE64) {
@@ -388,6 +390,7 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	struct casbox_store *store;
 	guid_128_t guid_128;
 	const char *error;
+	bool keys_fresh;
 	uint32_t t;
 
 	casbox_msg_record_init(ctx->pool, rec);
@@ -420,12 +423,14 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	smail->have_dup = casbox_save_is_delivery(ctx);
 	smail->have_hints = !storage->set.cross_message_disabled &&
 		!storage->set.dedup_disabled;
+	/* no key ring yet: casbox_store_open_keys() reads it now */
+	keys_fresh = casbox_store_get_keyring(store) == NULL;
 	if (casbox_store_open_keys(store, &error) < 0 ||
 	    (smail->have_hints &&
 	     casbox_save_xmsg_hints(smail->input, ctx->pool, &smail->hints,
 				    &error) < 0) ||
 	    casbox_save_split(ctx, store, smail->input, rec->physical_size,
-			      rec, &error) < 0 ||
+			      keys_fresh, rec, &error) < 0 ||
 	    (smail->have_dup &&
 	     casbox_dup_key_compute(casbox_store_get_keyring(store),
 				    smail->input, &smail->dup, &error) < 0)) {

@@ -101,6 +101,9 @@ struct casbox_store_txn {
 	bool lazy;
 	/* committed in pieces (casbox_store_txn_checkpoint()) */
 	bool checkpointed;
+	/* both key rings were refreshed under the current write lock hold
+	   (by casbox_store_txn_begin(); a checkpoint relocks) */
+	bool keys_current;
 	/* the mailbox of the messages added: recovery records are written
 	   only when it is known */
 	bool have_recovery_mailbox;
@@ -1534,6 +1537,7 @@ int casbox_store_txn_begin(struct casbox_store *store,
 		pool_unref(&pool);
 		return -1;
 	}
+	txn->keys_current = store->keyring != NULL;
 	store->txns_open++;
 	*txn_r = txn;
 	return 0;
@@ -1610,9 +1614,12 @@ static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
 		return 0;
 	/* under the write lock: if key rotation has begun, wrap with its
 	   new slot (the rotation's last step drops the old slot under this
-	   lock, after checking that no blob record uses it) */
+	   lock, after checking that no blob record uses it). Not again when
+	   casbox_store_txn_begin() read both rings under this lock hold:
+	   rotation cannot have changed the file since. */
 	if (casbox_store_open_keys(store, error_r) < 0 ||
-	    casbox_store_refresh_keys(store, error_r) < 0)
+	    (!txn->keys_current &&
+	     casbox_store_refresh_keys(store, error_r) < 0))
 		return -1;
 	if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
 				  &error) < 0) {
@@ -2763,6 +2770,7 @@ int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
 	/* the blobs' state is in the LSM now: read it from there again */
 	casbox_store_txn_blobs_deinit(txn);
 	casbox_store_txn_blobs_init(txn);
+	txn->keys_current = FALSE;
 	if (casbox_lsm_batch_begin(txn->store->lsm, &txn->batch,
 				   error_r) < 0)
 		return -1;
