@@ -32,6 +32,7 @@ struct casbox_store {
 	enum file_lock_method lock_method;
 
 	struct casbox_lsm *lsm;
+	/* in server key mode the same ring as lsm_keyring, once loaded */
 	struct cas_keyring *keyring;
 	/* the key ring the LSM is sealed with: loaded before the LSM is
 	   opened, without the password in password mode (the LSM key is
@@ -250,6 +251,17 @@ void casbox_store_free_pools(void)
 	cas_secmem_pool_deinit();
 }
 
+/* The store's key ring, which in server mode is the LSM's itself
+   (casbox_store_load_keyring()): then only forgotten here, freed with
+   the LSM's. */
+static void casbox_store_keyring_free(struct casbox_store *store)
+{
+	if (store->keyring == store->lsm_keyring)
+		store->keyring = NULL;
+	else if (store->keyring != NULL)
+		cas_keyring_free(&store->keyring);
+}
+
 void casbox_store_close(struct casbox_store **_store)
 {
 	struct casbox_store *store = *_store;
@@ -257,8 +269,7 @@ void casbox_store_close(struct casbox_store **_store)
 	*_store = NULL;
 	if (store->packs != NULL)
 		casbox_pack_store_close(&store->packs);
-	if (store->keyring != NULL)
-		cas_keyring_free(&store->keyring);
+	casbox_store_keyring_free(store);
 	if (store->lsm != NULL)
 		casbox_lsm_close(&store->lsm);
 	/* after the LSM: its codec uses it */
@@ -325,10 +336,13 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		return -1;
 	}
 	if (key_set.mode == CAS_KEY_MODE_SERVER && store->lsm_keyring != NULL) {
-		/* the file the LSM's ring was read from: a copy of that ring,
+		/* the file the LSM's ring was read from: that ring itself,
 		   once it is current (one stat()), instead of reading and
 		   checking the file again (an LMTP delivery opens the store
-		   and did both) */
+		   and did both), or a copy of it (locked memory, and two
+		   mprotect()s and a wipe more per delivery). Both are
+		   refreshed together (casbox_store_refresh_keys()), so they
+		   never differed but for a moment. */
 		bool changed;
 
 		if (cas_keyring_refresh(store->lsm_keyring, path, &changed,
@@ -337,8 +351,7 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 						   path, error);
 			return -1;
 		}
-		store->keyring = cas_keyring_dup(store->lsm_keyring);
-		i_assert(store->keyring != NULL);
+		store->keyring = store->lsm_keyring;
 		return 0;
 	}
 	ret = cas_keyring_load_mode(&key_set, &store->keyring, &error);
@@ -692,7 +705,7 @@ int casbox_store_open_keys_for_records(struct casbox_store *store,
 			return -1;
 		}
 		if (casbox_store_check_key_id(store, error_r) < 0) {
-			cas_keyring_free(&store->keyring);
+			casbox_store_keyring_free(store);
 			return -1;
 		}
 		ret = 0;
@@ -733,7 +746,7 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 				"key file %s is not the key of store %s "
 				"(key fingerprint differs)",
 				store->set->key_file, store->root_dir);
-			cas_keyring_free(&store->keyring);
+			casbox_store_keyring_free(store);
 			return -1;
 		}
 	}
