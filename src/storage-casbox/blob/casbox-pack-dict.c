@@ -144,12 +144,11 @@ void casbox_pack_dicts_load_listed(struct casbox_pack_store *store,
 int casbox_pack_dicts_load(struct casbox_pack_store *store,
 			   const char **error_r)
 {
-	ARRAY_TYPE(uint32_t) ids, dict_ids;
+	ARRAY_TYPE(uint32_t) dict_ids;
 	int ret = 0;
 
-	t_array_init(&ids, 16);
 	t_array_init(&dict_ids, 4);
-	if (casbox_pack_list_dir(store, &ids, &dict_ids, error_r) < 0)
+	if (casbox_pack_list_dir(store, NULL, &dict_ids, error_r) < 0)
 		ret = -1;
 	else
 		casbox_pack_dicts_load_listed(store, &dict_ids);

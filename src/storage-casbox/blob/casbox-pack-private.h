@@ -102,7 +102,8 @@ int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
 		     const char **error_r);
 
 /* Like casbox_pack_list(), and the ids of the dictionary files into
-   dict_ids (unsorted) unless it is NULL. */
+   dict_ids (unsorted) unless it is NULL. ids NULL: only the
+   dictionaries (and no upload is marked pending). */
 int casbox_pack_list_dir(struct casbox_pack_store *store,
 			 ARRAY_TYPE(uint32_t) *ids,
 			 ARRAY_TYPE(uint32_t) *dict_ids,

@@ -259,6 +259,8 @@ int casbox_pack_list_dir(struct casbox_pack_store *store,
 			continue;
 		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) == 2 &&
 		    (end == 'p' || end == 'r') && id > 0) {
+			if (ids == NULL)
+				continue;
 			array_push_back(ids, &id);
 			if (end == 'p')
 				local++;
@@ -273,6 +275,8 @@ int casbox_pack_list_dir(struct casbox_pack_store *store,
 					   store->set.dir);
 		return -1;
 	}
+	if (ids == NULL)
+		return 0;
 	array_sort(ids, uint32_cmp);
 	/* a pack mid-upload has both names: once */
 	ids_arr = array_get(ids, &count);
