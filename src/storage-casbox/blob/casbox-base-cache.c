@@ -182,19 +182,8 @@ casbox_base_plain_new_copy(const struct cas_blob_id *id, uint64_t plain_size,
 
 void casbox_base_plain_seal(struct casbox_base_plain *plain)
 {
+	casbox_frame_base_digest(plain->data, plain->size, plain->digest);
 	plain->sealed = TRUE;
-}
-
-const unsigned char *
-casbox_base_plain_get_digest(struct casbox_base_plain *plain)
-{
-	i_assert(plain->sealed);
-	if (!plain->have_digest) {
-		casbox_frame_base_digest(plain->data, plain->size,
-					 plain->digest);
-		plain->have_digest = TRUE;
-	}
-	return plain->digest;
 }
 
 void casbox_base_plain_ref(struct casbox_base_plain *plain)

@@ -24,12 +24,14 @@ struct casbox_base_plain {
 	/* the prefix: size = min(plain_size, CASBOX_BASE_PREFIX_MAX) */
 	unsigned char *data;
 	size_t size;
-	/* private: casbox_frame_base_digest() of data, computed by the
-	   first casbox_base_plain_get_digest() */
+	/* casbox_frame_base_digest() of data, set by
+	   casbox_base_plain_seal() */
 	unsigned char digest[CASBOX_BASE_DIGEST_SIZE];
+
+	/* private */
 	size_t capacity;
 	int refcount;
-	bool sealed, cached, have_digest;
+	bool sealed, cached;
 	struct casbox_base_plain *prev, *next;
 };
 
@@ -43,14 +45,8 @@ casbox_base_plain_new(const struct cas_blob_id *id, uint64_t plain_size,
 struct casbox_base_plain *
 casbox_base_plain_new_copy(const struct cas_blob_id *id, uint64_t plain_size,
 			   uint8_t depth, const void *data, size_t size);
-/* The data is complete and must not change after this. */
+/* Computes the digest; the data must not change after this. */
 void casbox_base_plain_seal(struct casbox_base_plain *plain);
-/* casbox_frame_base_digest() of a sealed plain's data, computed on the
-   first call: only a delta frame opened against it needs it, and most
-   plains (every lead part a save keeps, bases decoded for a save) are
-   never used that way. Valid as long as the plain. */
-const unsigned char *
-casbox_base_plain_get_digest(struct casbox_base_plain *plain);
 void casbox_base_plain_ref(struct casbox_base_plain *plain);
 /* The last unref wipes and frees the data. */
 void casbox_base_plain_unref(struct casbox_base_plain **plain);

@@ -207,8 +207,7 @@ static int casbox_blob_check_header(struct casbox_blob_istream *bstream)
 				cas_blob_id_to_hex(&rec->base_id));
 		}
 		bstream->hdr.base_id = rec->base_id;
-		memcpy(bstream->hdr.base_digest,
-		       casbox_base_plain_get_digest(bstream->base),
+		memcpy(bstream->hdr.base_digest, bstream->base->digest,
 		       CASBOX_BASE_DIGEST_SIZE);
 	}
 	if (!cas_aead_cipher_available(hdr->cipher)) {
