@@ -15,6 +15,10 @@ someone listening). Speed is reported, never asserted.
   python3 bench/casbox-build-ab.py -n 400 --rounds 3 \\
       base=/tmp/base/build events=build \\
       'events+metrics=build:README'
+
+A variant spec "sdbox" (e.g. sdbox=sdbox) runs Dovecot's sdbox instead,
+with the plugins of the variant before it, as the control in the same
+minutes.
 """
 
 import argparse
@@ -49,12 +53,17 @@ def readme_metrics():
 
 
 def one_run(builddir, extra, msgs):
-    """(ms of lmtp CPU per delivery, ms of imap CPU per APPEND)."""
-    dovecot_harness.TOP_BUILDDIR = builddir
+    """(ms of lmtp CPU per delivery, ms of imap CPU per APPEND);
+    builddir None: sdbox."""
+    kw = {}
+    if builddir is None:
+        kw["mail_location"] = "sdbox:~/sdbox"
+    else:
+        dovecot_harness.TOP_BUILDDIR = builddir
     with Dovecot(plugin_settings={"casbox_key_file": "%h/casbox.key",
                                   "casbox_key_autocreate": "yes"},
                  extra_conf="mail_fsync = optimized\n" + STATS_ON
-                 + extra) as dc:
+                 + extra, **kw) as dc:
         dc.lmtp_deliver("user1", msgs[0])
         with smtplib.LMTP("127.0.0.1", dc.lmtp_port, timeout=120) as lmtp:
             lmtp.noop()
@@ -86,8 +95,11 @@ def main():
     for v in args.variants:
         name, spec = v.split("=", 1)
         builddir, _, extra = spec.partition(":")
-        variants.append((name, os.path.abspath(builddir),
+        variants.append((name, None if builddir == "sdbox" else
+                         os.path.abspath(builddir),
                          readme_metrics() if extra == "README" else ""))
+    if variants[0][1] is None:
+        ap.error("sdbox needs a build variant before it")
     msgs = []
     for path in corpus_files("usrp-users-3000", limit=args.n,
                              step=max(1, 3000 // args.n)):

@@ -9,6 +9,7 @@
 #include "strnum.h"
 #include "lib-signals.h"
 #include "unlink-directory.h"
+#include "cas-io.h"
 #include "casbox-lsm.h"
 
 #include <check.h>
@@ -963,6 +964,124 @@ START_TEST(test_stale_lock_page)
 }
 END_TEST
 
+/* The stamp of the lock page outlives the handles: the first handle to
+   open the store again (alone with the page) keeps a clean stamp, so its
+   first refresh costs no stat(). It must never hide a write: one by
+   another process while the handle is open, one while nobody had the
+   store open, and a writer that died holding the lock (a dirty stamp,
+   which is not kept) all show up. */
+static unsigned int test_stat_calls;
+
+static int test_counting_fstat(int fd, struct stat *st_r)
+{
+	test_stat_calls++;
+	return cas_io_posix.fstat(fd, st_r);
+}
+
+static int test_counting_stat(const char *path, struct stat *st_r)
+{
+	test_stat_calls++;
+	return cas_io_posix.stat(path, st_r);
+}
+
+static struct casbox_lsm *test_open_counting(void)
+{
+	static struct cas_io io;
+	struct casbox_lsm_settings set = {
+		.codec = test_codec,
+		.dir = test_dir,
+		.fsync = TRUE,
+		.lock_method = FILE_LOCK_METHOD_FCNTL,
+		.lock_timeout_secs = 5,
+		.io = &io,
+	};
+	struct casbox_lsm *lsm;
+	const char *error;
+
+	io = cas_io_posix;
+	io.fstat = test_counting_fstat;
+	io.stat = test_counting_stat;
+	if (casbox_lsm_open(&set, &lsm, &error) < 0)
+		ck_abort_msg("open: %s", error);
+	test_stat_calls = 0;
+	return lsm;
+}
+
+static const char *stamp_child_value;
+
+static int stamp_child_put(void)
+{
+	struct casbox_lsm *lsm = test_open_timeout(5);
+	struct casbox_lsm_batch *batch = begin(lsm);
+
+	put_str(batch, "k", stamp_child_value);
+	commit(&batch);
+	casbox_lsm_close(&lsm);
+	return 0;
+}
+
+static int stamp_child_dies_locked(void)
+{
+	struct casbox_lsm *lsm = test_open_timeout(5);
+	struct casbox_lsm_batch *batch = begin(lsm);
+	int fd;
+
+	/* a record the WAL has, of a writer that never unlocked */
+	put_str(batch, "k", "dead");
+	fd = open(find_wal(), O_WRONLY | O_APPEND);
+	if (fd == -1 || write(fd, "\0\0\0\0", 4) != 4)
+		return 1;
+	return 0;
+}
+
+START_TEST(test_stamp_kept_over_reopen)
+{
+	struct casbox_lsm *lsm;
+	string_t *value = t_str_new(32);
+	const char *error;
+
+	test_dir_setup();
+	stamp_child_value = "1";
+	ck_assert_int_eq(run_child(stamp_child_put), 0);
+
+	/* alone: the clean stamp kept, nothing to stat */
+	lsm = test_open_counting();
+	ck_assert_int_eq(casbox_lsm_refresh(lsm, &error), 1);
+	ck_assert_uint_eq(test_stat_calls, 0);
+	ck_assert_int_eq(get_str(lsm, "k", value), 1);
+	ck_assert_str_eq(str_c(value), "1");
+
+	/* another process writes while we have it open */
+	stamp_child_value = "2";
+	ck_assert_int_eq(run_child(stamp_child_put), 0);
+	ck_assert_int_eq(casbox_lsm_refresh(lsm, &error), 1);
+	ck_assert_uint_gt(test_stat_calls, 0);
+	ck_assert_int_eq(get_str(lsm, "k", value), 1);
+	ck_assert_str_eq(str_c(value), "2");
+	casbox_lsm_close(&lsm);
+
+	/* ... and while nobody has it open */
+	stamp_child_value = "3";
+	ck_assert_int_eq(run_child(stamp_child_put), 0);
+	lsm = test_open_counting();
+	ck_assert_int_eq(casbox_lsm_refresh(lsm, &error), 1);
+	ck_assert_uint_eq(test_stat_calls, 0);
+	ck_assert_int_eq(get_str(lsm, "k", value), 1);
+	ck_assert_str_eq(str_c(value), "3");
+	casbox_lsm_close(&lsm);
+
+	/* a writer dies holding the lock: its dirty stamp is not kept */
+	ck_assert_int_eq(run_child(stamp_child_dies_locked), 0);
+	lsm = test_open_counting();
+	ck_assert_int_eq(casbox_lsm_refresh(lsm, &error), 1);
+	ck_assert_uint_gt(test_stat_calls, 0);
+	ck_assert_int_eq(get_str(lsm, "k", value), 1);
+	ck_assert_str_eq(str_c(value), "3");
+	casbox_lsm_close(&lsm);
+	test_dir_teardown();
+}
+END_TEST
+
 /* More table data than the process's block cache holds: every read
    after eviction still returns the right value. */
 START_TEST(test_block_cache_eviction)
@@ -1876,6 +1995,7 @@ static void test_add_common(TCase *tc)
 	tcase_add_test(tc, test_lock_holder_dies);
 	tcase_add_test(tc, test_lock_excludes_old_builds);
 	tcase_add_test(tc, test_stale_lock_page);
+	tcase_add_test(tc, test_stamp_kept_over_reopen);
 	tcase_add_test(tc, test_block_cache_eviction);
 	tcase_add_test(tc, test_block_cache_limit);
 	tcase_add_test(tc, test_batch_set_flush);

@@ -752,18 +752,20 @@ static size_t header_len(const buffer_t *buf)
 START_TEST(test_dictionary)
 {
 	ARRAY_TYPE(const_string) paths;
-	struct casbox_pack_store *store = store_open();
+	struct casbox_pack_store *store = store_open(), *other;
 	const void **samples;
 	size_t *sizes;
-	buffer_t **bufs, *small, *big, *out;
-	struct casbox_blob_record rec, rec2;
-	struct cas_blob_id id, id2;
+	buffer_t **bufs, *small, *small2, *big, *out;
+	struct casbox_blob_record rec, rec2, rec3;
+	struct cas_blob_id id, id2, id3;
 	const char *const *path, *error;
 	unsigned int i, count;
 	uint32_t dict_id;
 
 	t_array_init(&paths, 512);
 	count = corpus_files("usrp-users-3000", 5, &paths);
+	/* open before the dictionary exists (another process's store) */
+	other = store_open();
 	samples = t_new(const void *, count);
 	sizes = t_new(size_t, count);
 	bufs = t_new(buffer_t *, count);
@@ -785,6 +787,15 @@ START_TEST(test_dictionary)
 	add_blobs(store, (const buffer_t *const *)&small, 1, &id, &rec);
 	ck_assert_uint_eq(rec.dict_id, dict_id);
 	assert_blob(store, &id, &rec, small);
+	/* a store opened before it was written uses it from its next
+	   append on (the append lists the directory), and reads it */
+	small2 = buffer_create_dynamic(default_pool, 4096);
+	buffer_append(small2, bufs[2]->data, I_MIN(bufs[2]->used, 2500));
+	add_blobs(other, (const buffer_t *const *)&small2, 1, &id3, &rec3);
+	ck_assert_uint_eq(rec3.dict_id, dict_id);
+	assert_blob(other, &id3, &rec3, small2);
+	assert_blob(other, &id, &rec, small);
+	casbox_pack_store_close(&other);
 	/* large blobs do not use it */
 	big = pattern_blob(40000, 11);
 	add_blobs(store, (const buffer_t *const *)&big, 1, &id2, &rec2);

@@ -588,7 +588,7 @@ cas_keyring_load_once(const char *path, struct cas_keyring **keyring_r,
 		i_close_fd(&fd);
 		return -1;
 	}
-	if (cas_keyfile_check_mode(fd, path, error_r) < 0) {
+	if (cas_keyfile_check_mode_stat(&st, path, error_r) < 0) {
 		i_close_fd(&fd);
 		return -1;
 	}

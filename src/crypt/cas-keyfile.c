@@ -159,14 +159,23 @@ int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
 
 int cas_keyfile_check_mode(int fd, const char *path, const char **error_r)
 {
-	struct stat st, dst;
-	const char *dir;
-	uid_t euid;
+	struct stat st;
 
 	if (fstat(fd, &st) < 0) {
 		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
 		return -1;
 	}
+	return cas_keyfile_check_mode_stat(&st, path, error_r);
+}
+
+int cas_keyfile_check_mode_stat(const struct stat *stp, const char *path,
+				const char **error_r)
+{
+	const struct stat st = *stp;
+	struct stat dst;
+	const char *dir;
+	uid_t euid;
+
 	if ((st.st_mode & 0077) != 0) {
 		*error_r = t_strdup_printf(
 			"Key file %s has mode %04o: it must not be "

@@ -56,5 +56,9 @@ int cas_keyfile_remove_stale_tmp(const char *path, unsigned int *removed_r,
    (and its directory). Returns 0 ok, -1 refused or stat failed
    (error_r names the file or directory, what is wrong and the fix). */
 int cas_keyfile_check_mode(int fd, const char *path, const char **error_r);
+/* The same with the open file's fstat() result (one system call less
+   for a caller that has it). */
+int cas_keyfile_check_mode_stat(const struct stat *st, const char *path,
+				const char **error_r);
 
 #endif

@@ -427,7 +427,7 @@ cas_userkey_read_once(const char *path, unsigned char **data_r,
 		i_close_fd(&fd);
 		return -1;
 	}
-	if (cas_keyfile_check_mode(fd, path, error_r) < 0) {
+	if (cas_keyfile_check_mode_stat(st_r, path, error_r) < 0) {
 		i_close_fd(&fd);
 		return -1;
 	}

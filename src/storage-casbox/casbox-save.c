@@ -300,34 +300,60 @@ casbox_save_part_input(struct istream *input, uoff_t offset,
 	return dec;
 }
 
-/* Split input (size bytes) into parts: each MIME leaf body of at least
-   split_size bytes alone, everything between in one part per run. */
+/* The MIME structure of the message just saved (size bytes of input):
+   the one the save's own parse produced (index_mail_cache_parse_init()
+   parsed the very bytes the spool got), else input parsed now into
+   *pool_r (NULL: nothing to free). Returns 0 ok, -1 read error. */
 static int
-casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
-		  struct istream *input, uoff_t size,
-		  struct casbox_msg_record *rec, const char **error_r)
+casbox_save_parts(struct casbox_save_context *ctx, struct istream *input,
+		  uoff_t size, struct message_part **parts_r, pool_t *pool_r,
+		  const char **error_r)
 {
 	const struct message_parser_settings parser_set = { .flags = 0 };
+	struct index_mail *imail = INDEX_MAIL(ctx->ctx.dest_mail);
+	struct message_part *saved = imail->data.parts;
 	struct message_parser_ctx *parser;
 	struct message_block block;
+
+	*pool_r = NULL;
+	if (saved != NULL && saved->physical_pos == 0 &&
+	    saved->header_size.physical_size +
+	    saved->body_size.physical_size == size) {
+		*parts_r = saved;
+		return 0;
+	}
+	*pool_r = pool_alloconly_create("casbox save parts", 4096);
+	i_stream_seek(input, 0);
+	parser = message_parser_init(*pool_r, input, &parser_set);
+	while (message_parser_parse_next_block(parser, &block) > 0) ;
+	message_parser_deinit(&parser, parts_r);
+	if (input->stream_errno != 0) {
+		*error_r = t_strdup_printf("read(%s) failed: %s",
+					   i_stream_get_name(input),
+					   i_stream_get_error(input));
+		pool_unref(pool_r);
+		return -1;
+	}
+	return 0;
+}
+
+/* Split input (size bytes) into parts: each MIME leaf body of at least
+   split_size bytes alone, everything between in one part per run.
+   keys_fresh: the caller just loaded the key ring. */
+static int
+casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
+		  struct istream *input, uoff_t size, bool keys_fresh,
+		  struct casbox_msg_record *rec, const char **error_r)
+{
 	struct message_part *parts;
 	struct casbox_msg_part *part;
 	uoff_t pos = 0, offset = 0;
 	pool_t parser_pool;
 	int ret;
 
-	parser_pool = pool_alloconly_create("casbox save parts", 4096);
-	i_stream_seek(input, 0);
-	parser = message_parser_init(parser_pool, input, &parser_set);
-	while ((ret = message_parser_parse_next_block(parser, &block)) > 0) ;
-	message_parser_deinit(&parser, &parts);
-	if (input->stream_errno != 0) {
-		*error_r = t_strdup_printf("read(%s) failed: %s",
-					   i_stream_get_name(input),
-					   i_stream_get_error(input));
-		pool_unref(&parser_pool);
+	if (casbox_save_parts(ctx, input, size, &parts, &parser_pool,
+			      error_r) < 0)
 		return -1;
-	}
 	casbox_save_collect_leaves(parts,
 				   ctx->mbox->storage->set.part_split_size,
 				   &pos, rec);
@@ -336,8 +362,9 @@ casbox_save_split(struct casbox_save_context *ctx, struct casbox_store *store,
 
 	/* blob ids under the current key epoch: a session that loaded the
 	   key file before key rotation began reloads it (one stat() when
-	   nothing changed) */
-	if (casbox_store_refresh_keys(store, error_r) < 0)
+	   nothing changed; none when the ring was loaded just now, as in
+	   every LMTP delivery) */
+	if (!keys_fresh && casbox_store_refresh_keys(store, error_r) < 0)
 		return -1;
 	array_foreach_modifiable(&rec->parts, part) {
 		if (part->transform == CASBOX_PART_TRANSFORM_BASE64) {
@@ -388,6 +415,7 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	struct casbox_store *store;
 	guid_128_t guid_128;
 	const char *error;
+	bool keys_fresh;
 	uint32_t t;
 
 	casbox_msg_record_init(ctx->pool, rec);
@@ -420,12 +448,14 @@ casbox_save_finish_mail(struct casbox_save_context *ctx,
 	smail->have_dup = casbox_save_is_delivery(ctx);
 	smail->have_hints = !storage->set.cross_message_disabled &&
 		!storage->set.dedup_disabled;
+	/* no key ring yet: casbox_store_open_keys() reads it now */
+	keys_fresh = casbox_store_get_keyring(store) == NULL;
 	if (casbox_store_open_keys(store, &error) < 0 ||
 	    (smail->have_hints &&
 	     casbox_save_xmsg_hints(smail->input, ctx->pool, &smail->hints,
 				    &error) < 0) ||
 	    casbox_save_split(ctx, store, smail->input, rec->physical_size,
-			      rec, &error) < 0 ||
+			      keys_fresh, rec, &error) < 0 ||
 	    (smail->have_dup &&
 	     casbox_dup_key_compute(casbox_store_get_keyring(store),
 				    smail->input, &smail->dup, &error) < 0)) {

@@ -51,6 +51,11 @@ casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id)
 
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store)
 {
+	const char *error;
+
+	if (!store->dicts_listed &&
+	    casbox_pack_dicts_load(store, &error) < 0)
+		i_error("casbox: %s", error);
 	return store->cur_dict_id;
 }
 
@@ -123,33 +128,31 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 	buffer_free(&plain);
 }
 
+void casbox_pack_dicts_load_listed(struct casbox_pack_store *store,
+				   const ARRAY_TYPE(uint32_t) *dict_ids)
+{
+	const uint32_t *id;
+
+	array_foreach(dict_ids, id) {
+		if (casbox_pack_dict_lookup(store, *id) == NULL) T_BEGIN {
+			casbox_pack_dict_load(store, *id);
+		} T_END;
+	}
+	store->dicts_listed = TRUE;
+}
+
 int casbox_pack_dicts_load(struct casbox_pack_store *store,
 			   const char **error_r)
 {
-	struct dirent *d;
-	unsigned int id;
-	char end;
-	DIR *dir;
+	ARRAY_TYPE(uint32_t) dict_ids;
+	int ret = 0;
 
-	dir = opendir(store->set.dir);
-	if (dir == NULL) {
-		*error_r = t_strdup_printf("opendir(%s) failed: %m",
-					   store->set.dir);
-		return -1;
-	}
-	while ((d = readdir(dir)) != NULL) {
-		if (sscanf(d->d_name, "dict-%08u.cb%c", &id, &end) == 2 &&
-		    end == 'd' && strlen(d->d_name) == 17 && id > 0 &&
-		    casbox_pack_dict_lookup(store, id) == NULL) T_BEGIN {
-			casbox_pack_dict_load(store, id);
-		} T_END;
-	}
-	if (closedir(dir) < 0) {
-		*error_r = t_strdup_printf("closedir(%s) failed: %m",
-					   store->set.dir);
-		return -1;
-	}
-	return 0;
+	t_array_init(&dict_ids, 4);
+	if (casbox_pack_list_dir(store, NULL, &dict_ids, error_r) < 0)
+		ret = -1;
+	else
+		casbox_pack_dicts_load_listed(store, &dict_ids);
+	return ret;
 }
 
 /* Key rotation --finish: one dictionary file sealed under an older key
@@ -261,7 +264,7 @@ casbox_pack_dict_write(struct casbox_pack_store *store, const void *dict,
 	};
 	buffer_t *sealed;
 	const char *path, *aad;
-	uint32_t id = store->cur_dict_id;
+	uint32_t id = casbox_pack_dict_current(store);
 	int ret;
 
 	sealed = buffer_create_dynamic(default_pool, size + 64);

@@ -48,6 +48,9 @@ struct casbox_pack_store {
 
 	ARRAY(struct casbox_pack_dict) dicts;
 	uint32_t cur_dict_id; /* 0 = none */
+	/* the directory was listed for dictionaries (by
+	   casbox_pack_dicts_load() or an append transaction) */
+	bool dicts_listed;
 
 	/* decoded base prefixes (delta frames) */
 	struct casbox_base_cache *base_cache;
@@ -98,6 +101,17 @@ casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id);
 int casbox_pack_list(struct casbox_pack_store *store, ARRAY_TYPE(uint32_t) *ids,
 		     const char **error_r);
 
+/* Like casbox_pack_list(), and the ids of the dictionary files into
+   dict_ids (unsorted) unless it is NULL. ids NULL: only the
+   dictionaries (and no upload is marked pending). */
+int casbox_pack_list_dir(struct casbox_pack_store *store,
+			 ARRAY_TYPE(uint32_t) *ids,
+			 ARRAY_TYPE(uint32_t) *dict_ids,
+			 const char **error_r);
+/* Load the dictionaries of dict_ids not loaded yet, from a complete
+   listing of the directory (casbox_pack_list_dir()). */
+void casbox_pack_dicts_load_listed(struct casbox_pack_store *store,
+				   const ARRAY_TYPE(uint32_t) *dict_ids);
 void casbox_pack_dicts_free(struct casbox_pack_store *store);
 
 /* Frees the idle blob scratch buffers (at store close). */

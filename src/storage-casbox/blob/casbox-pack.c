@@ -118,10 +118,14 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			   const char **error_r)
 {
 	struct casbox_pack_store *store;
+	struct stat st;
 	pool_t pool;
 
 	*store_r = NULL;
-	if (mkdir_parents(set->dir, 0700) < 0 && errno != EEXIST) {
+	/* a stat() when it exists, not mkdir_parents()'s umask() twice
+	   around an mkdir() that fails with EEXIST */
+	if (stat(set->dir, &st) < 0 &&
+	    mkdir_parents(set->dir, 0700) < 0 && errno != EEXIST) {
 		*error_r = t_strdup_printf("mkdir(%s) failed: %m", set->dir);
 		return -1;
 	}
@@ -174,10 +178,6 @@ int casbox_pack_store_open(const struct casbox_pack_settings *set,
 		return -1;
 	}
 
-	if (casbox_pack_dicts_load(store, error_r) < 0) {
-		casbox_pack_store_close(&store);
-		return -1;
-	}
 	*store_r = store;
 	return 1;
 }
@@ -234,6 +234,14 @@ static int uint32_cmp(const uint32_t *a, const uint32_t *b)
 int casbox_pack_list(struct casbox_pack_store *store,
 		     ARRAY_TYPE(uint32_t) *ids, const char **error_r)
 {
+	return casbox_pack_list_dir(store, ids, NULL, error_r);
+}
+
+int casbox_pack_list_dir(struct casbox_pack_store *store,
+			 ARRAY_TYPE(uint32_t) *ids,
+			 ARRAY_TYPE(uint32_t) *dict_ids,
+			 const char **error_r)
+{
 	struct dirent *d;
 	unsigned int id, count, local = 0;
 	const uint32_t *ids_arr;
@@ -247,12 +255,19 @@ int casbox_pack_list(struct casbox_pack_store *store,
 		return -1;
 	}
 	while ((d = readdir(dir)) != NULL) {
+		if (strlen(d->d_name) != 17)
+			continue;
 		if (sscanf(d->d_name, "pack-%08u.cb%c", &id, &end) == 2 &&
-		    (end == 'p' || end == 'r') && strlen(d->d_name) == 17 &&
-		    id > 0) {
+		    (end == 'p' || end == 'r') && id > 0) {
+			if (ids == NULL)
+				continue;
 			array_push_back(ids, &id);
 			if (end == 'p')
 				local++;
+		} else if (dict_ids != NULL &&
+			   sscanf(d->d_name, "dict-%08u.cb%c", &id,
+				  &end) == 2 && end == 'd' && id > 0) {
+			array_push_back(dict_ids, &id);
 		}
 	}
 	if (closedir(dir) < 0) {
@@ -260,6 +275,8 @@ int casbox_pack_list(struct casbox_pack_store *store,
 					   store->set.dir);
 		return -1;
 	}
+	if (ids == NULL)
+		return 0;
 	array_sort(ids, uint32_cmp);
 	/* a pack mid-upload has both names: once */
 	ids_arr = array_get(ids, &count);
@@ -360,7 +377,7 @@ static int
 casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 {
 	struct casbox_pack_store *store = txn->store;
-	ARRAY_TYPE(uint32_t) ids;
+	ARRAY_TYPE(uint32_t) ids, dict_ids;
 	const char *path;
 	struct stat st;
 	uint32_t id;
@@ -372,10 +389,15 @@ casbox_pack_open_last(struct casbox_pack_txn *txn, const char **error_r)
 	   found a deleted pack (every later save of a long IMAP session
 	   failed with ENOENT) or appended to an old pack that a running gc
 	   could delete after its records had moved (doc/doveadm.md, "gc
-	   and concurrent saves"). One readdir per save transaction. */
+	   and concurrent saves"). One readdir per save transaction, which
+	   also loads the dictionaries written since the last (the store
+	   open no longer lists the directory for them). */
 	t_array_init(&ids, 16);
-	if (casbox_pack_list(store, &ids, error_r) < 0)
+	t_array_init(&dict_ids, 4);
+	if (casbox_pack_list_dir(store, &ids, &dict_ids, error_r) < 0)
 		return -1;
+	if (store->keyring != NULL)
+		casbox_pack_dicts_load_listed(store, &dict_ids);
 	if (array_count(&ids) == 0) {
 		/* never an id again that a pack had */
 		return casbox_pack_create(txn, store->last_pack_id + 1,

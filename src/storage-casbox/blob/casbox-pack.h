@@ -118,8 +118,8 @@ int casbox_pack_store_pack_size(struct casbox_pack_store *store,
 				uint32_t pack_id, uint64_t *size_r,
 				bool *remote_r, const char **error_r);
 
-/* Returns 1 ok, -1 error. Loads the dictionaries (sealed with the
-   keyring's index key). */
+/* Returns 1 ok, -1 error. The dictionaries (sealed with the keyring's
+   index key) are loaded when first needed (casbox_pack_dicts_load()). */
 int casbox_pack_store_open(const struct casbox_pack_settings *set,
 			   const struct cas_keyring *keyring,
 			   struct casbox_pack_store **store_r,
@@ -328,12 +328,16 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
 			     const char **error_r);
 
 /* Id of the dictionary new small blobs use, 0 = none yet (the caller
-   decides when to train one). */
+   decides when to train one). The first call lists the dictionaries
+   if no transaction did yet (an error reading the directory is logged
+   and counts as none). */
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store);
-/* Load the dictionaries not loaded yet: at open, and again for those
-   other processes wrote since (casbox_pack_dict_current() then names
-   the newest). Returns 0 ok, -1 error (the directory could not be
-   read). */
+/* Load the dictionaries not loaded yet: for a frame that names one the
+   store does not know, and for those other processes wrote since
+   (casbox_pack_dict_current() then names the newest). Opening the
+   store loads none: each append transaction loads those its listing
+   of the directory finds, under the append lock. Returns 0 ok, -1
+   error (the directory could not be read). */
 int casbox_pack_dicts_load(struct casbox_pack_store *store,
 			   const char **error_r);
 

@@ -9,7 +9,8 @@
    a shared flock) while it is open. A handle that gets the write lock
    on byte 0 instead is alone with the file, so it (re)initialises the
    page: this is what makes a mutex word left over from a crash or a
-   reboot harmless. The OFD read lock and the flock also keep builds
+   reboot harmless (a clean stamp is kept: lsm_shm_reinit()). The OFD
+   read lock and the flock also keep builds
    without the shared lock (which take a whole-file fcntl or flock
    write lock per batch) from writing while this build has the store
    open: they time out instead.
@@ -85,6 +86,30 @@ static bool lsm_shm_valid(const struct casbox_lsm_shm *shm)
 		shm->struct_size == sizeof(*shm);
 }
 
+/* We are alone with the page: a new mutex (the old one may belong to a
+   thread that is gone), and the stamp the last holder left, if it left
+   it clean. A stamp only ever tells a handle that its own state, read
+   from the files after it took its OFD read lock, is still current; no
+   handle has such state yet, and every write from now on goes through
+   the mutex (the read lock keeps other writers out), so an old stamp
+   is as good as a new one. It saves the first refresh of every handle
+   (an LMTP delivery opens the store alone and did three full ones). */
+static void lsm_shm_reinit(struct casbox_lsm_shm *shm)
+{
+	uint64_t generation = shm->generation, wal_no = shm->wal_no;
+	uint64_t wal_end = shm->wal_end;
+	bool clean = lsm_shm_valid(shm) && (shm->seq & 1) == 0 &&
+		shm->dirty == 0;
+
+	lsm_shm_init(shm);
+	if (clean) {
+		shm->generation = generation;
+		shm->wal_no = wal_no;
+		shm->wal_end = wal_end;
+		shm->dirty = 0;
+	}
+}
+
 static int lsm_shm_wait_shared(struct casbox_lsm *lsm, const char **error_r)
 {
 	int ret;
@@ -148,7 +173,7 @@ static int lsm_shm_create(struct casbox_lsm *lsm, const char **error_r)
 	}
 	if (lsm_shm_map(lsm, error_r) < 0)
 		return -1;
-	lsm_shm_init(lsm->shm);
+	lsm_shm_reinit(lsm->shm);
 	/* atomically down to shared: from now on others may use it */
 	if (lsm_ofd_lock(lsm->lock_fd, F_RDLCK, FALSE) < 0) {
 		*error_r = t_strdup_printf("fcntl(%s, F_OFD_SETLK) failed: %m",

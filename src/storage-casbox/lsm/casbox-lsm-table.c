@@ -36,6 +36,12 @@
 #define TABLE_VERSION2 2
 #define TABLE_FOOTER2_SIZE 56
 #define TABLE_MAX_BLOCK_SIZE (CASBOX_LSM_MAX_VALUE_SIZE + 64 * 1024)
+/* Opening a table reads its end in one pread() of up to this much: the
+   index and the bloom filter are just before the footer, and a table
+   of a delivery-sized WAL has both in a few hundred bytes (doc/
+   bench-notes-lmtpcpu.md). Each store open, i.e. each LMTP delivery,
+   opens every table. */
+#define TABLE_TAIL_READ_SIZE (16 * 1024)
 
 struct casbox_lsm_table_builder {
 	const struct cas_io *io;
@@ -69,6 +75,9 @@ struct casbox_lsm_table {
 	uoff_t size;
 	/* fuzzing: the whole file in memory */
 	const unsigned char *mem;
+	/* while opening: the file's last tail_size bytes (NULL after) */
+	unsigned char *tail;
+	size_t tail_size;
 
 	buffer_t *index_block, *bloom;
 	ARRAY(struct table_index_entry) index;
@@ -352,6 +361,13 @@ static int table_pread(struct casbox_lsm_table *table, void *buf,
 		memcpy(buf, table->mem + offset, size);
 		return 0;
 	}
+	if (table->tail != NULL &&
+	    offset >= table->size - table->tail_size) {
+		memcpy(buf, table->tail + (offset -
+					   (table->size - table->tail_size)),
+		       size);
+		return 0;
+	}
 	ret = table->io->pread(table->fd, buf, size, offset);
 	if (ret < 0) {
 		*error_r = t_strdup_printf("pread(%s) failed: %m",
@@ -622,6 +638,23 @@ static int table_load(struct casbox_lsm_table *table,
 	return table_load_index(table, index_off, index_size, error_r);
 }
 
+static int table_read_tail(struct casbox_lsm_table *table,
+			   const char **error_r)
+{
+	size_t size = I_MIN(table->size, TABLE_TAIL_READ_SIZE);
+	unsigned char *tail;
+
+	tail = i_malloc(size);
+	if (table_pread(table, tail, size, table->size - size,
+			error_r) < 0) {
+		i_free(tail);
+		return -1;
+	}
+	table->tail = tail;
+	table->tail_size = size;
+	return 0;
+}
+
 static struct casbox_lsm_table *table_alloc(const char *path)
 {
 	struct casbox_lsm_table *table;
@@ -660,10 +693,15 @@ int casbox_lsm_table_open(const struct cas_io *io, int fd,
 		return -1;
 	}
 	table->size = st.st_size;
-	if (table_load(table, key, error_r) < 0) {
+	if (table_read_tail(table, error_r) < 0 ||
+	    table_load(table, key, error_r) < 0) {
+		i_free(table->tail);
 		casbox_lsm_table_unref(&table);
 		return -1;
 	}
+	/* the blocks it held were checked and decoded into their own
+	   buffers; data blocks are read on demand */
+	i_free(table->tail);
 	*table_r = table;
 	return 0;
 }

@@ -701,9 +701,12 @@ static int lsm_mkdir(struct casbox_lsm *lsm, const char **error_r)
 static int lsm_stat_dir(struct casbox_lsm *lsm, const char **error_r)
 {
 	struct stat st;
+	int saved_errno;
 
 	if (lsm->io->stat(lsm->dir, &st) < 0) {
+		saved_errno = errno;
 		*error_r = t_strdup_printf("stat(%s) failed: %m", lsm->dir);
+		errno = saved_errno;
 		return -1;
 	}
 	lsm->dir_dev = st.st_dev;
@@ -741,8 +744,11 @@ int casbox_lsm_open(const struct casbox_lsm_settings *set,
 	lsm->lock_fd = -1;
 	i_array_init(&lsm->tables, 8);
 
-	if (lsm_mkdir(lsm, error_r) < 0 ||
-	    lsm_stat_dir(lsm, error_r) < 0) {
+	/* the directory usually exists: a stat() first, not an mkdir()
+	   that fails with EEXIST and then the stat() */
+	if (lsm_stat_dir(lsm, error_r) < 0 &&
+	    (errno != ENOENT || lsm_mkdir(lsm, error_r) < 0 ||
+	     lsm_stat_dir(lsm, error_r) < 0)) {
 		casbox_lsm_close(&lsm);
 		return -1;
 	}

@@ -785,7 +785,7 @@ static int frompacks_write_lsm(struct casbox_frompacks *fp, const char *new_dir,
 	if (casbox_store_lsm_settings(fp->store, new_dir, &set, error_r) < 0)
 		return -1;
 	i_zero(&w);
-	if (casbox_lsm_open(&set, &w.lsm, error_r) < 0)
+	if (casbox_store_lsm_open(fp->store, &set, &w.lsm, error_r) < 0)
 		return -1;
 	frompacks_write_records(fp, &w);
 	if (w.error == NULL && w.batch != NULL &&
@@ -856,7 +856,8 @@ static int frompacks_lock(struct casbox_frompacks *fp, const char **error_r)
 			set.dir = NULL;
 		set.lock_timeout_secs = fp->lsm_lock_timeout_secs;
 		if (set.dir != NULL &&
-		    casbox_lsm_open(&set, &fp->old_lsm, &error) > 0 &&
+		    casbox_store_lsm_open(fp->store, &set, &fp->old_lsm,
+					  &error) > 0 &&
 		    casbox_lsm_batch_begin(fp->old_lsm, &fp->old_batch,
 					   &error) < 0 &&
 		    casbox_lsm_lock_timed_out(fp->old_lsm)) {

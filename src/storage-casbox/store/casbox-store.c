@@ -32,6 +32,7 @@ struct casbox_store {
 	enum file_lock_method lock_method;
 
 	struct casbox_lsm *lsm;
+	/* in server key mode the same ring as lsm_keyring, once loaded */
 	struct cas_keyring *keyring;
 	/* the key ring the LSM is sealed with: loaded before the LSM is
 	   opened, without the password in password mode (the LSM key is
@@ -104,6 +105,9 @@ struct casbox_store_txn {
 	bool lazy;
 	/* committed in pieces (casbox_store_txn_checkpoint()) */
 	bool checkpointed;
+	/* both key rings were refreshed under the current write lock hold
+	   (by casbox_store_txn_begin(); a checkpoint relocks) */
+	bool keys_current;
 	/* the mailbox of the messages added: recovery records are written
 	   only when it is known */
 	bool have_recovery_mailbox;
@@ -197,8 +201,9 @@ int casbox_store_open(const char *root_dir,
 		return -1;
 	}
 	lsm_set.wal_flush_bytes = set->lsm_wal_size;
-	if (casbox_lsm_open(&lsm_set, &store->lsm, &error) < 0) {
-		*error_r = t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
+	if (casbox_store_lsm_open(store, &lsm_set, &store->lsm, &error) < 0) {
+		*error_r = strstr(error, lsm_set.dir) != NULL ? error :
+			t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
 		casbox_store_close(&store);
 		return -1;
 	}
@@ -249,6 +254,17 @@ void casbox_store_free_pools(void)
 	cas_secmem_pool_deinit();
 }
 
+/* The store's key ring, which in server mode is the LSM's itself
+   (casbox_store_load_keyring()): then only forgotten here, freed with
+   the LSM's. */
+static void casbox_store_keyring_free(struct casbox_store *store)
+{
+	if (store->keyring == store->lsm_keyring)
+		store->keyring = NULL;
+	else if (store->keyring != NULL)
+		cas_keyring_free(&store->keyring);
+}
+
 void casbox_store_close(struct casbox_store **_store)
 {
 	struct casbox_store *store = *_store;
@@ -256,8 +272,7 @@ void casbox_store_close(struct casbox_store **_store)
 	*_store = NULL;
 	if (store->packs != NULL)
 		casbox_pack_store_close(&store->packs);
-	if (store->keyring != NULL)
-		cas_keyring_free(&store->keyring);
+	casbox_store_keyring_free(store);
 	if (store->lsm != NULL)
 		casbox_lsm_close(&store->lsm);
 	/* after the LSM: its codec uses it */
@@ -324,10 +339,13 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 		return -1;
 	}
 	if (key_set.mode == CAS_KEY_MODE_SERVER && store->lsm_keyring != NULL) {
-		/* the file the LSM's ring was read from: a copy of that ring,
+		/* the file the LSM's ring was read from: that ring itself,
 		   once it is current (one stat()), instead of reading and
 		   checking the file again (an LMTP delivery opens the store
-		   and did both) */
+		   and did both), or a copy of it (locked memory, and two
+		   mprotect()s and a wipe more per delivery). Both are
+		   refreshed together (casbox_store_refresh_keys()), so they
+		   never differed but for a moment. */
 		bool changed;
 
 		if (cas_keyring_refresh(store->lsm_keyring, path, &changed,
@@ -336,8 +354,7 @@ static int casbox_store_load_keyring(struct casbox_store *store,
 						   path, error);
 			return -1;
 		}
-		store->keyring = cas_keyring_dup(store->lsm_keyring);
-		i_assert(store->keyring != NULL);
+		store->keyring = store->lsm_keyring;
 		return 0;
 	}
 	ret = cas_keyring_load_mode(&key_set, &store->keyring, &error);
@@ -565,10 +582,6 @@ int casbox_store_lsm_settings(struct casbox_store *store, const char *dir,
 			      struct casbox_lsm_settings *set_r,
 			      const char **error_r)
 {
-	struct casbox_lsm_info info;
-	const char *error;
-	int ret;
-
 	i_zero(set_r);
 	set_r->dir = p_strdup(store->pool, dir);
 	set_r->fsync = store->fsync;
@@ -583,23 +596,30 @@ int casbox_store_lsm_settings(struct casbox_store *store, const char *dir,
 	cas_keyring_fingerprint(store->lsm_keyring,
 				store->lsm_codec.fingerprint);
 	set_r->codec = &store->lsm_codec;
+	return 0;
+}
 
-	/* the clear error for another store's key, before any MAC fails */
-	ret = casbox_lsm_peek(dir, &info, &error);
-	if (ret < 0) {
-		*error_r = t_strdup_printf("LSM %s: %s", dir, error);
-		return -1;
-	}
-	if (ret > 0 && info.sealed &&
+int casbox_store_lsm_open(struct casbox_store *store,
+			  const struct casbox_lsm_settings *set,
+			  struct casbox_lsm **lsm_r, const char **error_r)
+{
+	struct casbox_lsm_info info;
+	const char *error;
+
+	if (casbox_lsm_open(set, lsm_r, error_r) > 0)
+		return 1;
+	/* the clear error for another store's key; only now, since a
+	   MANIFEST read more (four system calls) for every open of the
+	   store showed in the cost of an LMTP delivery */
+	if (casbox_lsm_peek(set->dir, &info, &error) > 0 && info.sealed &&
 	    sodium_memcmp(info.fingerprint, store->lsm_codec.fingerprint,
 			  sizeof(info.fingerprint)) != 0) {
 		*error_r = t_strdup_printf(
 			"key file %s is not the key of store %s (its LSM "
 			"%s was sealed with a key of another fingerprint)",
-			store->set->key_file, store->root_dir, dir);
-		return -1;
+			store->set->key_file, store->root_dir, set->dir);
 	}
-	return 0;
+	return -1;
 }
 
 /* A format-1 (plaintext) LSM: check its 'K' record against the key,
@@ -688,7 +708,7 @@ int casbox_store_open_keys_for_records(struct casbox_store *store,
 			return -1;
 		}
 		if (casbox_store_check_key_id(store, error_r) < 0) {
-			cas_keyring_free(&store->keyring);
+			casbox_store_keyring_free(store);
 			return -1;
 		}
 		ret = 0;
@@ -729,7 +749,7 @@ int casbox_store_open_keys(struct casbox_store *store, const char **error_r)
 				"key file %s is not the key of store %s "
 				"(key fingerprint differs)",
 				store->set->key_file, store->root_dir);
-			cas_keyring_free(&store->keyring);
+			casbox_store_keyring_free(store);
 			return -1;
 		}
 	}
@@ -1533,6 +1553,7 @@ int casbox_store_txn_begin(struct casbox_store *store,
 		pool_unref(&pool);
 		return -1;
 	}
+	txn->keys_current = store->keyring != NULL;
 	store->txns_open++;
 	*txn_r = txn;
 	return 0;
@@ -1609,9 +1630,12 @@ static int casbox_store_txn_pack_begin(struct casbox_store_txn *txn,
 		return 0;
 	/* under the write lock: if key rotation has begun, wrap with its
 	   new slot (the rotation's last step drops the old slot under this
-	   lock, after checking that no blob record uses it) */
+	   lock, after checking that no blob record uses it). Not again when
+	   casbox_store_txn_begin() read both rings under this lock hold:
+	   rotation cannot have changed the file since. */
 	if (casbox_store_open_keys(store, error_r) < 0 ||
-	    casbox_store_refresh_keys(store, error_r) < 0)
+	    (!txn->keys_current &&
+	     casbox_store_refresh_keys(store, error_r) < 0))
 		return -1;
 	if (casbox_pack_txn_begin(store->packs, &txn->pack_txn,
 				  &error) < 0) {
@@ -2780,6 +2804,7 @@ int casbox_store_txn_checkpoint(struct casbox_store_txn *txn,
 	/* the blobs' state is in the LSM now: read it from there again */
 	casbox_store_txn_blobs_deinit(txn);
 	casbox_store_txn_blobs_init(txn);
+	txn->keys_current = FALSE;
 	if (casbox_lsm_batch_begin(txn->store->lsm, &txn->batch,
 				   error_r) < 0)
 		return -1;

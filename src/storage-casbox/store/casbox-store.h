@@ -318,12 +318,18 @@ struct casbox_lsm *casbox_store_get_lsm(struct casbox_store *store);
 /* Settings for opening an LSM of this store at dir (its own, or one
    rebuild --from-packs writes): fsync, lock method, event and the codec
    that seals it with the store's key (loaded here if needed; the
-   settings point into store). A sealed LSM at dir of another key is
-   refused here, naming the key file. Returns 0 ok, -1 error. */
+   settings point into store). Returns 0 ok, -1 error. */
 struct casbox_lsm_settings;
 int casbox_store_lsm_settings(struct casbox_store *store, const char *dir,
 			      struct casbox_lsm_settings *set_r,
 			      const char **error_r);
+/* casbox_lsm_open() with those settings. A sealed LSM of another key is
+   refused (as casbox_lsm_open() refuses it, before any MAC is checked)
+   with an error naming the key file. Returns 1 ok, -1 error. */
+struct casbox_lsm;
+int casbox_store_lsm_open(struct casbox_store *store,
+			  const struct casbox_lsm_settings *set,
+			  struct casbox_lsm **lsm_r, const char **error_r);
 /* NULL until casbox_store_open_keys() or casbox_store_open_packs_keyless() */
 struct casbox_pack_store *casbox_store_get_packs(struct casbox_store *store);
 /* NULL until casbox_store_open_keys() */
