@@ -39,7 +39,8 @@
 /* Opening a table reads its end in one pread() of up to this much: the
    index and the bloom filter are just before the footer, and a table
    of a delivery-sized WAL has both in a few hundred bytes (doc/
-   bench-notes-lmtpcpu.md). Each store open, i.e. each LMTP delivery,
+   benchmarks.md, "LMTP CPU: system calls per delivery, second pass").
+   Each store open, i.e. each LMTP delivery,
    opens every table. */
 #define TABLE_TAIL_READ_SIZE (16 * 1024)
 
