@@ -1237,15 +1237,6 @@ static int punct_edge_docs(struct casidx_index *index, const char *value,
 	return ret;
 }
 
-static void punct_or_cb(struct casidx_segment *seg ATTR_UNUSED,
-			const unsigned char *term ATTR_UNUSED,
-			size_t term_len ATTR_UNUSED,
-			const roaring_bitmap_t *docs,
-			const uint32_t *tfs ATTR_UNUSED, void *context)
-{
-	roaring_bitmap_or_inplace(context, docs);
-}
-
 /* Docs where ICU may have cut a joined_value() at an inner joiner: the
    character next to it is non-ASCII and no letter to UAX #29 ("™"),
    yet Dovecot reads it as the value's letters ("TM"). Such a character
@@ -1282,8 +1273,8 @@ static int punct_folded_docs(struct casidx_index *index, const char *value,
 				    casidx_index_scan(index, field, term,
 						      i - a + 1,
 						      CASIDX_MATCH_EXACT,
-						      punct_or_cb, docs,
-						      error_r) < 0)
+						      casidx_index_or_docs_cb,
+						      docs, error_r) < 0)
 					return -1;
 			}
 		}
@@ -1295,8 +1286,8 @@ static int punct_folded_docs(struct casidx_index *index, const char *value,
 				    casidx_index_scan(index, field, term,
 						      k - b + 1,
 						      CASIDX_MATCH_EXACT,
-						      punct_or_cb, docs,
-						      error_r) < 0)
+						      casidx_index_or_docs_cb,
+						      docs, error_r) < 0)
 					return -1;
 			}
 		}

@@ -926,11 +926,11 @@ int casidx_index_scan(struct casidx_index *index, enum casidx_field field,
 				   error_r);
 }
 
-static void dtgram_docs_cb(struct casidx_segment *seg ATTR_UNUSED,
-			   const unsigned char *term ATTR_UNUSED,
-			   size_t term_len ATTR_UNUSED,
-			   const roaring_bitmap_t *docs,
-			   const uint32_t *tfs ATTR_UNUSED, void *context)
+void casidx_index_or_docs_cb(struct casidx_segment *seg ATTR_UNUSED,
+			     const unsigned char *term ATTR_UNUSED,
+			     size_t term_len ATTR_UNUSED,
+			     const roaring_bitmap_t *docs,
+			     const uint32_t *tfs ATTR_UNUSED, void *context)
 {
 	roaring_bitmap_or_inplace(context, docs);
 }
@@ -947,8 +947,8 @@ int casidx_index_lookup_dtgram(struct casidx_index *index,
 	key[0] = CASIDX_DTGRAM_KEY_CHAR(field);
 	memcpy(key + 1, gram, gram_len);
 	return index_scan_segments(index, key, gram_len + 1, gram, gram_len,
-				   CASIDX_MATCH_EXACT, TRUE, dtgram_docs_cb,
-				   docs, error_r);
+				   CASIDX_MATCH_EXACT, TRUE,
+				   casidx_index_or_docs_cb, docs, error_r);
 }
 
 void casidx_index_add_docs_without_dtgrams(const struct casidx_index *index,

@@ -93,6 +93,13 @@ typedef void casidx_index_term_callback_t(struct casidx_segment *seg,
 					  const roaring_bitmap_t *docs,
 					  const uint32_t *tfs, void *context);
 
+/* A casidx_index_term_callback_t that ORs each matching term's docs
+   into the roaring_bitmap_t *context. */
+void casidx_index_or_docs_cb(struct casidx_segment *seg,
+			     const unsigned char *term, size_t term_len,
+			     const roaring_bitmap_t *docs,
+			     const uint32_t *tfs, void *context);
+
 struct casidx_index *
 casidx_index_init(const char *dir, const struct casidx_index_settings *set);
 void casidx_index_deinit(struct casidx_index **index);
