@@ -789,8 +789,8 @@ int casbox_store_refresh_keys(struct casbox_store *store,
 	struct stat st, *stp = NULL;
 	bool changed;
 
-	/* both rings are of one file (server mode: the store's ring is
-	   a copy of the LSM's): one stat() for both */
+	/* both rings are of one file: one stat() for both (server mode:
+	   they are one ring, which the second refresh finds current) */
 	if ((store->lsm_keyring != NULL &&
 	     cas_keyring_refresh_needs_stat(store->lsm_keyring)) ||
 	    (store->keyring != NULL &&
