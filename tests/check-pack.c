@@ -837,6 +837,7 @@ START_TEST(test_dictionary)
 	casbox_pack_store_close(&store);
 	buffer_free(&out);
 	buffer_free(&small);
+	buffer_free(&small2);
 	buffer_free(&big);
 	for (i = 0; i < count; i++)
 		buffer_free(&bufs[i]);

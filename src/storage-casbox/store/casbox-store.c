@@ -190,6 +190,7 @@ int casbox_store_open(const char *root_dir,
 	struct casbox_lsm_settings lsm_set;
 	struct casbox_store *store;
 	const char *error;
+	int ret;
 
 	store = casbox_store_alloc(root_dir, set, fsync_mode, lock_method);
 	/* the key first: the LSM is sealed with it (a missing key is
@@ -201,8 +202,11 @@ int casbox_store_open(const char *root_dir,
 		return -1;
 	}
 	lsm_set.wal_flush_bytes = set->lsm_wal_size;
-	if (casbox_store_lsm_open(store, &lsm_set, &store->lsm, &error) < 0) {
-		*error_r = strstr(error, lsm_set.dir) != NULL ? error :
+	ret = casbox_store_lsm_open(store, &lsm_set, &store->lsm, &error);
+	if (ret < 0) {
+		/* the LSM's own errors name a file of it, but scrub looks
+		   for "LSM <dir>: Corrupted ..." */
+		*error_r = ret == -2 ? error :
 			t_strdup_printf("LSM %s: %s", lsm_set.dir, error);
 		casbox_store_close(&store);
 		return -1;
@@ -618,6 +622,7 @@ int casbox_store_lsm_open(struct casbox_store *store,
 			"key file %s is not the key of store %s (its LSM "
 			"%s was sealed with a key of another fingerprint)",
 			store->set->key_file, store->root_dir, set->dir);
+		return -2;
 	}
 	return -1;
 }

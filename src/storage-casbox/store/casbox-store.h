@@ -325,7 +325,9 @@ int casbox_store_lsm_settings(struct casbox_store *store, const char *dir,
 			      const char **error_r);
 /* casbox_lsm_open() with those settings. A sealed LSM of another key is
    refused (as casbox_lsm_open() refuses it, before any MAC is checked)
-   with an error naming the key file. Returns 1 ok, -1 error. */
+   with an error naming the key file. Returns 1 ok, -1 error (as
+   casbox_lsm_open() gives it: "Corrupted ..." for damage, which
+   doveadm casbox scrub recognises), -2 another key's LSM. */
 struct casbox_lsm;
 int casbox_store_lsm_open(struct casbox_store *store,
 			  const struct casbox_lsm_settings *set,
