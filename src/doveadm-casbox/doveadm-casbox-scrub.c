@@ -12,6 +12,7 @@
 #include "doveadm-mail.h"
 #include "safe-memset.h"
 #include "casbox-store-repair.h"
+#include "casbox-store-gc.h"
 #include "casbox-recovery.h"
 #include "casbox-events.h"
 #include "doveadm-casbox.h"
@@ -496,6 +497,43 @@ static int casbox_scrub_mark(struct casbox_scrub *scrub, bool add,
 	return 0;
 }
 
+static void casbox_scrub_record_written(void *context,
+					const guid_128_t mailbox_guid,
+					uint32_t uid)
+{
+	struct casbox_scrub *scrub = context;
+
+	scrub->repaired++;
+	casbox_scrub_print(scrub, casbox_census_mailbox_name(scrub->census,
+							     mailbox_guid),
+			   uid, "-", SCRUB_STATUS_REPAIRED,
+			   "recovery record written to the packs");
+}
+
+static void casbox_scrub_keys_written(void *context,
+				      const struct cas_blob_id *id)
+{
+	casbox_scrub_repair_row(context, "-", 0, id,
+				"DEK written to the packs (blob keys)");
+}
+
+/* What a rebuild from the packs needs and no intact meta frame holds
+   any more (a damaged recovery record, blob keys or DEK update, or mail
+   saved before recovery records): written again from the LSM, without
+   rewriting a pack (gc --all would too, but rewrites them all). */
+static int casbox_scrub_backfill(struct casbox_scrub *scrub,
+				 const char **error_r)
+{
+	static const struct casbox_store_backfill_callbacks cb = {
+		.recovery_written = casbox_scrub_record_written,
+		.blob_keys_written = casbox_scrub_keys_written,
+	};
+	struct casbox_store_gc_stats stats;
+
+	return casbox_store_gc_backfill(scrub->adm->store, &cb, scrub,
+					&stats, error_r);
+}
+
 /* Recount under the write lock, so no save changes refcounts between
    counting and writing; damage found by the check is quarantined if
    the blob record still points to the same frame. */
@@ -537,7 +575,8 @@ static int casbox_scrub_repair(struct casbox_scrub *scrub,
 					 fresh->bad_records == 0);
 	} T_END;
 	casbox_census_free(&fresh);
-	if (casbox_store_repair_commit(&repair, error_r) < 0)
+	if (casbox_store_repair_commit(&repair, error_r) < 0 ||
+	    casbox_scrub_backfill(scrub, error_r) < 0)
 		return -1;
 	/* after the commit: the mailbox sync takes the LSM lock itself */
 	if (scrub->adm->user == NULL)

@@ -476,6 +476,94 @@ class RebuildFromPacksTest(unittest.TestCase):
                                  unchanged_fields(m), (box, uid))
         self.assertEqual(after.bodies, self.before.bodies)
 
+    def flip(self, record, at=40):
+        path, off, _, size = record
+        with open(path, "r+b") as f:
+            f.seek(off + at)
+            b = f.read(1)
+            f.seek(off + at)
+            f.write(bytes([b[0] ^ 0x01]))
+        return "%s@%d" % (path, off)
+
+    def scrub_repair(self):
+        r = self.dc.doveadm("-f", "tab", "casbox", "scrub", "-u", USER,
+                            "--repair", check=False)
+        self.assertEqual(r.returncode, 65, r)
+        return parse_tab(r.stdout)
+
+    def test_scrub_repair_writes_missing_record(self):
+        """`scrub --repair` writes a damaged recovery record again from
+        the LSM, appending to the packs instead of rewriting them as
+        `gc --all` does: a rebuild from the packs then loses nothing
+        (without it, test_damaged_recovery_record loses INBOX 10)."""
+        packs = {p: os.path.getsize(p) for p in
+                 glob.glob(os.path.join(self.root, "packs", "*.cbp"))}
+        frame = self.flip(recovery_records(self.root)[9])
+        rows = self.scrub_repair()
+        self.assertEqual([(r["blob"], r["status"]) for r in rows
+                          if r["status"] == "damaged"],
+                         [(frame, "damaged")], rows)
+        written = [(r["mailbox"], r["uid"]) for r in rows
+                   if r["cause"] == "recovery record written to the packs"]
+        self.assertEqual(written, [("INBOX", "10")], rows)
+        # its new record holds the DEKs of every part: no blob keys
+        self.assertEqual([r for r in rows if "blob keys" in r["cause"]],
+                         [], rows)
+        # appended, nothing rewritten: every pack is still there, with
+        # its bytes up to the old size (the damaged frame included)
+        for path, size in packs.items():
+            self.assertGreaterEqual(os.path.getsize(path), size, path)
+        # a second repair finds every live message covered
+        rows = self.scrub_repair()
+        self.assertEqual([r for r in rows if r["status"] == "repaired"],
+                         [], rows)
+
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assertEqual(int(row["damaged_frames"]), 1, row)
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        self.assertEqual(int(row["messages"]), 68, row)
+        after = Snapshot(self.dc)
+        self.assertEqual(unchanged_fields(after.msgs["INBOX"][10]),
+                         unchanged_fields(self.before.msgs["INBOX"][10]))
+        for key, body in self.before.bodies.items():
+            self.assertEqual(after.bodies[key], body, key)
+
+    def test_scrub_repair_writes_blob_keys(self):
+        """A copy's blobs whose DEKs only its expunged source's (damaged)
+        record held: `scrub --repair` writes them as blob keys and the
+        copy comes back from the packs (as with gc --all in
+        test_copy_of_expunged_source, without rewriting a pack)."""
+        # INBOX 1 and 2 were copied to Work 21 and 22
+        self.dc.doveadm("expunge", "-u", USER, "mailbox", "INBOX", "uid",
+                        "1,2")
+        frame = self.flip(recovery_records(self.root)[1])
+        rows = self.scrub_repair()
+        self.assertIn((frame, "damaged"),
+                      [(r["blob"], r["status"]) for r in rows], rows)
+        keys = [r["blob"] for r in rows
+                if r["cause"] == "DEK written to the packs (blob keys)"]
+        self.assertGreaterEqual(len(keys), 1, rows)
+        self.assertEqual(len(keys), len(set(keys)), rows)
+        # INBOX 2 is gone and Work 22 is in the copy record: no record
+        self.assertEqual([r for r in rows if "recovery record" in
+                          r["cause"]], [], rows)
+        self.assertEqual(len(meta_frames(self.root, 4)), 1)
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        r, row = from_packs(self.dc)
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        after = Snapshot(self.dc)
+        for uid in (21, 22):
+            self.assertEqual(unchanged_fields(after.msgs["Work"][uid]),
+                             unchanged_fields(self.before.msgs["Work"][uid]),
+                             uid)
+            self.assertEqual(after.bodies[("Work", uid)],
+                             self.before.bodies[("Work", uid)], uid)
+
     def fetch(self, box):
         out = self.dc.doveadm("-f", "tab", "fetch", "-u", USER,
                               test_rebuild.FETCH, "mailbox", box,

@@ -328,11 +328,13 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
                 for uid, m in before.msgs[box].items():
                     self.assertEqual(again.msgs[box][uid], m, (box, uid))
 
-            # a record that fails its MAC (CRCs fixed up): scrub names it,
-            # gc keeps its pack and, as it cannot count it, writes a new
-            # record for its message from the LSM (gc --all backfill,
-            # sealed to the public key without the password); the
-            # rebuild skips the bad one and still finds every message
+            # a record that fails its MAC (CRCs fixed up): scrub names it;
+            # scrub --repair, as it cannot count it, writes a new record
+            # for its message from the LSM (sealed to the public key
+            # without the password; live records found by their
+            # locators), appended without rewriting a pack; gc --all
+            # then keeps the bad frame's pack and has nothing to write;
+            # the rebuild skips the bad one and still finds every message
             dc.allow_log(r"keeping pack")
             _, _, path, off, size = [f for f in meta_frames(root, True)
                                      if f[1] == 1][3]
@@ -341,10 +343,16 @@ class RebuildFromPacksPasswordTest(unittest.TestCase):
             self.assertEqual(r.returncode, 65, r.stdout + r.stderr)
             self.assertIn("meta frame: sealed box: authentication failed",
                           r.stdout)
+            r = dc.doveadm("-f", "tab", "casbox", "scrub", "-u", USER,
+                           "--repair", check=False)
+            self.assertEqual(r.returncode, 65, r.stdout + r.stderr)
+            written = [row for row in parse_tab(r.stdout) if row["cause"]
+                       == "recovery record written to the packs"]
+            self.assertEqual(len(written), 1, r.stdout)
             r = dc.doveadm("-f", "tab", "casbox", "gc", "-u", USER, "--all")
             self.assertIn("keeping pack", r.stderr)
             gc = parse_tab(r.stdout)[0]
-            self.assertEqual(int(gc["recovery_written"]), 1, gc)
+            self.assertEqual(int(gc["recovery_written"]), 0, gc)
             shutil.rmtree(os.path.join(root, "lsm"))
             r = self.rebuild(dc, PASSWORD + "\n")
             self.assertEqual(r.returncode, 0, r.stderr)

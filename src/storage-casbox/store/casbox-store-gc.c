@@ -107,6 +107,11 @@ struct casbox_gc {
 	unsigned int recovery_written, blob_keys_written;
 	/* casbox_gc_expire(): retained mail and dup records released */
 	struct casbox_expire_result expired;
+
+	/* casbox_store_gc_backfill(): what was written, for the caller's
+	   rows (NULL: nothing told) */
+	const struct casbox_store_backfill_callbacks *backfill_cb;
+	void *backfill_context;
 };
 
 /* Test seam for the kill -9 runs (tests/e2e/test_storage_xmsg.py):
@@ -485,6 +490,12 @@ casbox_gc_blob_keys_write(struct casbox_gc *gc,
 	}
 	gc->blob_keys_written++;
 	casbox_gc_deks_seen(gc, &bkeys.blobs);
+	if (gc->backfill_cb != NULL) {
+		array_foreach(&bkeys.blobs, rblob) {
+			gc->backfill_cb->blob_keys_written(
+				gc->backfill_context, &rblob->id);
+		}
+	}
 	return 1;
 }
 
@@ -879,6 +890,10 @@ static int casbox_gc_backfill_msg(struct casbox_gc *gc,
 	}
 	gc->recovery_written++;
 	casbox_gc_deks_seen(gc, &rrec.blobs);
+	if (gc->backfill_cb != NULL) {
+		gc->backfill_cb->recovery_written(gc->backfill_context,
+						  mailbox_guid, uid);
+	}
 	return 1;
 }
 
@@ -955,6 +970,157 @@ static int casbox_gc_backfill(struct casbox_gc *gc, const char **error_r)
 		ret = -1;
 	}
 	return ret < 0 ? -1 : 0;
+}
+
+/* casbox_store_gc_backfill(): the packs hold the blob's current DEK
+   (the one its LSM record has: an older record may hold the DEK of a
+   frame gc has since re-encoded, whose DEK update could be the damaged
+   frame). */
+static void casbox_gc_scan_dek(struct casbox_gc *gc,
+			       const struct cas_blob_id *id, uint8_t dek_kind,
+			       const unsigned char *stored_dek)
+{
+	struct casbox_census_blob *blob;
+
+	blob = hash_table_lookup(gc->census->blobs, id);
+	if (blob != NULL && blob->have_record && !blob->record_bad &&
+	    blob->rec.dek_kind == dek_kind &&
+	    memcmp(blob->rec.stored_dek, stored_dek,
+		   cas_dek_kind_size(dek_kind)) == 0)
+		blob->gc_dek_seen = TRUE;
+}
+
+static void
+casbox_gc_scan_deks(struct casbox_gc *gc,
+		    const ARRAY_TYPE(casbox_recovery_blob) *blobs)
+{
+	const struct casbox_recovery_blob *rblob;
+
+	array_foreach(blobs, rblob) {
+		casbox_gc_scan_dek(gc, &rblob->id, rblob->dek_kind,
+				   rblob->stored_dek);
+	}
+}
+
+static void casbox_gc_cover(struct casbox_gc *gc,
+			    const guid_128_t mailbox_guid, uint32_t uid)
+{
+	char *key = p_strdup(gc->census->pool,
+			     casbox_gc_msg_key(mailbox_guid, uid));
+
+	hash_table_update(gc->covered, key, key);
+}
+
+/* casbox_store_gc_backfill(), a meta frame that could be opened: mark
+   the live messages it covers and the current DEKs it holds. Nothing
+   is copied or dropped: a record of a message that is gone still
+   counts for its DEKs (a rebuild takes DEKs from every meta record). */
+static int casbox_gc_scan_plain(struct casbox_gc *gc,
+				enum casbox_meta_kind kind,
+				const buffer_t *plain, const char **error_r)
+{
+	pool_t pool = pool_datastack_create();
+	struct casbox_recovery_record rrec;
+	struct casbox_copy_record crec;
+	const struct casbox_copy_entry *entry;
+	struct casbox_blob_keys bkeys;
+	struct casbox_dek_update upd;
+	const char *error;
+	int ret;
+
+	switch (kind) {
+	case CASBOX_META_KIND_RECOVERY:
+		if (casbox_recovery_record_import(plain->data, plain->used,
+						  pool, &rrec, &error) < 0)
+			return 0;
+		casbox_gc_scan_deks(gc, &rrec.blobs);
+		ret = casbox_gc_msg_live(gc, rrec.mailbox_guid, rrec.uid,
+					 rrec.msg.guid, error_r);
+		if (ret > 0)
+			casbox_gc_cover(gc, rrec.mailbox_guid, rrec.uid);
+		return ret < 0 ? -1 : 0;
+	case CASBOX_META_KIND_COPY:
+		if (casbox_copy_record_import(plain->data, plain->used, pool,
+					      &crec, &error) < 0)
+			return 0;
+		array_foreach(&crec.entries, entry) {
+			ret = casbox_gc_msg_live(gc, crec.mailbox_guid,
+						 entry->uid, entry->msg.guid,
+						 error_r);
+			if (ret < 0)
+				return -1;
+			if (ret > 0)
+				casbox_gc_cover(gc, crec.mailbox_guid,
+						entry->uid);
+		}
+		return 0;
+	case CASBOX_META_KIND_BLOB_KEYS:
+		if (casbox_blob_keys_import(plain->data, plain->used, pool,
+					    &bkeys, &error) > 0)
+			casbox_gc_scan_deks(gc, &bkeys.blobs);
+		return 0;
+	case CASBOX_META_KIND_DEK_UPDATE:
+		if (casbox_dek_update_import(plain->data, plain->used, &upd,
+					     &error) > 0) {
+			casbox_gc_scan_dek(gc, &upd.id, upd.dek_kind,
+					   upd.stored_dek);
+		}
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+/* casbox_store_gc_backfill(), one meta frame. Password mode without the
+   password: a recovery record's authenticated locator says which live
+   message it covers (its DEKs are sealed, and password mode needs no
+   blob keys). A frame that does not read or open covers nothing (scrub
+   reports it). Returns 0 ok, -1 error. */
+static int casbox_gc_scan_meta(struct casbox_gc *gc,
+			       const struct casbox_census_meta *meta,
+			       const char **error_r)
+{
+	unsigned char locator[CASBOX_META_LOCATOR_SIZE];
+	enum casbox_meta_kind kind;
+	buffer_t *sealed, *plain;
+	const char *error, *msg_key;
+	int ret = 0;
+
+	sealed = t_buffer_create(512);
+	if (casbox_pack_meta_read(gc->packs, meta->pack_id, meta->offset,
+				  &kind, sealed, &error) < 0)
+		return 0;
+	if (!casbox_gc_can_open_meta(gc)) {
+		if (kind != CASBOX_META_KIND_RECOVERY ||
+		    casbox_pack_meta_verify(gc->packs, kind, sealed->data,
+					    sealed->used, &error) < 0 ||
+		    casbox_pack_meta_locator(gc->packs, sealed->data,
+					     sealed->used, locator) <= 0)
+			return 0;
+		if (!hash_table_is_created(gc->locators)) {
+			hash_table_create(&gc->locators, gc->census->pool, 0,
+					  str_hash, strcmp);
+			if (casbox_gc_locators_build(gc, &gc->locators,
+						     error_r) < 0)
+				return -1;
+		}
+		msg_key = hash_table_lookup(gc->locators,
+			binary_to_hex(locator, sizeof(locator)));
+		if (msg_key != NULL) {
+			char *key = p_strdup(gc->census->pool, msg_key);
+			hash_table_update(gc->covered, key, key);
+		}
+		return 0;
+	}
+	plain = t_buffer_create(512);
+	if (casbox_pack_meta_open(gc->packs, kind, sealed->data, sealed->used,
+				  plain, &error) >= 0)
+		ret = casbox_gc_scan_plain(gc, kind, plain, error_r);
+	if (plain->used > 0) {
+		safe_memset(buffer_get_modifiable_data(plain, NULL), 0,
+			    plain->used);
+	}
+	return ret;
 }
 
 static int casbox_gc_copy(struct casbox_gc *gc, const char **error_r)
@@ -1293,4 +1459,66 @@ int casbox_store_gc(struct casbox_store *store, bool all,
 	if (gc.census != NULL)
 		casbox_census_free(&gc.census);
 	return ret;
+}
+
+int casbox_store_gc_backfill(struct casbox_store *store,
+			     const struct casbox_store_backfill_callbacks *cb,
+			     void *context,
+			     struct casbox_store_gc_stats *stats_r,
+			     const char **error_r)
+{
+	const struct casbox_census_meta *meta;
+	struct casbox_gc gc;
+	int ret;
+
+	i_zero(&gc);
+	gc.store = store;
+	gc.set = casbox_store_get_settings(store);
+	gc.root_dir = casbox_store_get_root(store);
+	gc.lsm = casbox_store_get_lsm(store);
+	/* the backfills below are those of --all */
+	gc.all = TRUE;
+	gc.backfill_cb = cb;
+	gc.backfill_context = context;
+	ret = casbox_store_open_keys(store, error_r);
+	if (ret == 0) {
+		gc.packs = casbox_store_get_packs(store);
+		gc.keyring = casbox_store_get_keyring(store);
+		ret = casbox_census_build(store, NULL, NULL, &gc.census,
+					  error_r);
+	}
+	if (ret == 0) {
+		gc.census->progress = casbox_admin_census_progress;
+		gc.census->progress_context = (void *)"backfill";
+		ret = casbox_census_scan_packs(store, gc.census, NULL, NULL,
+					       error_r);
+		casbox_admin_progress_end();
+	}
+	if (ret == 0) {
+		hash_table_create(&gc.covered, gc.census->pool, 0, str_hash,
+				  strcmp);
+		array_foreach(&gc.census->metas, meta) {
+			T_BEGIN {
+				ret = casbox_gc_scan_meta(&gc, meta, error_r);
+			} T_END_PASS_STR_IF(ret < 0, error_r);
+			if (ret < 0)
+				break;
+		}
+	}
+	if (ret == 0)
+		ret = casbox_gc_backfill(&gc, error_r);
+	if (ret == 0)
+		ret = casbox_gc_backfill_deks(&gc, error_r);
+	if (ret == 0)
+		ret = casbox_gc_txn_commit(&gc, error_r);
+	if (gc.txn != NULL)
+		casbox_pack_txn_rollback(&gc.txn);
+	casbox_gc_stats(&gc, stats_r);
+	if (hash_table_is_created(gc.covered))
+		hash_table_destroy(&gc.covered);
+	if (hash_table_is_created(gc.locators))
+		hash_table_destroy(&gc.locators);
+	if (gc.census != NULL)
+		casbox_census_free(&gc.census);
+	return ret < 0 ? -1 : 0;
 }

@@ -5,7 +5,10 @@
    casbox_gc_dead_ratio (doc/doveadm.md, "gc"; the steps and the lock
    order are at the top of casbox-store-gc.c). */
 
+#include "guid.h"
+
 struct casbox_store;
+struct cas_blob_id;
 
 /* What a run did: the columns of doveadm casbox gc, in its order. */
 struct casbox_store_gc_stats {
@@ -31,5 +34,29 @@ struct casbox_store_gc_stats {
 int casbox_store_gc(struct casbox_store *store, bool all,
 		    struct casbox_store_gc_stats *stats_r,
 		    const char **error_r);
+
+/* What casbox_store_gc_backfill() wrote, one call per item. */
+struct casbox_store_backfill_callbacks {
+	/* a new recovery record for this live message */
+	void (*recovery_written)(void *context, const guid_128_t mailbox_guid,
+				 uint32_t uid);
+	/* this live blob's DEK (and plain size) in a blob keys record */
+	void (*blob_keys_written)(void *context, const struct cas_blob_id *id);
+};
+
+/* The repair half of gc --all without rewriting a pack (doveadm casbox
+   scrub --repair): read every meta frame in place, then append a
+   recovery record for each live message no intact record covers and,
+   in server key mode, blob keys for each live blob whose current DEK no
+   intact record holds. Appends only, so the caller may hold the
+   maintenance lock shared; saves go on (a message saved after the scan
+   may get a second record, which gc drops later). stats_r: the
+   recovery_written and blob_keys_written counts. cb may be NULL.
+   Returns 0 ok, -1 error. */
+int casbox_store_gc_backfill(struct casbox_store *store,
+			     const struct casbox_store_backfill_callbacks *cb,
+			     void *context,
+			     struct casbox_store_gc_stats *stats_r,
+			     const char **error_r);
 
 #endif
