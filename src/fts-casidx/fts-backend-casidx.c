@@ -20,6 +20,8 @@
 #include "istream.h"
 #include "message-parser.h"
 #include "message-decoder.h"
+#include "message-header-decode.h"
+#include "message-header-parser.h"
 #include "rfc822-parser.h"
 #include "message-address.h"
 #include "fts-api-private.h"
@@ -929,6 +931,75 @@ casidx_update_raw_address(struct casidx_fts_backend_update_context *ctx,
 	ctx->dt_on = FALSE;
 }
 
+/* The raw values of the address header name in the header block of
+   part (an attached message's From, To, Cc...), decoded as TEXT reads
+   them: folding as one space, encoded words as UTF-8. Indexed in the
+   other-headers field, which TEXT reads (a FROM/TO/CC/BCC search does not
+   look inside attached messages). Returns 0 ok (also when done before
+   for this part), -1 with error_r. */
+static int
+casidx_update_raw_part_address(struct casidx_fts_backend_update_context *ctx,
+			       const struct message_part *part,
+			       const char *name, const char **error_r)
+{
+	struct casidx_fts_backend *backend =
+		container_of(ctx->ctx.backend, struct casidx_fts_backend,
+			     backend);
+	struct message_header_parser_ctx *parser;
+	struct message_header_line *hdr;
+	struct istream *input, *hinput;
+	struct mail *mail;
+	const char *key;
+	string_t *value;
+	int ret;
+
+	key = t_strdup_printf(":%"PRIuUOFF_T":%s:", part->physical_pos,
+			      t_str_lcase(name));
+	if (strstr(str_c(ctx->raw_hdrs_done), key) != NULL)
+		return 0;
+	str_append(ctx->raw_hdrs_done, key);
+	if ((mail = casidx_update_mail(ctx, error_r)) == NULL)
+		return -1;
+	if (mail_get_stream_because(mail, NULL, NULL, "fts raw header",
+				    &input) < 0) {
+		*error_r = mailbox_get_last_internal_error(ctx->box, NULL);
+		return -1;
+	}
+	i_stream_seek(input, part->physical_pos);
+	hinput = i_stream_create_limit(input,
+				       part->header_size.physical_size);
+	parser = message_parse_header_init(hinput, NULL,
+		MESSAGE_HEADER_PARSER_FLAG_CLEAN_ONELINE);
+	value = t_str_new(256);
+	ctx->field = CASIDX_FIELD_HEADER;
+	while ((ret = message_parse_header_next(parser, &hdr)) > 0) {
+		if (hdr->eoh || strcasecmp(hdr->name, name) != 0)
+			continue;
+		if (hdr->continues) {
+			hdr->use_full_value = TRUE;
+			continue;
+		}
+		str_truncate(value, 0);
+		message_header_decode_utf8(hdr->full_value,
+					   hdr->full_value_len, value, NULL);
+		casidx_tokenizer_tokenize(backend->tok, str_c(value),
+					  str_len(value), casidx_update_token,
+					  ctx);
+		casidx_update_dtgram_header(ctx, CASIDX_FIELD_HEADER, name);
+		casidx_update_dtgram_feed(ctx, str_data(value),
+					  str_len(value));
+	}
+	message_parse_header_deinit(&parser);
+	ctx->dt_on = FALSE;
+	if (ret < 0 && hinput->stream_errno != 0) {
+		*error_r = t_strdup(i_stream_get_error(hinput));
+		i_stream_unref(&hinput);
+		return -1;
+	}
+	i_stream_unref(&hinput);
+	return 0;
+}
+
 static bool
 fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 					const struct fts_backend_build_key *key)
@@ -966,17 +1037,38 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 						    key->hdr_name);
 		} else if (key->type == FTS_BACKEND_BUILD_KEY_MIME_HDR) {
 			/* handed over normalised (comments and quoting
-			   dropped), and its raw value is not read (the
-			   top-level ones are, above): TEXT searches of
-			   the headers are maybe here */
-			casidx_query_add_marker(ctx->writer,
-						CASIDX_FIELD_HEADER,
-						CASIDX_TERM_UNINDEXED,
-						&ctx->doc_state);
-			casidx_query_add_marker(ctx->writer,
-						CASIDX_FIELD_HEADER,
-						CASIDX_TERM_DTPARTIAL,
-						&ctx->doc_state);
+			   dropped): its raw value is read from the part's
+			   header, or TEXT searches of the headers are
+			   maybe here */
+			const char *error;
+			int ret;
+
+			T_BEGIN {
+				ret = casidx_update_raw_part_address(ctx,
+					key->part, key->hdr_name, &error);
+				if (ret < 0) {
+					e_warning(backend->event, "%s: UID %u: "
+						  "couldn't read the %s header "
+						  "of MIME part at %"PRIuUOFF_T
+						  " (%s): TEXT searches are "
+						  "maybe", mailbox_get_vname(
+							ctx->box), ctx->uid,
+						  key->hdr_name,
+						  key->part->physical_pos,
+						  error);
+				}
+			} T_END;
+			if (ret < 0) {
+				casidx_query_add_marker(ctx->writer,
+					CASIDX_FIELD_HEADER,
+					CASIDX_TERM_UNINDEXED,
+					&ctx->doc_state);
+				casidx_query_add_marker(ctx->writer,
+					CASIDX_FIELD_HEADER,
+					CASIDX_TERM_DTPARTIAL,
+					&ctx->doc_state);
+			}
+			ctx->field = CASIDX_FIELD_HEADER;
 		}
 		break;
 	case FTS_BACKEND_BUILD_KEY_BODY_PART:

@@ -68,7 +68,9 @@ def multipart(subject, parts, extra=""):
 
 
 ATTACHED = (b"From: =?utf-8?q?Se=C3=B1or?= (\xc2\xa1comentario!) "
-            b"<s@example.com>\r\nSubject: =?utf-8?q?adjunto_=C2=BB?=\r\n"
+            b"<s@example.com>\r\nTo: undisclosed-recipients:;\r\n"
+            b"Cc: \"Quoted Name\" (aparte) <q@example.org>\r\n"
+            b"Subject: =?utf-8?q?adjunto_=C2=BB?=\r\n"
             b"Content-Type: text/plain; charset=utf-8\r\n\r\n"
             b"dentro \xc3\xa0 la p\xc3\xa1gina\r\n")
 
@@ -126,6 +128,13 @@ VALUES = [
     "\u0301", "x \u00bb", "\u0131", "\u0131n", "than n\u00b2 ", "n\u00b2", "n2", "n2 s",
     "\u00b2 s",
 ]
+
+# in the attached message's address headers (a comment, a group name,
+# a quoted display name, all of which Dovecot's normalised address list
+# drops or changes): TEXT must answer these words definitely there
+# (non-ASCII values and phrases are maybe in headers anyway: headers
+# keep no positions)
+ATTACHED_TEXT = ["comentario", "undisclosed", "Quoted", "aparte"]
 
 # the index must answer these definitely (their image is one dtgram,
 # found in a body)
@@ -194,6 +203,8 @@ class FtsCasidxNonAscii(unittest.TestCase):
                      for k in ("BODY", "TEXT", "SUBJECT", "CC")] +
                     generated)
         searches += [("NOT BODY", v) for v in VALUES[:12]]
+        searches += [("TEXT", v) for v in ATTACHED_TEXT
+                     if ("TEXT", v) not in searches]
         uid_of = {name: i + 1 for i, (name, _) in enumerate(MESSAGES)}
 
         with sdbox_oracle() as dc:
@@ -228,6 +239,19 @@ class FtsCasidxNonAscii(unittest.TestCase):
                                   "%r in %s" % (value, name))
                 definite_total += len(definite)
             self.assertGreater(definite_total, 0)
+
+            # an attached message's address headers: their raw values
+            # (comments, encoded words) are read from the part's header
+            # and indexed, so TEXT answers them definitely instead of
+            # keeping the message as maybe
+            for value in ATTACHED_TEXT:
+                definite, maybe = fts_lookup(dc, value, "text")
+                self.assertIn(uid_of["attached message"],
+                              want[("TEXT", value)], value)
+                self.assertIn(uid_of["attached message"], definite,
+                              (value, definite, maybe))
+                self.assertLessEqual(definite, set(want[("TEXT", value)]),
+                                     value)
 
 
 def run_not(dc, searches):

@@ -220,10 +220,10 @@ def parse_seqset(text):
     return out
 
 
-def fts_lookup(dc, value):
-    """(definite, maybe) UIDs of doveadm fts lookup body <value>."""
+def fts_lookup(dc, value, key="body"):
+    """(definite, maybe) UIDs of doveadm fts lookup <key> <value>."""
     r = dc.doveadm("fts", "lookup", "-u", USER, "mailbox", "INBOX",
-                   "body", value)
+                   key, value)
     definite, maybe = set(), set()
     for line in r.stdout.splitlines():
         line = line.strip()
