@@ -1044,8 +1044,14 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 			int ret;
 
 			T_BEGIN {
-				ret = casidx_update_raw_part_address(ctx,
-					key->part, key->hdr_name, &error);
+				if (key->part == NULL) {
+					error = "no MIME part";
+					ret = -1;
+				} else {
+					ret = casidx_update_raw_part_address(
+						ctx, key->part, key->hdr_name,
+						&error);
+				}
 				if (ret < 0) {
 					e_warning(backend->event, "%s: UID %u: "
 						  "couldn't read the %s header "
@@ -1054,6 +1060,7 @@ fts_backend_casidx_update_set_build_key(struct fts_backend_update_context *_ctx,
 						  "maybe", mailbox_get_vname(
 							ctx->box), ctx->uid,
 						  key->hdr_name,
+						  key->part == NULL ? 0 :
 						  key->part->physical_pos,
 						  error);
 				}
