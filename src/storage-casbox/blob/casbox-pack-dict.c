@@ -40,13 +40,26 @@ static const char *casbox_dict_aad(uint32_t id)
 const struct casbox_pack_dict *
 casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id)
 {
-	const struct casbox_pack_dict *dict;
+	struct casbox_pack_dict *dict;
 
-	array_foreach(&store->dicts, dict) {
+	array_foreach_elem(&store->dicts, dict) {
 		if (dict->id == dict_id)
 			return dict;
 	}
 	return NULL;
+}
+
+/* A new entry of store->dicts. Entries are allocated one by one: blob
+   streams keep pointers to them while another frame's open loads a
+   dictionary trained since (an array of structs would move them). */
+static struct casbox_pack_dict *
+casbox_pack_dict_new(struct casbox_pack_store *store, uint32_t id)
+{
+	struct casbox_pack_dict *dict = i_new(struct casbox_pack_dict, 1);
+
+	dict->id = id;
+	array_push_back(&store->dicts, &dict);
+	return dict;
 }
 
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store)
@@ -63,9 +76,8 @@ static void
 casbox_pack_dict_add(struct casbox_pack_store *store, uint32_t id,
 		     const void *data, size_t size)
 {
-	struct casbox_pack_dict *dict = array_append_space(&store->dicts);
+	struct casbox_pack_dict *dict = casbox_pack_dict_new(store, id);
 
-	dict->id = id;
 	dict->cdict = ZSTD_createCDict(data, size, store->set.zstd_level);
 	dict->ddict = ZSTD_createDDict(data, size);
 	if (dict->cdict == NULL || dict->ddict == NULL) {
@@ -107,8 +119,7 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 		/* password mode without the password (LMTP): new blobs are
 		   compressed without a dictionary, reading needs the
 		   password anyway */
-		dict = array_append_space(&store->dicts);
-		dict->id = id;
+		dict = casbox_pack_dict_new(store, id);
 		dict->error = p_strdup_printf(store->pool,
 			"%s: user key is locked (casbox_key_mode=password "
 			"needs the user's password)",
@@ -117,8 +128,7 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 	    cas_record_open(store->keyring, aad, strlen(aad), sealed->data,
 			    sealed->used, plain, &error) < 0) {
 		/* frames using it fail with this reason; the rest works */
-		dict = array_append_space(&store->dicts);
-		dict->id = id;
+		dict = casbox_pack_dict_new(store, id);
 		dict->error = p_strdup_printf(store->pool, "%s: %s",
 			casbox_dict_path(store, id), error);
 	} else {
@@ -240,9 +250,10 @@ void casbox_pack_dicts_free(struct casbox_pack_store *store)
 {
 	struct casbox_pack_dict *dict;
 
-	array_foreach_modifiable(&store->dicts, dict) {
+	array_foreach_elem(&store->dicts, dict) {
 		ZSTD_freeCDict(dict->cdict);
 		ZSTD_freeDDict(dict->ddict);
+		i_free(dict);
 	}
 	array_clear(&store->dicts);
 	store->cur_dict_id = 0;

@@ -46,7 +46,8 @@ struct casbox_pack_store {
 	/* how meta records are sealed: the key mode's (casbox-pack.c) */
 	const struct casbox_meta_sealer *meta;
 
-	ARRAY(struct casbox_pack_dict) dicts;
+	/* allocated one by one: streams keep pointers to them */
+	ARRAY(struct casbox_pack_dict *) dicts;
 	uint32_t cur_dict_id; /* 0 = none */
 	/* the directory was listed for dictionaries (by
 	   casbox_pack_dicts_load() or an append transaction) */
