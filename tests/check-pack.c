@@ -920,6 +920,19 @@ START_TEST(test_dictionary_added_while_reading)
 	out = read_stream_all(input);
 	ck_assert(buffer_cmp(out, small));
 	buffer_free(&out);
+	/* a store that only read made no compression dictionary; the
+	   writer made one of the dictionary it compressed with */
+	ck_assert_uint_eq(array_count(&reader->dicts), 7);
+	for (i = 0; i < array_count(&reader->dicts); i++) {
+		const struct casbox_pack_dict *d =
+			array_idx_elem(&reader->dicts, i);
+
+		ck_assert_ptr_null(d->cdict);
+		ck_assert_ptr_null(d->error);
+	}
+	ck_assert_ptr_nonnull(((const struct casbox_pack_dict *)
+			       casbox_pack_dict_lookup(writer,
+						       dict_id))->cdict);
 	i_stream_unref(&input);
 	i_stream_unref(&input2);
 	casbox_pack_store_close(&writer);

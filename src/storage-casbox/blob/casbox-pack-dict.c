@@ -62,6 +62,26 @@ casbox_pack_dict_new(struct casbox_pack_store *store, uint32_t id)
 	return dict;
 }
 
+ZSTD_CDict *
+casbox_pack_dict_get_cdict(struct casbox_pack_store *store, uint32_t dict_id)
+{
+	struct casbox_pack_dict *dict;
+
+	array_foreach_elem(&store->dicts, dict) {
+		if (dict->id != dict_id)
+			continue;
+		if (dict->error != NULL)
+			return NULL;
+		if (dict->cdict == NULL) {
+			dict->cdict = ZSTD_createCDict(dict->content->data,
+						       dict->content->used,
+						       store->set.zstd_level);
+		}
+		return dict->cdict;
+	}
+	return NULL;
+}
+
 uint32_t casbox_pack_dict_current(struct casbox_pack_store *store)
 {
 	const char *error;
@@ -78,9 +98,10 @@ casbox_pack_dict_add(struct casbox_pack_store *store, uint32_t id,
 {
 	struct casbox_pack_dict *dict = casbox_pack_dict_new(store, id);
 
-	dict->cdict = ZSTD_createCDict(data, size, store->set.zstd_level);
+	dict->content = buffer_create_dynamic(default_pool, size);
+	buffer_append(dict->content, data, size);
 	dict->ddict = ZSTD_createDDict(data, size);
-	if (dict->cdict == NULL || dict->ddict == NULL) {
+	if (dict->ddict == NULL) {
 		dict->error = p_strdup_printf(store->pool,
 			"dictionary %u: zstd rejected it", id);
 		return;
@@ -253,6 +274,13 @@ void casbox_pack_dicts_free(struct casbox_pack_store *store)
 	array_foreach_elem(&store->dicts, dict) {
 		ZSTD_freeCDict(dict->cdict);
 		ZSTD_freeDDict(dict->ddict);
+		if (dict->content != NULL) {
+			/* trained on mail */
+			sodium_memzero(buffer_get_modifiable_data(
+					dict->content, NULL),
+				       dict->content->used);
+			buffer_free(&dict->content);
+		}
 		i_free(dict);
 	}
 	array_clear(&store->dicts);
