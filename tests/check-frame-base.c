@@ -919,8 +919,12 @@ START_TEST(test_arena)
 	for (i = n; i > 1; i--) {
 		rnd = rnd * 1103515245 + 12345;
 		j = (rnd >> 8) % i;
-		data = blocks[i - 1]; blocks[i - 1] = blocks[j]; blocks[j] = data;
-		cap = caps[i - 1]; caps[i - 1] = caps[j]; caps[j] = cap;
+		data = blocks[i - 1];
+		blocks[i - 1] = blocks[j];
+		blocks[j] = data;
+		cap = caps[i - 1];
+		caps[i - 1] = caps[j];
+		caps[j] = cap;
 	}
 	for (i = 0; i < n; i++)
 		ck_assert(casbox_base_arena_release(blocks[i], caps[i]));

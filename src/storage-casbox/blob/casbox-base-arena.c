@@ -1,8 +1,8 @@
 /* casbox: buddy blocks of locked slabs for base prefixes
    (casbox-base-arena.h). A slab is 2^order units of 4 KiB (at most
-   CASBOX_BASE_ARENA_UNITS); free_order[u] is 1 + the order of the free block starting at
-   unit u, 0 where none starts. A few hundred bytes to scan per
-   allocation, against the system calls it saves. */
+   CASBOX_BASE_ARENA_UNITS); free_order[u] is 1 + the order of the free
+   block starting at unit u, 0 where none starts. A few hundred bytes to
+   scan per allocation, against the system calls it saves. */
 
 #include "lib.h"
 #include "casbox-base-arena.h"
@@ -138,13 +138,15 @@ unsigned char *casbox_base_arena_alloc(size_t capacity)
 
 static struct casbox_base_slab *casbox_base_slab_of(const unsigned char *data)
 {
+	uintptr_t p = (uintptr_t)data, start;
 	unsigned int i;
 
 	for (i = 0; i < casbox_base_slab_count; i++) {
 		struct casbox_base_slab *slab = &casbox_base_slabs[i];
 
-		if (data >= slab->data &&
-		    data < slab->data + casbox_base_slab_size(slab->order))
+		start = (uintptr_t)slab->data;
+		if (p >= start &&
+		    p - start < casbox_base_slab_size(slab->order))
 			return slab;
 	}
 	return NULL;

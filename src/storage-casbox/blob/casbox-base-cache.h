@@ -7,9 +7,10 @@
    (never swapped or dumped: a block of the process's base arena,
    casbox-base-arena.h, else a sodium_malloc() of its own), wiped when
    the last reference goes (the wiped buffer is kept for the next
-   entry: the arena's, and a few others per process). A cache keeps the most recently used ones up to
-   a byte bound, so sequential FETCHes of replies to one message decode
-   that message once, not once per reply. One cache per pack store
+   entry: the arena's, and a few others per process). A cache keeps the
+   most recently used ones up to a byte bound, so sequential FETCHes of
+   replies to one message decode that message once, not once per
+   reply. One cache per pack store
    (a process serves one user per store), not shared between users. */
 
 #include "cas-key.h"
