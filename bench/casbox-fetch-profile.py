@@ -37,7 +37,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=1000)
     ap.add_argument("--folder", default="usrp-users-3000")
-    ap.add_argument("--peer", default="casbox", choices=sorted(cf.PEERS))
+    ap.add_argument("--peer", default="casbox",
+                    help="one of %s; peer@builddir: that build's plugins"
+                    % ", ".join(sorted(cf.PEERS)))
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--cold", action="store_true",
                     help="no FETCH before perf: the first one in the "
@@ -50,10 +52,16 @@ def main():
                     " the calls of uprobes given with -e)")
     ap.add_argument("-e", "--event", action="append", default=[],
                     help="perf record -e (e.g. a uprobe)")
+    ap.add_argument("--strace", action="store_true",
+                    help="strace -c -f instead of perf: the system calls"
+                    " of the FETCHes (written to OUTPUT)")
     args = ap.parse_args()
 
+    peer, _, builddir = args.peer.partition("@")
+    if builddir:
+        cf.dovecot_harness.TOP_BUILDDIR = builddir
     msgs = cf.load(args.folder, args.n)
-    with Dovecot(**cf.PEERS[args.peer]) as dc:
+    with Dovecot(**cf.PEERS[peer]) as dc:
         dc.lmtp_deliver_many(cf.USER, msgs)
         with RawIMAP(dc.imap_port) as c:
             c.login(cf.USER, PASSWORD)
@@ -62,13 +70,17 @@ def main():
                 c.fetch_bodies("1:*", lambda uid, body: None)
             pids = dc.pids("imap")
             assert len(pids) == 1, pids
-            perf = subprocess.Popen(
-                ["perf", "record", "-q", "--call-graph", args.call_graph,
-                 ] + (["-F", args.freq] if args.freq != "0" else
-                      ["-c", "1"]) + sum((["-e", e] for e in args.event),
-                                        []) + ["-p",
-                 str(pids[0]), "-o", args.output],
-                stdout=subprocess.DEVNULL)
+            if args.strace:
+                cmd = ["strace", "-c", "-f", "-o", args.output]
+            else:
+                cmd = (["perf", "record", "-q", "--call-graph",
+                        args.call_graph] +
+                       (["-F", args.freq] if args.freq != "0" else
+                        ["-c", "1"]) +
+                       sum((["-e", e] for e in args.event), []) +
+                       ["-o", args.output])
+            perf = subprocess.Popen(cmd + ["-p", str(pids[0])],
+                                    stdout=subprocess.DEVNULL)
             time.sleep(1)
             cpu0 = cf.service_cpu_s(dc, "imap")
             t0 = time.perf_counter()

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 static buffer_t *wrap(const unsigned char *data, size_t size,
 		      unsigned int cols, bool crlf, bool final)
@@ -183,6 +184,50 @@ START_TEST(test_chunked_parent)
 		i_stream_unref(&dec);
 	} T_END;
 	i_unlink(path);
+}
+END_TEST
+
+/* The encoder loads 8 bytes for 6 where they are readable: with the
+   decoded bytes at the very end of a page followed by an inaccessible
+   one, no size, line length or start offset reads past them (a fault
+   would end the test), and the bytes are those of Dovecot's encoder. */
+START_TEST(test_no_overread)
+{
+	static const unsigned int cols[] = { 4, 8, 12, 76, 996 };
+	size_t page = sysconf(_SC_PAGESIZE), size;
+	unsigned char *map, *data;
+	struct casbox_b64_form form;
+	struct istream *dec, *enc;
+	buffer_t *body, *out;
+	unsigned int c, f;
+	uoff_t dsize, off;
+
+	map = mmap(NULL, page * 2, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ck_assert(map != MAP_FAILED);
+	ck_assert_int_eq(mprotect(map + page, page, PROT_NONE), 0);
+	for (size = 1; size <= 300; size++)
+	for (c = 0; c < N_ELEMENTS(cols); c++)
+	for (f = 0; f < 2; f++) T_BEGIN {
+		data = map + page - size;
+		for (off = 0; off < size; off++)
+			data[off] = (unsigned char)(test_rand() & 0xff);
+		body = wrap(data, size, cols[c], f != 0, TRUE);
+		ck_assert_int_eq(check(body, &form, &dsize), 1);
+		dec = i_stream_create_from_data(data, size);
+		enc = i_stream_create_casbox_b64_encoder(dec, &form, dsize);
+		for (off = 0; off < body->used; off++) {
+			out = read_all(enc, off);
+			ck_assert_msg(out->used == body->used - off &&
+				      memcmp(out->data, CONST_PTR_OFFSET(
+					body->data, off), out->used) == 0,
+				      "size %zu cols %u crlf %u offset %"
+				      PRIuUOFF_T, size, cols[c], f, off);
+		}
+		i_stream_unref(&enc);
+		i_stream_unref(&dec);
+	} T_END;
+	ck_assert_int_eq(munmap(map, page * 2), 0);
 }
 END_TEST
 
@@ -489,6 +534,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_canonical_forms);
 	tcase_add_test(tc, test_chunked_parent);
+	tcase_add_test(tc, test_no_overread);
 	tcase_add_test(tc, test_decoder);
 	tcase_add_test(tc, test_odd_forms);
 	tcase_add_test(tc, test_record_tail);

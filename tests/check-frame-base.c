@@ -22,6 +22,7 @@
 #include "casbox-pack.h"
 #include "casbox-frame.h"
 #include "casbox-base-cache.h"
+#include "casbox-base-arena.h"
 
 #include <check.h>
 #include "check-run.h"
@@ -855,6 +856,126 @@ START_TEST(test_cache_churn_reuses)
 }
 END_TEST
 
+/* The base arena (casbox-base-arena.h): slabs made small first, then
+   larger; blocks of every size class until not even the smallest is
+   left fill them exactly, never overlap, and coalesce back into whole
+   slabs (all freed) when released in any order. */
+START_TEST(test_arena)
+{
+	static unsigned char *blocks[CASBOX_BASE_ARENA_BYTES /
+				     CASBOX_BASE_ARENA_BLOCK_MIN];
+	static size_t caps[N_ELEMENTS(blocks)];
+	unsigned char *data, not_arena[16];
+	unsigned int i, j, n = 0, rnd = 4711, order;
+	size_t total = 0, cap;
+
+	casbox_base_pool_free();
+	/* another test's leftovers (CK_FORK=no) would leave less room */
+	if (casbox_base_arena_get_slab_count() != 0)
+		return;
+	/* the first slab is a small one */
+	data = casbox_base_arena_alloc(CASBOX_BASE_ARENA_BLOCK_MIN);
+	ck_assert(data != NULL);
+	ck_assert_uint_eq(casbox_base_arena_get_bytes(),
+			  CASBOX_BASE_ARENA_FIRST_SLAB);
+	blocks[n] = data;
+	caps[n++] = CASBOX_BASE_ARENA_BLOCK_MIN;
+	total += CASBOX_BASE_ARENA_BLOCK_MIN;
+	memset(data, 0, CASBOX_BASE_ARENA_BLOCK_MIN);
+	for (order = 8;;) {
+		rnd = rnd * 1103515245 + 12345;
+		cap = (size_t)CASBOX_BASE_ARENA_BLOCK_MIN <<
+			((rnd >> 16) % (order + 1));
+		data = casbox_base_arena_alloc(cap);
+		if (data == NULL) {
+			if (cap == CASBOX_BASE_ARENA_BLOCK_MIN)
+				break;
+			/* full for this size: smaller ones only */
+			order = 0;
+			while (((size_t)CASBOX_BASE_ARENA_BLOCK_MIN <<
+				(order + 1)) < cap)
+				order++;
+			continue;
+		}
+		ck_assert_uint_lt(n, N_ELEMENTS(blocks));
+		memset(data, n & 0xff, cap);
+		blocks[n] = data;
+		caps[n++] = cap;
+		total += cap;
+	}
+	/* every byte of every slab handed out, within the bound */
+	ck_assert_uint_eq(total, casbox_base_arena_get_bytes());
+	ck_assert_uint_le(total, CASBOX_BASE_ARENA_BYTES);
+	ck_assert_uint_gt(total, CASBOX_BASE_ARENA_BYTES -
+			  CASBOX_BASE_ARENA_SLAB_SIZE);
+	/* no block was written over by another */
+	for (i = 0; i < n; i++) {
+		for (j = 0; j < caps[i]; j += 512)
+			ck_assert_uint_eq(blocks[i][j], i & 0xff);
+		ck_assert_uint_eq(blocks[i][caps[i] - 1], i & 0xff);
+	}
+	ck_assert(!casbox_base_arena_release(not_arena, 4096));
+	/* release in a shuffled order */
+	for (i = n; i > 1; i--) {
+		rnd = rnd * 1103515245 + 12345;
+		j = (rnd >> 8) % i;
+		data = blocks[i - 1];
+		blocks[i - 1] = blocks[j];
+		blocks[j] = data;
+		cap = caps[i - 1];
+		caps[i - 1] = caps[j];
+		caps[j] = cap;
+	}
+	for (i = 0; i < n; i++)
+		ck_assert(casbox_base_arena_release(blocks[i], caps[i]));
+	/* coalesced into whole slabs: all of them are freed */
+	casbox_base_arena_free();
+	ck_assert_uint_eq(casbox_base_arena_get_slab_count(), 0);
+	ck_assert_uint_eq(casbox_base_arena_get_bytes(), 0);
+	/* a 1 MiB block first: a slab of its size */
+	data = casbox_base_arena_alloc(CASBOX_BASE_ARENA_SLAB_SIZE);
+	ck_assert(data != NULL);
+	ck_assert_uint_eq(casbox_base_arena_get_bytes(),
+			  CASBOX_BASE_ARENA_SLAB_SIZE);
+	ck_assert(casbox_base_arena_release(data,
+					    CASBOX_BASE_ARENA_SLAB_SIZE));
+	casbox_base_arena_free();
+}
+END_TEST
+
+/* Filling an empty cache (a process's first FETCH) takes arena blocks:
+   no sodium_malloc() per entry while the arena has room. */
+START_TEST(test_cache_fill_arena)
+{
+	static const size_t sizes[] = { 3000, 6000, 12000, 30000, 60000 };
+	struct casbox_base_cache *cache =
+		casbox_base_cache_create(2 * 1024 * 1024);
+	struct casbox_base_plain *plain;
+	struct cas_blob_id id;
+	unsigned char data[60000];
+	unsigned int i, allocs, rnd = 777;
+
+	casbox_base_pool_free();
+	memset(data, 'y', sizeof(data));
+	memset(&id, 0, sizeof(id));
+	allocs = casbox_base_sodium_allocs;
+	for (i = 0; i < 300; i++) {
+		rnd = rnd * 1103515245 + 12345;
+		cpu32_to_le_unaligned(i, id.id);
+		plain = casbox_base_plain_new_copy(&id, sizes[(rnd >> 16) % 5],
+						   0, data, sizeof(data));
+		ck_assert_int_eq(memcmp(plain->data, data, plain->size), 0);
+		casbox_base_cache_add(cache, plain);
+		casbox_base_plain_unref(&plain);
+	}
+	/* 2 MiB of entries (as the bound counts them) in 4 MiB of arena */
+	ck_assert_uint_eq(casbox_base_sodium_allocs, allocs);
+	ck_assert_uint_ge(casbox_base_arena_get_slab_count(), 1);
+	casbox_base_cache_destroy(&cache);
+	casbox_base_pool_free();
+}
+END_TEST
+
 /* Sequential FETCH: a base read whole with casbox_pack_blob_cache_as_base()
    is in the cache, so its delta read next decodes only its own chunk;
    a stream that seeks past what it read caches nothing. */
@@ -1059,6 +1180,8 @@ int main(void)
 	tcase_add_test(tc, test_copy_frame);
 	tcase_add_test(tc, test_cache);
 	tcase_add_test(tc, test_cache_churn_reuses);
+	tcase_add_test(tc, test_arena);
+	tcase_add_test(tc, test_cache_fill_arena);
 	tcase_add_test(tc, test_cache_as_base);
 	tcase_add_test(tc, test_golden_v3);
 	suite_add_tcase(s, tc);

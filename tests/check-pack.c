@@ -844,6 +844,106 @@ START_TEST(test_dictionary)
 }
 END_TEST
 
+/* A blob stream keeps its dictionary while the store loads others: a
+   reader whose next frame names dictionaries trained since (by another
+   process) loads them all, and a stream it opened before still decodes
+   after a seek back (the dictionaries were an array of structs, which
+   grew under the stream's pointer: valgrind/ASan saw the use after
+   free). */
+static buffer_t *read_stream_all(struct istream *input)
+{
+	buffer_t *out = buffer_create_dynamic(default_pool, 4096);
+	const unsigned char *data;
+	size_t size;
+
+	while (i_stream_read_more(input, &data, &size) > 0) {
+		buffer_append(out, data, size);
+		i_stream_skip(input, size);
+	}
+	ck_assert_int_eq(input->stream_errno, 0);
+	return out;
+}
+
+START_TEST(test_dictionary_added_while_reading)
+{
+	ARRAY_TYPE(const_string) paths;
+	struct casbox_pack_store *reader = store_open(), *writer;
+	struct casbox_blob_record rec, rec2;
+	struct cas_blob_id id, id2;
+	const char *const *path, *error;
+	const void **samples;
+	size_t *sizes;
+	buffer_t **bufs, *small, *small2, *out;
+	struct istream *input, *input2;
+	unsigned int i, count;
+	uint32_t dict_id;
+
+	t_array_init(&paths, 512);
+	count = corpus_files("usrp-users-3000", 5, &paths);
+	samples = t_new(const void *, count);
+	sizes = t_new(size_t, count);
+	bufs = t_new(buffer_t *, count);
+	i = 0;
+	array_foreach(&paths, path) {
+		bufs[i] = read_path(*path);
+		samples[i] = bufs[i]->data;
+		sizes[i] = header_len(bufs[i]);
+		i++;
+	}
+	writer = store_open();
+	ck_assert_int_eq(casbox_pack_dict_train(writer, samples, sizes, count,
+						&dict_id, &error), 1);
+	small = buffer_create_dynamic(default_pool, 4096);
+	buffer_append(small, bufs[1]->data, I_MIN(bufs[1]->used, 3000));
+	add_blobs(writer, (const buffer_t *const *)&small, 1, &id, &rec);
+	ck_assert_uint_eq(rec.dict_id, dict_id);
+	input = casbox_pack_blob_open(reader, &id, &rec);
+	out = read_stream_all(input);
+	ck_assert(buffer_cmp(out, small));
+	buffer_free(&out);
+	/* more dictionaries than the reader's array had room for */
+	for (i = 0; i < 6; i++) {
+		ck_assert_int_eq(casbox_pack_dict_train(writer, samples, sizes,
+							count, &dict_id,
+							&error), 1);
+	}
+	small2 = buffer_create_dynamic(default_pool, 4096);
+	buffer_append(small2, bufs[2]->data, I_MIN(bufs[2]->used, 2500));
+	add_blobs(writer, (const buffer_t *const *)&small2, 1, &id2, &rec2);
+	ck_assert_uint_eq(rec2.dict_id, dict_id);
+	input2 = casbox_pack_blob_open(reader, &id2, &rec2);
+	out = read_stream_all(input2);
+	ck_assert(buffer_cmp(out, small2));
+	buffer_free(&out);
+	/* the first stream decodes its chunk again */
+	i_stream_seek(input, 0);
+	out = read_stream_all(input);
+	ck_assert(buffer_cmp(out, small));
+	buffer_free(&out);
+	/* a store that only read made no compression dictionary; the
+	   writer made one of the dictionary it compressed with */
+	ck_assert_uint_eq(array_count(&reader->dicts), 7);
+	for (i = 0; i < array_count(&reader->dicts); i++) {
+		const struct casbox_pack_dict *d =
+			array_idx_elem(&reader->dicts, i);
+
+		ck_assert_ptr_null(d->cdict);
+		ck_assert_ptr_null(d->error);
+	}
+	ck_assert_ptr_nonnull(((const struct casbox_pack_dict *)
+			       casbox_pack_dict_lookup(writer,
+						       dict_id))->cdict);
+	i_stream_unref(&input);
+	i_stream_unref(&input2);
+	casbox_pack_store_close(&writer);
+	casbox_pack_store_close(&reader);
+	buffer_free(&small);
+	buffer_free(&small2);
+	for (i = 0; i < count; i++)
+		buffer_free(&bufs[i]);
+}
+END_TEST
+
 START_TEST(test_small_reads)
 {
 	/* an input that delivers a few bytes per read, across chunks */
@@ -2202,6 +2302,7 @@ int main(void)
 	tcase_add_test(tc, test_newest_pack_after_gc);
 	tcase_add_test(tc, test_scan_resync);
 	tcase_add_test(tc, test_dictionary);
+	tcase_add_test(tc, test_dictionary_added_while_reading);
 	tcase_add_test(tc, test_small_reads);
 	tcase_add_test(tc, test_concurrent_appends);
 	tcase_add_test(tc, test_crash_without_commit);

@@ -1537,6 +1537,48 @@ START_TEST(test_stale_view_after_finish)
 }
 END_TEST
 
+/* A reader with a kept read fd (an IMAP session) checks the key file
+   once between two releases, not per message: rotations by another
+   handle in the middle of its "command" (new epochs, every record and
+   DEK re-sealed, the old epochs dropped) still leave every message
+   readable, the keys being loaded as the records name them. */
+START_TEST(test_kept_fd_rotation_mid_command)
+{
+	static const char *const bodies[] = { "\none\n", "\ntwo\n" };
+	struct casbox_store *reader = store_open();
+	struct casbox_msg_record rec;
+	struct istream **inputs;
+	pool_t pool = pool_alloconly_create("test", 16384);
+	const char *error = NULL;
+	unsigned int i, round;
+
+	casbox_store_keep_read_fd(reader);
+	ck_assert_int_eq(casbox_store_open_keys(reader, &error), 0);
+	for (i = 0; i < N_ELEMENTS(bodies); i++) {
+		const char *parts[] = { part_a, bodies[i], NULL };
+
+		make_record(reader, pool, parts, &rec, &inputs);
+		add_msg(reader, i + 1, &rec, inputs);
+		free_inputs(inputs);
+	}
+	casbox_store_release_read_fd(reader);
+	for (round = 0; round < 3; round++) {
+		/* the first read of the command checks the key file */
+		ck_assert_str_eq(read_msg(reader, 1),
+				 t_strconcat(part_a, bodies[0], NULL));
+		rotate_and_finish();
+		for (i = 0; i < N_ELEMENTS(bodies); i++) {
+			ck_assert_str_eq(read_msg(reader, i + 1),
+				t_strconcat(part_a, bodies[i], NULL));
+		}
+		if (round == 1)
+			casbox_store_release_read_fd(reader);
+	}
+	casbox_store_close(&reader);
+	pool_unref(&pool);
+}
+END_TEST
+
 /* The message record of uid as stored. */
 /* key rotate --finish's re-seal steps: the sealed metadata of every
    message record and the dictionaries move to the new epoch, once (a
@@ -1758,6 +1800,7 @@ int main(void)
 	tcase_add_test(tc, test_rekey_walk);
 	tcase_add_test(tc, test_rekey_reseal_steps);
 	tcase_add_test(tc, test_stale_view_after_finish);
+	tcase_add_test(tc, test_kept_fd_rotation_mid_command);
 	tcase_add_test(tc, test_rekey_progress_marker);
 	tcase_add_test(tc, test_rekey_waits_for_save);
 	tcase_add_test(tc, test_password_mode);

@@ -6,6 +6,7 @@
 #include "lib.h"
 #include "hash.h"
 #include "casbox-base-cache.h"
+#include "casbox-base-arena.h"
 
 #include <sodium.h>
 
@@ -36,8 +37,9 @@ static int casbox_base_id_cmp(const struct cas_blob_id *a,
 void (*casbox_base_plain_wipe_hook)(const unsigned char *data,
 				    size_t size) = NULL;
 
-/* Locked buffers of freed entries, wiped, for the next entries:
-   sodium_malloc() and sodium_free() are an mmap, mprotects, mlock and
+/* Locked buffers of freed entries that were not arena blocks
+   (casbox-base-arena.h: the arena was full), wiped, for the next
+   entries: sodium_malloc() and sodium_free() are an mmap, mprotects, mlock and
    munmap each, which for mail-sized bases cost more than decoding
    them (measured: 2.8x slower sequential reads of the spamassassin
    corpus without this). Per process, a few buffers of at most the
@@ -67,6 +69,7 @@ void casbox_base_pool_free(void)
 		sodium_free(casbox_base_pool[casbox_base_pool_count].data);
 	}
 	casbox_base_pool_bytes = 0;
+	casbox_base_arena_free();
 }
 
 /* Capacity classes: 4 KiB, then powers of two, so a buffer is reused
@@ -96,6 +99,12 @@ static unsigned char *casbox_base_alloc(size_t size, size_t *capacity_r)
 	unsigned char *data;
 	unsigned int i;
 
+	/* the arena first: no system call (casbox-base-arena.h); then
+	   the pool, or a sodium_malloc() of its own when both are full */
+	if ((data = casbox_base_arena_alloc(cap)) != NULL) {
+		*capacity_r = cap;
+		return data;
+	}
 	/* newest first; the rest keep their order (oldest first) */
 	for (i = casbox_base_pool_count; i > 0; i--) {
 		if (casbox_base_pool[i - 1].capacity == cap) {
@@ -137,6 +146,8 @@ static void casbox_base_release(unsigned char *data, size_t capacity)
 {
 	size_t footprint = casbox_base_plain_footprint(capacity);
 
+	if (casbox_base_arena_release(data, capacity))
+		return;
 	if (footprint > CASBOX_BASE_POOL_BYTES) {
 		sodium_free(data);
 		return;

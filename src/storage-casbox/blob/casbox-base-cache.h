@@ -3,12 +3,14 @@
 
 /* Decoded base plaintext for delta frames (frame version 3,
    doc/casbox-format.md): the first min(plain_size,
-   CASBOX_BASE_PREFIX_MAX) bytes of a base blob, in sodium_malloc()ed
-   memory (locked, guard pages, never swapped or dumped), wiped when the
-   last reference goes (the wiped buffer may be kept for the next entry:
-   a few per process). A cache keeps the most recently used ones up to
-   a byte bound, so sequential FETCHes of replies to one message decode
-   that message once, not once per reply. One cache per pack store
+   CASBOX_BASE_PREFIX_MAX) bytes of a base blob, in locked memory
+   (never swapped or dumped: a block of the process's base arena,
+   casbox-base-arena.h, else a sodium_malloc() of its own), wiped when
+   the last reference goes (the wiped buffer is kept for the next
+   entry: the arena's, and a few others per process). A cache keeps the
+   most recently used ones up to a byte bound, so sequential FETCHes of
+   replies to one message decode that message once, not once per
+   reply. One cache per pack store
    (a process serves one user per store), not shared between users. */
 
 #include "cas-key.h"
@@ -85,10 +87,11 @@ void casbox_base_cache_clear(struct casbox_base_cache *cache);
 void casbox_base_cache_get_stats(struct casbox_base_cache *cache,
 				 unsigned int *entries_r, size_t *bytes_r);
 
-/* Tests: how many entry buffers were sodium_malloc()ed (not reused
-   from the process's few freed ones) so far. */
+/* Tests: how many entry buffers were sodium_malloc()ed (not arena
+   blocks, not reused from the process's few freed ones) so far. */
 extern unsigned int casbox_base_sodium_allocs;
-/* sodium_free() the pooled buffers of freed entries (plugin deinit). */
+/* sodium_free() the pooled buffers of freed entries and the arena's
+   unused slabs (plugin deinit). */
 void casbox_base_pool_free(void);
 /* Tests: called with the data just wiped, before it is freed. */
 extern void (*casbox_base_plain_wipe_hook)(const unsigned char *data,

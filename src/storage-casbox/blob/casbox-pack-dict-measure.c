@@ -21,6 +21,7 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
 			     const char **error_r)
 {
 	const struct casbox_pack_dict *dict;
+	ZSTD_CDict *cdict;
 	ZSTD_CCtx *cctx;
 	buffer_t *dest;
 	unsigned int i;
@@ -32,6 +33,10 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
 	if (dict == NULL || dict->error != NULL) {
 		*error_r = dict == NULL ? "trained dictionary not loaded" :
 			dict->error;
+		return -1;
+	}
+	if ((cdict = casbox_pack_dict_get_cdict(store, dict_id)) == NULL) {
+		*error_r = "zstd refused the dictionary for compression";
 		return -1;
 	}
 	cctx = ZSTD_createCCtx();
@@ -52,7 +57,7 @@ int casbox_pack_dict_measure(struct casbox_pack_store *store,
 		}
 		measure_r->without_bytes += n;
 		n = ZSTD_compress_usingCDict(cctx, out, bound, src->data,
-					     src->used, dict->cdict);
+					     src->used, cdict);
 		if (ZSTD_isError(n)) {
 			*error_r = ZSTD_getErrorName(n);
 			ret = -1;

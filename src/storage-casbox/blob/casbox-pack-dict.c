@@ -51,11 +51,44 @@ static const char *casbox_dict_aad(uint32_t id)
 const struct casbox_pack_dict *
 casbox_pack_dict_lookup(struct casbox_pack_store *store, uint32_t dict_id)
 {
-	const struct casbox_pack_dict *dict;
+	struct casbox_pack_dict *dict;
 
-	array_foreach(&store->dicts, dict) {
+	array_foreach_elem(&store->dicts, dict) {
 		if (dict->id == dict_id)
 			return dict;
+	}
+	return NULL;
+}
+
+/* A new entry of store->dicts. Entries are allocated one by one: blob
+   streams keep pointers to them while another frame's open loads a
+   dictionary trained since (an array of structs would move them). */
+static struct casbox_pack_dict *
+casbox_pack_dict_new(struct casbox_pack_store *store, uint32_t id)
+{
+	struct casbox_pack_dict *dict = i_new(struct casbox_pack_dict, 1);
+
+	dict->id = id;
+	array_push_back(&store->dicts, &dict);
+	return dict;
+}
+
+ZSTD_CDict *
+casbox_pack_dict_get_cdict(struct casbox_pack_store *store, uint32_t dict_id)
+{
+	struct casbox_pack_dict *dict;
+
+	array_foreach_elem(&store->dicts, dict) {
+		if (dict->id != dict_id)
+			continue;
+		if (dict->error != NULL)
+			return NULL;
+		if (dict->cdict == NULL) {
+			dict->cdict = ZSTD_createCDict(dict->content->data,
+						       dict->content->used,
+						       store->set.zstd_level);
+		}
+		return dict->cdict;
 	}
 	return NULL;
 }
@@ -74,12 +107,12 @@ static void
 casbox_pack_dict_add(struct casbox_pack_store *store, uint32_t id,
 		     const void *data, size_t size)
 {
-	struct casbox_pack_dict *dict = array_append_space(&store->dicts);
+	struct casbox_pack_dict *dict = casbox_pack_dict_new(store, id);
 
-	dict->id = id;
-	dict->cdict = ZSTD_createCDict(data, size, store->set.zstd_level);
+	dict->content = buffer_create_dynamic(default_pool, size);
+	buffer_append(dict->content, data, size);
 	dict->ddict = ZSTD_createDDict(data, size);
-	if (dict->cdict == NULL || dict->ddict == NULL) {
+	if (dict->ddict == NULL) {
 		dict->error = p_strdup_printf(store->pool,
 			"dictionary %u: zstd rejected it", id);
 		return;
@@ -118,8 +151,7 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 		/* password mode without the password (LMTP): new blobs are
 		   compressed without a dictionary, reading needs the
 		   password anyway */
-		dict = array_append_space(&store->dicts);
-		dict->id = id;
+		dict = casbox_pack_dict_new(store, id);
 		dict->error = p_strdup_printf(store->pool,
 			"%s: user key is locked (casbox_key_mode=password "
 			"needs the user's password)",
@@ -128,8 +160,7 @@ static void casbox_pack_dict_load(struct casbox_pack_store *store,
 	    cas_record_open(store->keyring, aad, strlen(aad), sealed->data,
 			    sealed->used, plain, &error) < 0) {
 		/* frames using it fail with this reason; the rest works */
-		dict = array_append_space(&store->dicts);
-		dict->id = id;
+		dict = casbox_pack_dict_new(store, id);
 		dict->error = p_strdup_printf(store->pool, "%s: %s",
 			casbox_dict_path(store, id), error);
 	} else {
@@ -251,9 +282,17 @@ void casbox_pack_dicts_free(struct casbox_pack_store *store)
 {
 	struct casbox_pack_dict *dict;
 
-	array_foreach_modifiable(&store->dicts, dict) {
+	array_foreach_elem(&store->dicts, dict) {
 		ZSTD_freeCDict(dict->cdict);
 		ZSTD_freeDDict(dict->ddict);
+		if (dict->content != NULL) {
+			/* trained on mail */
+			sodium_memzero(buffer_get_modifiable_data(
+					dict->content, NULL),
+				       dict->content->used);
+			buffer_free(&dict->content);
+		}
+		i_free(dict);
 	}
 	array_clear(&store->dicts);
 	store->cur_dict_id = 0;

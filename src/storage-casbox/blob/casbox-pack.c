@@ -600,7 +600,8 @@ struct casbox_pack_add_ctx {
 	unsigned char subkey[CAS_AEAD_SUBKEY_SIZE];
 	/* version, cipher, nonce, id and dict_id: what the AAD binds */
 	struct casbox_frame_header hdr;
-	const struct casbox_pack_dict *dict;
+	/* the frame's dictionary (dict_id), NULL = none */
+	ZSTD_CDict *cdict;
 	uint32_t dict_id;
 	/* a base offered (NULL = none), and whether this frame uses it
 	   (decided at chunk 0: a version 3 frame); base_next offers the
@@ -718,7 +719,7 @@ casbox_pack_chunk_vs_base(struct casbox_pack_add_ctx *ctx, size_t size,
 	}
 	if (ctx->idx == 0) {
 		ctx->base_used = TRUE;
-		ctx->dict = NULL;
+		ctx->cdict = NULL;
 		ctx->dict_id = 0;
 		ctx->hdr.dict_id = 0;
 		ctx->hdr.version = CASBOX_FRAME_VERSION_BASE;
@@ -749,10 +750,10 @@ casbox_pack_add_chunk(struct casbox_pack_add_ctx *ctx, size_t size,
 	size_t clen, padded, stored, aad_size;
 	uint32_t crc;
 
-	if (ctx->dict != NULL) {
+	if (ctx->cdict != NULL) {
 		clen = ZSTD_compress_usingCDict(store->cctx, txn->stored,
 			CASBOX_CHUNK_MAX_PADDED, txn->plain, size,
-			ctx->dict->cdict);
+			ctx->cdict);
 	} else {
 		clen = ZSTD_compressCCtx(store->cctx, txn->stored,
 			CASBOX_CHUNK_MAX_PADDED, txn->plain, size,
@@ -882,10 +883,12 @@ casbox_pack_add_body(struct casbox_pack_add_ctx *ctx, struct istream *input,
 			break;
 		if (ctx->idx == 0 && last && store->cur_dict_id != 0 &&
 		    (size_t)size <= store->set.dict_max_blob_size) {
-			ctx->dict = casbox_pack_dict_lookup(store,
-							    store->cur_dict_id);
-			ctx->dict_id = store->cur_dict_id;
-			ctx->hdr.dict_id = ctx->dict_id;
+			ctx->cdict = casbox_pack_dict_get_cdict(store,
+							store->cur_dict_id);
+			if (ctx->cdict != NULL) {
+				ctx->dict_id = store->cur_dict_id;
+				ctx->hdr.dict_id = ctx->dict_id;
+			}
 		}
 		for (i = 0; i < n_keys; i++)
 			cas_blob_id_update(&id_ctx[i], ctx->txn->plain, size);

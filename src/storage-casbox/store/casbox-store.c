@@ -58,6 +58,9 @@ struct casbox_store {
 	bool no_records_upgrade;
 	/* casbox_store_keep_read_fd() */
 	bool keep_read_fd;
+	/* keep_read_fd: a read checked the key file since the last
+	   casbox_store_release_read_fd() */
+	bool read_keys_checked;
 };
 
 /* A blob touched by a transaction: its current refcount and location. */
@@ -779,6 +782,7 @@ void casbox_store_keep_read_fd(struct casbox_store *store)
 
 void casbox_store_release_read_fd(struct casbox_store *store)
 {
+	store->read_keys_checked = FALSE;
 	if (store->packs != NULL)
 		casbox_pack_store_release_read_fd(store->packs);
 }
@@ -1471,9 +1475,18 @@ int casbox_store_msg_open(struct casbox_store *store,
 	if (casbox_lsm_refresh(store->lsm, error_r) < 0)
 		return -1;
 	/* after the LSM refresh: a record rewrapped by key rotation is
-	   committed only after the key file holding its slot */
-	if (casbox_store_refresh_keys(store, error_r) < 0)
-		return -1;
+	   committed only after the key file holding its slot. With a kept
+	   read fd, once between two releases (the glue's mailbox syncs:
+	   one per IMAP command), not a stat() per message: within a FETCH
+	   a key that a record, blob or base names and the ring lacks is
+	   loaded when it is met (casbox_record_key(),
+	   casbox_store_lsm_key(), casbox_store_dek_slot_known()), and an
+	   epoch rotation drops is let go at the next command. */
+	if (!store->read_keys_checked) {
+		if (casbox_store_refresh_keys(store, error_r) < 0)
+			return -1;
+		store->read_keys_checked = store->keep_read_fd;
+	}
 	parts = array_get(&rec->parts, &count);
 	if (count == 0) {
 		*input_r = i_stream_create_from_data("", 0);

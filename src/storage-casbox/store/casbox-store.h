@@ -71,7 +71,9 @@ bool casbox_store_key_locked(struct casbox_store *store);
    the next read of the same pack (casbox_pack_store_keep_read_fd(): one
    open() and close() less per message a FETCH reads); the caller
    releases it whenever the process may go idle (the glue: at every
-   mailbox sync), and the store's close does. */
+   mailbox sync), and the store's close does. Between two releases
+   casbox_store_msg_open() checks the key file once, not per message
+   (keys a read meets and the ring lacks are loaded when met). */
 void casbox_store_keep_read_fd(struct casbox_store *store);
 void casbox_store_release_read_fd(struct casbox_store *store);
 
