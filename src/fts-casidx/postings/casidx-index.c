@@ -66,6 +66,9 @@ struct casidx_index {
 	bool old_format;
 	struct manifest manifest;
 	ARRAY(struct open_segment) segments;
+	/* during index_open_segments(): the decrypted bytes of one sealed
+	   segment after another (casidx_crypt_open_scratch()) */
+	buffer_t *open_scratch;
 	/* casidx_index_get_stats(): the segments the refreshes opened */
 	unsigned int stat_segments_opened;
 	uint64_t stat_file_bytes, stat_image_bytes;
@@ -437,9 +440,14 @@ static int index_seg_open_sealed(struct casidx_index *index, uint32_t id,
 
 	if ((ret = map_file(path, &sealed, &size, error_r)) <= 0)
 		return ret;
-	ret = casidx_crypt_open(index->keyring, index->box_guid, seg_name(id),
-				sealed == NULL ? "" : sealed, size, &plain,
-				error_r);
+	if (index->open_scratch == NULL) {
+		index->open_scratch =
+			buffer_create_dynamic(default_pool, I_MAX(size, 1));
+	}
+	ret = casidx_crypt_open_scratch(index->keyring, index->box_guid,
+					seg_name(id),
+					sealed == NULL ? "" : sealed, size,
+					index->open_scratch, &plain, error_r);
 	if (sealed != NULL && munmap(sealed, size) < 0)
 		i_panic("munmap(%s) failed: %m", path);
 	if (ret > 0) {
@@ -560,7 +568,7 @@ index_find_open(struct casidx_index *index, uint32_t id)
 }
 
 /* Open every segment of m; 0 if one vanished (concurrent merge). */
-static int index_open_segments(struct casidx_index *index,
+static int index_open_segments_scratch(struct casidx_index *index,
 			       const struct manifest *m,
 			       struct open_segment **segs_r,
 			       const char **error_r)
@@ -605,6 +613,20 @@ static int index_open_segments(struct casidx_index *index,
 	}
 	*segs_r = segs;
 	return 1;
+}
+
+static int index_open_segments(struct casidx_index *index,
+			       const struct manifest *m,
+			       struct open_segment **segs_r,
+			       const char **error_r)
+{
+	int ret;
+
+	ret = index_open_segments_scratch(index, m, segs_r, error_r);
+	/* casidx_crypt_open_scratch() left it wiped */
+	if (index->open_scratch != NULL)
+		buffer_free(&index->open_scratch);
+	return ret;
 }
 
 static void index_set_snapshot(struct casidx_index *index,
