@@ -41,6 +41,9 @@
 #define SEG_VERSION_NO_POSITIONS 1
 #define SEG_HEADER_SIZE 16
 #define SEG_BLOCK_TERMS 16
+/* initial arena text size per byte of the namespace's dictionary blocks
+   (front-coded keys and postings ranges) */
+#define ARENA_TEXT_PER_DICT_BYTE 2
 
 /* Fuzzing builds may skip checksum verification to reach the parsers
    behind it; production builds never do. */
@@ -1558,6 +1561,39 @@ seg_arena_get_termsig(struct casidx_segment *seg, struct seg_arena *arena)
 	return arena->termsig;
 }
 
+/* The dictionary blocks that can hold keys of namespace field_char:
+   [*first_r, *last_r), from the sparse index (a block's first key and
+   the next block's). */
+static void seg_field_blocks(const struct casidx_segment *seg,
+			     unsigned char field_char, unsigned int *first_r,
+			     unsigned int *last_r)
+{
+	const struct sparse_entry *blocks;
+	unsigned int count, lo = 0, hi, mid;
+
+	blocks = array_get(&seg->sparse, &count);
+	/* first block whose first key's char is >= field_char */
+	hi = count;
+	while (lo < hi) {
+		mid = (lo + hi) / 2;
+		if (blocks[mid].key[0] < field_char)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*first_r = lo == 0 ? 0 : lo - 1;
+	/* first block whose first key's char is > field_char */
+	hi = count;
+	while (lo < hi) {
+		mid = (lo + hi) / 2;
+		if (blocks[mid].key[0] <= field_char)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*last_r = lo;
+}
+
 /* Decode and verify the dictionary blocks of namespace field_char into
    a new arena. */
 static int seg_arena_build(struct casidx_segment *seg,
@@ -1566,14 +1602,24 @@ static int seg_arena_build(struct casidx_segment *seg,
 {
 	struct casidx_segment_iter *iter;
 	const struct casidx_term_entry *e;
+	const struct sparse_entry *blocks;
 	struct seg_arena *arena;
 	struct arena_term *t;
+	unsigned int first, last, i;
+	uint64_t dict_bytes = 0;
 	int ret;
 
+	/* sized from the blocks, so the arena is not grown (a grown
+	   buffer is zero-filled to twice the size it needs) */
+	seg_field_blocks(seg, field_char, &first, &last);
+	blocks = array_front(&seg->sparse);
+	for (i = first; i < last; i++)
+		dict_bytes += blocks[i].size;
 	arena = i_new(struct seg_arena, 1);
 	arena->field_char = field_char;
-	arena->text = buffer_create_dynamic(default_pool, 4096);
-	i_array_init(&arena->terms, 256);
+	arena->text = buffer_create_dynamic(default_pool,
+		I_MAX(dict_bytes * ARENA_TEXT_PER_DICT_BYTE, 64));
+	i_array_init(&arena->terms, I_MAX((last - first) * SEG_BLOCK_TERMS, 1));
 	iter = casidx_segment_iter_init(seg, &field_char, 1);
 	while ((ret = casidx_segment_iter_next(iter, &e)) > 0) {
 		t = array_append_space(&arena->terms);
