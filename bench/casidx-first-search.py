@@ -64,7 +64,7 @@ def proc_stat(pid):
 
 def doveadm_search_rusage(dc, key, value):
     """doveadm search under wait4() for its rusage."""
-    argv = dc.doveadm_command("-o", "mail_debug=yes", "search", "-u",
+    argv = dc.doveadm_command("-D", "search", "-u",
                               fts.USER, "mailbox", "INBOX", key, value)
     out_path = os.path.join(dc.tmp, "first-search.out")
     err_path = os.path.join(dc.tmp, "first-search.err")
@@ -145,7 +145,7 @@ def main():
                                    ru.ru_minflt, ru.ru_maxrss / 1024,
                                    iuids, ims, icpu * 1000, iflt))
                     for line in err.splitlines():
-                        m = re.search(r"segments opened: .*", line)
+                        m = re.search(r"(segments opened: .*|lookup of .*)", line)
                         if m:
                             print("    " + m.group(0))
                     sys.stdout.flush()
