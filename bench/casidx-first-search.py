@@ -145,7 +145,8 @@ def main():
                                    ru.ru_minflt, ru.ru_maxrss / 1024,
                                    iuids, ims, icpu * 1000, iflt))
                     for line in err.splitlines():
-                        m = re.search(r"(segments opened: .*|lookup of .*)", line)
+                        m = re.search(r"(segments opened: .*|"
+                                      r"lookup of .*)", line)
                         if m:
                             print("    " + m.group(0))
                     sys.stdout.flush()

@@ -1304,6 +1304,7 @@ static void check_open_stats(struct casidx_index *reader)
 	ck_assert_uint_eq(st.segments_opened, count);
 	ck_assert_uint_eq(st.file_bytes, seg_files_size());
 	ck_assert_uint_eq(st.image_bytes, image);
+	ck_assert_uint_eq(st.terms_total, terms);
 	/* exact and prefix lookups read blocks, decode nothing */
 	ck_assert_uint_eq(st.terms_decoded, 0);
 	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "or",

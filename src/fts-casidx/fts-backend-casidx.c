@@ -1236,9 +1236,10 @@ static void casidx_lookup_stats_debug(struct casidx_fts_backend *backend,
 	casidx_index_get_stats(index, &st);
 	e_debug(backend->event, "%s: segments opened: %u (%"PRIu64" file "
 		"bytes, %"PRIu64" image bytes), dictionary terms decoded: "
-		"%"PRIu64", with signatures: %"PRIu64,
+		"%"PRIu64" of %"PRIu64", with signatures: %"PRIu64,
 		mailbox_get_vname(box), st.segments_opened, st.file_bytes,
-		st.image_bytes, st.terms_decoded, st.terms_signed);
+		st.image_bytes, st.terms_decoded, st.terms_total,
+		st.terms_signed);
 }
 
 static int

@@ -736,6 +736,7 @@ void casidx_index_get_stats(const struct casidx_index *index,
 		casidx_segment_get_arena_stats(os->seg, &decoded, &sig);
 		stats_r->terms_decoded += decoded;
 		stats_r->terms_signed += sig;
+		stats_r->terms_total += casidx_segment_term_count(os->seg);
 	}
 }
 

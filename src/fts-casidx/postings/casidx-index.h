@@ -133,8 +133,9 @@ struct casidx_index_stats {
 	uint64_t file_bytes, image_bytes;
 	/* dictionary terms of the snapshot's segments that lookups have
 	   decoded into memory, and how many of them have trigram
-	   signatures (casidx_segment_find_substring()) */
-	uint64_t terms_decoded, terms_signed;
+	   signatures (casidx_segment_find_substring()), out of
+	   terms_total */
+	uint64_t terms_decoded, terms_signed, terms_total;
 };
 /* What the index has read so far (for debug logging and tests). */
 void casidx_index_get_stats(const struct casidx_index *index,
