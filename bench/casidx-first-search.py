@@ -9,9 +9,11 @@ each --build in turn (the fts-casidx plugin's symlink in the instance's
 module dir is pointed at that build; the index is the same), runs each
 search:
 
-  doveadm  a fresh `doveadm search -u USER mailbox INBOX KEY VALUE`:
-           wall, user+sys CPU, minor page faults and peak RSS of the
-           process (wait4() rusage)
+  doveadm  a fresh `doveadm -D search -u USER mailbox INBOX KEY VALUE`:
+           wall, user+sys CPU and minor page faults of the process
+           (wait4() rusage; not its peak RSS, which a child forked from
+           this Python process, holding the corpus, inherits: use
+           /usr/bin/time -f %M on doveadm itself for that)
   imap     a fresh IMAP login, SELECT, then the timed UID SEARCH: wall
            of the SEARCH, and the imap process's minor faults and CPU
            from /proc before LOGOUT (login and SELECT included)
@@ -128,7 +130,7 @@ def main():
                 c.append("INBOX", messages[i:i + 100])
         dc.doveadm("index", "-u", fts.USER, "INBOX")
         print("%d messages, casidx sealed; per run and build: doveadm "
-              "search (wall ms, CPU ms, minflt, maxrss MB) | fresh IMAP "
+              "search (wall ms, CPU ms, minflt) | fresh IMAP "
               "login (SEARCH wall ms, imap CPU ms, minflt)" % len(messages))
         for run in range(args.runs):
             for bi, build in enumerate(args.build):
@@ -138,11 +140,11 @@ def main():
                     ims, iuids, iflt, icpu = imap_first_search(dc, key,
                                                                value)
                     print("run %d build %d %-7s %-10s doveadm %4d hits "
-                          "%7.1f ms cpu %6.1f ms minflt %6d rss %5.1f MB "
+                          "%7.1f ms cpu %6.1f ms minflt %6d "
                           "| imap %4d uids %7.1f ms cpu %6.1f ms minflt "
                           "%6d" % (run, bi, key, value, n, ms,
                                    (ru.ru_utime + ru.ru_stime) * 1000,
-                                   ru.ru_minflt, ru.ru_maxrss / 1024,
+                                   ru.ru_minflt,
                                    iuids, ims, icpu * 1000, iflt))
                     for line in err.splitlines():
                         m = re.search(r"(segments opened: .*|"
