@@ -108,6 +108,10 @@ def main():
                     "(repeat; alternated in this order)")
     ap.add_argument("-s", "--search", action="append", default=[],
                     help="KEY:value (e.g. BODY:the); default a mix")
+    ap.add_argument("--imap-first", action="store_true",
+                    help="the IMAP search before the doveadm one (the "
+                    "instance's very first search is then an IMAP one, "
+                    "as in bench/fts.py)")
     args = ap.parse_args()
     searches = ([tuple(s.split(":", 1)) for s in args.search]
                 or DEFAULT_SEARCHES)
@@ -136,9 +140,13 @@ def main():
             for bi, build in enumerate(args.build):
                 use_build(dc, build)
                 for key, value in searches:
+                    if args.imap_first:
+                        ims, iuids, iflt, icpu = imap_first_search(
+                            dc, key, value)
                     ms, n, ru, err = doveadm_search_rusage(dc, key, value)
-                    ims, iuids, iflt, icpu = imap_first_search(dc, key,
-                                                               value)
+                    if not args.imap_first:
+                        ims, iuids, iflt, icpu = imap_first_search(
+                            dc, key, value)
                     print("run %d build %d %-7s %-10s doveadm %4d hits "
                           "%7.1f ms cpu %6.1f ms minflt %6d "
                           "| imap %4d uids %7.1f ms cpu %6.1f ms minflt "
