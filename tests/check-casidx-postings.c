@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <dirent.h>
 #include <zstd.h>
@@ -941,6 +942,148 @@ START_TEST(test_substring_lookup_matches_scan)
 }
 END_TEST
 
+/* The dictionary is decoded one key namespace at a time
+   (casidx_segment_find_substring()): terms in every namespace a
+   segment has (fields, raw addresses, dtgrams), several dictionary
+   blocks each, some namespaces empty. Every lookup in every namespace
+   returns what a plain iteration of that namespace finds, whichever
+   namespace was decoded first; a namespace's first lookup decodes its
+   terms only, and the signatures are built by the first needle of 3
+   bytes or more. */
+static const char test_ns_chars[] = "012356789:ACDG";
+
+static unsigned int test_ns_scan(struct casidx_segment *seg,
+				 unsigned char ns, const char *needle,
+				 size_t len, string_t *want)
+{
+	struct casidx_segment_iter *it;
+	const struct casidx_term_entry *e;
+	const char *error;
+	unsigned int n = 0;
+
+	it = casidx_segment_iter_init(seg, &ns, 1);
+	while (casidx_segment_iter_next(it, &e) > 0) {
+		n++;
+		if (needle == NULL ||
+		    (e->key_len > 1 && has_substring(e->key + 1,
+						     e->key_len - 1,
+						     needle, len))) {
+			str_append_data(want, e->key, e->key_len);
+			str_append_c(want, ' ');
+		}
+	}
+	ck_assert_int_eq(casidx_segment_iter_deinit(&it, &error), 0);
+	return n;
+}
+
+static bool test_select_all(const unsigned char *term ATTR_UNUSED,
+			    size_t term_len ATTR_UNUSED,
+			    void *context ATTR_UNUSED)
+{
+	return TRUE;
+}
+
+START_TEST(test_namespace_arenas)
+{
+	static const char *const needles[] = {
+		"a", "ab", "abc", "e1", "the", "q", "zz", "4-", "xyz"
+	};
+	struct casidx_builder *b = casidx_builder_create();
+	struct casidx_segment *seg;
+	buffer_t *out = buffer_create_dynamic(default_pool, 1 << 16);
+	string_t *got = str_new(default_pool, 4096);
+	string_t *want = str_new(default_pool, 4096);
+	unsigned int ns_terms[sizeof(test_ns_chars)];
+	unsigned int i, j, k, len, decoded, sig, total_decoded;
+	const char *alphabet = "abcdehqtxyz0124-";
+	const char *error;
+	unsigned char key[24];
+
+	test_rng_state = 99;
+	casidx_builder_add_doc(b, 1);
+	for (i = 0; i < 3000; i++) {
+		/* namespace 'G' (last) gets few terms: one block */
+		k = i % (sizeof(test_ns_chars) - 1);
+		if (test_ns_chars[k] == 'G' && i > 100)
+			continue;
+		key[0] = test_ns_chars[k];
+		len = 1 + test_rng() % 12;
+		for (j = 0; j < len; j++)
+			key[1 + j] = alphabet[test_rng() % 16];
+		casidx_builder_add_key(b, key, len + 1, CASIDX_POS_NONE);
+	}
+	casidx_builder_serialize(b, out);
+	casidx_builder_destroy(&b);
+	ck_assert_int_eq(casidx_segment_open_buf(out->data, out->used, &seg,
+						 &error), 1);
+	/* the namespace with no terms ('4', between '3' and '5') */
+	ck_assert_int_eq(casidx_segment_find_substring(seg, '4', "a", 1,
+		collect_key_cb, got, &error), 0);
+	ck_assert_int_eq(str_len(got), 0);
+
+	/* the last namespace first, then the others from the back */
+	total_decoded = 0;
+	for (k = sizeof(test_ns_chars) - 1; k-- > 0; ) {
+		unsigned char ns = test_ns_chars[k];
+
+		str_truncate(want, 0);
+		ns_terms[k] = test_ns_scan(seg, ns, NULL, 0, want);
+		ck_assert_uint_gt(ns_terms[k], 0);
+		/* a 2-byte needle decodes the namespace, signs nothing */
+		str_truncate(got, 0);
+		str_truncate(want, 0);
+		(void)test_ns_scan(seg, ns, "ab", 2, want);
+		ck_assert_int_ge(casidx_segment_find_substring(seg, ns,
+			"ab", 2, collect_key_cb, got, &error), 0);
+		ck_assert_str_eq(str_c(got), str_c(want));
+		casidx_segment_get_arena_stats(seg, &decoded, &sig);
+		total_decoded += ns_terms[k];
+		ck_assert_uint_eq(decoded, total_decoded);
+		ck_assert_uint_eq(sig, total_decoded - ns_terms[k]);
+		/* a 3-byte one signs it */
+		str_truncate(got, 0);
+		str_truncate(want, 0);
+		(void)test_ns_scan(seg, ns, "abc", 3, want);
+		ck_assert_int_ge(casidx_segment_find_substring(seg, ns,
+			"abc", 3, collect_key_cb, got, &error), 0);
+		ck_assert_str_eq(str_c(got), str_c(want));
+		casidx_segment_get_arena_stats(seg, &decoded, &sig);
+		ck_assert_uint_eq(decoded, total_decoded);
+		ck_assert_uint_eq(sig, total_decoded);
+	}
+	ck_assert_uint_eq(total_decoded, casidx_segment_term_count(seg));
+	/* every needle in every namespace, and find_terms() */
+	for (k = 0; k + 1 < sizeof(test_ns_chars); k++) {
+		unsigned char ns = test_ns_chars[k];
+
+		for (i = 0; i < N_ELEMENTS(needles); i++) {
+			str_truncate(got, 0);
+			str_truncate(want, 0);
+			(void)test_ns_scan(seg, ns, needles[i],
+					   strlen(needles[i]), want);
+			ck_assert_int_ge(casidx_segment_find_substring(seg,
+				ns, needles[i], strlen(needles[i]),
+				collect_key_cb, got, &error), 0);
+			ck_assert_msg(strcmp(str_c(got), str_c(want)) == 0,
+				      "'%c' '%s': got %s, want %s", ns,
+				      needles[i], str_c(got), str_c(want));
+		}
+		str_truncate(got, 0);
+		str_truncate(want, 0);
+		(void)test_ns_scan(seg, ns, NULL, 0, want);
+		ck_assert_int_eq(casidx_segment_find_terms(seg, ns,
+			test_select_all, NULL, collect_key_cb, got, &error), 1);
+		ck_assert_str_eq(str_c(got), str_c(want));
+	}
+	casidx_segment_get_arena_stats(seg, &decoded, &sig);
+	ck_assert_uint_eq(decoded, casidx_segment_term_count(seg));
+	casidx_segment_close(&seg);
+	buffer_free(&out);
+	str_free(&got);
+	str_free(&want);
+}
+END_TEST
+
 /* The signatures themselves: a block is a candidate whenever one of
    its terms contains the needle, and a needle none contains rules out
    most blocks (the bits of three trigrams rarely all collide). */
@@ -1120,6 +1263,66 @@ static unsigned int count_seg_files(void)
 	}
 	(void)closedir(dir);
 	return n;
+}
+
+/* total size of the seg-*.cxs files in the index directory */
+static uint64_t seg_files_size(void)
+{
+	struct dirent *d;
+	struct stat st;
+	uint64_t size = 0;
+	DIR *dir = opendir(test_dir);
+
+	ck_assert_ptr_ne(dir, NULL);
+	while ((d = readdir(dir)) != NULL) {
+		if (strncmp(d->d_name, "seg-", 4) != 0)
+			continue;
+		ck_assert_int_eq(stat(t_strdup_printf("%s/%s", test_dir,
+						      d->d_name), &st), 0);
+		size += st.st_size;
+	}
+	(void)closedir(dir);
+	return size;
+}
+
+/* casidx_index_get_stats() of a reader: what it opened (the sealed
+   files from their mappings) and, after lookups, what they decoded. */
+static void check_open_stats(struct casidx_index *reader)
+{
+	struct casidx_index_stats st;
+	struct casidx_segment **segs;
+	unsigned int i, count, terms = 0;
+	uint64_t image = 0;
+
+	count = casidx_index_get_open_segments(reader, &segs);
+	ck_assert_uint_gt(count, 1);
+	for (i = 0; i < count; i++) {
+		image += casidx_segment_get_size(segs[i]);
+		terms += casidx_segment_term_count(segs[i]);
+	}
+	casidx_index_get_stats(reader, &st);
+	ck_assert_uint_eq(st.segments_opened, count);
+	ck_assert_uint_eq(st.file_bytes, seg_files_size());
+	ck_assert_uint_eq(st.image_bytes, image);
+	ck_assert_uint_eq(st.terms_total, terms);
+	/* exact and prefix lookups read blocks, decode nothing */
+	ck_assert_uint_eq(st.terms_decoded, 0);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "or",
+				     CASIDX_MATCH_SUBSTRING, NULL), 32);
+	casidx_index_get_stats(reader, &st);
+	ck_assert_uint_eq(st.terms_decoded, terms);
+	ck_assert_uint_eq(st.terms_signed, 0);
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "ord",
+				     CASIDX_MATCH_SUBSTRING, NULL), 32);
+	casidx_index_get_stats(reader, &st);
+	ck_assert_uint_eq(st.terms_decoded, terms);
+	ck_assert_uint_eq(st.terms_signed, terms);
+	/* a field with no terms decodes none */
+	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_SUBJECT, "ord",
+				     CASIDX_MATCH_SUBSTRING, NULL), 0);
+	casidx_index_get_stats(reader, &st);
+	ck_assert_uint_eq(st.terms_decoded, terms);
+	ck_assert_uint_eq(st.segments_opened, count);
 }
 
 static const struct casidx_index_settings test_set = {
@@ -1827,6 +2030,7 @@ START_TEST(test_index_encrypted)
 				     CASIDX_MATCH_EXACT, NULL), 32);
 	ck_assert_uint_eq(scan_count(reader, CASIDX_FIELD_BODY, "word3",
 				     CASIDX_MATCH_PREFIX, NULL), 9);
+	check_open_stats(reader);
 	casidx_index_deinit(&reader);
 
 	/* other key, other mailbox, no key: corrupted (= rebuild) */
@@ -1973,6 +2177,7 @@ int main(void)
 	tcase_add_test(tc, test_segment_every_byte_flip_rejected);
 	tcase_add_test(tc, test_builder_long_and_nul_terms);
 	tcase_add_test(tc, test_substring_lookup_matches_scan);
+	tcase_add_test(tc, test_namespace_arenas);
 	tcase_add_test(tc, test_termsig_candidates);
 	tcase_add_test(tc, test_sealed_segment_roundtrip);
 	tcase_add_test(tc, test_sealed_v2_hostile_frames);

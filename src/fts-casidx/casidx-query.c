@@ -924,6 +924,25 @@ static bool phrase_words_excludable(char *const *words, unsigned int count)
 	return TRUE;
 }
 
+/* casidx_index_scan() of token in every field of mask (key
+   namespaces < CASIDX_FIELD_SPACE_COUNT), in field order. */
+static int scan_fields(struct casidx_index *index, unsigned int mask,
+		       const char *token, size_t token_len,
+		       enum casidx_match match,
+		       casidx_index_term_callback_t *callback, void *context,
+		       const char **error_r)
+{
+	enum casidx_field field;
+
+	for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
+		if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
+		    casidx_index_scan(index, field, token, token_len, match,
+				      callback, context, error_r) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 struct phrase_other_ctx {
 	struct phrase_word_ctx word;
 	roaring_bitmap_t *docs;
@@ -960,7 +979,6 @@ static int phrase_other_docs(struct casidx_index *index, const char *word,
 			     const char **error_r)
 {
 	struct phrase_other_ctx ctx;
-	enum casidx_field field;
 
 	i_zero(&ctx);
 	ctx.word.word = word;
@@ -968,14 +986,11 @@ static int phrase_other_docs(struct casidx_index *index, const char *word,
 	ctx.word.idx = idx;
 	ctx.word.count = count;
 	ctx.docs = bitmap_create();
-	for (field = 0; field < CASIDX_FIELD_SPACE_COUNT; field++) {
-		if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
-		    casidx_index_scan(index, field, word, ctx.word.len,
-				      CASIDX_MATCH_SUBSTRING, phrase_other_cb,
-				      &ctx, error_r) < 0) {
-			roaring_bitmap_free(ctx.docs);
-			return -1;
-		}
+	if (scan_fields(index, mask, word, ctx.word.len,
+			CASIDX_MATCH_SUBSTRING, phrase_other_cb, &ctx,
+			error_r) < 0) {
+		roaring_bitmap_free(ctx.docs);
+		return -1;
 	}
 	*docs_r = ctx.docs;
 	return 0;
@@ -1249,7 +1264,6 @@ static int punct_folded_docs(struct casidx_index *index, const char *value,
 {
 	size_t len = strlen(value), i, a, b, k;
 	char term[CASIDX_TOKEN_WINDOW_SAFE + 2];
-	enum casidx_field field;
 
 	term[0] = CASIDX_TERM_FOLDED_PREFIX;
 	for (i = 0; i < len; i++) {
@@ -1267,29 +1281,19 @@ static int punct_folded_docs(struct casidx_index *index, const char *value,
 			k++;
 		for (; a < i; a++) {
 			memcpy(term + 1, value + a, i - a);
-			for (field = 0; field < CASIDX_FIELD_SPACE_COUNT;
-			     field++) {
-				if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
-				    casidx_index_scan(index, field, term,
-						      i - a + 1,
-						      CASIDX_MATCH_EXACT,
-						      casidx_index_or_docs_cb,
-						      docs, error_r) < 0)
-					return -1;
-			}
+			if (scan_fields(index, mask, term, i - a + 1,
+					CASIDX_MATCH_EXACT,
+					casidx_index_or_docs_cb, docs,
+					error_r) < 0)
+				return -1;
 		}
 		for (; k > b; k--) {
 			memcpy(term + 1, value + b, k - b);
-			for (field = 0; field < CASIDX_FIELD_SPACE_COUNT;
-			     field++) {
-				if ((mask & CASIDX_FIELD_MASK(field)) != 0 &&
-				    casidx_index_scan(index, field, term,
-						      k - b + 1,
-						      CASIDX_MATCH_EXACT,
-						      casidx_index_or_docs_cb,
-						      docs, error_r) < 0)
-					return -1;
-			}
+			if (scan_fields(index, mask, term, k - b + 1,
+					CASIDX_MATCH_EXACT,
+					casidx_index_or_docs_cb, docs,
+					error_r) < 0)
+				return -1;
 		}
 	}
 	return 0;

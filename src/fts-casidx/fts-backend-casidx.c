@@ -1323,6 +1323,24 @@ static void casidx_add_scores(const struct casidx_query_result *qres,
 
 /* Returns 1 answered, 0 not (the index was damaged and is dropped:
    Dovecot answers the search itself), -1 error. */
+/* What the index has read so far in this process (cumulative): the
+   cost of a session's first search is in its segment opens and
+   dictionary decoding (doc/casidx-format.md, "Reading"). */
+static void casidx_lookup_stats_debug(struct casidx_fts_backend *backend,
+				      struct mailbox *box,
+				      const struct casidx_index *index)
+{
+	struct casidx_index_stats st;
+
+	casidx_index_get_stats(index, &st);
+	e_debug(backend->event, "%s: segments opened: %u (%"PRIu64" file "
+		"bytes, %"PRIu64" image bytes), dictionary terms decoded: "
+		"%"PRIu64" of %"PRIu64", with signatures: %"PRIu64,
+		mailbox_get_vname(box), st.segments_opened, st.file_bytes,
+		st.image_bytes, st.terms_decoded, st.terms_total,
+		st.terms_signed);
+}
+
 static int
 casidx_lookup_eval(struct casidx_fts_backend *backend, struct mailbox *box,
 		   const struct casidx_query_leaf *leaves,
@@ -1338,8 +1356,10 @@ casidx_lookup_eval(struct casidx_fts_backend *backend, struct mailbox *box,
 	}
 	if (casidx_query_eval(index, backend->tok, leaves, leaf_count,
 			      (flags & FTS_LOOKUP_FLAG_AND_ARGS) != 0,
-			      qres_r, error_r) == 0)
+			      qres_r, error_r) == 0) {
+		casidx_lookup_stats_debug(backend, box, index);
 		return 1;
+	}
 	if (!casidx_index_is_corrupted(index)) {
 		e_error(backend->event, "%s: lookup failed: %s",
 			mailbox_get_vname(box), *error_r);

@@ -167,14 +167,14 @@ static int crypt_decompress(const unsigned char *z, size_t zsize,
 	return 0;
 }
 
-int casidx_crypt_open(const struct cas_keyring *keyring,
-		      const char *box_guid, const char *file_name,
-		      const void *data, size_t size, buffer_t **plain_r,
-		      const char **error_r)
+int casidx_crypt_open_scratch(const struct cas_keyring *keyring,
+			      const char *box_guid, const char *file_name,
+			      const void *data, size_t size, buffer_t *z,
+			      buffer_t **plain_r, const char **error_r)
 {
 	const unsigned char *p = data;
 	size_t header_size;
-	buffer_t *aad, *z;
+	buffer_t *aad;
 	const char *error;
 	uint32_t version;
 	int ret;
@@ -189,23 +189,40 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		return -1;
 	}
 	aad = crypt_aad(box_guid, file_name, p, header_size);
-	z = buffer_create_dynamic(default_pool, size - header_size -
-				  CASIDX_CRYPT_SEAL_OVERHEAD + 1);
+	buffer_set_used_size(z, 0);
 	ret = cas_record_open(keyring, aad->data, aad->used,
 			      p + header_size, size - header_size, z, &error);
 	if (ret < 0) {
 		*error_r = "sealed file: authentication failed "
 			"(wrong key, moved or tampered)";
 	} else if (version == CASIDX_CRYPT_VERSION_PLAIN) {
-		*plain_r = z;
-		return 1;
+		/* the image itself: a copy of exactly its size */
+		*plain_r = buffer_create_dynamic(default_pool,
+						 I_MAX(z->used, 1));
+		buffer_append_buf(*plain_r, z, 0, SIZE_MAX);
 	} else {
 		ret = crypt_decompress(z->data, z->used, get_u64(p + 12),
 				       plain_r, error_r);
 	}
 	safe_memset(buffer_get_modifiable_data(z, NULL), 0, z->used);
-	buffer_free(&z);
+	buffer_set_used_size(z, 0);
 	return ret < 0 ? -1 : 1;
+}
+
+int casidx_crypt_open(const struct cas_keyring *keyring,
+		      const char *box_guid, const char *file_name,
+		      const void *data, size_t size, buffer_t **plain_r,
+		      const char **error_r)
+{
+	buffer_t *z;
+	int ret;
+
+	/* the file's size: more than the plaintext of either version */
+	z = buffer_create_dynamic(default_pool, I_MAX(size, 1));
+	ret = casidx_crypt_open_scratch(keyring, box_guid, file_name, data,
+					size, z, plain_r, error_r);
+	buffer_free(&z);
+	return ret;
 }
 
 int casidx_crypt_image_size(const void *header, size_t size,

@@ -62,6 +62,15 @@ int casidx_crypt_open(const struct cas_keyring *keyring,
 		      const char *box_guid, const char *file_name,
 		      const void *data, size_t size, buffer_t **plain_r,
 		      const char **error_r);
+/* casidx_crypt_open() with the decrypted (still compressed) bytes of a
+   version-2 file in scratch instead of a buffer of its own: a caller
+   opening several files reuses the same memory (page faults once; a
+   version-1 file's image is copied out of it). scratch is emptied and
+   wiped before this returns. */
+int casidx_crypt_open_scratch(const struct cas_keyring *keyring,
+			      const char *box_guid, const char *file_name,
+			      const void *data, size_t size, buffer_t *scratch,
+			      buffer_t **plain_r, const char **error_r);
 
 /* The image size of a sealed file from its first bytes (header, size
    bytes of them; 20 are enough) and its file size, without the key: the

@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #define MANIFEST_NAME "manifest"
@@ -65,6 +66,12 @@ struct casidx_index {
 	bool old_format;
 	struct manifest manifest;
 	ARRAY(struct open_segment) segments;
+	/* during index_open_segments(): the decrypted bytes of one sealed
+	   segment after another (casidx_crypt_open_scratch()) */
+	buffer_t *open_scratch;
+	/* casidx_index_get_stats(): the segments the refreshes opened */
+	unsigned int stat_segments_opened;
+	uint64_t stat_file_bytes, stat_image_bytes;
 };
 
 struct casidx_index_writer {
@@ -377,6 +384,84 @@ static int read_file(const char *path, buffer_t **buf_r,
 	return 1;
 }
 
+/* Map a whole file read-only (*data_r = NULL for an empty one).
+   Returns 1, 0 if missing, -1. Segment files are never changed in
+   place (written to a temporary file and renamed), so the mapping
+   cannot shrink under its reader. */
+static int map_file(const char *path, void **data_r, size_t *size_r,
+		    const char **error_r)
+{
+	struct stat st;
+	int fd;
+
+	*data_r = NULL;
+	*size_r = 0;
+	fd = open(path, O_RDONLY);
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0;
+		*error_r = t_strdup_printf("open(%s) failed: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) < 0) {
+		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
+		i_close_fd(&fd);
+		return -1;
+	}
+	if (st.st_size > 0) {
+		*data_r = mmap(NULL, st.st_size, PROT_READ,
+			       MAP_PRIVATE | MAP_POPULATE, fd, 0);
+		if (*data_r == MAP_FAILED) {
+			*data_r = NULL;
+			*error_r = t_strdup_printf("mmap(%s) failed: %m",
+						   path);
+			i_close_fd(&fd);
+			return -1;
+		}
+		*size_r = st.st_size;
+	}
+	i_close_fd(&fd);
+	return 1;
+}
+
+/* Open a sealed segment: verified, decrypted and decompressed from a
+   read-only mapping of the file (a read() into the heap cost a copy
+   and a page fault per 4 kB, for bytes needed only until the image is
+   out). Returns as casidx_segment_open(). */
+static int index_seg_open_sealed(struct casidx_index *index, uint32_t id,
+				 const char *path,
+				 struct casidx_segment **seg_r,
+				 bool *corrupted_r, const char **error_r)
+{
+	buffer_t *plain;
+	void *sealed;
+	size_t size;
+	int ret;
+
+	if ((ret = map_file(path, &sealed, &size, error_r)) <= 0)
+		return ret;
+	if (index->open_scratch == NULL) {
+		index->open_scratch =
+			buffer_create_dynamic(default_pool, I_MAX(size, 1));
+	}
+	ret = casidx_crypt_open_scratch(index->keyring, index->box_guid,
+					seg_name(id),
+					sealed == NULL ? "" : sealed, size,
+					index->open_scratch, &plain, error_r);
+	if (sealed != NULL && munmap(sealed, size) < 0)
+		i_panic("munmap(%s) failed: %m", path);
+	if (ret > 0) {
+		index->stat_file_bytes += size;
+		index->stat_image_bytes += plain->used;
+		ret = casidx_segment_open_owned(&plain, seg_r, error_r);
+	}
+	if (ret < 0) {
+		*corrupted_r = TRUE;
+		*error_r = t_strdup_printf("%s: %s", path, *error_r);
+	}
+	return ret;
+}
+
 /* Open segment id: mmapped, or read, verified and decrypted when the
    index is encrypted. Returns as casidx_segment_open(). */
 static int index_seg_open(struct casidx_index *index, uint32_t id,
@@ -384,23 +469,23 @@ static int index_seg_open(struct casidx_index *index, uint32_t id,
 			  const char **error_r)
 {
 	const char *path = seg_path(index, id);
-	buffer_t *sealed, *plain;
 	int ret;
 
-	if (index->keyring == NULL)
-		return casidx_segment_open(path, seg_r, corrupted_r, error_r);
 	*corrupted_r = FALSE;
-	if ((ret = read_file(path, &sealed, error_r)) <= 0)
-		return ret;
-	ret = casidx_crypt_open(index->keyring, index->box_guid, seg_name(id),
-				sealed->data, sealed->used, &plain, error_r);
-	buffer_free(&sealed);
-	if (ret > 0)
-		ret = casidx_segment_open_owned(&plain, seg_r, error_r);
-	if (ret < 0) {
-		*corrupted_r = TRUE;
-		*error_r = t_strdup_printf("%s: %s", path, *error_r);
+	if (index->keyring != NULL) {
+		ret = index_seg_open_sealed(index, id, path, seg_r,
+					    corrupted_r, error_r);
+	} else {
+		ret = casidx_segment_open(path, seg_r, corrupted_r, error_r);
+		if (ret > 0) {
+			index->stat_file_bytes +=
+				casidx_segment_get_size(*seg_r);
+			index->stat_image_bytes +=
+				casidx_segment_get_size(*seg_r);
+		}
 	}
+	if (ret > 0)
+		index->stat_segments_opened++;
 	return ret;
 }
 
@@ -483,7 +568,7 @@ index_find_open(struct casidx_index *index, uint32_t id)
 }
 
 /* Open every segment of m; 0 if one vanished (concurrent merge). */
-static int index_open_segments(struct casidx_index *index,
+static int index_open_segments_scratch(struct casidx_index *index,
 			       const struct manifest *m,
 			       struct open_segment **segs_r,
 			       const char **error_r)
@@ -528,6 +613,20 @@ static int index_open_segments(struct casidx_index *index,
 	}
 	*segs_r = segs;
 	return 1;
+}
+
+static int index_open_segments(struct casidx_index *index,
+			       const struct manifest *m,
+			       struct open_segment **segs_r,
+			       const char **error_r)
+{
+	int ret;
+
+	ret = index_open_segments_scratch(index, m, segs_r, error_r);
+	/* casidx_crypt_open_scratch() left it wiped */
+	if (index->open_scratch != NULL)
+		buffer_free(&index->open_scratch);
+	return ret;
 }
 
 static void index_set_snapshot(struct casidx_index *index,
@@ -621,6 +720,24 @@ static int index_reload_manifest(struct casidx_index *index,
 	manifest_move(&index->manifest, &m);
 	index->loaded = FALSE;
 	return 1;
+}
+
+void casidx_index_get_stats(const struct casidx_index *index,
+			    struct casidx_index_stats *stats_r)
+{
+	const struct open_segment *os;
+	unsigned int decoded, sig;
+
+	i_zero(stats_r);
+	stats_r->segments_opened = index->stat_segments_opened;
+	stats_r->file_bytes = index->stat_file_bytes;
+	stats_r->image_bytes = index->stat_image_bytes;
+	array_foreach(&index->segments, os) {
+		casidx_segment_get_arena_stats(os->seg, &decoded, &sig);
+		stats_r->terms_decoded += decoded;
+		stats_r->terms_signed += sig;
+		stats_r->terms_total += casidx_segment_term_count(os->seg);
+	}
 }
 
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index)

@@ -126,6 +126,20 @@ bool casidx_index_is_corrupted(const struct casidx_index *index);
 /* TRUE if the corruption is an index written in an older format version
    (also is_corrupted): derived data, the caller rebuilds it. */
 bool casidx_index_is_old_format(const struct casidx_index *index);
+struct casidx_index_stats {
+	/* segment files the refreshes opened, their bytes on disk and
+	   their images (decrypted and decompressed when sealed) */
+	unsigned int segments_opened;
+	uint64_t file_bytes, image_bytes;
+	/* dictionary terms of the snapshot's segments that lookups have
+	   decoded into memory, and how many of them have trigram
+	   signatures (casidx_segment_find_substring()), out of
+	   terms_total */
+	uint64_t terms_decoded, terms_signed, terms_total;
+};
+/* What the index has read so far (for debug logging and tests). */
+void casidx_index_get_stats(const struct casidx_index *index,
+			    struct casidx_index_stats *stats_r);
 /* Highest committed UID of the current snapshot. */
 uint32_t casidx_index_get_last_uid(const struct casidx_index *index);
 /* UIDVALIDITY the snapshot's UIDs belong to, 0 if unknown. A caller

@@ -41,6 +41,9 @@
 #define SEG_VERSION_NO_POSITIONS 1
 #define SEG_HEADER_SIZE 16
 #define SEG_BLOCK_TERMS 16
+/* initial arena text size per byte of the namespace's dictionary blocks
+   (front-coded keys and postings ranges) */
+#define ARENA_TEXT_PER_DICT_BYTE 2
 
 /* Fuzzing builds may skip checksum verification to reach the parsers
    behind it; production builds never do. */
@@ -105,6 +108,18 @@ struct arena_term {
 	uint64_t post_off;
 };
 
+/* One key namespace (field char) of the dictionary, decoded for
+   casidx_segment_find_substring(): every key NUL-terminated in text,
+   entries in key order. */
+struct seg_arena {
+	unsigned char field_char;
+	buffer_t *text;
+	ARRAY(struct arena_term) terms;
+	/* trigram signatures of the terms (casidx-termsig.h), built by the
+	   first lookup of a needle they can narrow down */
+	struct casidx_termsig *termsig;
+};
+
 struct casidx_segment {
 	int fd;
 	void *mmap_base;
@@ -119,13 +134,10 @@ struct casidx_segment {
 	roaring_bitmap_t *docs;
 	const unsigned char *doclens;
 	ARRAY(struct sparse_entry) sparse;
-
-	/* casidx_segment_find_substring(): the dictionary decoded once,
-	   every key NUL-terminated in arena_text, entries in key order */
-	buffer_t *arena_text;
-	ARRAY(struct arena_term) arena_terms;
-	/* trigram signatures of the arena's terms (casidx-termsig.h) */
-	struct casidx_termsig *termsig;
+	/* the namespaces decoded so far, each by its first lookup: a
+	   session's searches read only their fields' terms */
+	ARRAY(struct seg_arena *) arenas;
+	unsigned int arena_terms_decoded, arena_terms_signed;
 };
 
 struct casidx_segment_iter {
@@ -1087,6 +1099,20 @@ int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
 	return 1;
 }
 
+static void seg_arena_free(struct seg_arena **_arena)
+{
+	struct seg_arena *arena = *_arena;
+
+	*_arena = NULL;
+	/* decrypted terms: do not leave them in freed memory */
+	safe_memset(buffer_get_modifiable_data(arena->text, NULL), 0,
+		    arena->text->used);
+	buffer_free(&arena->text);
+	array_free(&arena->terms);
+	casidx_termsig_free(&arena->termsig);
+	i_free(arena);
+}
+
 void casidx_segment_close(struct casidx_segment **_seg)
 {
 	struct casidx_segment *seg = *_seg;
@@ -1104,13 +1130,13 @@ void casidx_segment_close(struct casidx_segment **_seg)
 			    seg->owned->used);
 		buffer_free(&seg->owned);
 	}
-	if (seg->arena_text != NULL) {
-		safe_memset(buffer_get_modifiable_data(seg->arena_text, NULL),
-			    0, seg->arena_text->used);
-		buffer_free(&seg->arena_text);
-		array_free(&seg->arena_terms);
+	if (array_is_created(&seg->arenas)) {
+		struct seg_arena **arena;
+
+		array_foreach_modifiable(&seg->arenas, arena)
+			seg_arena_free(arena);
+		array_free(&seg->arenas);
 	}
-	casidx_termsig_free(&seg->termsig);
 	i_close_fd(&seg->fd);
 	array_free(&seg->sparse);
 	i_free(seg);
@@ -1139,6 +1165,11 @@ uint64_t casidx_segment_field_total(const struct casidx_segment *seg,
 {
 	i_assert(field < CASIDX_FIELD_COUNT);
 	return seg->footer[F_FIELD_TOTAL + field];
+}
+
+size_t casidx_segment_get_size(const struct casidx_segment *seg)
+{
+	return seg->size;
 }
 
 unsigned int casidx_segment_term_count(const struct casidx_segment *seg)
@@ -1509,86 +1540,145 @@ int casidx_segment_read_positions(struct casidx_segment *seg,
 	return 1;
 }
 
-static void seg_arena_build_termsig(struct casidx_segment *seg)
+static const struct casidx_termsig *
+seg_arena_get_termsig(struct casidx_segment *seg, struct seg_arena *arena)
 {
 	const struct arena_term *terms;
-	const unsigned char *text = seg->arena_text->data;
+	const unsigned char *text = arena->text->data;
 	unsigned int i, count;
 
-	terms = array_get(&seg->arena_terms, &count);
-	seg->termsig = casidx_termsig_create(count);
+	if (arena->termsig != NULL)
+		return arena->termsig;
+	terms = array_get(&arena->terms, &count);
+	arena->termsig = casidx_termsig_create(count);
 	for (i = 0; i < count; i++) {
 		/* the term after its field char */
-		casidx_termsig_add(seg->termsig, i, text + terms[i].key_off + 1,
+		casidx_termsig_add(arena->termsig, i,
+				   text + terms[i].key_off + 1,
 				   terms[i].key_len - 1);
 	}
+	seg->arena_terms_signed += count;
+	return arena->termsig;
 }
 
-/* Decode and verify the whole dictionary into the arena (once). */
-static int seg_arena_build(struct casidx_segment *seg, const char **error_r)
+/* The dictionary blocks that can hold keys of namespace field_char:
+   [*first_r, *last_r), from the sparse index (a block's first key and
+   the next block's). */
+static void seg_field_blocks(const struct casidx_segment *seg,
+			     unsigned char field_char, unsigned int *first_r,
+			     unsigned int *last_r)
 {
-	struct casidx_segment_iter *iter;
-	const struct casidx_term_entry *e;
-	struct arena_term *t;
-	int ret;
-
-	seg->arena_text = buffer_create_dynamic(default_pool,
-		I_MAX(seg->footer[F_DICT_LEN], 64));
-	i_array_init(&seg->arena_terms, I_MAX(seg->footer[F_NTERMS], 1));
-	iter = casidx_segment_iter_init(seg, NULL, 0);
-	while ((ret = casidx_segment_iter_next(iter, &e)) > 0) {
-		t = array_append_space(&seg->arena_terms);
-		t->key_off = seg->arena_text->used;
-		t->key_len = e->key_len;
-		t->df = e->df;
-		t->post_off = e->post_offset;
-		t->post_size = e->post_size;
-		buffer_append(seg->arena_text, e->key, e->key_len);
-		buffer_append_c(seg->arena_text, '\0');
-	}
-	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0) {
-		safe_memset(buffer_get_modifiable_data(seg->arena_text, NULL),
-			    0, seg->arena_text->used);
-		buffer_free(&seg->arena_text);
-		array_free(&seg->arena_terms);
-		return -1;
-	}
-	seg_arena_build_termsig(seg);
-	return 0;
-}
-
-/* First arena term whose key is >= (field_char, then anything) or, with
-   after=TRUE, whose first byte is > field_char. */
-static unsigned int seg_arena_field_bound(const struct casidx_segment *seg,
-					  unsigned char field_char, bool after)
-{
-	const struct arena_term *terms;
-	const unsigned char *text = seg->arena_text->data;
+	const struct sparse_entry *blocks;
 	unsigned int count, lo = 0, hi, mid;
 
-	terms = array_get(&seg->arena_terms, &count);
+	blocks = array_get(&seg->sparse, &count);
+	/* first block whose first key's char is >= field_char */
 	hi = count;
 	while (lo < hi) {
 		mid = (lo + hi) / 2;
-		if (text[terms[mid].key_off] < field_char ||
-		    (after && text[terms[mid].key_off] == field_char))
+		if (blocks[mid].key[0] < field_char)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	return lo;
+	*first_r = lo == 0 ? 0 : lo - 1;
+	/* first block whose first key's char is > field_char */
+	hi = count;
+	while (lo < hi) {
+		mid = (lo + hi) / 2;
+		if (blocks[mid].key[0] <= field_char)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*last_r = lo;
+}
+
+/* Decode and verify the dictionary blocks of namespace field_char into
+   a new arena. */
+static int seg_arena_build(struct casidx_segment *seg,
+			   unsigned char field_char,
+			   struct seg_arena **arena_r, const char **error_r)
+{
+	struct casidx_segment_iter *iter;
+	const struct casidx_term_entry *e;
+	const struct sparse_entry *blocks;
+	struct seg_arena *arena;
+	struct arena_term *t;
+	unsigned int first, last, i;
+	uint64_t dict_bytes = 0;
+	int ret;
+
+	/* sized from the blocks, so the arena is not grown (a grown
+	   buffer is zero-filled to twice the size it needs) */
+	seg_field_blocks(seg, field_char, &first, &last);
+	blocks = array_front(&seg->sparse);
+	for (i = first; i < last; i++)
+		dict_bytes += blocks[i].size;
+	arena = i_new(struct seg_arena, 1);
+	arena->field_char = field_char;
+	arena->text = buffer_create_dynamic(default_pool,
+		I_MAX(dict_bytes * ARENA_TEXT_PER_DICT_BYTE, 64));
+	i_array_init(&arena->terms, I_MAX((last - first) * SEG_BLOCK_TERMS, 1));
+	iter = casidx_segment_iter_init(seg, &field_char, 1);
+	while ((ret = casidx_segment_iter_next(iter, &e)) > 0) {
+		t = array_append_space(&arena->terms);
+		t->key_off = arena->text->used;
+		t->key_len = e->key_len;
+		t->df = e->df;
+		t->post_off = e->post_offset;
+		t->post_size = e->post_size;
+		buffer_append(arena->text, e->key, e->key_len);
+		buffer_append_c(arena->text, '\0');
+	}
+	if (casidx_segment_iter_deinit(&iter, error_r) < 0 || ret < 0) {
+		seg_arena_free(&arena);
+		return -1;
+	}
+	seg->arena_terms_decoded += array_count(&arena->terms);
+	*arena_r = arena;
+	return 0;
+}
+
+/* The decoded namespace field_char (decoded now if it was not). */
+static int seg_arena_get(struct casidx_segment *seg, unsigned char field_char,
+			 struct seg_arena **arena_r, const char **error_r)
+{
+	struct seg_arena *const *arenap;
+
+	if (!array_is_created(&seg->arenas))
+		i_array_init(&seg->arenas, 4);
+	array_foreach(&seg->arenas, arenap) {
+		if ((*arenap)->field_char == field_char) {
+			*arena_r = *arenap;
+			return 0;
+		}
+	}
+	if (seg_arena_build(seg, field_char, arena_r, error_r) < 0)
+		return -1;
+	array_push_back(&seg->arenas, arena_r);
+	return 0;
+}
+
+void casidx_segment_get_arena_stats(const struct casidx_segment *seg,
+				    unsigned int *terms_decoded_r,
+				    unsigned int *terms_signed_r)
+{
+	*terms_decoded_r = seg->arena_terms_decoded;
+	*terms_signed_r = seg->arena_terms_signed;
 }
 
 /* The memmem() scan of find_substring() over the terms first..last-1
-   of one field. */
-static int seg_arena_scan(struct casidx_segment *seg, unsigned int first,
+   of a namespace's arena. */
+static int seg_arena_scan(struct casidx_segment *seg,
+			  const struct seg_arena *arena, unsigned int first,
 			  unsigned int last, const void *token,
 			  size_t token_len,
 			  casidx_segment_entry_callback_t *callback,
 			  void *context, const char **error_r)
 {
-	const struct arena_term *terms = array_front(&seg->arena_terms), *t;
-	const unsigned char *text = seg->arena_text->data;
+	const struct arena_term *terms = array_front(&arena->terms), *t;
+	const unsigned char *text = arena->text->data;
 	const unsigned char *p, *end, *hit;
 	struct casidx_term_entry entry;
 	unsigned int lo, hi, mid;
@@ -1638,31 +1728,32 @@ int casidx_segment_find_substring(struct casidx_segment *seg,
 				  void *context, const char **error_r)
 {
 	ARRAY_TYPE(uint32_t) blocks;
+	struct seg_arena *arena;
 	const uint32_t *blk;
-	unsigned int first, last, b_first, b_last;
+	unsigned int count, b_first, b_last;
 	int ret, found = 0;
 
 	i_assert(token_len > 0);
-	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+	if (seg_arena_get(seg, field_char, &arena, error_r) < 0)
 		return -1;
-	first = seg_arena_field_bound(seg, field_char, FALSE);
-	last = seg_arena_field_bound(seg, field_char, TRUE);
-	if (first == last)
+	count = array_count(&arena->terms);
+	if (count == 0)
 		return 0;
+	if (token_len < CASIDX_TERMSIG_MIN_NEEDLE) {
+		return seg_arena_scan(seg, arena, 0, count, token, token_len,
+				      callback, context, error_r);
+	}
 	/* heap, not the data stack: callers' error strings must outlive
 	   this call */
 	i_array_init(&blocks, 64);
-	if (!casidx_termsig_candidates(seg->termsig, token, token_len,
-				       first, last, &blocks)) {
-		array_free(&blocks);
-		return seg_arena_scan(seg, first, last, token, token_len,
-				      callback, context, error_r);
-	}
+	if (!casidx_termsig_candidates(seg_arena_get_termsig(seg, arena),
+				       token, token_len, 0, count, &blocks))
+		i_unreached();
 	array_foreach(&blocks, blk) {
-		b_first = I_MAX(first, *blk * CASIDX_TERMSIG_BLOCK_TERMS);
-		b_last = I_MIN(last, (*blk + 1) * CASIDX_TERMSIG_BLOCK_TERMS);
-		ret = seg_arena_scan(seg, b_first, b_last, token, token_len,
-				     callback, context, error_r);
+		b_first = *blk * CASIDX_TERMSIG_BLOCK_TERMS;
+		b_last = I_MIN(count, b_first + CASIDX_TERMSIG_BLOCK_TERMS);
+		ret = seg_arena_scan(seg, arena, b_first, b_last, token,
+				     token_len, callback, context, error_r);
 		if (ret < 0) {
 			found = -1;
 			break;
@@ -1680,20 +1771,16 @@ int casidx_segment_find_terms(struct casidx_segment *seg,
 			      casidx_segment_entry_callback_t *callback,
 			      void *context, const char **error_r)
 {
-	const struct arena_term *terms, *t;
+	const struct arena_term *t;
 	const unsigned char *text;
 	struct casidx_term_entry entry;
-	unsigned int i, first, last;
+	struct seg_arena *arena;
 	int found = 0;
 
-	if (seg->arena_text == NULL && seg_arena_build(seg, error_r) < 0)
+	if (seg_arena_get(seg, field_char, &arena, error_r) < 0)
 		return -1;
-	first = seg_arena_field_bound(seg, field_char, FALSE);
-	last = seg_arena_field_bound(seg, field_char, TRUE);
-	terms = array_front(&seg->arena_terms);
-	text = seg->arena_text->data;
-	for (i = first; i < last; i++) {
-		t = &terms[i];
+	text = arena->text->data;
+	array_foreach(&arena->terms, t) {
 		if (!filter(text + t->key_off + 1, t->key_len - 1,
 			    filter_context))
 			continue;

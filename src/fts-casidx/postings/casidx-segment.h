@@ -187,6 +187,8 @@ uint32_t casidx_segment_doc_len(const struct casidx_segment *seg,
 uint64_t casidx_segment_field_total(const struct casidx_segment *seg,
 				    enum casidx_field field);
 unsigned int casidx_segment_term_count(const struct casidx_segment *seg);
+/* Size of the segment image in bytes. */
+size_t casidx_segment_get_size(const struct casidx_segment *seg);
 
 /* Iterate terms whose key starts with prefix, in key order. */
 struct casidx_segment_iter *
@@ -206,12 +208,14 @@ typedef int casidx_segment_entry_callback_t(struct casidx_segment *seg,
 					    void *context,
 					    const char **error_r);
 /* Every term of the field whose term (the key after the field char)
-   contains token, in key order. The first call decodes and verifies the
-   whole dictionary into memory (about its size plus 24 bytes a term,
-   kept until the segment is closed, wiped then), so the lookups of a
+   contains token, in key order. The first call for a field_char decodes
+   and verifies that namespace's dictionary blocks into memory (about
+   their size plus 24 bytes a term, kept until the segment is closed,
+   wiped then; other namespaces are left alone), so the lookups of a
    session are one memmem() over the field's terms instead of a decode
-   of every block. Returns 1 if any matched, 0 if none, -1 on error
-   (corruption or the callback's). */
+   of every block. The first needle of CASIDX_TERMSIG_MIN_NEEDLE bytes
+   or more builds the namespace's trigram signatures. Returns 1 if any
+   matched, 0 if none, -1 on error (corruption or the callback's). */
 int casidx_segment_find_substring(struct casidx_segment *seg,
 				  unsigned char field_char,
 				  const void *token, size_t token_len,
@@ -231,6 +235,12 @@ int casidx_segment_find_terms(struct casidx_segment *seg,
 			      void *filter_context,
 			      casidx_segment_entry_callback_t *callback,
 			      void *context, const char **error_r);
+/* How many dictionary terms the find functions have decoded into
+   memory so far, and how many of them have trigram signatures (for
+   statistics). */
+void casidx_segment_get_arena_stats(const struct casidx_segment *seg,
+				    unsigned int *terms_decoded_r,
+				    unsigned int *terms_signed_r);
 /* Read a term's postings: docs_r (caller frees with roaring_bitmap_free)
    and tfs_r with one term frequency per doc in bitmap order. */
 int casidx_segment_read_postings(struct casidx_segment *seg,
