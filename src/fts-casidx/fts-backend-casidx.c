@@ -1321,8 +1321,6 @@ static void casidx_add_scores(const struct casidx_query_result *qres,
 	result->scores_sorted = TRUE;
 }
 
-/* Returns 1 answered, 0 not (the index was damaged and is dropped:
-   Dovecot answers the search itself), -1 error. */
 /* What the index has read so far in this process (cumulative): the
    cost of a session's first search is in its segment opens and
    dictionary decoding (doc/casidx-format.md, "Reading"). */
@@ -1341,6 +1339,8 @@ static void casidx_lookup_stats_debug(struct casidx_fts_backend *backend,
 		st.terms_signed);
 }
 
+/* Returns 1 answered, 0 not (the index was damaged and is dropped:
+   Dovecot answers the search itself), -1 error. */
 static int
 casidx_lookup_eval(struct casidx_fts_backend *backend, struct mailbox *box,
 		   const struct casidx_query_leaf *leaves,
