@@ -1365,45 +1365,6 @@ static int casbox_gc_expire(struct casbox_gc *gc, const char **error_r)
 					  error_r);
 }
 
-static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
-{
-	struct casbox_store *store = gc->store;
-	int ret;
-
-	if (casbox_store_open_keys(store, error_r) < 0 ||
-	    casbox_gc_expire(gc, error_r) < 0)
-		return -1;
-	gc->packs = casbox_store_get_packs(store);
-	gc->keyring = casbox_store_get_keyring(store);
-	if (casbox_census_build(store, NULL, NULL, &gc->census,
-				error_r) < 0)
-		return -1;
-	gc->census->progress = casbox_admin_census_progress;
-	gc->census->progress_context = (void *)"gc";
-	ret = casbox_census_scan_packs(store, gc->census, NULL, NULL,
-				       error_r);
-	casbox_admin_progress_end();
-	if (ret < 0)
-		return -1;
-	p_array_init(&gc->candidates, gc->census->pool, 8);
-	p_array_init(&gc->moves, gc->census->pool, 64);
-	p_array_init(&gc->dropped, gc->census->pool, 64);
-	hash_table_create(&gc->covered, gc->census->pool, 0, str_hash,
-			  strcmp);
-	casbox_gc_pick(gc);
-	if (array_count(&gc->candidates) == 0)
-		return 0;
-	if (casbox_gc_rotate(gc, error_r) < 0 ||
-	    casbox_gc_copy(gc, error_r) < 0)
-		return -1;
-	casbox_gc_crash_point("copied");
-	if (casbox_gc_commit(gc, error_r) < 0)
-		return -1;
-	casbox_gc_crash_point("switched");
-	/* only now that the switched records are durable */
-	return casbox_gc_unlink(gc, error_r);
-}
-
 static void casbox_gc_stats(struct casbox_gc *gc,
 			    struct casbox_store_gc_stats *stats_r)
 {
@@ -1437,6 +1398,75 @@ static void casbox_gc_stats(struct casbox_gc *gc,
 	stats_r->duplicates_expired = gc->expired.dups_released;
 }
 
+static void casbox_gc_init(struct casbox_gc *gc, struct casbox_store *store)
+{
+	i_zero(gc);
+	gc->store = store;
+	gc->set = casbox_store_get_settings(store);
+	gc->root_dir = casbox_store_get_root(store);
+	gc->lsm = casbox_store_get_lsm(store);
+}
+
+static void casbox_gc_deinit(struct casbox_gc *gc,
+			     struct casbox_store_gc_stats *stats_r)
+{
+	casbox_gc_stats(gc, stats_r);
+	if (hash_table_is_created(gc->covered))
+		hash_table_destroy(&gc->covered);
+	if (hash_table_is_created(gc->locators))
+		hash_table_destroy(&gc->locators);
+	if (gc->census != NULL)
+		casbox_census_free(&gc->census);
+}
+
+/* The store's parts, then the census of its records and packs (what
+   names "progress" shows). Returns 0 ok, -1 error. */
+static int casbox_gc_census(struct casbox_gc *gc, const char *what,
+			    const char **error_r)
+{
+	struct casbox_store *store = gc->store;
+	int ret;
+
+	gc->packs = casbox_store_get_packs(store);
+	gc->keyring = casbox_store_get_keyring(store);
+	if (casbox_census_build(store, NULL, NULL, &gc->census,
+				error_r) < 0)
+		return -1;
+	gc->census->progress = casbox_admin_census_progress;
+	gc->census->progress_context = (void *)what;
+	ret = casbox_census_scan_packs(store, gc->census, NULL, NULL,
+				       error_r);
+	casbox_admin_progress_end();
+	if (ret < 0)
+		return -1;
+	hash_table_create(&gc->covered, gc->census->pool, 0, str_hash,
+			  strcmp);
+	return 0;
+}
+
+static int casbox_gc_run(struct casbox_gc *gc, const char **error_r)
+{
+	if (casbox_store_open_keys(gc->store, error_r) < 0 ||
+	    casbox_gc_expire(gc, error_r) < 0 ||
+	    casbox_gc_census(gc, "gc", error_r) < 0)
+		return -1;
+	p_array_init(&gc->candidates, gc->census->pool, 8);
+	p_array_init(&gc->moves, gc->census->pool, 64);
+	p_array_init(&gc->dropped, gc->census->pool, 64);
+	casbox_gc_pick(gc);
+	if (array_count(&gc->candidates) == 0)
+		return 0;
+	if (casbox_gc_rotate(gc, error_r) < 0 ||
+	    casbox_gc_copy(gc, error_r) < 0)
+		return -1;
+	casbox_gc_crash_point("copied");
+	if (casbox_gc_commit(gc, error_r) < 0)
+		return -1;
+	casbox_gc_crash_point("switched");
+	/* only now that the switched records are durable */
+	return casbox_gc_unlink(gc, error_r);
+}
+
 int casbox_store_gc(struct casbox_store *store, bool all,
 		    struct casbox_store_gc_stats *stats_r,
 		    const char **error_r)
@@ -1444,20 +1474,10 @@ int casbox_store_gc(struct casbox_store *store, bool all,
 	struct casbox_gc gc;
 	int ret;
 
-	i_zero(&gc);
-	gc.store = store;
-	gc.set = casbox_store_get_settings(store);
-	gc.root_dir = casbox_store_get_root(store);
-	gc.lsm = casbox_store_get_lsm(store);
+	casbox_gc_init(&gc, store);
 	gc.all = all;
 	ret = casbox_gc_run(&gc, error_r);
-	casbox_gc_stats(&gc, stats_r);
-	if (hash_table_is_created(gc.covered))
-		hash_table_destroy(&gc.covered);
-	if (hash_table_is_created(gc.locators))
-		hash_table_destroy(&gc.locators);
-	if (gc.census != NULL)
-		casbox_census_free(&gc.census);
+	casbox_gc_deinit(&gc, stats_r);
 	return ret;
 }
 
@@ -1469,34 +1489,17 @@ int casbox_store_gc_backfill(struct casbox_store *store,
 {
 	const struct casbox_census_meta *meta;
 	struct casbox_gc gc;
-	int ret;
+	int ret = 0;
 
-	i_zero(&gc);
-	gc.store = store;
-	gc.set = casbox_store_get_settings(store);
-	gc.root_dir = casbox_store_get_root(store);
-	gc.lsm = casbox_store_get_lsm(store);
+	casbox_gc_init(&gc, store);
 	/* the backfills below are those of --all */
 	gc.all = TRUE;
 	gc.backfill_cb = cb;
 	gc.backfill_context = context;
-	ret = casbox_store_open_keys(store, error_r);
-	if (ret == 0) {
-		gc.packs = casbox_store_get_packs(store);
-		gc.keyring = casbox_store_get_keyring(store);
-		ret = casbox_census_build(store, NULL, NULL, &gc.census,
-					  error_r);
-	}
-	if (ret == 0) {
-		gc.census->progress = casbox_admin_census_progress;
-		gc.census->progress_context = (void *)"backfill";
-		ret = casbox_census_scan_packs(store, gc.census, NULL, NULL,
-					       error_r);
-		casbox_admin_progress_end();
-	}
-	if (ret == 0) {
-		hash_table_create(&gc.covered, gc.census->pool, 0, str_hash,
-				  strcmp);
+	if (casbox_store_open_keys(store, error_r) < 0 ||
+	    casbox_gc_census(&gc, "backfill", error_r) < 0)
+		ret = -1;
+	else {
 		array_foreach(&gc.census->metas, meta) {
 			T_BEGIN {
 				ret = casbox_gc_scan_meta(&gc, meta, error_r);
@@ -1513,12 +1516,6 @@ int casbox_store_gc_backfill(struct casbox_store *store,
 		ret = casbox_gc_txn_commit(&gc, error_r);
 	if (gc.txn != NULL)
 		casbox_pack_txn_rollback(&gc.txn);
-	casbox_gc_stats(&gc, stats_r);
-	if (hash_table_is_created(gc.covered))
-		hash_table_destroy(&gc.covered);
-	if (hash_table_is_created(gc.locators))
-		hash_table_destroy(&gc.locators);
-	if (gc.census != NULL)
-		casbox_census_free(&gc.census);
+	casbox_gc_deinit(&gc, stats_r);
 	return ret < 0 ? -1 : 0;
 }
