@@ -355,20 +355,10 @@ static int read_file(const char *path, buffer_t **buf_r,
 	struct stat st;
 	buffer_t *buf;
 	ssize_t ret;
-	int fd;
+	int fd, oret;
 
-	fd = open(path, O_RDONLY);
-	if (fd == -1) {
-		if (errno == ENOENT)
-			return 0;
-		*error_r = t_strdup_printf("open(%s) failed: %m", path);
-		return -1;
-	}
-	if (fstat(fd, &st) < 0) {
-		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
-		i_close_fd(&fd);
-		return -1;
-	}
+	if ((oret = casidx_file_open(path, &fd, &st, error_r)) <= 0)
+		return oret;
 	buf = buffer_create_dynamic(default_pool, st.st_size + 1);
 	ret = pread(fd, buffer_append_space_unsafe(buf, st.st_size),
 		    st.st_size, 0);
@@ -392,22 +382,12 @@ static int map_file(const char *path, void **data_r, size_t *size_r,
 		    const char **error_r)
 {
 	struct stat st;
-	int fd;
+	int fd, ret;
 
 	*data_r = NULL;
 	*size_r = 0;
-	fd = open(path, O_RDONLY);
-	if (fd == -1) {
-		if (errno == ENOENT)
-			return 0;
-		*error_r = t_strdup_printf("open(%s) failed: %m", path);
-		return -1;
-	}
-	if (fstat(fd, &st) < 0) {
-		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
-		i_close_fd(&fd);
-		return -1;
-	}
+	if ((ret = casidx_file_open(path, &fd, &st, error_r)) <= 0)
+		return ret;
 	if (st.st_size > 0) {
 		*data_r = mmap(NULL, st.st_size, PROT_READ,
 			       MAP_PRIVATE | MAP_POPULATE, fd, 0);

@@ -1053,14 +1053,11 @@ int casidx_segment_open_owned(buffer_t **_buf, struct casidx_segment **seg_r,
 	return 1;
 }
 
-int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
-			bool *corrupted_r, const char **error_r)
+int casidx_file_open(const char *path, int *fd_r, struct stat *st_r,
+		     const char **error_r)
 {
-	struct casidx_segment *seg;
-	struct stat st;
 	int fd;
 
-	*corrupted_r = FALSE;
 	fd = open(path, O_RDONLY);
 	if (fd == -1) {
 		if (errno == ENOENT)
@@ -1068,11 +1065,25 @@ int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
 		*error_r = t_strdup_printf("open(%s) failed: %m", path);
 		return -1;
 	}
-	if (fstat(fd, &st) < 0) {
+	if (fstat(fd, st_r) < 0) {
 		*error_r = t_strdup_printf("fstat(%s) failed: %m", path);
 		i_close_fd(&fd);
 		return -1;
 	}
+	*fd_r = fd;
+	return 1;
+}
+
+int casidx_segment_open(const char *path, struct casidx_segment **seg_r,
+			bool *corrupted_r, const char **error_r)
+{
+	struct casidx_segment *seg;
+	struct stat st;
+	int fd, ret;
+
+	*corrupted_r = FALSE;
+	if ((ret = casidx_file_open(path, &fd, &st, error_r)) <= 0)
+		return ret;
 	seg = seg_alloc();
 	seg->fd = fd;
 	if (st.st_size > 0) {

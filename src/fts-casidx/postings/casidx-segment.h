@@ -162,6 +162,11 @@ int casidx_builder_write(struct casidx_builder *builder, const char *path,
 int casidx_file_write(const char *path, const void *data, size_t size,
 		      bool fsync_file, const char **error_r);
 
+struct stat;
+/* open() a file read-only and fstat() it. Returns 1 (*fd_r open), 0 it
+   does not exist, -1 error (naming the call and path). */
+int casidx_file_open(const char *path, int *fd_r, struct stat *st_r,
+		     const char **error_r);
 /* Open a segment file (mmap) or a memory buffer (must stay valid while
    the segment is open). Header, footer, DOCS, DOCLEN and SPARSE are
    verified here; DICT blocks and postings are verified when read.
