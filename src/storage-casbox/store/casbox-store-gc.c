@@ -412,6 +412,25 @@ casbox_gc_locators_build(struct casbox_gc *gc,
 	return ret;
 }
 
+/* The live message (key as casbox_gc_msg_key()) whose recovery record
+   has this locator, or NULL; the map of every live message's locator
+   is built at the first call. Returns 0 ok, -1 error. */
+static int
+casbox_gc_locator_msg(struct casbox_gc *gc,
+		      const unsigned char locator[CASBOX_META_LOCATOR_SIZE],
+		      const char **msg_key_r, const char **error_r)
+{
+	if (!hash_table_is_created(gc->locators)) {
+		hash_table_create(&gc->locators, gc->census->pool, 0,
+				  str_hash, strcmp);
+		if (casbox_gc_locators_build(gc, &gc->locators, error_r) < 0)
+			return -1;
+	}
+	*msg_key_r = hash_table_lookup(gc->locators,
+		binary_to_hex(locator, CASBOX_META_LOCATOR_SIZE));
+	return 0;
+}
+
 /* A meta frame carried forward as it was sealed (re-sealed on the way
    after a key rotation, casbox_pack_txn_add_meta_sealed()). Returns 0
    ok, -1 error. */
@@ -710,15 +729,8 @@ static int casbox_gc_meta_keep_sealed(struct casbox_gc *gc,
 	    casbox_pack_meta_locator(gc->packs, sealed->data,
 				     sealed->used, locator) > 0) {
 		/* the locator is authenticated: it is in the AAD */
-		if (!hash_table_is_created(gc->locators)) {
-			hash_table_create(&gc->locators, gc->census->pool, 0,
-					  str_hash, strcmp);
-			if (casbox_gc_locators_build(gc, &gc->locators,
-						     error_r) < 0)
-				return -1;
-		}
-		msg_key = hash_table_lookup(gc->locators,
-			binary_to_hex(locator, sizeof(locator)));
+		if (casbox_gc_locator_msg(gc, locator, &msg_key, error_r) < 0)
+			return -1;
 		if (msg_key == NULL) {
 			drop = array_append_space(&gc->dropped);
 			memcpy(drop->locator, locator, sizeof(locator));
@@ -1097,15 +1109,8 @@ static int casbox_gc_scan_meta(struct casbox_gc *gc,
 		    casbox_pack_meta_locator(gc->packs, sealed->data,
 					     sealed->used, locator) <= 0)
 			return 0;
-		if (!hash_table_is_created(gc->locators)) {
-			hash_table_create(&gc->locators, gc->census->pool, 0,
-					  str_hash, strcmp);
-			if (casbox_gc_locators_build(gc, &gc->locators,
-						     error_r) < 0)
-				return -1;
-		}
-		msg_key = hash_table_lookup(gc->locators,
-			binary_to_hex(locator, sizeof(locator)));
+		if (casbox_gc_locator_msg(gc, locator, &msg_key, error_r) < 0)
+			return -1;
 		if (msg_key != NULL) {
 			char *key = p_strdup(gc->census->pool, msg_key);
 			hash_table_update(gc->covered, key, key);
