@@ -143,6 +143,14 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertIn("Todo", inbox[1]["flags"])
         self.assertIn("$Label1", work[1]["flags"])
 
+    def lose_lsm_and_index(self):
+        """Remove the LSM and the index files, then rebuild from the
+        packs: (process result, its row)."""
+        shutil.rmtree(os.path.join(self.root, "lsm"))
+        for path in index_files(self.root):
+            os.unlink(path)
+        return from_packs(self.dc)
+
     def assert_counts(self, row, messages, expunged=0):
         self.assertEqual(int(row["mailboxes"]), 2, row)
         self.assertEqual(int(row["messages"]), messages, row)
@@ -209,10 +217,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         uids = {box: sorted(self.before.msgs[box]) for box in
                 ("INBOX", "Work")}
         structures = bodystructures(self.dc, uids)
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assert_counts(row, 40 + 20 + 8)
         after = Snapshot(self.dc)
         # recovery records leave out the sealed BODYSTRUCTURE metadata:
@@ -255,10 +260,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED, gc)
         # INBOX 3 has a copy (Work 23): its blobs' DEKs stay as blob keys
         self.assertGreaterEqual(int(gc["blob_keys_written"]), 1, gc)
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assert_counts(row, 68 - NEXPUNGED)
         again = Snapshot(self.dc)
         for box in ("INBOX", "Work"):
@@ -393,10 +395,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         # LSM
         self.assertGreaterEqual(int(gc["blob_keys_written"]), 2, gc)
         self.assertEqual(int(gc["recovery_written"]), 0, gc)
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assertEqual(int(row["lost_messages"]), 0, row)
         after = Snapshot(self.dc)
         self.assertNotIn(1, after.msgs["INBOX"])
@@ -419,10 +418,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED - 2, gc)
         copies = meta_frames(self.root, 5)
         self.assertEqual(len(copies), 1)
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assert_counts(row, 68 - NEXPUNGED - 2)
         after = Snapshot(self.dc)
         self.assertEqual(sorted(after.msgs["Work"]),
@@ -461,10 +457,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual(int(gc["recovery_written"]), 0, gc)
         self.assertEqual(int(gc["recovery_kept"]), 68 - NEXPUNGED, gc)
 
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assert_counts(row, 68 - NEXPUNGED)
         self.assertEqual(int(row["orphans"]), 0, row)
         after = Snapshot(self.dc)
@@ -518,10 +511,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual([r for r in rows if r["status"] == "repaired"],
                          [], rows)
 
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assertEqual(int(row["damaged_frames"]), 1, row)
         self.assertEqual(int(row["lost_messages"]), 0, row)
         self.assertEqual(int(row["messages"]), 68, row)
@@ -551,10 +541,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual([r for r in rows if "recovery record" in
                           r["cause"]], [], rows)
         self.assertEqual(len(meta_frames(self.root, 4)), 1)
-        shutil.rmtree(os.path.join(self.root, "lsm"))
-        for path in index_files(self.root):
-            os.unlink(path)
-        r, row = from_packs(self.dc)
+        r, row = self.lose_lsm_and_index()
         self.assertEqual(int(row["lost_messages"]), 0, row)
         after = Snapshot(self.dc)
         for uid in (21, 22):
