@@ -749,6 +749,27 @@ static size_t header_len(const buffer_t *buf)
 	return I_MIN(buf->used, 4096);
 }
 
+/* Each file of paths read whole (bufs_r), with its header block as a
+   dictionary sample (samples_r, sizes_r); all from the data stack. */
+static void read_samples(const ARRAY_TYPE(const_string) *paths,
+			 buffer_t ***bufs_r, const void ***samples_r,
+			 size_t **sizes_r)
+{
+	unsigned int i, count = array_count(paths);
+	const char *const *path;
+
+	*samples_r = t_new(const void *, count);
+	*sizes_r = t_new(size_t, count);
+	*bufs_r = t_new(buffer_t *, count);
+	i = 0;
+	array_foreach(paths, path) {
+		(*bufs_r)[i] = read_path(*path);
+		(*samples_r)[i] = (*bufs_r)[i]->data;
+		(*sizes_r)[i] = header_len((*bufs_r)[i]);
+		i++;
+	}
+}
+
 START_TEST(test_dictionary)
 {
 	ARRAY_TYPE(const_string) paths;
@@ -758,7 +779,7 @@ START_TEST(test_dictionary)
 	buffer_t **bufs, *small, *small2, *big, *out;
 	struct casbox_blob_record rec, rec2, rec3;
 	struct cas_blob_id id, id2, id3;
-	const char *const *path, *error;
+	const char *error;
 	unsigned int i, count;
 	uint32_t dict_id;
 
@@ -766,16 +787,7 @@ START_TEST(test_dictionary)
 	count = corpus_files("usrp-users-3000", 5, &paths);
 	/* open before the dictionary exists (another process's store) */
 	other = store_open();
-	samples = t_new(const void *, count);
-	sizes = t_new(size_t, count);
-	bufs = t_new(buffer_t *, count);
-	i = 0;
-	array_foreach(&paths, path) {
-		bufs[i] = read_path(*path);
-		samples[i] = bufs[i]->data;
-		sizes[i] = header_len(bufs[i]);
-		i++;
-	}
+	read_samples(&paths, &bufs, &samples, &sizes);
 	ck_assert_uint_eq(casbox_pack_dict_current(store), 0);
 	ck_assert_int_eq(casbox_pack_dict_train(store, samples, sizes, count,
 						&dict_id, &error), 1);
@@ -870,7 +882,7 @@ START_TEST(test_dictionary_added_while_reading)
 	struct casbox_pack_store *reader = store_open(), *writer;
 	struct casbox_blob_record rec, rec2;
 	struct cas_blob_id id, id2;
-	const char *const *path, *error;
+	const char *error;
 	const void **samples;
 	size_t *sizes;
 	buffer_t **bufs, *small, *small2, *out;
@@ -880,16 +892,7 @@ START_TEST(test_dictionary_added_while_reading)
 
 	t_array_init(&paths, 512);
 	count = corpus_files("usrp-users-3000", 5, &paths);
-	samples = t_new(const void *, count);
-	sizes = t_new(size_t, count);
-	bufs = t_new(buffer_t *, count);
-	i = 0;
-	array_foreach(&paths, path) {
-		bufs[i] = read_path(*path);
-		samples[i] = bufs[i]->data;
-		sizes[i] = header_len(bufs[i]);
-		i++;
-	}
+	read_samples(&paths, &bufs, &samples, &sizes);
 	writer = store_open();
 	ck_assert_int_eq(casbox_pack_dict_train(writer, samples, sizes, count,
 						&dict_id, &error), 1);

@@ -151,6 +151,21 @@ class RebuildFromPacksTest(unittest.TestCase):
             os.unlink(path)
         return from_packs(self.dc)
 
+    def assert_copies_back(self):
+        """LSM and index lost, rebuilt from the packs: nothing lost, the
+        copies Work 21 and 22 (of INBOX 1 and 2) back byte for byte.
+        Returns the snapshot after."""
+        r, row = self.lose_lsm_and_index()
+        self.assertEqual(int(row["lost_messages"]), 0, row)
+        after = Snapshot(self.dc)
+        for uid in (21, 22):
+            self.assertEqual(unchanged_fields(after.msgs["Work"][uid]),
+                             unchanged_fields(self.before.msgs["Work"][uid]),
+                             uid)
+            self.assertEqual(after.bodies[("Work", uid)],
+                             self.before.bodies[("Work", uid)], uid)
+        return after
+
     def assert_counts(self, row, messages, expunged=0):
         self.assertEqual(int(row["mailboxes"]), 2, row)
         self.assertEqual(int(row["messages"]), messages, row)
@@ -395,16 +410,8 @@ class RebuildFromPacksTest(unittest.TestCase):
         # LSM
         self.assertGreaterEqual(int(gc["blob_keys_written"]), 2, gc)
         self.assertEqual(int(gc["recovery_written"]), 0, gc)
-        r, row = self.lose_lsm_and_index()
-        self.assertEqual(int(row["lost_messages"]), 0, row)
-        after = Snapshot(self.dc)
+        after = self.assert_copies_back()
         self.assertNotIn(1, after.msgs["INBOX"])
-        for uid in (21, 22):
-            self.assertEqual(unchanged_fields(after.msgs["Work"][uid]),
-                             unchanged_fields(self.before.msgs["Work"][uid]),
-                             uid)
-            self.assertEqual(after.bodies[("Work", uid)],
-                             self.before.bodies[("Work", uid)], uid)
 
     def test_copy_record_partly_expunged(self):
         """gc rewrites a copy record without the copies expunged since
@@ -541,15 +548,7 @@ class RebuildFromPacksTest(unittest.TestCase):
         self.assertEqual([r for r in rows if "recovery record" in
                           r["cause"]], [], rows)
         self.assertEqual(len(meta_frames(self.root, 4)), 1)
-        r, row = self.lose_lsm_and_index()
-        self.assertEqual(int(row["lost_messages"]), 0, row)
-        after = Snapshot(self.dc)
-        for uid in (21, 22):
-            self.assertEqual(unchanged_fields(after.msgs["Work"][uid]),
-                             unchanged_fields(self.before.msgs["Work"][uid]),
-                             uid)
-            self.assertEqual(after.bodies[("Work", uid)],
-                             self.before.bodies[("Work", uid)], uid)
+        self.assert_copies_back()
 
     def fetch(self, box):
         out = self.dc.doveadm("-f", "tab", "fetch", "-u", USER,
