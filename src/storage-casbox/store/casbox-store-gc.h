@@ -50,7 +50,8 @@ struct casbox_store_backfill_callbacks {
    in server key mode, blob keys for each live blob whose current DEK no
    intact record holds. Appends only, so the caller may hold the
    maintenance lock shared; saves go on (a message saved after the scan
-   may get a second record, which gc drops later). stats_r: the
+   may get a second record, which stays until the message is expunged
+   and gc drops both). stats_r: the
    recovery_written and blob_keys_written counts. cb may be NULL.
    Returns 0 ok, -1 error. */
 int casbox_store_gc_backfill(struct casbox_store *store,
