@@ -513,6 +513,9 @@ void casidx_index_deinit(struct casidx_index **_index)
 
 	*_index = NULL;
 	index_close_segments(index);
+	/* a merge's segment opens leave it (wiped) */
+	if (index->open_scratch != NULL)
+		buffer_free(&index->open_scratch);
 	array_free(&index->segments);
 	manifest_free(&index->manifest);
 	i_free(index->box_guid);
@@ -1319,6 +1322,9 @@ static int index_merge_locked(struct casidx_index *index, struct manifest *m,
 		if (ret < 0)
 			break;
 	}
+	/* casidx_crypt_open_scratch() left it wiped */
+	if (index->open_scratch != NULL)
+		buffer_free(&index->open_scratch);
 	new_docs = casidx_builder_doc_count(builder);
 	if (ret == 0 && new_docs > 0) {
 		new_id = m->next_seg_id++;
