@@ -1492,6 +1492,23 @@ static void rotate_and_finish(void)
 	cas_keyring_free(&kr);
 }
 
+/* Messages part_a + bodies[i] saved as UIDs 1..count. */
+static void add_bodies(struct casbox_store *store, pool_t pool,
+		       const char *const *bodies, unsigned int count)
+{
+	struct casbox_msg_record rec;
+	struct istream **inputs;
+	unsigned int i;
+
+	for (i = 0; i < count; i++) {
+		const char *parts[] = { part_a, bodies[i], NULL };
+
+		make_record(store, pool, parts, &rec, &inputs);
+		add_msg(store, i + 1, &rec, inputs);
+		free_inputs(inputs);
+	}
+}
+
 /* A reader whose LSM view holds records of an epoch that a later
    rotation's --finish dropped, and whose key ring was refreshed after
    that (the soak's SEARCH "record key of epoch 6: The key file does not
@@ -1502,19 +1519,12 @@ START_TEST(test_stale_view_after_finish)
 	static const char *const bodies[] = { "\none\n", "\ntwo\n" };
 	struct casbox_store *reader = store_open();
 	struct casbox_msg_record rec;
-	struct istream **inputs;
 	pool_t pool = pool_alloconly_create("test", 16384);
 	const char *error = NULL;
 	unsigned int i;
 
 	ck_assert_int_eq(casbox_store_open_keys(reader, &error), 0);
-	for (i = 0; i < N_ELEMENTS(bodies); i++) {
-		const char *parts[] = { part_a, bodies[i], NULL };
-
-		make_record(reader, pool, parts, &rec, &inputs);
-		add_msg(reader, i + 1, &rec, inputs);
-		free_inputs(inputs);
-	}
+	add_bodies(reader, pool, bodies, N_ELEMENTS(bodies));
 	/* epoch 0 -> 1; the reader's view then takes in the epoch-1
 	   records (a lookup that misses reads the LSM again), its key
 	   ring stays at epoch 0 */
@@ -1546,21 +1556,13 @@ START_TEST(test_kept_fd_rotation_mid_command)
 {
 	static const char *const bodies[] = { "\none\n", "\ntwo\n" };
 	struct casbox_store *reader = store_open();
-	struct casbox_msg_record rec;
-	struct istream **inputs;
 	pool_t pool = pool_alloconly_create("test", 16384);
 	const char *error = NULL;
 	unsigned int i, round;
 
 	casbox_store_keep_read_fd(reader);
 	ck_assert_int_eq(casbox_store_open_keys(reader, &error), 0);
-	for (i = 0; i < N_ELEMENTS(bodies); i++) {
-		const char *parts[] = { part_a, bodies[i], NULL };
-
-		make_record(reader, pool, parts, &rec, &inputs);
-		add_msg(reader, i + 1, &rec, inputs);
-		free_inputs(inputs);
-	}
+	add_bodies(reader, pool, bodies, N_ELEMENTS(bodies));
 	casbox_store_release_read_fd(reader);
 	for (round = 0; round < 3; round++) {
 		/* the first read of the command checks the key file */
