@@ -117,10 +117,7 @@ def main():
                 or DEFAULT_SEARCHES)
 
     _, paths = bench.corpus_messages(harness, args.n)
-    messages = []
-    for path in paths:
-        with open(path, "rb") as f:
-            messages.append(f.read())
+    messages = harness.load(paths)
     loc, plugins, settings, _ = fts.ENGINE_CONFIGS["casidx"]
     settings = dict(settings)
     settings.update(fts_autoindex="no", fts_enforced="yes")

@@ -54,10 +54,7 @@ def main():
                 or DEFAULT_SEARCHES)
 
     _, paths = bench.corpus_messages(harness, args.n)
-    messages = []
-    for path in paths:
-        with open(path, "rb") as f:
-            messages.append(f.read())
+    messages = harness.load(paths)
     loc, plugins, settings, _ = fts.ENGINE_CONFIGS[args.engine]
     settings = dict(settings)
     if plugins:
