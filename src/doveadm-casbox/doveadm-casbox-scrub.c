@@ -530,8 +530,10 @@ static int casbox_scrub_backfill(struct casbox_scrub *scrub,
 	};
 	struct casbox_store_gc_stats stats;
 
-	return casbox_store_gc_backfill(scrub->adm->store, &cb, scrub,
-					&stats, error_r);
+	/* the check's census: the packs are not read again (the shared
+	   maintenance lock held since keeps gc from changing them) */
+	return casbox_store_gc_backfill(scrub->adm->store, scrub->census,
+					&cb, scrub, &stats, error_r);
 }
 
 /* Recount under the write lock, so no save changes refcounts between

@@ -112,6 +112,8 @@ struct casbox_gc {
 	   rows (NULL: nothing told) */
 	const struct casbox_store_backfill_callbacks *backfill_cb;
 	void *backfill_context;
+	/* census is the caller's (casbox_store_gc_backfill()): not freed */
+	bool census_borrowed;
 };
 
 /* Test seam for the kill -9 runs (tests/e2e/test_storage_xmsg.py):
@@ -1420,7 +1422,7 @@ static void casbox_gc_deinit(struct casbox_gc *gc,
 		hash_table_destroy(&gc->covered);
 	if (hash_table_is_created(gc->locators))
 		hash_table_destroy(&gc->locators);
-	if (gc->census != NULL)
+	if (gc->census != NULL && !gc->census_borrowed)
 		casbox_census_free(&gc->census);
 }
 
@@ -1487,6 +1489,7 @@ int casbox_store_gc(struct casbox_store *store, bool all,
 }
 
 int casbox_store_gc_backfill(struct casbox_store *store,
+			     struct casbox_census *census,
 			     const struct casbox_store_backfill_callbacks *cb,
 			     void *context,
 			     struct casbox_store_gc_stats *stats_r,
@@ -1501,10 +1504,19 @@ int casbox_store_gc_backfill(struct casbox_store *store,
 	gc.all = TRUE;
 	gc.backfill_cb = cb;
 	gc.backfill_context = context;
-	if (casbox_store_open_keys(store, error_r) < 0 ||
-	    casbox_gc_census(&gc, "backfill", error_r) < 0)
+	if (casbox_store_open_keys(store, error_r) < 0)
 		ret = -1;
+	else if (census == NULL)
+		ret = casbox_gc_census(&gc, "backfill", error_r);
 	else {
+		gc.packs = casbox_store_get_packs(store);
+		gc.keyring = casbox_store_get_keyring(store);
+		gc.census = census;
+		gc.census_borrowed = TRUE;
+		hash_table_create(&gc.covered, census->pool, 0, str_hash,
+				  strcmp);
+	}
+	if (ret == 0) {
 		array_foreach(&gc.census->metas, meta) {
 			T_BEGIN {
 				ret = casbox_gc_scan_meta(&gc, meta, error_r);

@@ -8,6 +8,7 @@
 #include "guid.h"
 
 struct casbox_store;
+struct casbox_census;
 struct cas_blob_id;
 
 /* What a run did: the columns of doveadm casbox gc, in its order. */
@@ -51,10 +52,14 @@ struct casbox_store_backfill_callbacks {
    intact record holds. Appends only, so the caller may hold the
    maintenance lock shared; saves go on (a message saved after the scan
    may get a second record, which stays until the message is expunged
-   and gc drops both). stats_r: the
-   recovery_written and blob_keys_written counts. cb may be NULL.
-   Returns 0 ok, -1 error. */
+   and gc drops both). census: one the caller built and scanned
+   (casbox_census_scan_packs()) while holding the maintenance lock it
+   still holds, used instead of reading the packs again (its gc_dek_seen
+   flags are set and its pool grows; blobs saved since are not in it and
+   need nothing), or NULL to build one. stats_r: the recovery_written and
+   blob_keys_written counts. cb may be NULL. Returns 0 ok, -1 error. */
 int casbox_store_gc_backfill(struct casbox_store *store,
+			     struct casbox_census *census,
 			     const struct casbox_store_backfill_callbacks *cb,
 			     void *context,
 			     struct casbox_store_gc_stats *stats_r,
